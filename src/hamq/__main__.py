@@ -1,0 +1,3 @@
+from hamq.cli.main import main
+
+main()

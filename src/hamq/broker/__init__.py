@@ -1,0 +1,1 @@
+"""The broker: request processors over the store, registration with name servers."""

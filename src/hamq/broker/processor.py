@@ -1,0 +1,109 @@
+"""The broker's request dispatch: one table from request code to a small processor."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hamq.broker.pull import PullProcessor
+from hamq.broker.send import SendProcessor
+from hamq.broker.topics import TopicService
+from hamq.errors import QueryNotFound, RequestCodeNotSupported
+from hamq.net.connection import Connection, response_pieces
+from hamq.protocol.codes import RequestCode
+from hamq.protocol.frame import Frame, pack_body, require
+from hamq.store.message_store import MessageStore
+from hamq.store.metadata import PERM_READ_WRITE
+
+Handler = Callable[[Connection, Frame], "list | None"]
+
+
+class BrokerProcessor:
+    def __init__(self, store: MessageStore, topics: TopicService, send: SendProcessor,
+                 pull: PullProcessor, runtime_info: Callable[[], dict]) -> None:
+        self.store = store
+        self.topics = topics
+        self.pull = pull
+        self.runtime_info = runtime_info
+        self._handlers: dict[int, Handler] = {
+            RequestCode.SEND_MESSAGE: lambda c, f: send.send(c, f, batch=False),
+            RequestCode.SEND_BATCH_MESSAGE: lambda c, f: send.send(c, f, batch=True),
+            RequestCode.PULL_MESSAGE: pull.pull,
+            RequestCode.QUERY_CONSUMER_OFFSET: self._query_consumer_offset,
+            RequestCode.UPDATE_CONSUMER_OFFSET: self._update_consumer_offset,
+            RequestCode.GET_MAX_OFFSET: self._get_max_offset,
+            RequestCode.GET_MIN_OFFSET: self._get_min_offset,
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: self._search_offset_by_timestamp,
+            RequestCode.GET_EARLIEST_MSG_STORETIME: self._get_earliest_msg_storetime,
+            RequestCode.UPDATE_AND_CREATE_TOPIC: self._update_and_create_topic,
+            RequestCode.DELETE_TOPIC_IN_BROKER: self._delete_topic,
+            RequestCode.GET_ALL_TOPIC_CONFIG: self._get_all_topic_config,
+            RequestCode.GET_BROKER_RUNTIME_INFO: self._get_runtime_info,
+        }
+
+    def handle(self, conn: Connection, frame: Frame) -> list | None:
+        handler = self._handlers.get(frame.code)
+        if handler is None:
+            raise RequestCodeNotSupported(f"broker does not serve request code {frame.code}")
+        return handler(conn, frame)
+
+    def after_batch(self) -> None:
+        self.store.commit()
+        self.pull.serve_arrivals()
+
+    # -- offsets ------------------------------------------------------------------------
+    def _queue_args(self, frame: Frame) -> tuple[str, int]:
+        topic = require(frame.ext, "topic")
+        queue_id = require(frame.ext, "queue_id", int)
+        self.topics.for_read(topic, queue_id)
+        return topic, queue_id
+
+    def _query_consumer_offset(self, conn: Connection, frame: Frame) -> list:
+        topic, queue_id = self._queue_args(frame)
+        group = require(frame.ext, "group")
+        offset = self.store.offsets.query(group, topic, queue_id)
+        if offset is None:
+            raise QueryNotFound(f"group {group!r} has no committed offset for {topic}:{queue_id}")
+        return response_pieces(frame, ext={"offset": offset})
+
+    def _update_consumer_offset(self, conn: Connection, frame: Frame) -> list | None:
+        topic, queue_id = self._queue_args(frame)
+        self.store.offsets.commit(require(frame.ext, "group"), topic, queue_id,
+                                  require(frame.ext, "offset", int), self.store.clock_ms())
+        return None if frame.is_oneway else response_pieces(frame)
+
+    def _get_max_offset(self, conn: Connection, frame: Frame) -> list:
+        return response_pieces(frame, ext={"offset": self.store.max_offset(*self._queue_args(frame))})
+
+    def _get_min_offset(self, conn: Connection, frame: Frame) -> list:
+        return response_pieces(frame, ext={"offset": self.store.min_offset(*self._queue_args(frame))})
+
+    def _search_offset_by_timestamp(self, conn: Connection, frame: Frame) -> list:
+        topic, queue_id = self._queue_args(frame)
+        offset = self.store.offset_by_timestamp(topic, queue_id,
+                                                require(frame.ext, "timestamp_ms", int))
+        return response_pieces(frame, ext={"offset": offset})
+
+    def _get_earliest_msg_storetime(self, conn: Connection, frame: Frame) -> list:
+        ts = self.store.earliest_store_time_ms(*self._queue_args(frame))
+        return response_pieces(frame, ext={"timestamp_ms": ts})
+
+    # -- topics -------------------------------------------------------------------------
+    def _update_and_create_topic(self, conn: Connection, frame: Frame) -> list:
+        ext = frame.ext
+        config = self.topics.create(require(ext, "topic"),
+                                    int(ext.get("read_queue_nums", self.topics.default_queue_nums)),
+                                    int(ext.get("write_queue_nums", self.topics.default_queue_nums)),
+                                    int(ext.get("perm", PERM_READ_WRITE)))
+        return response_pieces(frame, ext={"read_queue_nums": config.read_queue_nums,
+                                           "write_queue_nums": config.write_queue_nums})
+
+    def _delete_topic(self, conn: Connection, frame: Frame) -> list:
+        self.topics.delete(require(frame.ext, "topic"))
+        return response_pieces(frame)
+
+    def _get_all_topic_config(self, conn: Connection, frame: Frame) -> list:
+        body = {name: {"read_queue_nums": t.read_queue_nums, "write_queue_nums": t.write_queue_nums,
+                       "perm": t.perm} for name, t in self.store.topics.topics.items()}
+        return response_pieces(frame, body=pack_body(body))
+
+    def _get_runtime_info(self, conn: Connection, frame: Frame) -> list:
+        return response_pieces(frame, body=pack_body(self.runtime_info()))

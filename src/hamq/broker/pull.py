@@ -1,0 +1,104 @@
+"""PULL_MESSAGE with long polling (RocketMQ's PullRequestHoldService).
+
+A pull that finds nothing new is held until a send reaches its queue or its suspend time
+runs out. Arrivals are collected while a read is handled and served after the commit-log
+write, so a woken pull always sees the bytes it is told about.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from hamq.broker.topics import TopicService
+from hamq.net.connection import Connection, response_pieces
+from hamq.protocol.codes import ResponseCode
+from hamq.protocol.frame import Frame, require
+from hamq.protocol.limits import MAX_PULL_BYTES
+from hamq.store.message_store import GetStatus, MessageStore
+
+DEFAULT_PULL_BATCH = 32        # RocketMQ pullBatchSize
+MAX_PULL_MESSAGES = 65_536
+_NOT_FOUND = {GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.OFFSET_OVERFLOW_ONE}
+
+
+@dataclass
+class HeldPull:
+    conn: Connection
+    frame: Frame
+    timer: asyncio.TimerHandle | None = None
+
+
+class PullProcessor:
+    def __init__(self, store: MessageStore, topics: TopicService, max_wait_ms: int) -> None:
+        self.store = store
+        self.topics = topics
+        self.max_wait_ms = max_wait_ms
+        self._held: dict[tuple[str, int], list[HeldPull]] = {}
+        self._arrived: set[tuple[str, int]] = set()
+
+    def pull(self, conn: Connection, frame: Frame) -> list | None:
+        ext = frame.ext
+        topic = require(ext, "topic")
+        queue_id = require(ext, "queue_id", int)
+        self.topics.for_read(topic, queue_id)
+        group = ext.get("group")
+        commit_offset = ext.get("commit_offset")
+        if group and isinstance(commit_offset, int) and commit_offset >= 0:
+            self.store.offsets.commit(group, topic, queue_id, commit_offset, self.store.clock_ms())
+        suspend_ms = min(int(ext.get("suspend_timeout_ms", 0) or 0), self.max_wait_ms)
+        pieces = self._answer(frame, hold=suspend_ms > 0)
+        if pieces is not None:
+            return pieces
+        held = HeldPull(conn, frame)
+        self._held.setdefault((topic, queue_id), []).append(held)
+        held.timer = asyncio.get_running_loop().call_later(
+            suspend_ms / 1000, self._expire, (topic, queue_id), held)
+        return None
+
+    def message_arrived(self, topic: str, queue_id: int) -> None:
+        key = (topic, queue_id)
+        if key in self._held:
+            self._arrived.add(key)
+
+    def serve_arrivals(self) -> None:
+        """After the commit log write of a read: answer the pulls whose queue got data."""
+        if not self._arrived:
+            return
+        arrived, self._arrived = self._arrived, set()
+        for key in arrived:
+            for held in self._held.pop(key, []):
+                held.timer.cancel()
+                pieces = self._answer(held.frame, hold=False)
+                held.conn.reply(pieces)
+
+    def _expire(self, key: tuple[str, int], held: HeldPull) -> None:
+        waiting = self._held.get(key)
+        if waiting and held in waiting:
+            waiting.remove(held)
+            if not waiting:
+                del self._held[key]
+            held.conn.reply(self._answer(held.frame, hold=False))
+
+    def _answer(self, frame: Frame, hold: bool) -> list | None:
+        ext = frame.ext
+        max_msgs = min(int(ext.get("max_msgs", DEFAULT_PULL_BATCH)), MAX_PULL_MESSAGES)
+        max_bytes = min(int(ext.get("max_bytes", MAX_PULL_BYTES)), MAX_PULL_BYTES)
+        result = self.store.get_messages(ext["topic"], ext["queue_id"],
+                                         require(ext, "queue_offset", int), max_msgs, max_bytes)
+        if result.status in _NOT_FOUND and hold:
+            return None
+        answer = {"next_begin_offset": result.next_begin_offset,
+                  "min_offset": result.min_offset, "max_offset": result.max_offset}
+        if result.status is GetStatus.FOUND:
+            return response_pieces(frame, ext=answer, body=result.records)
+        if result.status in _NOT_FOUND:
+            return response_pieces(frame, ResponseCode.PULL_NOT_FOUND, ext=answer)
+        return response_pieces(frame, ResponseCode.PULL_OFFSET_MOVED, ext=answer,
+                               remark=f"offset {ext['queue_offset']} out of range "
+                                      f"[{result.min_offset}, {result.max_offset}]")
+
+    def close(self) -> None:
+        for waiting in self._held.values():
+            for held in waiting:
+                held.timer.cancel()
+        self._held.clear()

@@ -1,0 +1,91 @@
+"""Keeping the name servers informed: a full REGISTER_BROKER at start, on topic changes and
+every ``register_broker_interval_ms``; a lightweight BROKER_HEARTBEAT every
+``broker_heartbeat_interval_ms`` (seed 004); UNREGISTER_BROKER at shutdown. Every name
+server is told independently (RocketMQ's model: they never talk to each other)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import asdict
+
+from hamq.config import BrokerConfig
+from hamq.errors import HamqError
+from hamq.net.pool import ConnectionPool
+from hamq.protocol.codes import RequestCode, ResponseCode
+from hamq.protocol.frame import pack_body
+from hamq.store.metadata import TopicConfigManager
+
+log = logging.getLogger(__name__)
+
+
+class NamesrvRegistration:
+    def __init__(self, config: BrokerConfig, topics: TopicConfigManager,
+                 pool: ConnectionPool, heartbeat_timeout_ms: int | None = None) -> None:
+        self.config = config
+        self.topics = topics
+        self.pool = pool
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self._register_now = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+
+    @property
+    def identity(self) -> dict:
+        c = self.config
+        return {"cluster_name": c.cluster_name, "broker_name": c.broker_name,
+                "broker_id": c.broker_id, "broker_addr": c.listen}
+
+    def request_register(self) -> None:
+        self._register_now.set()
+
+    async def start(self) -> None:
+        await asyncio.gather(*(self._register(addr) for addr in self.config.namesrv))
+        self._tasks = [asyncio.create_task(self._heartbeat_loop(addr))
+                       for addr in self.config.namesrv]
+        self._tasks.append(asyncio.create_task(self._register_loop()))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(self._call(addr, RequestCode.UNREGISTER_BROKER, self.identity)
+                               for addr in self.config.namesrv), return_exceptions=True)
+
+    async def _register_loop(self) -> None:
+        interval_s = self.config.register_broker_interval_ms / 1000
+        while True:
+            try:
+                await asyncio.wait_for(self._register_now.wait(), interval_s)
+            except asyncio.TimeoutError:
+                pass
+            self._register_now.clear()
+            await asyncio.gather(*(self._register(addr) for addr in self.config.namesrv))
+
+    async def _heartbeat_loop(self, addr: str) -> None:
+        interval_s = self.config.broker_heartbeat_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            code = await self._call(addr, RequestCode.BROKER_HEARTBEAT, self.identity)
+            if code == ResponseCode.BROKER_NOT_FOUND:  # name server restarted or expired us
+                await self._register(addr)
+
+    async def _register(self, addr: str) -> None:
+        ext = dict(self.identity)
+        if self.heartbeat_timeout_ms:
+            ext["heartbeat_timeout_ms"] = self.heartbeat_timeout_ms
+        body = pack_body({
+            "topic_configs": {name: {"read_queue_nums": t.read_queue_nums,
+                                     "write_queue_nums": t.write_queue_nums, "perm": t.perm}
+                              for name, t in self.topics.topics.items()},
+            "data_version": asdict(self.topics.data_version)})
+        await self._call(addr, RequestCode.REGISTER_BROKER, ext, body)
+
+    async def _call(self, addr: str, code: int, ext: dict, body: bytes = b"") -> int | None:
+        try:
+            conn = await self.pool.get(addr)
+            frame = await conn.request(code, ext, body, timeout_s=3.0)
+            return frame.code
+        except HamqError as err:
+            log.warning("name server %s: %s", addr, err.message)
+            return None
+
+

@@ -1,0 +1,74 @@
+"""Topic administration on a broker: create, update, delete, validate access."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hamq.errors import InvalidArgument, NoPermission, QueueNotExist, TopicNotExist
+from hamq.namesrv.routes import AUTO_CREATE_TOPIC_KEY_TOPIC
+from hamq.protocol.message import validate_topic
+from hamq.store.message_store import MessageStore
+from hamq.store.metadata import PERM_READ, PERM_READ_WRITE, PERM_WRITE, TopicConfig
+
+MAX_QUEUE_NUMS = 1024
+
+
+class TopicService:
+    def __init__(self, store: MessageStore, default_queue_nums: int, auto_create: bool,
+                 on_change: Callable[[], None]) -> None:
+        self.store = store
+        self.default_queue_nums = default_queue_nums
+        self.auto_create = auto_create
+        self.on_change = on_change  # re-register with the name servers
+        if auto_create and store.topics.get(AUTO_CREATE_TOPIC_KEY_TOPIC) is None:
+            self.create(AUTO_CREATE_TOPIC_KEY_TOPIC, default_queue_nums, default_queue_nums,
+                        PERM_READ_WRITE, notify=False)
+
+    def create(self, topic: str, read_queue_nums: int, write_queue_nums: int, perm: int,
+               notify: bool = True) -> TopicConfig:
+        validate_topic(topic)
+        for name, n in (("read_queue_nums", read_queue_nums),
+                        ("write_queue_nums", write_queue_nums)):
+            if not 1 <= n <= MAX_QUEUE_NUMS:
+                raise InvalidArgument(f"{name} must be in 1..{MAX_QUEUE_NUMS}, got {n}")
+        if perm & ~PERM_READ_WRITE:
+            raise InvalidArgument(f"perm must combine {PERM_READ} (read) and {PERM_WRITE} "
+                                  f"(write), got {perm}")
+        config = TopicConfig(topic, read_queue_nums, write_queue_nums, perm)
+        for queue_id in range(max(read_queue_nums, write_queue_nums)):
+            self.store.create_queue(topic, queue_id)
+        self.store.topics.put(config, self.store.clock_ms())
+        if notify:
+            self.on_change()
+        return config
+
+    def delete(self, topic: str) -> None:
+        if not self.store.topics.delete(topic, self.store.clock_ms()):
+            raise TopicNotExist(f"topic {topic!r} does not exist on this broker")
+        self.store.delete_topic(topic)
+        self.on_change()
+
+    def for_write(self, topic: str, queue_id: int) -> TopicConfig:
+        config = self.store.topics.get(topic)
+        if config is None:
+            if not self.auto_create:
+                raise TopicNotExist(f"topic {topic!r} does not exist (create it first, or "
+                                    "enable auto_create_topic_enable on the broker)")
+            config = self.create(topic, self.default_queue_nums, self.default_queue_nums,
+                                 PERM_READ_WRITE)
+        if not config.perm & PERM_WRITE:
+            raise NoPermission(f"topic {topic!r} is not writable on this broker")
+        if not 0 <= queue_id < config.write_queue_nums:
+            raise QueueNotExist(f"topic {topic!r} has write queues 0..{config.write_queue_nums - 1}"
+                                f"; queue {queue_id} does not exist")
+        return config
+
+    def for_read(self, topic: str, queue_id: int) -> TopicConfig:
+        config = self.store.topics.get(topic)
+        if config is None:
+            raise TopicNotExist(f"topic {topic!r} does not exist on this broker")
+        if not config.perm & PERM_READ:
+            raise NoPermission(f"topic {topic!r} is not readable on this broker")
+        if not 0 <= queue_id < config.read_queue_nums:
+            raise QueueNotExist(f"topic {topic!r} has read queues 0..{config.read_queue_nums - 1}"
+                                f"; queue {queue_id} does not exist")
+        return config

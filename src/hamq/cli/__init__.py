@@ -1,0 +1,1 @@
+"""The ``hamq`` command line."""

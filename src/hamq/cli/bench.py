@@ -1,0 +1,207 @@
+"""``hamq bench``: the one tool every issue reports its numbers with.
+
+Load is bounded by a message count and a wall-clock limit; results are one JSON object
+with ``msgs_per_s``, ``mb_per_s``, latency percentiles and the exact parameters.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from array import array
+
+import click
+
+from hamq.aio import AsyncAdmin, AsyncProducer, AsyncPullConsumer
+from hamq.cli.common import emit, namesrv_option, run_async
+from hamq.client.consumer import PullStatus
+from hamq.errors import HamqError, TopicNotExist
+from hamq.protocol.message import encode_batch, encode_message
+
+CONSUME_PULL_BATCH = 1024
+
+
+def percentile_ms(sorted_s: list[float], q: float) -> float:
+    if not sorted_s:
+        return 0.0
+    return round(sorted_s[min(len(sorted_s) - 1, int(q * len(sorted_s)))] * 1000, 3)
+
+
+def summary(name: str, messages: int, size: int, elapsed_s: float, latencies_s: array,
+            errors: int, params: dict) -> dict:
+    lat = sorted(latencies_s)
+    return {"bench": name, "messages": messages, "elapsed_s": round(elapsed_s, 3),
+            "msgs_per_s": round(messages / elapsed_s) if elapsed_s else 0,
+            "mb_per_s": round(messages * size / elapsed_s / 1e6, 2) if elapsed_s else 0,
+            "p50_ms": percentile_ms(lat, 0.50), "p99_ms": percentile_ms(lat, 0.99),
+            "p999_ms": percentile_ms(lat, 0.999), "errors": errors, "params": params}
+
+
+async def ensure_topic(namesrv: str, topic: str, queues: int) -> None:
+    admin = AsyncAdmin(namesrv)
+    try:
+        try:
+            route = await admin.topic_route(topic)
+            if len(route.write_queues) >= queues:
+                return
+        except TopicNotExist:
+            pass
+        await admin.create_topic(topic, queues)
+    finally:
+        await admin.close()
+
+
+async def run_produce(namesrv: str, topic: str, count: int, size: int, batch: int,
+                      inflight: int, queues: int, max_seconds: float) -> dict:
+    await ensure_topic(namesrv, topic, queues)
+    producer = AsyncProducer(namesrv)
+    payload, crc = encode_batch([encode_message(os.urandom(size))] * batch)
+    requests = max(1, count // batch)
+    latencies = array("d")
+    loop = asyncio.get_running_loop()
+    finished = loop.create_future()
+    perf = time.perf_counter
+    sent = done = errors = 0
+    first_error: list[str] = []
+    deadline = perf() + max_seconds
+
+    def issue() -> None:
+        nonlocal sent
+        sent += 1
+        started = perf()
+        producer.send_payload_async(topic, payload, crc, batch,
+                                    lambda result, err: on_done(err, started))
+
+    def on_done(err: HamqError | None, started: float) -> None:
+        nonlocal done, errors
+        now = perf()
+        latencies.append(now - started)
+        done += 1
+        if err is not None:
+            errors += 1
+            if not first_error:
+                first_error.append(f"{type(err).__name__}: {err.message}")
+        if sent < requests and now < deadline:
+            issue()
+        elif done == sent and not finished.done():
+            finished.set_result(None)
+
+    try:
+        await producer.warm_up(topic)
+        start = perf()
+        for _ in range(min(inflight, requests)):
+            issue()
+        await finished
+        elapsed = perf() - start
+    finally:
+        await producer.close()
+    result = summary("produce", (done - errors) * batch, size, elapsed, latencies, errors,
+                     {"count": count, "size": size, "batch": batch, "inflight": inflight,
+                      "topic": topic, "queues": queues, "namesrv": namesrv})
+    if first_error:
+        result["first_error"] = first_error[0]
+    return result
+
+
+async def run_consume(namesrv: str, topic: str, count: int, group: str,
+                      max_seconds: float) -> dict:
+    consumer = AsyncPullConsumer(group, namesrv)
+    latencies = array("d")
+    consumed = 0
+    nbytes = 0
+    perf = time.perf_counter
+    try:
+        queues = await consumer.fetch_message_queues(topic)
+        offsets = {mq: await consumer.min_offset(mq) for mq in queues}
+        deadline = perf() + max_seconds
+        start = perf()
+
+        async def drain(mq) -> None:
+            nonlocal consumed, nbytes
+            while consumed < count and perf() < deadline:
+                started = perf()
+                result = await consumer.pull(mq, offsets[mq], CONSUME_PULL_BATCH)
+                latencies.append(perf() - started)
+                if result.status is PullStatus.OFFSET_ILLEGAL:
+                    offsets[mq] = result.next_begin_offset
+                    continue
+                if not result.messages:
+                    return
+                consumed += len(result.messages)
+                nbytes += sum(len(m.body) for m in result.messages)
+                offsets[mq] = result.next_begin_offset
+
+        await asyncio.gather(*(drain(mq) for mq in queues))
+        elapsed = perf() - start
+    finally:
+        await consumer.close()
+    size = nbytes // consumed if consumed else 0
+    return summary("consume", consumed, size, elapsed, latencies, 0,
+                   {"count": count, "topic": topic, "group": group, "namesrv": namesrv,
+                    "pull_batch": CONSUME_PULL_BATCH})
+
+
+@click.group()
+def bench() -> None:
+    """Measure throughput and latency against a running cluster."""
+
+
+_common = [
+    click.option("--topic", default="BenchTopic", show_default=True),
+    click.option("--max-seconds", default=60.0, show_default=True,
+                 help="Stop the run after this long, whatever the count."),
+    namesrv_option,
+    click.option("--json", "as_json", is_flag=True, help="Print one JSON object."),
+]
+
+
+def _with_common(fn):
+    for option in reversed(_common):
+        fn = option(fn)
+    return fn
+
+
+def _text(r: dict) -> str:
+    return (f"{r['bench']}: {r['messages']} msgs in {r['elapsed_s']} s = {r['msgs_per_s']} "
+            f"msgs/s, {r['mb_per_s']} MB/s; latency p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, "
+            f"p99.9 {r['p999_ms']} ms; errors {r['errors']}")
+
+
+@bench.command("produce")
+@click.option("--count", default=1_000_000, show_default=True)
+@click.option("--size", default=1024, show_default=True, help="Body bytes per message.")
+@click.option("--batch", default=64, show_default=True, help="Messages per send request.")
+@click.option("--inflight", default=16, show_default=True, help="Requests in flight.")
+@click.option("--queues", default=4, show_default=True)
+@_with_common
+@run_async
+async def bench_produce(count: int, size: int, batch: int, inflight: int, queues: int,
+                        topic: str, max_seconds: float, namesrv: str, as_json: bool) -> None:
+    """Throughput of (batched, pipelined) sends."""
+    emit(await run_produce(namesrv, topic, count, size, batch, inflight, queues, max_seconds),
+         as_json, _text)
+
+
+@bench.command("latency")
+@click.option("--count", default=10_000, show_default=True)
+@click.option("--size", default=1024, show_default=True)
+@click.option("--queues", default=4, show_default=True)
+@_with_common
+@run_async
+async def bench_latency(count: int, size: int, queues: int, topic: str, max_seconds: float,
+                        namesrv: str, as_json: bool) -> None:
+    """One send at a time: latency percentiles."""
+    result = await run_produce(namesrv, topic, count, size, 1, 1, queues, max_seconds)
+    result["bench"] = "latency"
+    emit(result, as_json, _text)
+
+
+@bench.command("consume")
+@click.option("--count", default=1_000_000, show_default=True)
+@click.option("--group", default="bench_consumer", show_default=True)
+@_with_common
+@run_async
+async def bench_consume(count: int, group: str, topic: str, max_seconds: float, namesrv: str,
+                        as_json: bool) -> None:
+    """Pull throughput from the start of every queue of TOPIC."""
+    emit(await run_consume(namesrv, topic, count, group, max_seconds), as_json, _text)

@@ -1,0 +1,50 @@
+"""Shared CLI plumbing: output as text or JSON, errors as one clear line and exit code 1."""
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from hamq.errors import HamqError
+from hamq.net.server import install_uvloop
+
+DEFAULT_NAMESRV = "127.0.0.1:9876"
+
+namesrv_option = click.option(
+    "--namesrv", "-n", default=lambda: os.environ.get("HAMQ_NAMESRV", DEFAULT_NAMESRV),
+    show_default="$HAMQ_NAMESRV or 127.0.0.1:9876",
+    help="Name server address(es), HOST:PORT separated by ';'.")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+
+
+def setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=os.environ.get("HAMQ_LOG_LEVEL", level), stream=sys.stderr,
+                        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+
+
+def emit(obj: Any, as_json: bool, text: Callable[[Any], str] | None = None) -> None:
+    if as_json:
+        click.echo(json.dumps(obj, sort_keys=True, default=str))
+    else:
+        click.echo(text(obj) if text else json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+def run_async(fn: Callable) -> Callable:
+    """Run an async command body on uvloop; hamq errors become one line on stderr, exit 1."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        install_uvloop()
+        try:
+            return asyncio.run(fn(*args, **kwargs))
+        except HamqError as err:
+            raise click.ClickException(f"{type(err).__name__}: {err.message}") from None
+        except KeyboardInterrupt:
+            raise SystemExit(130) from None
+    return wrapper

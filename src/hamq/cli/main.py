@@ -1,0 +1,26 @@
+"""The ``hamq`` command."""
+from __future__ import annotations
+
+import click
+
+from hamq.cli.bench import bench
+from hamq.cli.servers import broker, dev, namesrv
+from hamq.cli.tools import cluster, consume, produce, topic
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="hamq")
+def cli() -> None:
+    """hamq: a highly available, replicated message queue."""
+
+
+for command in (namesrv, broker, dev, topic, produce, consume, cluster, bench):
+    cli.add_command(command)
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The client: asyncio core (``hamq.aio``) and the sync facade (``hamq``)."""

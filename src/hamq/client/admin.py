@@ -1,0 +1,98 @@
+"""The asyncio admin client: topics, cluster state, broker runtime info."""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+
+from hamq.client.core import MASTER_ID, ClientCore, TopicRoute
+from hamq.errors import BrokerNotFound, TopicNotExist
+from hamq.protocol.codes import RequestCode
+from hamq.protocol.frame import unpack_body
+from hamq.store.metadata import PERM_READ_WRITE
+
+
+class AsyncAdmin:
+    def __init__(self, namesrv: str | Iterable[str], timeout_s: float = 3.0) -> None:
+        self.core = ClientCore(namesrv, timeout_s)
+
+    async def close(self) -> None:
+        await self.core.close()
+
+    async def cluster_info(self) -> dict:
+        frame = await self.core.invoke_namesrv(RequestCode.GET_BROKER_CLUSTER_INFO)
+        return unpack_body(frame.body)
+
+    async def master_addrs(self, cluster: str | None = None) -> dict[str, str]:
+        """Broker group name -> master address, for one cluster or all."""
+        info = await self.cluster_info()
+        masters = {}
+        for name, entry in info["broker_addr_table"].items():
+            addrs = {int(k): v for k, v in entry["broker_addrs"].items()}
+            if (cluster is None or entry["cluster"] == cluster) and MASTER_ID in addrs:
+                masters[name] = addrs[MASTER_ID]
+        return masters
+
+    async def create_topic(self, topic: str, queue_nums: int = 4, perm: int = PERM_READ_WRITE,
+                           cluster: str | None = None, wait_s: float = 5.0) -> dict[str, str]:
+        """Create (or update) ``topic`` on every master of ``cluster`` (RocketMQ's
+        ``updateTopic -c``); waits until the name servers route it."""
+        masters = await self.master_addrs(cluster)
+        if not masters:
+            raise BrokerNotFound(f"no master broker registered{f' in cluster {cluster}' if cluster else ''}")
+        ext = {"topic": topic, "read_queue_nums": queue_nums, "write_queue_nums": queue_nums,
+               "perm": perm}
+        await asyncio.gather(*(self.core.invoke(addr, RequestCode.UPDATE_AND_CREATE_TOPIC, ext)
+                               for addr in masters.values()))
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                route = await self.core.route(topic, refresh=True)
+                if {q.broker_name for q in route.write_queues} >= set(masters) and \
+                        len(route.write_queues) >= queue_nums * len(masters):
+                    break
+            except TopicNotExist:
+                pass
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        return masters
+
+    async def delete_topic(self, topic: str) -> None:
+        route = await self.topic_route(topic)
+        await asyncio.gather(*(self.core.invoke(addr, RequestCode.DELETE_TOPIC_IN_BROKER,
+                                                {"topic": topic})
+                               for members in route.brokers.values()
+                               for addr in members.values()))
+        await asyncio.gather(*(self.core.invoke(addr, RequestCode.DELETE_TOPIC_IN_NAMESRV,
+                                                {"topic": topic})
+                               for addr in self.core.namesrv))
+
+    async def topic_route(self, topic: str) -> TopicRoute:
+        return await self.core.route(topic, refresh=True)
+
+    async def topic_route_raw(self, topic: str) -> dict:
+        frame = await self.core.invoke_namesrv(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
+        return unpack_body(frame.body)
+
+    async def topic_list(self) -> list[str]:
+        frame = await self.core.invoke_namesrv(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
+        return unpack_body(frame.body)
+
+    async def broker_runtime_info(self, addr: str) -> dict:
+        frame = await self.core.invoke(addr, RequestCode.GET_BROKER_RUNTIME_INFO)
+        return unpack_body(frame.body)
+
+    async def topic_offsets(self, topic: str) -> list[dict]:
+        """Per queue: broker, queue id, min and max offset (``topicStatus``)."""
+        route = await self.topic_route(topic)
+        rows = []
+        for mq in route.read_queues:
+            addr = route.read_addr(mq.broker_name)
+            ext = {"topic": topic, "queue_id": mq.queue_id}
+            lo, hi = await asyncio.gather(
+                self.core.invoke(addr, RequestCode.GET_MIN_OFFSET, ext),
+                self.core.invoke(addr, RequestCode.GET_MAX_OFFSET, ext))
+            rows.append({"broker_name": mq.broker_name, "queue_id": mq.queue_id,
+                         "min_offset": lo.ext["offset"], "max_offset": hi.ext["offset"]})
+        return rows

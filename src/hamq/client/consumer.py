@@ -1,0 +1,118 @@
+"""The asyncio pull consumer: pull a queue from an offset, commit and fetch group offsets.
+
+Reads go to the group's master, or to its lowest-id slave while the master is gone
+(RocketMQ's slave read), so consumption survives a master failure.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from hamq.client.core import ClientCore
+from hamq.client.message import MessageExt, MessageQueue
+from hamq.errors import BrokerNotFound, QueryNotFound
+from hamq.protocol.codes import RequestCode, ResponseCode
+from hamq.protocol.message import iter_records_messages
+
+_PULL_OK = (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_OFFSET_MOVED,
+            ResponseCode.PULL_RETRY_IMMEDIATELY)
+
+
+class PullStatus(Enum):
+    FOUND = "FOUND"
+    NO_NEW_MSG = "NO_NEW_MSG"
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
+
+
+@dataclass
+class PullResult:
+    status: PullStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    messages: list[MessageExt] = field(default_factory=list)
+
+
+class AsyncPullConsumer:
+    def __init__(self, group: str, namesrv: str | Iterable[str], timeout_s: float = 3.0) -> None:
+        self.group = group
+        self.core = ClientCore(namesrv, timeout_s)
+
+    async def start(self) -> None:
+        """Nothing to open eagerly; kept so the lifecycle reads like RocketMQ's."""
+
+    async def close(self) -> None:
+        await self.core.close()
+
+    async def fetch_message_queues(self, topic: str) -> list[MessageQueue]:
+        return sorted((await self.core.route(topic, refresh=True)).read_queues)
+
+    async def pull(self, mq: MessageQueue, offset: int, max_msgs: int = 32,
+                   suspend_timeout_ms: int = 0, commit_offset: int | None = None) -> PullResult:
+        """Messages of ``mq`` from ``offset``. With ``suspend_timeout_ms`` the broker holds
+        the request until messages arrive (long polling)."""
+        ext = {"topic": mq.topic, "queue_id": mq.queue_id, "queue_offset": offset,
+               "max_msgs": max_msgs, "suspend_timeout_ms": suspend_timeout_ms,
+               "group": self.group}
+        if commit_offset is not None:
+            ext["commit_offset"] = commit_offset
+        frame = await self.core.invoke(await self._addr(mq), RequestCode.PULL_MESSAGE, ext,
+                                       ok=_PULL_OK,
+                                       timeout_s=self.core.timeout_s + suspend_timeout_ms / 1000)
+        x = frame.ext
+        if frame.code == ResponseCode.SUCCESS:
+            name = mq.broker_name
+            messages = [MessageExt(d, name) for d in iter_records_messages(frame.body, offset)]
+            status = PullStatus.FOUND if messages else PullStatus.NO_NEW_MSG
+            return PullResult(status, x["next_begin_offset"], x["min_offset"], x["max_offset"],
+                              messages)
+        status = PullStatus.OFFSET_ILLEGAL if frame.code == ResponseCode.PULL_OFFSET_MOVED \
+            else PullStatus.NO_NEW_MSG
+        return PullResult(status, x.get("next_begin_offset", offset), x.get("min_offset", 0),
+                          x.get("max_offset", 0))
+
+    async def commit_offset(self, mq: MessageQueue, offset: int) -> None:
+        await self.core.invoke(await self._addr(mq), RequestCode.UPDATE_CONSUMER_OFFSET,
+                               {"group": self.group, "topic": mq.topic, "queue_id": mq.queue_id,
+                                "offset": offset})
+
+    async def fetch_offset(self, mq: MessageQueue) -> int | None:
+        """The group's committed offset of ``mq``, or None if it never committed one."""
+        try:
+            frame = await self.core.invoke(await self._addr(mq), RequestCode.QUERY_CONSUMER_OFFSET,
+                                           {"group": self.group, "topic": mq.topic,
+                                            "queue_id": mq.queue_id})
+        except QueryNotFound:
+            return None
+        return frame.ext["offset"]
+
+    async def max_offset(self, mq: MessageQueue) -> int:
+        return await self._queue_query(mq, RequestCode.GET_MAX_OFFSET)
+
+    async def min_offset(self, mq: MessageQueue) -> int:
+        return await self._queue_query(mq, RequestCode.GET_MIN_OFFSET)
+
+    async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        return await self._queue_query(mq, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP,
+                                       timestamp_ms=timestamp_ms)
+
+    async def earliest_msg_store_time_ms(self, mq: MessageQueue) -> int:
+        frame = await self.core.invoke(await self._addr(mq), RequestCode.GET_EARLIEST_MSG_STORETIME,
+                                       {"topic": mq.topic, "queue_id": mq.queue_id})
+        return frame.ext["timestamp_ms"]
+
+    async def _queue_query(self, mq: MessageQueue, code: int, **extra: int) -> int:
+        frame = await self.core.invoke(await self._addr(mq), code,
+                                       {"topic": mq.topic, "queue_id": mq.queue_id, **extra})
+        return frame.ext["offset"]
+
+    async def _addr(self, mq: MessageQueue) -> str:
+        route = await self.core.route(mq.topic)
+        addr = route.read_addr(mq.broker_name)
+        if addr is None:
+            route = await self.core.route(mq.topic, refresh=True)
+            addr = route.read_addr(mq.broker_name)
+        if addr is None:
+            raise BrokerNotFound(f"no live member of broker group {mq.broker_name}")
+        return addr

@@ -1,0 +1,106 @@
+"""What every client shares: name-server addresses, a connection pool, cached topic routes
+and ``invoke`` (one request, errors raised as ``hamq.errors`` classes)."""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from hamq.client.message import MessageQueue
+from hamq.errors import ConnectionLost, HamqError, TopicNotExist
+from hamq.net.pool import ConnectionPool
+from hamq.protocol.codes import RequestCode, ResponseCode
+from hamq.protocol.frame import Frame, unpack_body
+from hamq.store.metadata import PERM_READ, PERM_WRITE
+
+MASTER_ID = 0
+ROUTE_REFRESH_INTERVAL_S = 30.0  # RocketMQ pollNameServerInterval
+DEFAULT_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class TopicRoute:
+    topic: str
+    write_queues: tuple[MessageQueue, ...]
+    read_queues: tuple[MessageQueue, ...]
+    brokers: dict[str, dict[int, str]]   # broker name -> broker id -> address
+    fetched_at: float
+
+    @staticmethod
+    def from_wire(topic: str, data: dict) -> "TopicRoute":
+        brokers = {b["broker_name"]: {int(i): a for i, a in b["broker_addrs"].items()}
+                   for b in data["broker_datas"]}
+        write, read = [], []
+        for qd in data["queue_datas"]:
+            name = qd["broker_name"]
+            if qd["perm"] & PERM_WRITE and MASTER_ID in brokers.get(name, {}):
+                write += [MessageQueue(topic, name, i) for i in range(qd["write_queue_nums"])]
+            if qd["perm"] & PERM_READ and brokers.get(name):
+                read += [MessageQueue(topic, name, i) for i in range(qd["read_queue_nums"])]
+        return TopicRoute(topic, tuple(write), tuple(read), brokers, time.monotonic())
+
+    def master_addr(self, broker_name: str) -> str | None:
+        return self.brokers.get(broker_name, {}).get(MASTER_ID)
+
+    def read_addr(self, broker_name: str) -> str | None:
+        """The master, or the lowest-id slave when the master is gone (slave read)."""
+        members = self.brokers.get(broker_name, {})
+        return members[min(members)] if members else None
+
+
+def namesrv_list(namesrv: str | Iterable[str]) -> list[str]:
+    addrs = [a.strip() for a in (namesrv.split(";") if isinstance(namesrv, str) else namesrv)]
+    addrs = [a for a in addrs if a]
+    if not addrs:
+        raise ValueError("at least one name server address (HOST:PORT) is required")
+    return addrs
+
+
+class ClientCore:
+    def __init__(self, namesrv: str | Iterable[str], timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.namesrv = namesrv_list(namesrv)
+        self.timeout_s = timeout_s
+        self.pool = ConnectionPool(connect_timeout_s=timeout_s)
+        self.routes: dict[str, TopicRoute] = {}
+        self._namesrv_index = 0
+
+    async def invoke(self, addr: str, code: int, ext: dict | None = None, body: bytes = b"",
+                     ok: Iterable[int] = (ResponseCode.SUCCESS,),
+                     timeout_s: float | None = None) -> Frame:
+        conn = await self.pool.get(addr)
+        frame = await conn.request(code, ext, body, timeout_s or self.timeout_s)
+        if frame.code not in ok:
+            raise HamqError.for_code(frame.code, frame.remark)
+        return frame
+
+    async def invoke_namesrv(self, code: int, ext: dict | None = None) -> Frame:
+        """Ask the name servers in turn until one answers (they are independent)."""
+        last: HamqError = ConnectionLost("no name server reachable")
+        for i in range(len(self.namesrv)):
+            addr = self.namesrv[(self._namesrv_index + i) % len(self.namesrv)]
+            try:
+                return await self.invoke(addr, code, ext)
+            except ConnectionLost as err:
+                last = ConnectionLost(f"name server {addr} unreachable: {err.message}")
+                self._namesrv_index += 1
+            except asyncio.TimeoutError:
+                last = ConnectionLost(f"name server {addr} did not answer")
+        raise last
+
+    async def route(self, topic: str, refresh: bool = False) -> TopicRoute:
+        cached = self.routes.get(topic)
+        if cached is not None and not refresh and \
+                time.monotonic() - cached.fetched_at < ROUTE_REFRESH_INTERVAL_S:
+            return cached
+        try:
+            frame = await self.invoke_namesrv(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
+        except TopicNotExist:
+            self.routes.pop(topic, None)
+            raise
+        route = TopicRoute.from_wire(topic, unpack_body(frame.body))
+        self.routes[topic] = route
+        return route
+
+    async def close(self) -> None:
+        await self.pool.close()

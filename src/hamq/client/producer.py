@@ -1,0 +1,218 @@
+"""The asyncio producer.
+
+Sends are callback-driven underneath (``send_async``): with a cached route and an open
+connection a send is one frame written and one callback later — no task or future per
+message, so thousands can be in flight. ``send``/``send_batch`` wrap that in a future.
+Retriable failures move to another queue, preferring another broker group
+(``retry_times_when_send_failed``, RocketMQ's retryTimesWhenSendFailed).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Iterable
+
+from hamq.client.core import ClientCore, TopicRoute
+from hamq.client.message import Message, MessageQueue, SendResult, SendStatus
+from hamq.errors import ConnectionLost, HamqError, InvalidArgument, TopicNotExist
+from hamq.namesrv.routes import AUTO_CREATE_TOPIC_KEY_TOPIC
+from hamq.protocol.codes import RequestCode, ResponseCode
+from hamq.protocol.frame import Frame
+from hamq.protocol.limits import MAX_BATCH_MESSAGES
+from hamq.protocol.message import encode_batch, validate_topic
+
+SendCallback = Callable[[SendResult | None, HamqError | None], None]
+
+_STATUS_BY_CODE = {
+    ResponseCode.SUCCESS: SendStatus.SEND_OK,
+    ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
+    ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
+    ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
+}
+
+
+class AsyncProducer:
+    def __init__(self, namesrv: str | Iterable[str], group: str = "DEFAULT_PRODUCER",
+                 send_timeout_s: float = 3.0, retry_times_when_send_failed: int = 2) -> None:
+        self.group = group
+        self.core = ClientCore(namesrv, send_timeout_s)
+        self.send_timeout_s = send_timeout_s
+        self.retry_times_when_send_failed = retry_times_when_send_failed
+        self._next_queue = itertools.count()
+        self._stale: set[str] = set()  # topics whose route must be refreshed before use
+
+    async def start(self) -> None:
+        """Nothing to open eagerly; kept so the lifecycle reads like RocketMQ's."""
+
+    async def close(self) -> None:
+        await self.core.close()
+
+    # -- public API ---------------------------------------------------------------------
+    async def send(self, message: Message, queue: MessageQueue | None = None) -> SendResult:
+        return await self._as_future(message.topic, [message.encode()], RequestCode.SEND_MESSAGE,
+                                     queue)
+
+    async def send_batch(self, messages: list[Message],
+                         queue: MessageQueue | None = None) -> SendResult:
+        """All messages must share one topic; they are stored as one record, in order."""
+        if not messages:
+            raise InvalidArgument("send_batch needs at least one message")
+        if len(messages) > MAX_BATCH_MESSAGES:
+            raise InvalidArgument(f"a batch holds at most {MAX_BATCH_MESSAGES} messages")
+        topic = messages[0].topic
+        if any(m.topic != topic for m in messages):
+            raise InvalidArgument("all messages of a batch must have the same topic")
+        return await self._as_future(topic, [m.encode() for m in messages],
+                                     RequestCode.SEND_BATCH_MESSAGE, queue)
+
+    def send_async(self, message: Message, callback: SendCallback,
+                   queue: MessageQueue | None = None) -> None:
+        """Send without waiting; ``callback(result, error)`` runs on the event loop."""
+        self.send_encoded_async(message.topic, [message.encode()], callback, queue)
+
+    def send_encoded_async(self, topic: str, encoded: list[bytes], callback: SendCallback,
+                           queue: MessageQueue | None = None) -> None:
+        payload, crc = encode_batch(encoded)
+        self.send_payload_async(topic, payload, crc, len(encoded), callback, queue)
+
+    def send_payload_async(self, topic: str, payload: bytes, crc: int, count: int,
+                           callback: SendCallback, queue: MessageQueue | None = None) -> None:
+        """Send a batch that is already encoded (``protocol.message.encode_batch``): the
+        same bytes can be sent many times without re-encoding."""
+        code = RequestCode.SEND_MESSAGE if count == 1 else RequestCode.SEND_BATCH_MESSAGE
+        self._dispatch(topic, code, payload, crc, count, callback, queue, 0, None)
+
+    async def warm_up(self, topic: str) -> None:
+        """Fetch the route and open a connection to every master of ``topic``, so the first
+        sends do not pay for it (benchmarks, latency-sensitive producers)."""
+        route = await self._route(topic)
+        await asyncio.gather(*(self.core.pool.get(route.master_addr(name))
+                               for name in {q.broker_name for q in route.write_queues}))
+
+    async def send_oneway(self, message: Message) -> None:
+        route = await self._route(message.topic)
+        mq = self._select_queue(route, None)
+        conn = await self.core.pool.get(route.master_addr(mq.broker_name))
+        payload, crc = encode_batch([message.encode()])
+        conn.oneway(RequestCode.SEND_MESSAGE, self._ext(mq, crc, 1), payload)
+
+    # -- internals ----------------------------------------------------------------------
+    def _as_future(self, topic: str, encoded: list[bytes], code: int,
+                   queue: MessageQueue | None) -> asyncio.Future[SendResult]:
+        future = asyncio.get_running_loop().create_future()
+
+        def done(result: SendResult | None, err: HamqError | None) -> None:
+            if not future.done():
+                future.set_exception(err) if err is not None else future.set_result(result)
+
+        payload, crc = encode_batch(encoded)
+        self._dispatch(topic, code, payload, crc, len(encoded), done, queue, 0, None)
+        return future
+
+    def _dispatch(self, topic: str, code: int, payload: bytes, crc: int, count: int,
+                  callback: SendCallback, queue: MessageQueue | None, attempt: int,
+                  avoid: str | None) -> None:
+        route = self.core.routes.get(topic)
+        if route is None or topic in self._stale:
+            asyncio.ensure_future(self._dispatch_after(
+                self._route(topic), topic, code, payload, crc, count, callback, queue, attempt,
+                avoid))
+            return
+        try:
+            mq = queue or self._select_queue(route, avoid)
+        except HamqError as err:
+            callback(None, err)
+            return
+        addr = route.master_addr(mq.broker_name)
+        if addr is None:
+            self._stale.add(topic)
+            self._retry_or_fail(ConnectionLost(f"broker group {mq.broker_name} has no master"),
+                                topic, code, payload, crc, count, callback, queue, attempt, mq)
+            return
+        conn = self.core.pool.get_ready(addr)
+        if conn is None:
+            asyncio.ensure_future(self._dispatch_after(
+                self.core.pool.get(addr), topic, code, payload, crc, count, callback, queue,
+                attempt, avoid))
+            return
+
+        def on_response(frame: Frame | None, err: HamqError | None) -> None:
+            if err is None:
+                status = _STATUS_BY_CODE.get(frame.code)
+                if status is not None:
+                    ext = frame.ext
+                    callback(SendResult(status, ext["msg_id"], mq, ext["queue_offset"], count),
+                             None)
+                    return
+                err = HamqError.for_code(frame.code, frame.remark)
+            self._retry_or_fail(err, topic, code, payload, crc, count, callback, queue,
+                                attempt, mq)
+
+        conn.request_cb(code, on_response, self._ext(mq, crc, count), payload,
+                        self.send_timeout_s)
+
+    def _retry_or_fail(self, err: HamqError, topic: str, code: int, payload: bytes, crc: int,
+                       count: int, callback: SendCallback, queue: MessageQueue | None,
+                       attempt: int, mq: MessageQueue) -> None:
+        if err.refresh_route:
+            self._stale.add(topic)
+        if err.retriable and attempt < self.retry_times_when_send_failed:
+            self._dispatch(topic, code, payload, crc, count, callback, queue, attempt + 1,
+                           mq.broker_name)
+        else:
+            callback(None, err)
+
+    async def _dispatch_after(self, awaitable, topic: str, code: int, payload: bytes, crc: int,
+                              count: int, callback: SendCallback, queue: MessageQueue | None,
+                              attempt: int, avoid: str | None) -> None:
+        try:
+            await awaitable
+        except HamqError as err:
+            if not err.retriable or attempt >= self.retry_times_when_send_failed:
+                callback(None, err)
+                return
+            await asyncio.sleep(0.1 * (attempt + 1))
+            attempt += 1
+        self._dispatch(topic, code, payload, crc, count, callback, queue, attempt, avoid)
+
+    async def _route(self, topic: str) -> TopicRoute:
+        validate_topic(topic)
+        refresh = topic in self._stale
+        self._stale.discard(topic)
+        try:
+            route = await self.core.route(topic, refresh=refresh)
+        except TopicNotExist:
+            # RocketMQ's auto-create path: brokers that may create topics publish TBW102.
+            try:
+                template = await self.core.route(AUTO_CREATE_TOPIC_KEY_TOPIC, refresh=refresh)
+            except TopicNotExist:
+                raise TopicNotExist(f"topic {topic!r} does not exist (no route on the name "
+                                    "servers) and no broker auto-creates topics") from None
+            route = TopicRoute(topic, tuple(MessageQueue(topic, q.broker_name, q.queue_id)
+                                            for q in template.write_queues), (),
+                               template.brokers, time.monotonic())
+            self.core.routes[topic] = route
+            self._stale.add(topic)  # look up the real route next time
+        if not route.write_queues:
+            raise TopicNotExist(f"topic {topic!r} has no writable queue (no master alive?)")
+        return route
+
+    def _select_queue(self, route: TopicRoute, avoid: str | None) -> MessageQueue:
+        queues = route.write_queues
+        if not queues:
+            raise TopicNotExist(f"topic {route.topic!r} has no writable queue")
+        n = next(self._next_queue)
+        if avoid is not None:
+            others = [q for q in queues if q.broker_name != avoid]
+            if others:
+                return others[n % len(others)]
+        return queues[n % len(queues)]
+
+    @staticmethod
+    def _ext(mq: MessageQueue, crc: int, count: int) -> dict:
+        return {"topic": mq.topic, "queue_id": mq.queue_id, "count": count, "crc": crc,
+                "born_ts": int(time.time() * 1000)}
+
+
+__all__ = ["AsyncProducer"]

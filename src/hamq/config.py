@@ -1,0 +1,144 @@
+"""Typed, frozen configuration per role, read from TOML.
+
+Each field's comment gives the RocketMQ name it corresponds to. Unknown keys and values of
+the wrong type are errors (RocketMQ's loaders silently ignore them; we do not).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from hamq.errors import ConfigError
+
+T = TypeVar("T")
+
+FLUSH_DISK_TYPES = ("async", "sync")
+BROKER_ROLES = ("async_master", "sync_master", "slave")
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    store_dir: str = "./store"                     # storePathRootDir
+    flush_disk_type: str = "async"                 # flushDiskType (ASYNC_FLUSH / SYNC_FLUSH)
+    sync_flush_timeout_ms: int = 5000              # syncFlushTimeout
+    flush_interval_commitlog_ms: int = 500         # flushIntervalCommitLog
+    flush_interval_consume_queue_ms: int = 1000    # flushIntervalConsumeQueue
+    mapped_file_size_commitlog: int = 256 * 1024 * 1024  # mappedFileSizeCommitLog (1 GiB there)
+    file_reserved_hours: float = 72.0              # fileReservedTime
+    clean_resource_interval_ms: int = 10_000       # cleanResourceInterval
+    disk_max_used_space_ratio: float = 0.95        # diskMaxUsedSpaceRatio: refuse writes above
+    disk_min_free_bytes: int = 64 * 1024 * 1024    # refuse writes with less free space than this
+    max_message_size: int = 4 * 1024 * 1024        # maxMessageSize
+
+    def __post_init__(self) -> None:
+        _one_of("flush_disk_type", self.flush_disk_type, FLUSH_DISK_TYPES)
+        _positive(self, "sync_flush_timeout_ms", "flush_interval_commitlog_ms",
+                  "mapped_file_size_commitlog", "clean_resource_interval_ms", "max_message_size")
+        if not 0.0 < self.disk_max_used_space_ratio <= 1.0:
+            raise ConfigError("disk_max_used_space_ratio must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class BrokerConfig(StoreConfig):
+    cluster_name: str = "DefaultCluster"           # brokerClusterName
+    broker_name: str = "broker-a"                  # brokerName
+    broker_id: int = 0                             # brokerId (0 = master)
+    broker_role: str = "async_master"              # brokerRole
+    listen: str = "127.0.0.1:10911"                # listenPort (and host)
+    namesrv: tuple[str, ...] = ("127.0.0.1:9876",)  # namesrvAddr
+    default_topic_queue_nums: int = 4              # defaultTopicQueueNums
+    auto_create_topic_enable: bool = False         # autoCreateTopicEnable
+    broker_heartbeat_interval_ms: int = 1000       # brokerHeartbeatInterval
+    register_broker_interval_ms: int = 30_000      # registerNameServerPeriod
+    long_polling_max_wait_ms: int = 15_000         # longPollingEnable's upper bound
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _one_of("broker_role", self.broker_role, BROKER_ROLES)
+        if self.broker_id < 0:
+            raise ConfigError("broker_id must be >= 0")
+        _positive(self, "default_topic_queue_nums", "broker_heartbeat_interval_ms",
+                  "register_broker_interval_ms")
+
+
+@dataclass(frozen=True)
+class NamesrvConfig:
+    listen: str = "127.0.0.1:9876"                       # listenPort
+    data_dir: str = "./namesrv"                          # kvConfigPath's directory
+    scan_not_active_broker_interval_ms: int = 5000       # scanNotActiveBrokerInterval
+    broker_not_active_timeout_ms: int = 10_000           # brokerNotActiveTimeoutMillis
+
+    def __post_init__(self) -> None:
+        _positive(self, "scan_not_active_broker_interval_ms", "broker_not_active_timeout_ms")
+
+
+def load_config(cls: type[T], path: str | Path | None = None, **overrides: Any) -> T:
+    """Read ``path`` (TOML) into ``cls``; ``overrides`` (non-None values) win."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                values = tomllib.load(fh)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return from_dict(cls, values, source=str(path or "options"))
+
+
+def from_dict(cls: type[T], values: dict[str, Any], source: str = "config") -> T:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{source}: unknown config key {key!r}{hint}")
+        kwargs[key] = _coerce(key, value, hints[key], source)
+    return cls(**kwargs)
+
+
+def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{source}: {key} must be a list of strings")
+        return tuple(value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
+        return value
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, str, float):
+        if not isinstance(value, hint) or isinstance(value, bool):
+            raise ConfigError(f"{source}: {key} must be of type {hint.__name__}, got {value!r}")
+        return value
+    if isinstance(hint, types.UnionType):
+        return value
+    raise AssertionError(f"unhandled config type {hint} for {key}")
+
+
+def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for name in names:
+        if getattr(obj, name) <= 0:
+            raise ConfigError(f"{name} must be > 0")
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}

@@ -1,0 +1,130 @@
+"""One small error hierarchy shared by servers and clients.
+
+Each class maps to a wire ``ResponseCode``; the client raises the class that matches the
+code it received, and its retry logic reads ``retriable`` / ``refresh_route`` instead of
+matching strings (aiokafka's ``errors.py`` idea).
+"""
+from __future__ import annotations
+
+from hamq.protocol.codes import ResponseCode
+
+
+class HamqError(Exception):
+    code: ResponseCode = ResponseCode.SYSTEM_ERROR
+    retriable: bool = False
+    refresh_route: bool = False
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or self.__class__.__name__)
+        self.message = message or self.__class__.__name__
+
+    @staticmethod
+    def for_code(code: int, remark: str = "") -> "HamqError":
+        cls = _BY_CODE.get(code, BrokerSystemError)
+        err = cls(remark or f"broker answered code {code}")
+        if cls is BrokerSystemError and code != ResponseCode.SYSTEM_ERROR:
+            err.message = f"code {code}: {err.message}"
+        return err
+
+
+class BrokerSystemError(HamqError):
+    code = ResponseCode.SYSTEM_ERROR
+
+
+class SystemBusy(HamqError):
+    code = ResponseCode.SYSTEM_BUSY
+    retriable = True
+
+
+class RequestCodeNotSupported(HamqError):
+    code = ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+
+
+class MessageIllegal(HamqError):
+    code = ResponseCode.MESSAGE_ILLEGAL
+
+
+class ServiceNotAvailable(HamqError):
+    code = ResponseCode.SERVICE_NOT_AVAILABLE
+    retriable = True
+    refresh_route = True
+
+
+class NoPermission(HamqError):
+    code = ResponseCode.NO_PERMISSION
+    retriable = True
+    refresh_route = True
+
+
+class TopicNotExist(HamqError):
+    code = ResponseCode.TOPIC_NOT_EXIST
+    refresh_route = True
+
+
+class TopicExistAlready(HamqError):
+    code = ResponseCode.TOPIC_EXIST_ALREADY
+
+
+class QueryNotFound(HamqError):
+    code = ResponseCode.QUERY_NOT_FOUND
+
+
+class InSyncReplicasNotEnough(HamqError):
+    code = ResponseCode.IN_SYNC_REPLICAS_NOT_ENOUGH
+    retriable = True
+
+
+class BadFrame(HamqError):
+    """The peer broke the framing rules; the connection is closed after this."""
+    code = ResponseCode.BAD_FRAME
+
+
+class InvalidArgument(HamqError):
+    code = ResponseCode.INVALID_ARGUMENT
+
+
+class DiskFull(HamqError):
+    code = ResponseCode.DISK_FULL
+    retriable = True  # another broker group of the topic may still have room
+
+
+class CrcMismatch(HamqError):
+    code = ResponseCode.CRC_MISMATCH
+
+
+class QueueNotExist(HamqError):
+    code = ResponseCode.QUEUE_NOT_EXIST
+    refresh_route = True
+
+
+class BrokerNotFound(HamqError):
+    code = ResponseCode.BROKER_NOT_FOUND
+    retriable = True
+    refresh_route = True
+
+
+class ConnectionLost(HamqError):
+    """Client side: the connection closed or could not be opened."""
+    retriable = True
+    refresh_route = True
+
+
+class RequestTimeout(HamqError):
+    """Client side: no response within the request's timeout."""
+    retriable = True
+
+
+class ConfigError(HamqError):
+    """A configuration file or option is invalid (unknown key, wrong type)."""
+    code = ResponseCode.INVALID_ARGUMENT
+
+
+_BY_CODE: dict[int, type[HamqError]] = {
+    cls.code: cls
+    for cls in (
+        BrokerSystemError, SystemBusy, RequestCodeNotSupported, MessageIllegal,
+        ServiceNotAvailable, NoPermission, TopicNotExist, TopicExistAlready, QueryNotFound,
+        InSyncReplicasNotEnough, BadFrame, InvalidArgument, DiskFull, CrcMismatch,
+        QueueNotExist, BrokerNotFound,
+    )
+}

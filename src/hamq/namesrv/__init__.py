@@ -1,0 +1,1 @@
+"""The name server: route registry, broker heartbeats, member groups."""

@@ -1,0 +1,145 @@
+"""The route registry (RocketMQ's RouteInfoManager): who is alive, which groups serve which
+topics. Pure state driven by calls that carry the current time, so it is testable without
+sockets or clocks."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hamq.store.metadata import PERM_READ_WRITE
+
+# RocketMQ's TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC: brokers that auto-create topics
+# register it, and producers of unknown topics route through it.
+AUTO_CREATE_TOPIC_KEY_TOPIC = "TBW102"
+
+
+@dataclass
+class BrokerLiveInfo:
+    cluster_name: str
+    broker_name: str
+    broker_id: int
+    last_update_ms: int
+    timeout_ms: int
+    data_version: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class QueueData:
+    broker_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int = PERM_READ_WRITE
+
+
+class RouteInfoManager:
+    def __init__(self, broker_not_active_timeout_ms: int) -> None:
+        self.default_timeout_ms = broker_not_active_timeout_ms
+        self.cluster_addr_table: dict[str, set[str]] = {}          # cluster -> broker names
+        self.broker_addr_table: dict[str, dict[int, str]] = {}    # broker name -> id -> addr
+        self.broker_cluster: dict[str, str] = {}                   # broker name -> cluster
+        self.live: dict[str, BrokerLiveInfo] = {}                  # addr -> liveness
+        self.topic_queue_table: dict[str, dict[str, QueueData]] = {}
+
+    def register_broker(self, cluster_name: str, broker_name: str, broker_id: int, addr: str,
+                        topic_configs: dict[str, dict[str, int]], data_version: dict[str, int],
+                        now_ms: int, timeout_ms: int | None = None) -> None:
+        self.cluster_addr_table.setdefault(cluster_name, set()).add(broker_name)
+        members = self.broker_addr_table.setdefault(broker_name, {})
+        # A member that came back on a new address replaces its old registration.
+        old = members.get(broker_id)
+        if old is not None and old != addr:
+            self.live.pop(old, None)
+        members[broker_id] = addr
+        self.broker_cluster[broker_name] = cluster_name
+        self.live[addr] = BrokerLiveInfo(cluster_name, broker_name, broker_id, now_ms,
+                                         timeout_ms or self.default_timeout_ms, data_version)
+        if broker_id == 0:  # the master's topic configs define the group's queues
+            self._replace_topics_of(broker_name, topic_configs)
+
+    def broker_heartbeat(self, addr: str, now_ms: int) -> bool:
+        """Lightweight heartbeat (seed 004): refresh liveness; False if unknown (the broker
+        must register in full)."""
+        info = self.live.get(addr)
+        if info is None:
+            return False
+        info.last_update_ms = now_ms
+        return True
+
+    def unregister_broker(self, broker_name: str, broker_id: int, addr: str) -> None:
+        self.live.pop(addr, None)
+        members = self.broker_addr_table.get(broker_name, {})
+        if members.get(broker_id) == addr:
+            del members[broker_id]
+        if not members:
+            self._forget_group(broker_name)
+
+    def scan_not_active_broker(self, now_ms: int) -> list[str]:
+        """Drop members silent for longer than their timeout; returns their addresses."""
+        expired = [addr for addr, info in self.live.items()
+                   if now_ms - info.last_update_ms > info.timeout_ms]
+        for addr in expired:
+            info = self.live[addr]
+            self.unregister_broker(info.broker_name, info.broker_id, addr)
+        return expired
+
+    def delete_topic(self, topic: str) -> bool:
+        return self.topic_queue_table.pop(topic, None) is not None
+
+    # -- queries ------------------------------------------------------------------------
+    def get_route(self, topic: str) -> dict[str, Any] | None:
+        queues = self.topic_queue_table.get(topic)
+        if not queues:
+            return None
+        queue_datas = []
+        broker_datas = []
+        for name, qd in sorted(queues.items()):
+            members = self.broker_addr_table.get(name)
+            if not members:
+                continue
+            queue_datas.append({"broker_name": name, "read_queue_nums": qd.read_queue_nums,
+                                "write_queue_nums": qd.write_queue_nums, "perm": qd.perm})
+            broker_datas.append({"cluster": self.broker_cluster.get(name, ""),
+                                 "broker_name": name, "broker_addrs": dict(members)})
+        if not queue_datas:
+            return None
+        return {"topic": topic, "queue_datas": queue_datas, "broker_datas": broker_datas}
+
+    def get_broker_member_group(self, cluster_name: str, broker_name: str) -> dict[str, Any]:
+        return {"cluster": cluster_name, "broker_name": broker_name,
+                "broker_addrs": dict(self.broker_addr_table.get(broker_name, {}))}
+
+    def cluster_info(self) -> dict[str, Any]:
+        return {
+            "cluster_addr_table": {c: sorted(names) for c, names in self.cluster_addr_table.items()},
+            "broker_addr_table": {
+                name: {"cluster": self.broker_cluster.get(name, ""), "broker_addrs": dict(m)}
+                for name, m in self.broker_addr_table.items()},
+        }
+
+    def topic_list(self) -> list[str]:
+        return sorted(t for t in self.topic_queue_table if t != AUTO_CREATE_TOPIC_KEY_TOPIC)
+
+    # -- internals ----------------------------------------------------------------------
+    def _replace_topics_of(self, broker_name: str,
+                           topic_configs: dict[str, dict[str, int]]) -> None:
+        for topic, queues in list(self.topic_queue_table.items()):
+            if broker_name in queues and topic not in topic_configs:
+                del queues[broker_name]
+                if not queues:
+                    del self.topic_queue_table[topic]
+        for topic, cfg in topic_configs.items():
+            self.topic_queue_table.setdefault(topic, {})[broker_name] = QueueData(
+                broker_name, cfg["read_queue_nums"], cfg["write_queue_nums"], cfg["perm"])
+
+    def _forget_group(self, broker_name: str) -> None:
+        self.broker_addr_table.pop(broker_name, None)
+        cluster = self.broker_cluster.pop(broker_name, None)
+        if cluster is not None:
+            names = self.cluster_addr_table.get(cluster, set())
+            names.discard(broker_name)
+            if not names:
+                self.cluster_addr_table.pop(cluster, None)
+        for topic, queues in list(self.topic_queue_table.items()):
+            queues.pop(broker_name, None)
+            if not queues:
+                del self.topic_queue_table[topic]

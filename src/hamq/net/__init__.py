@@ -1,0 +1,1 @@
+"""The asyncio shell: connections, servers, request multiplexing, the event loop."""

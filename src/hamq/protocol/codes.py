@@ -1,0 +1,60 @@
+"""Request and response codes, named (and where possible numbered) after RocketMQ's
+``RequestCode`` / ``ResponseCode`` so its users recognise them on the wire and in logs."""
+from enum import IntEnum
+
+
+class RequestCode(IntEnum):
+    SEND_MESSAGE = 10
+    PULL_MESSAGE = 11
+    QUERY_CONSUMER_OFFSET = 14
+    UPDATE_CONSUMER_OFFSET = 15
+    UPDATE_AND_CREATE_TOPIC = 17
+    GET_ALL_TOPIC_CONFIG = 21
+    GET_BROKER_RUNTIME_INFO = 28
+    SEARCH_OFFSET_BY_TIMESTAMP = 29
+    GET_MAX_OFFSET = 30
+    GET_MIN_OFFSET = 31
+    GET_EARLIEST_MSG_STORETIME = 32
+    REGISTER_BROKER = 103
+    UNREGISTER_BROKER = 104
+    GET_ROUTEINFO_BY_TOPIC = 105
+    GET_BROKER_CLUSTER_INFO = 106
+    GET_ALL_TOPIC_LIST_FROM_NAMESERVER = 206
+    DELETE_TOPIC_IN_BROKER = 215
+    DELETE_TOPIC_IN_NAMESRV = 216
+    SEND_BATCH_MESSAGE = 320
+    GET_BROKER_MEMBER_GROUP = 901
+    BROKER_HEARTBEAT = 904
+
+
+class ResponseCode(IntEnum):
+    SUCCESS = 0
+    SYSTEM_ERROR = 1
+    SYSTEM_BUSY = 2
+    REQUEST_CODE_NOT_SUPPORTED = 3
+    FLUSH_DISK_TIMEOUT = 10
+    SLAVE_NOT_AVAILABLE = 11
+    FLUSH_SLAVE_TIMEOUT = 12
+    MESSAGE_ILLEGAL = 13
+    SERVICE_NOT_AVAILABLE = 14
+    NO_PERMISSION = 16
+    TOPIC_NOT_EXIST = 17
+    TOPIC_EXIST_ALREADY = 18
+    PULL_NOT_FOUND = 19
+    PULL_RETRY_IMMEDIATELY = 20
+    PULL_OFFSET_MOVED = 21
+    QUERY_NOT_FOUND = 22
+    IN_SYNC_REPLICAS_NOT_ENOUGH = 214
+    # hamq's own codes start at 1000 (RocketMQ has no equivalent).
+    BAD_FRAME = 1000
+    INVALID_ARGUMENT = 1001
+    DISK_FULL = 1002
+    CRC_MISMATCH = 1003
+    QUEUE_NOT_EXIST = 1004
+    BROKER_NOT_FOUND = 1005
+
+
+class Flag:
+    """Bits of the frame header's ``flags`` field."""
+    RESPONSE = 1
+    ONEWAY = 2

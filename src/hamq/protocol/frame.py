@@ -1,0 +1,141 @@
+"""Frame codec: ``u32 frame length | u32 header length | msgpack header | body``.
+
+Sans-IO (h11 style): ``FrameDecoder.feed(bytes)`` returns the complete frames it now holds
+and raises ``BadFrame`` when the peer broke the rules; ``encode_frame`` returns the pieces
+to write. The header is a msgpack array ``[code, opaque, flags, ext, remark]`` — an array
+rather than a map because it is packed and unpacked for every request.
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+
+from hamq.errors import BadFrame, InvalidArgument
+from hamq.protocol.codes import Flag
+from hamq.protocol.limits import MAX_FRAME_BYTES, MAX_HEADER_BYTES
+
+_PREFIX = struct.Struct(">II")
+PREFIX_BYTES = _PREFIX.size
+_packb = msgpack.Packer(use_bin_type=True).pack
+
+
+class Frame:
+    """One request or response. ``ext`` holds the request's named fields."""
+
+    __slots__ = ("code", "opaque", "flags", "ext", "remark", "body")
+
+    def __init__(self, code: int, opaque: int, flags: int = 0, ext: dict[str, Any] | None = None,
+                 remark: str = "", body: bytes = b"") -> None:
+        self.code = code
+        self.opaque = opaque
+        self.flags = flags
+        self.ext = ext if ext is not None else {}
+        self.remark = remark
+        self.body = body
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flags & Flag.RESPONSE)
+
+    @property
+    def is_oneway(self) -> bool:
+        return bool(self.flags & Flag.ONEWAY)
+
+    def __repr__(self) -> str:
+        return (f"Frame(code={self.code}, opaque={self.opaque}, flags={self.flags}, "
+                f"ext={self.ext!r}, remark={self.remark!r}, body={len(self.body)} bytes)")
+
+
+def encode_frame(code: int, opaque: int, flags: int = 0, ext: dict[str, Any] | None = None,
+                 remark: str = "", body: bytes | memoryview = b"") -> list[bytes | memoryview]:
+    """Pieces for ``transport.writelines``; the body is never copied."""
+    header = _packb([code, opaque, flags, ext or None, remark or None])
+    total = 4 + len(header) + len(body)
+    if total > MAX_FRAME_BYTES:
+        raise BadFrame(f"frame of {total} bytes exceeds the limit of {MAX_FRAME_BYTES}")
+    prefix = _PREFIX.pack(total, len(header)) + header
+    return [prefix, body] if body else [prefix]
+
+
+def encode_frame_bytes(*args: Any, **kwargs: Any) -> bytes:
+    return b"".join(encode_frame(*args, **kwargs))
+
+
+class FrameDecoder:
+    """Accumulates bytes and yields complete frames.
+
+    After ``BadFrame`` the stream is unusable (framing is lost); the caller answers if it
+    can and closes the connection.
+    """
+
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+        self._buffer = bytearray()
+        self._max_frame_bytes = max_frame_bytes
+        self.last_opaque: int | None = None  # of the last frame whose header was readable
+
+    def feed(self, data: bytes) -> list[Frame]:
+        buf = self._buffer
+        buf += data
+        frames: list[Frame] = []
+        pos = 0
+        end = len(buf)
+        unpack_prefix = _PREFIX.unpack_from
+        while end - pos >= PREFIX_BYTES:
+            total, header_len = unpack_prefix(buf, pos)
+            if total > self._max_frame_bytes:
+                raise BadFrame(f"frame declares {total} bytes, more than the limit of "
+                               f"{self._max_frame_bytes}")
+            if header_len > MAX_HEADER_BYTES or header_len + 4 > total or header_len == 0:
+                raise BadFrame(f"frame declares a header of {header_len} bytes in a frame of "
+                               f"{total} bytes")
+            frame_end = pos + 4 + total
+            if frame_end > end:
+                break
+            header_start = pos + PREFIX_BYTES
+            body_start = header_start + header_len
+            frames.append(_decode_header(buf[header_start:body_start],
+                                         bytes(buf[body_start:frame_end])))
+            self.last_opaque = frames[-1].opaque
+            pos = frame_end
+        if pos:
+            del buf[:pos]
+        return frames
+
+
+def _decode_header(raw: bytes | bytearray, body: bytes) -> Frame:
+    try:
+        fields = msgpack.unpackb(raw, raw=False, use_list=True, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise BadFrame(f"frame header is not valid msgpack: {exc}") from None
+    if not isinstance(fields, list) or len(fields) != 5:
+        raise BadFrame("frame header must be [code, opaque, flags, ext, remark]")
+    code, opaque, flags, ext, remark = fields
+    if not (isinstance(code, int) and isinstance(opaque, int) and isinstance(flags, int)):
+        raise BadFrame("frame header code, opaque and flags must be integers")
+    if ext is not None and not isinstance(ext, dict):
+        raise BadFrame("frame header ext must be a map")
+    if remark is not None and not isinstance(remark, str):
+        raise BadFrame("frame header remark must be a string")
+    return Frame(code, opaque, flags, ext if ext is not None else {}, remark or "", body)
+
+
+def pack_body(obj: Any) -> bytes:
+    """Structured request/response bodies (route tables, topic configs) are msgpack."""
+    return _packb(obj)
+
+
+def unpack_body(body: bytes) -> Any:
+    try:
+        return msgpack.unpackb(body, raw=False, strict_map_key=False) if body else None
+    except Exception as exc:
+        raise InvalidArgument(f"request body is not valid msgpack: {exc}") from None
+
+
+def require(ext: dict[str, Any], name: str, kind: type = str) -> Any:
+    """A named request field, checked; a clear error names what is missing."""
+    value = ext.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise InvalidArgument(f"request field {name!r} missing or not {kind.__name__}")
+    return value

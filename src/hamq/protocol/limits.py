@@ -1,0 +1,22 @@
+"""Every protocol limit, named, with the reason for its value."""
+
+# A frame carries at most one batch plus its header; 16 MiB leaves room for a
+# MAX_BATCH_BYTES batch and a pull response of several batches.
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+# Header is msgpack of a handful of scalars and short strings; anything bigger is garbage.
+MAX_HEADER_BYTES = 64 * 1024
+# RocketMQ's maxMessageSize default is 4 MiB.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# One send request may carry at most this many bytes of messages (RocketMQ: 4 MiB per
+# batch as a whole; we allow more so batched sends amortise round trips).
+MAX_BATCH_BYTES = 8 * 1024 * 1024
+# And at most this many messages, so per-batch index work stays bounded.
+MAX_BATCH_MESSAGES = 4096
+# Properties of one message (keys, tags, user properties) as encoded bytes.
+MAX_PROPERTIES_BYTES = 32 * 1024
+# Topic names as in RocketMQ (TopicValidator: 127 characters).
+MAX_TOPIC_LENGTH = 127
+# Pull responses stop adding batches past this many bytes.
+MAX_PULL_BYTES = 4 * 1024 * 1024
+# Requests a client keeps outstanding on one connection before send() waits.
+MAX_INFLIGHT_REQUESTS = 4096

@@ -1,0 +1,199 @@
+"""Message and record codecs.
+
+A producer encodes a batch once: per message ``u32 size | u16 props_len | props | body``
+(``size`` counts what follows it). The broker validates the batch (structure, sizes and the
+producer's CRC), prefixes a fixed-size *record header* (offsets, store time) and the topic,
+and appends the unchanged bytes in one write. Replication ships records as they are; pull
+responses are raw records that consumers decode client-side. One record per send, so a
+batch of 64 messages costs one header, one CRC and one consume-queue entry.
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import msgpack
+
+from hamq.errors import CrcMismatch, MessageIllegal
+from hamq.protocol.limits import (MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, MAX_MESSAGE_BYTES,
+                                  MAX_PROPERTIES_BYTES, MAX_TOPIC_LENGTH)
+
+_MSG_HEAD = struct.Struct(">IH")
+MSG_HEAD_BYTES = _MSG_HEAD.size
+
+RECORD_MAGIC = 0x48414D51  # "HAMQ"
+# magic, header_crc | total_size, payload_crc, physical_offset, base_queue_offset,
+# store_timestamp_ms, born_timestamp_ms, count, sys_flag, queue_id, topic_len, topic.
+# header_crc covers everything after itself up to the payload.
+_RECORD_CHECKED = struct.Struct(">II")
+_RECORD_TAIL = struct.Struct(">IIQQqqIIHH")
+RECORD_HEADER_BYTES = _RECORD_CHECKED.size + _RECORD_TAIL.size
+_HEADER_CRC_FROM = _RECORD_CHECKED.size
+
+
+class RecordHeader(NamedTuple):
+    total_size: int
+    payload_crc: int
+    physical_offset: int
+    base_queue_offset: int
+    store_timestamp_ms: int
+    born_timestamp_ms: int
+    count: int
+    sys_flag: int
+    queue_id: int
+    topic: str
+    payload_start: int  # relative to the record start
+
+
+def encode_properties(properties: dict[str, str] | None) -> bytes:
+    if not properties:
+        return b""
+    raw = msgpack.packb(properties, use_bin_type=True)
+    if len(raw) > MAX_PROPERTIES_BYTES:
+        raise MessageIllegal(f"message properties are {len(raw)} bytes encoded, more than "
+                             f"the limit of {MAX_PROPERTIES_BYTES}")
+    return raw
+
+
+def decode_properties(raw: bytes) -> dict[str, str]:
+    return msgpack.unpackb(raw, raw=False) if raw else {}
+
+
+def encode_message(body: bytes, props: bytes = b"") -> bytes:
+    if len(body) > MAX_MESSAGE_BYTES:
+        raise MessageIllegal(f"message body is {len(body)} bytes, more than the limit of "
+                             f"{MAX_MESSAGE_BYTES}")
+    return _MSG_HEAD.pack(2 + len(props) + len(body), len(props)) + props + body
+
+
+def encode_batch(messages: list[bytes]) -> tuple[bytes, int]:
+    """Join encoded messages into a batch payload; returns (payload, crc32)."""
+    payload = b"".join(messages)
+    return payload, zlib.crc32(payload)
+
+
+def validate_batch(payload: bytes | memoryview, count: int, payload_crc: int,
+                   max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+    """Check a producer's batch before it is stored; raise a clear error if it is bad."""
+    size = len(payload)
+    if size > MAX_BATCH_BYTES:
+        raise MessageIllegal(f"batch is {size} bytes, more than the limit of {MAX_BATCH_BYTES}")
+    if not 1 <= count <= MAX_BATCH_MESSAGES:
+        raise MessageIllegal(f"batch declares {count} messages; 1..{MAX_BATCH_MESSAGES} allowed")
+    if zlib.crc32(payload) != payload_crc:
+        raise CrcMismatch("batch CRC does not match its bytes (corrupted in transit?)")
+    pos = 0
+    seen = 0
+    unpack = _MSG_HEAD.unpack_from
+    while pos < size:
+        if size - pos < MSG_HEAD_BYTES:
+            raise MessageIllegal(f"message {seen} of the batch is truncated")
+        msg_size, props_len = unpack(payload, pos)
+        body_len = msg_size - 2 - props_len
+        if body_len < 0 or pos + 4 + msg_size > size:
+            raise MessageIllegal(f"message {seen} of the batch declares inconsistent sizes")
+        if body_len > max_message_bytes:
+            raise MessageIllegal(f"message {seen} is {body_len} bytes, more than the limit of "
+                                 f"{max_message_bytes}")
+        pos += 4 + msg_size
+        seen += 1
+    if seen != count:
+        raise MessageIllegal(f"batch declares {count} messages but holds {seen}")
+
+
+def validate_topic(topic: str) -> bytes:
+    raw = topic.encode()
+    if not raw or len(raw) > MAX_TOPIC_LENGTH or any(c in topic for c in " \t\r\n/\\"):
+        raise MessageIllegal(f"invalid topic name {topic!r}: 1..{MAX_TOPIC_LENGTH} bytes, "
+                             "no whitespace or slashes")
+    return raw
+
+
+def encode_record_header(topic: bytes, queue_id: int, payload_len: int, payload_crc: int,
+                         count: int, base_queue_offset: int, physical_offset: int,
+                         store_timestamp_ms: int, born_timestamp_ms: int,
+                         sys_flag: int = 0) -> bytes:
+    """The fixed header plus topic that the broker stamps in front of a payload."""
+    total = RECORD_HEADER_BYTES + len(topic) + payload_len
+    tail = _RECORD_TAIL.pack(total, payload_crc, physical_offset, base_queue_offset,
+                             store_timestamp_ms, born_timestamp_ms, count, sys_flag, queue_id,
+                             len(topic)) + topic
+    return _RECORD_CHECKED.pack(RECORD_MAGIC, zlib.crc32(tail)) + tail
+
+
+def parse_record_header(buf: bytes | bytearray | memoryview, pos: int = 0,
+                        available: int | None = None) -> RecordHeader:
+    """Parse and check the header at ``buf[pos:]``; raise ``CrcMismatch`` if it is torn."""
+    end = len(buf) if available is None else pos + available
+    if end - pos < RECORD_HEADER_BYTES:
+        raise CrcMismatch("record header truncated")
+    magic, header_crc = _RECORD_CHECKED.unpack_from(buf, pos)
+    if magic != RECORD_MAGIC:
+        raise CrcMismatch(f"bad record magic {magic:#x}")
+    (total, payload_crc, phys, base, store_ts, born_ts, count, sys_flag, queue_id,
+     topic_len) = _RECORD_TAIL.unpack_from(buf, pos + _HEADER_CRC_FROM)
+    payload_start = RECORD_HEADER_BYTES + topic_len
+    if pos + payload_start > end:
+        raise CrcMismatch("record header truncated")
+    if zlib.crc32(buf[pos + _HEADER_CRC_FROM:pos + payload_start]) != header_crc:
+        raise CrcMismatch("record header CRC mismatch")
+    if total < payload_start:
+        raise CrcMismatch("record declares a size smaller than its header")
+    topic = bytes(buf[pos + RECORD_HEADER_BYTES:pos + payload_start]).decode()
+    return RecordHeader(total, payload_crc, phys, base, store_ts, born_ts, count, sys_flag,
+                        queue_id, topic, payload_start)
+
+
+def check_record_payload(buf: bytes | bytearray | memoryview, pos: int,
+                         header: RecordHeader) -> None:
+    end = pos + header.total_size
+    if end > len(buf):
+        raise CrcMismatch("record payload truncated")
+    if zlib.crc32(buf[pos + header.payload_start:end]) != header.payload_crc:
+        raise CrcMismatch("record payload CRC mismatch")
+
+
+class DecodedMessage(NamedTuple):
+    topic: str
+    queue_id: int
+    queue_offset: int
+    physical_offset: int  # of the record holding the message
+    index: int            # position inside that record's batch
+    store_timestamp_ms: int
+    born_timestamp_ms: int
+    sys_flag: int
+    properties: bytes
+    body: bytes
+
+
+def iter_records_messages(data: bytes, min_queue_offset: int = 0) -> Iterator[DecodedMessage]:
+    """Decode a pull response (raw records); skip messages below ``min_queue_offset``
+    (a pull may start inside a batch)."""
+    pos = 0
+    size = len(data)
+    unpack = _MSG_HEAD.unpack_from
+    while pos < size:
+        h = parse_record_header(data, pos)
+        end = pos + h.total_size
+        mpos = pos + h.payload_start
+        offset = h.base_queue_offset
+        for index in range(h.count):
+            msg_size, props_len = unpack(data, mpos)
+            if offset >= min_queue_offset:
+                props_start = mpos + MSG_HEAD_BYTES
+                body_start = props_start + props_len
+                yield DecodedMessage(h.topic, h.queue_id, offset, h.physical_offset, index,
+                                     h.store_timestamp_ms, h.born_timestamp_ms, h.sys_flag,
+                                     data[props_start:body_start],
+                                     data[body_start:mpos + 4 + msg_size])
+            mpos += 4 + msg_size
+            offset += 1
+        pos = end
+
+
+def offset_msg_id(physical_offset: int, index: int) -> str:
+    """RocketMQ's offsetMsgId idea: where the message sits in its group's commit log (the
+    same on every replica, since replicas copy the log byte for byte)."""
+    return f"{physical_offset:016X}{index:08X}"

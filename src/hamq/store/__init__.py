@@ -1,0 +1,1 @@
+"""Commit log, consume queues, recovery, flush, retention and versioned metadata."""

@@ -1,0 +1,124 @@
+"""Consume queue: per (topic, queue id), fixed-size entries mapping queue offsets to records.
+
+One entry per record (a record holds a whole batch): physical offset, record size, base
+queue offset, message count and store time. Entries live in typed arrays (one bisect finds
+the record holding a queue offset) and are appended to a file that recovery trusts up to
+the checkpoint and rebuilds past it from the commit log.
+"""
+from __future__ import annotations
+
+import bisect
+import struct
+from array import array
+from pathlib import Path
+
+from hamq.store.fsutil import atomic_write
+
+ENTRY = struct.Struct(">qiqiq")  # physical_offset, size, base_queue_offset, count, store_ts_ms
+ENTRY_BYTES = ENTRY.size
+
+
+class ConsumeQueue:
+    def __init__(self, path: Path, topic: str, queue_id: int) -> None:
+        self.path = path
+        self.topic = topic
+        self.queue_id = queue_id
+        self.phys = array("q")
+        self.size = array("i")
+        self.base = array("q")
+        self.count = array("i")
+        self.store_ts = array("q")
+        self._unwritten = bytearray()
+        self._load()
+
+    # -- offsets ------------------------------------------------------------------------
+    @property
+    def min_offset(self) -> int:
+        return self.base[0] if self.base else self._empty_offset
+
+    @property
+    def max_offset(self) -> int:
+        """Next queue offset to assign (RocketMQ: the queue's max offset)."""
+        return self.base[-1] + self.count[-1] if self.base else self._empty_offset
+
+    @property
+    def max_physical_end(self) -> int:
+        return self.phys[-1] + self.size[-1] if self.phys else -1
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    # -- writing ------------------------------------------------------------------------
+    def append(self, phys: int, size: int, base: int, count: int, store_ts_ms: int) -> None:
+        self.phys.append(phys)
+        self.size.append(size)
+        self.base.append(base)
+        self.count.append(count)
+        self.store_ts.append(store_ts_ms)
+        self._unwritten += ENTRY.pack(phys, size, base, count, store_ts_ms)
+
+    def write_unwritten(self) -> bool:
+        """Hand new entries to the OS; returns whether there were any (the caller fsyncs,
+        off the event loop)."""
+        if not self._unwritten:
+            return False
+        with open(self.path, "ab") as fh:
+            fh.write(self._unwritten)
+        self._unwritten.clear()
+        return True
+
+    def drop_from_physical(self, phys_end: int) -> None:
+        """Forget entries whose record is at or past ``phys_end`` (commit log truncated)."""
+        keep = bisect.bisect_left(self.phys, phys_end)
+        if keep < len(self.phys):
+            self._keep_slice(0, keep)
+
+    def drop_below_physical(self, phys_min: int) -> None:
+        """Retention: forget entries whose record was deleted from the commit log."""
+        first = bisect.bisect_left(self.phys, phys_min)
+        if first:
+            if first == len(self.phys):
+                self._empty_offset = self.max_offset
+            self._keep_slice(first, len(self.phys))
+
+    # -- reading ------------------------------------------------------------------------
+    def locate(self, queue_offset: int) -> int:
+        """Index of the entry holding ``queue_offset`` (caller checks the bounds)."""
+        return bisect.bisect_right(self.base, queue_offset) - 1
+
+    def offset_by_timestamp(self, ts_ms: int) -> int:
+        """First queue offset stored at or after ``ts_ms`` (RocketMQ's searchOffset)."""
+        idx = bisect.bisect_left(self.store_ts, ts_ms)
+        return self.base[idx] if idx < len(self.base) else self.max_offset
+
+    # -- internals ----------------------------------------------------------------------
+    def _load(self) -> None:
+        self._empty_offset = 0
+        meta = self.path.with_suffix(".min")
+        if meta.exists():
+            self._empty_offset = int(meta.read_text() or 0)
+        if not self.path.exists():
+            return
+        raw = self.path.read_bytes()
+        whole = len(raw) - len(raw) % ENTRY_BYTES  # a torn last entry is rebuilt by recovery
+        for phys, size, base, count, ts in ENTRY.iter_unpack(raw[:whole]):
+            self.phys.append(phys)
+            self.size.append(size)
+            self.base.append(base)
+            self.count.append(count)
+            self.store_ts.append(ts)
+        if whole != len(raw):
+            self._rewrite()
+
+    def _keep_slice(self, lo: int, hi: int) -> None:
+        for arr in (self.phys, self.size, self.base, self.count, self.store_ts):
+            del arr[hi:]
+            del arr[:lo]
+        self._rewrite()
+
+    def _rewrite(self) -> None:
+        self._unwritten.clear()
+        atomic_write(self.path, b"".join(
+            ENTRY.pack(*e) for e in zip(self.phys, self.size, self.base, self.count,
+                                        self.store_ts)))
+        atomic_write(self.path.with_suffix(".min"), str(self._empty_offset).encode())

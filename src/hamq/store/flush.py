@@ -1,0 +1,127 @@
+"""The store's background services on the event loop: commit-log flush (async, or
+group-commit sync), consume-queue checkpoints, retention, disk checks, offset persistence.
+
+Sync flush is group commit: waiters sit in one deque ordered by offset; each fsync (run in a
+worker thread) wakes every waiter it covers, however many sends arrived meanwhile.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+
+from hamq.store.message_store import MessageStore
+
+log = logging.getLogger(__name__)
+
+FlushCallback = Callable[[bool], None]  # True: durable; False: timed out
+DISK_CHECK_INTERVAL_S = 1.0
+OFFSET_PERSIST_INTERVAL_S = 5.0  # RocketMQ flushConsumerOffsetInterval
+_TIMEOUT_SWEEP_S = 0.05
+
+
+class FlushService:
+    def __init__(self, store: MessageStore) -> None:
+        self.store = store
+        cfg = store.config
+        self.sync = cfg.flush_disk_type == "sync"
+        self.timeout_s = cfg.sync_flush_timeout_ms / 1000
+        self._waiters: deque[tuple[int, float, FlushCallback]] = deque()
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+
+    def wait_flushed(self, offset: int, callback: FlushCallback) -> None:
+        """Call ``callback(True)`` once the log is durable up to ``offset`` (sync flush)."""
+        if offset <= self.store.commitlog.flushed_offset:
+            callback(True)
+            return
+        self._waiters.append((offset, time.monotonic() + self.timeout_s, callback))
+        self._wake.set()
+
+    def start(self) -> None:
+        cfg = self.store.config
+        self._tasks = [
+            asyncio.create_task(self._sync_flush_loop() if self.sync else
+                                self._every(cfg.flush_interval_commitlog_ms / 1000,
+                                            self._flush_commitlog)),
+            asyncio.create_task(self._every(cfg.flush_interval_consume_queue_ms / 1000,
+                                            self._checkpoint)),
+            asyncio.create_task(self._every(cfg.clean_resource_interval_ms / 1000,
+                                            self._delete_expired)),
+            asyncio.create_task(self._every(DISK_CHECK_INTERVAL_S, self._check_disk)),
+            asyncio.create_task(self._every(OFFSET_PERSIST_INTERVAL_S, self._persist_offsets)),
+        ]
+        if self.sync:
+            self._tasks.append(asyncio.create_task(self._every(_TIMEOUT_SWEEP_S,
+                                                               self._expire_waiters)))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for _, _, callback in self._waiters:
+            callback(False)
+        self._waiters.clear()
+
+    # -- loops ----------------------------------------------------------------------------
+    async def _sync_flush_loop(self) -> None:
+        commitlog = self.store.commitlog
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            commitlog.write_pending()
+            flushed = await asyncio.to_thread(commitlog.flush)
+            waiters = self._waiters
+            while waiters and waiters[0][0] <= flushed:
+                waiters.popleft()[2](True)
+            if waiters:
+                self._wake.set()
+
+    async def _every(self, interval_s: float, duty: Callable) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                result = duty()
+                if asyncio.iscoroutine(result):
+                    await result
+            except OSError as exc:  # a full or failing disk must not kill the service
+                log.error("store duty %s failed: %s", duty.__name__, exc)
+
+    async def _flush_commitlog(self) -> None:
+        await asyncio.to_thread(self.store.commitlog.flush)
+
+    async def _checkpoint(self) -> None:
+        paths = self.store.write_consume_queues()
+        await asyncio.to_thread(_fsync_paths, paths)
+        self.store.write_checkpoint()
+
+    def _delete_expired(self) -> None:
+        self.store.delete_expired()
+
+    def _check_disk(self) -> None:
+        self.store.check_disk()
+
+    def _persist_offsets(self) -> None:
+        self.store.offsets.persist()
+
+    def _expire_waiters(self) -> None:
+        # Deadlines grow with offsets (one timeout for all), so expired waiters are a prefix.
+        now = time.monotonic()
+        waiters = self._waiters
+        while waiters and waiters[0][1] <= now:
+            waiters.popleft()[2](False)
+
+
+def _fsync_paths(paths: list) -> None:
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # topic deleted meanwhile
+            continue
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,307 @@
+"""The message store: commit log + consume queues + recovery + retention + disk guard.
+
+Synchronous and single-threaded by design (it runs on the broker's event loop); the only
+work handed to a thread is ``fsync`` (see ``flush.py``). Consume-queue entries are written
+inline at append time, so a send is readable as soon as its response is sent.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from hamq.config import StoreConfig
+from hamq.errors import DiskFull, QueueNotExist
+from hamq.protocol.message import RECORD_HEADER_BYTES, encode_record_header, validate_topic
+from hamq.store.commitlog import CommitLog, now_ms
+from hamq.store.consume_queue import ConsumeQueue
+from hamq.store.fsutil import atomic_write
+from hamq.store.metadata import ConsumerOffsetManager, TopicConfigManager
+
+log = logging.getLogger(__name__)
+
+# Pull responses merge records closer than this into one read.
+_READ_MERGE_GAP_BYTES = 64 * 1024
+
+
+class GetStatus(Enum):
+    FOUND = "FOUND"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"      # caught up: wait for new messages
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"  # asked past the end
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"            # asked below the retained minimum
+
+
+@dataclass(frozen=True)
+class PutResult:
+    physical_offset: int
+    base_queue_offset: int
+    store_timestamp_ms: int
+    end_offset: int  # commit-log offset after this record: what flush/replication wait for
+
+
+@dataclass(frozen=True)
+class GetResult:
+    status: GetStatus
+    records: bytes
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    message_count: int = 0
+
+
+class MessageStore:
+    def __init__(self, config: StoreConfig, clock_ms: Callable[[], int] = now_ms) -> None:
+        self.config = config
+        self.clock_ms = clock_ms
+        self.root = Path(config.store_dir)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.commitlog = CommitLog(self.root / "commitlog", config.mapped_file_size_commitlog)
+        self.cq_root = self.root / "consumequeue"
+        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self.topics = TopicConfigManager(self.root, clock_ms())
+        self.offsets = ConsumerOffsetManager(self.root, clock_ms())
+        self._touched: list[ConsumeQueue] = []
+        self._checkpoint_candidate = (0, 0)
+        self._disk_refusal = ""  # why writes are refused right now, "" when they are not
+        self._written_since_disk_check = 0
+        self._free_bytes_at_check = 0
+        self.recover()
+        self.check_disk()
+
+    # -- recovery -----------------------------------------------------------------------
+    def recover(self) -> None:
+        """Load consume queues, then re-dispatch and validate the commit log from the last
+        checkpoint: a torn or corrupt tail is truncated, missing queue entries rebuilt."""
+        checkpoint = self._read_checkpoint()
+        if self.cq_root.exists():
+            for topic_dir in self.cq_root.iterdir():
+                for qfile in topic_dir.iterdir():
+                    if qfile.name.isdigit():
+                        self._queue(topic_dir.name, int(qfile.name))
+        # Queue files are trusted up to "dispatched", the log's bytes up to "flushed".
+        start = min(checkpoint.get("dispatched", 0), checkpoint.get("flushed", 0))
+        start = max(start, self.commitlog.min_offset)
+        start = min(start, self.commitlog.written_offset)
+        rebuilt = 0
+        for phys, h, _ in self.commitlog.iter_records(start):
+            cq = self._queue(h.topic, h.queue_id)
+            if cq.max_physical_end <= phys:
+                cq.append(phys, h.total_size, h.base_queue_offset, h.count, h.store_timestamp_ms)
+                rebuilt += 1
+        valid_end = self.commitlog.scan_stopped_at
+        if valid_end < self.commitlog.written_offset:
+            log.warning("truncating torn commit log tail: %d bytes at %d",
+                        self.commitlog.written_offset - valid_end, valid_end)
+            self.commitlog.truncate(valid_end)
+        for cq in self.queues.values():
+            cq.drop_from_physical(self.commitlog.written_offset)
+            cq.drop_below_physical(self.commitlog.min_offset)
+        if rebuilt:
+            log.info("recovery rebuilt %d consume-queue entries from offset %d", rebuilt, start)
+        self.flush_consume_queues()
+
+    # -- writing ------------------------------------------------------------------------
+    def put_batch(self, topic: str, queue_id: int, payload: bytes | memoryview, count: int,
+                  payload_crc: int, born_timestamp_ms: int, sys_flag: int = 0) -> PutResult:
+        """Append one producer batch (already validated) as one record."""
+        if self._disk_refusal:
+            raise DiskFull(self._disk_refusal)
+        cq = self._queue(topic, queue_id)
+        topic_raw = topic.encode()
+        store_ts = self.clock_ms()
+        base = cq.max_offset
+        total = RECORD_HEADER_BYTES + len(topic_raw) + len(payload)
+        phys = self.commitlog.reserve(total)
+        header = encode_record_header(topic_raw, queue_id, len(payload), payload_crc, count,
+                                      base, phys, store_ts, born_timestamp_ms, sys_flag)
+        self.commitlog.append([header, payload], total)
+        cq.append(phys, total, base, count, store_ts)
+        self._touched.append(cq)
+        self._written_since_disk_check += total
+        return PutResult(phys, base, store_ts, phys + total)
+
+    def commit(self) -> None:
+        """Write every append of this event-loop turn in one system call. On failure (disk
+        full) the appends are undone, so nothing half-written is ever acknowledged."""
+        touched, self._touched = self._touched, []
+        if not touched:
+            return
+        failed_at = self.commitlog.written_offset
+        try:
+            self.commitlog.write_pending()
+        except OSError as exc:
+            for cq in touched:
+                cq.drop_from_physical(failed_at)
+            self._disk_refusal = f"write to commit log failed: {exc.strerror or exc}"
+            log.error("%s; refusing writes until the next disk check", self._disk_refusal)
+            raise DiskFull(self._disk_refusal) from None
+        if self._free_bytes_at_check - self._written_since_disk_check < \
+                self.config.disk_min_free_bytes:
+            self.check_disk()
+
+    # -- reading ------------------------------------------------------------------------
+    def get_messages(self, topic: str, queue_id: int, offset: int, max_messages: int,
+                     max_bytes: int) -> GetResult:
+        cq = self.queues.get((topic, queue_id))
+        if cq is None:
+            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, b"", 0, 0, 0)
+        lo, hi = cq.min_offset, cq.max_offset
+        if hi == lo:
+            status = GetStatus.NO_MESSAGE_IN_QUEUE if offset <= hi else \
+                GetStatus.OFFSET_OVERFLOW_BADLY
+            return GetResult(status, b"", hi if offset != hi else offset, lo, hi)
+        if offset < lo:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, b"", lo, lo, hi)
+        if offset == hi:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, b"", offset, lo, hi)
+        if offset > hi:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, b"", hi, lo, hi)
+        first = cq.locate(offset)
+        last = first
+        n_entries = len(cq)
+        messages = cq.base[first] + cq.count[first] - offset
+        nbytes = cq.size[first]
+        while last + 1 < n_entries and messages < max_messages and nbytes < max_bytes:
+            last += 1
+            messages += cq.count[last]
+            nbytes += cq.size[last]
+        records = self._read_entries(cq, first, last)
+        return GetResult(GetStatus.FOUND, records, cq.base[last] + cq.count[last], lo, hi,
+                         messages)
+
+    def _read_entries(self, cq: ConsumeQueue, first: int, last: int) -> bytes:
+        """Read records first..last of a queue; records that sit close together in the
+        commit log (the usual case) are fetched with one read and sliced apart."""
+        runs: list[tuple[int, int, list[tuple[int, int]]]] = []
+        for i in range(first, last + 1):
+            phys, size = cq.phys[i], cq.size[i]
+            if runs and phys - runs[-1][1] <= _READ_MERGE_GAP_BYTES:
+                start, _, pieces = runs[-1]
+                pieces.append((phys - start, size))
+                runs[-1] = (start, phys + size, pieces)
+            else:
+                runs.append((phys, phys + size, [(0, size)]))
+        parts: list[bytes] = []
+        for start, end, pieces in runs:
+            data = self.commitlog.read_range(start, end)
+            if sum(size for _, size in pieces) == len(data):
+                parts.append(data)
+            else:
+                parts.extend(data[rel:rel + size] for rel, size in pieces)
+        return b"".join(parts)
+
+    def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = self.queues.get((topic, queue_id))
+        if cq is None:
+            raise QueueNotExist(f"no queue {queue_id} of topic {topic!r} on this broker")
+        return cq
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        cq = self.queues.get((topic, queue_id))
+        return cq.max_offset if cq else 0
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        cq = self.queues.get((topic, queue_id))
+        return cq.min_offset if cq else 0
+
+    def offset_by_timestamp(self, topic: str, queue_id: int, ts_ms: int) -> int:
+        cq = self.queues.get((topic, queue_id))
+        return cq.offset_by_timestamp(ts_ms) if cq else 0
+
+    def earliest_store_time_ms(self, topic: str, queue_id: int) -> int:
+        cq = self.queues.get((topic, queue_id))
+        return cq.store_ts[0] if cq and len(cq) else -1
+
+    # -- topics ---------------------------------------------------------------------------
+    def delete_topic(self, topic: str) -> None:
+        """Forget a topic's queues and offsets; its records age out with their segments."""
+        self.flush_consume_queues()
+        for key in [k for k in self.queues if k[0] == topic]:
+            del self.queues[key]
+        shutil.rmtree(self.cq_root / topic, ignore_errors=True)
+        self.offsets.delete_topic(topic, self.clock_ms())
+        self.offsets.persist()
+
+    # -- background duties (driven by flush.py's services) --------------------------------
+    def write_consume_queues(self) -> list[Path]:
+        """Hand new queue entries to the OS; returns the files to fsync before
+        ``write_checkpoint`` may claim them."""
+        self.commitlog.write_pending()
+        self._checkpoint_candidate = (self.commitlog.written_offset,
+                                      self.commitlog.flushed_offset)
+        return [cq.path for cq in self.queues.values() if cq.write_unwritten()]
+
+    def write_checkpoint(self) -> None:
+        dispatched, flushed = self._checkpoint_candidate
+        atomic_write(self.root / "checkpoint", json.dumps({
+            "dispatched": dispatched, "flushed": flushed,
+            "timestamp_ms": self.clock_ms()}).encode())
+
+    def flush_consume_queues(self) -> None:
+        """Synchronous ``write_consume_queues`` + fsync + ``write_checkpoint``."""
+        for path in self.write_consume_queues():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        self.write_checkpoint()
+
+    def delete_expired(self) -> None:
+        cutoff_s = time.time() - self.config.file_reserved_hours * 3600
+        new_min = self.commitlog.delete_segments_before(cutoff_s)
+        for cq in self.queues.values():
+            cq.drop_below_physical(new_min)
+
+    def check_disk(self) -> None:
+        usage = shutil.disk_usage(self.root)
+        self._free_bytes_at_check = usage.free
+        self._written_since_disk_check = 0
+        ratio = (usage.total - usage.free) / usage.total if usage.total else 0.0
+        if usage.free < self.config.disk_min_free_bytes:
+            self._disk_refusal = (f"disk nearly full: {usage.free // (1024 * 1024)} MiB free at "
+                                  f"{self.root}, below disk_min_free_bytes="
+                                  f"{self.config.disk_min_free_bytes}; writes refused")
+        elif ratio > self.config.disk_max_used_space_ratio:
+            self._disk_refusal = (f"disk {ratio:.0%} used at {self.root}, above "
+                                  f"disk_max_used_space_ratio="
+                                  f"{self.config.disk_max_used_space_ratio}; writes refused")
+        else:
+            if self._disk_refusal:
+                log.info("disk has room again; accepting writes")
+            self._disk_refusal = ""
+
+    def close(self) -> None:
+        self.commitlog.write_pending()
+        self.commitlog.flush()
+        self.flush_consume_queues()
+        self.offsets.persist()
+        self.commitlog.close()
+
+    # -- internals ------------------------------------------------------------------------
+    def create_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        validate_topic(topic)
+        return self._queue(topic, queue_id)
+
+    def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = self.queues.get((topic, queue_id))
+        if cq is None:
+            directory = self.cq_root / topic
+            directory.mkdir(parents=True, exist_ok=True)
+            cq = ConsumeQueue(directory / str(queue_id), topic, queue_id)
+            self.queues[(topic, queue_id)] = cq
+        return cq
+
+    def _read_checkpoint(self) -> dict:
+        path = self.root / "checkpoint"
+        try:
+            return json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            return {}
