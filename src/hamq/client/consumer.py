@@ -13,7 +13,7 @@ from hamq.client.core import ClientCore
 from hamq.client.message import MessageExt, MessageQueue
 from hamq.errors import BrokerNotFound, QueryNotFound
 from hamq.protocol.codes import RequestCode, ResponseCode
-from hamq.protocol.message import iter_records_messages
+from hamq.protocol.message import decode_records
 
 _PULL_OK = (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_OFFSET_MOVED,
             ResponseCode.PULL_RETRY_IMMEDIATELY)
@@ -62,8 +62,7 @@ class AsyncPullConsumer:
                                        timeout_s=self.core.timeout_s + suspend_timeout_ms / 1000)
         x = frame.ext
         if frame.code == ResponseCode.SUCCESS:
-            name = mq.broker_name
-            messages = [MessageExt(d, name) for d in iter_records_messages(frame.body, offset)]
+            messages = decode_records(frame.body, offset, MessageExt, mq.broker_name)
             status = PullStatus.FOUND if messages else PullStatus.NO_NEW_MSG
             return PullResult(status, x["next_begin_offset"], x["min_offset"], x["max_offset"],
                               messages)

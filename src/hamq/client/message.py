@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from functools import cached_property
 
-from hamq.protocol.message import (DecodedMessage, decode_properties, encode_message,
+from hamq.protocol.message import (RecordHeader, decode_properties, encode_message,
                                    encode_properties, offset_msg_id)
 
 PROPERTY_KEYS = "KEYS"
@@ -45,33 +44,41 @@ class Message:
 
 
 class MessageExt:
-    """A consumed message: the body plus where and when it was stored. Properties are
-    decoded on first access, so consumers that only read bodies pay nothing for them."""
+    """A consumed message: the body plus where and when it was stored. The record header
+    is shared by all messages of a batch; properties are decoded on first access, so
+    consumers that only read bodies pay nothing for them."""
 
-    __slots__ = ("_d", "broker_name", "__dict__")
+    __slots__ = ("broker_name", "_record", "_index", "queue_offset", "_props", "body",
+                 "_properties")
 
-    def __init__(self, decoded: DecodedMessage, broker_name: str) -> None:
-        self._d = decoded
+    def __init__(self, broker_name: str, record: RecordHeader, index: int, queue_offset: int,
+                 props: bytes, body: bytes) -> None:
         self.broker_name = broker_name
+        self._record = record
+        self._index = index
+        self.queue_offset = queue_offset
+        self._props = props
+        self.body = body
+        self._properties: dict[str, str] | None = None
 
-    topic = property(lambda self: self._d.topic)
-    queue_id = property(lambda self: self._d.queue_id)
-    queue_offset = property(lambda self: self._d.queue_offset)
-    body = property(lambda self: self._d.body)
-    store_timestamp_ms = property(lambda self: self._d.store_timestamp_ms)
-    born_timestamp_ms = property(lambda self: self._d.born_timestamp_ms)
+    topic = property(lambda self: self._record.topic)
+    queue_id = property(lambda self: self._record.queue_id)
+    store_timestamp_ms = property(lambda self: self._record.store_timestamp_ms)
+    born_timestamp_ms = property(lambda self: self._record.born_timestamp_ms)
 
     @property
     def queue(self) -> MessageQueue:
-        return MessageQueue(self._d.topic, self.broker_name, self._d.queue_id)
+        return MessageQueue(self._record.topic, self.broker_name, self._record.queue_id)
 
     @property
     def msg_id(self) -> str:
-        return offset_msg_id(self._d.physical_offset, self._d.index)
+        return offset_msg_id(self._record.physical_offset, self._index)
 
-    @cached_property
+    @property
     def properties(self) -> dict[str, str]:
-        return decode_properties(self._d.properties)
+        if self._properties is None:
+            self._properties = decode_properties(self._props)
+        return self._properties
 
     @property
     def keys(self) -> str | None:

@@ -1,6 +1,6 @@
 """One request-multiplexing connection class used by clients and servers.
 
-Frames are handled synchronously inside ``data_received``: a handler returns the response
+Frames are handled synchronously as they are read (``buffer_updated``): a handler returns the response
 pieces at once, or ``None`` and answers later through ``reply``. Responses produced while
 handling one read are written together after the handler's ``after_batch`` hook (the broker
 appends every send of that read in one write there), so a pipelined client gets group
@@ -43,7 +43,7 @@ def error_pieces(request: Frame, err: HamqError) -> list:
     return response_pieces(request, err.code, remark=err.message)
 
 
-class Connection(asyncio.Protocol):
+class Connection(asyncio.BufferedProtocol):
     def __init__(self, handler: RequestHandler | None = None,
                  on_close: Callable[["Connection"], None] | None = None) -> None:
         self.handler = handler
@@ -59,7 +59,7 @@ class Connection(asyncio.Protocol):
         self._paused = False
         self._drain_waiters: list[asyncio.Future] = []
 
-    # -- asyncio.Protocol -------------------------------------------------------------
+    # -- asyncio.BufferedProtocol -------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.transport = transport
         sock = transport.get_extra_info("socket")
@@ -68,9 +68,12 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
         try:
-            frames = self._decoder.feed(data)
+            frames = self._decoder.buffer_updated(nbytes)
         except BadFrame as err:
             self._reject(err)
             return

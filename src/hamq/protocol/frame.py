@@ -19,6 +19,10 @@ from hamq.protocol.limits import MAX_FRAME_BYTES, MAX_HEADER_BYTES
 _PREFIX = struct.Struct(">II")
 PREFIX_BYTES = _PREFIX.size
 _packb = msgpack.Packer(use_bin_type=True).pack
+# Reads ask for at least this much free buffer; a buffer grown past the shrink size for a
+# large frame is dropped once it is empty.
+_MIN_READ_BYTES = 256 * 1024
+_SHRINK_ABOVE_BYTES = 4 * 1024 * 1024
 
 
 class Frame:
@@ -66,45 +70,87 @@ def encode_frame_bytes(*args: Any, **kwargs: Any) -> bytes:
 class FrameDecoder:
     """Accumulates bytes and yields complete frames.
 
+    Two ways in: ``feed(bytes)``, or — to save a copy per read — ``get_buffer()`` for the
+    socket to read into followed by ``buffer_updated(n)`` (asyncio's BufferedProtocol).
     After ``BadFrame`` the stream is unusable (framing is lost); the caller answers if it
     can and closes the connection.
     """
 
     def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
-        self._buffer = bytearray()
+        self._buf = bytearray(_MIN_READ_BYTES)
+        self._start = 0  # first unparsed byte
+        self._end = 0    # end of received bytes
         self._max_frame_bytes = max_frame_bytes
         self.last_opaque: int | None = None  # of the last frame whose header was readable
 
     def feed(self, data: bytes) -> list[Frame]:
-        buf = self._buffer
-        buf += data
         frames: list[Frame] = []
-        pos = 0
-        end = len(buf)
-        unpack_prefix = _PREFIX.unpack_from
-        while end - pos >= PREFIX_BYTES:
-            total, header_len = unpack_prefix(buf, pos)
-            if total > self._max_frame_bytes:
-                raise BadFrame(f"frame declares {total} bytes, more than the limit of "
-                               f"{self._max_frame_bytes}")
-            if header_len > MAX_HEADER_BYTES or header_len + 4 > total or header_len == 0:
-                raise BadFrame(f"frame declares a header of {header_len} bytes in a frame of "
-                               f"{total} bytes")
-            frame_end = pos + 4 + total
-            if frame_end > end:
-                break
-            header_start = pos + PREFIX_BYTES
-            body_start = header_start + header_len
-            frames.append(_decode_header(buf[header_start:body_start],
-                                         bytes(buf[body_start:frame_end])))
-            self.last_opaque = frames[-1].opaque
-            pos = frame_end
-        if pos:
-            del buf[:pos]
+        view = memoryview(data)
+        while view:
+            target = self.get_buffer(len(view))
+            n = min(len(target), len(view))
+            target[:n] = view[:n]
+            view = view[n:]
+            frames += self.buffer_updated(n)
         return frames
 
+    def get_buffer(self, size_hint: int = -1) -> memoryview:
+        """Free space at the end of the buffer, at least ``_MIN_READ_BYTES`` (and room
+        for the whole frame being received, once its size is known)."""
+        want = max(size_hint, _MIN_READ_BYTES)
+        pending = self._end - self._start
+        if pending >= PREFIX_BYTES:
+            total = _PREFIX.unpack_from(self._buf, self._start)[0]
+            if total <= self._max_frame_bytes:
+                want = max(want, 4 + total - pending)
+        if len(self._buf) - self._end < want:
+            # Move the unparsed tail to the front of a buffer big enough; never resize in
+            # place, as the event loop may still hold a view of the old one.
+            capacity = max(len(self._buf), pending + want)
+            fresh = bytearray(capacity)
+            fresh[:pending] = self._buf[self._start:self._end]
+            self._buf, self._start, self._end = fresh, 0, pending
+        return memoryview(self._buf)[self._end:]
 
-def _decode_header(raw: bytes | bytearray, body: bytes) -> Frame:
+    def buffer_updated(self, nbytes: int) -> list[Frame]:
+        self._end += nbytes
+        frames, pos = self._parse(self._buf, self._start, self._end)
+        if pos == self._end:
+            self._start = self._end = 0
+            if len(self._buf) > _SHRINK_ABOVE_BYTES:  # one huge frame must not pin memory
+                self._buf = bytearray(_MIN_READ_BYTES)
+        else:
+            self._start = pos
+        return frames
+
+    def _parse(self, buf: bytearray, pos: int, end: int) -> tuple[list[Frame], int]:
+        frames: list[Frame] = []
+        unpack_prefix = _PREFIX.unpack_from
+        view = memoryview(buf)
+        try:
+            while end - pos >= PREFIX_BYTES:
+                total, header_len = unpack_prefix(buf, pos)
+                if total > self._max_frame_bytes:
+                    raise BadFrame(f"frame declares {total} bytes, more than the limit of "
+                                   f"{self._max_frame_bytes}")
+                if header_len > MAX_HEADER_BYTES or header_len + 4 > total or header_len == 0:
+                    raise BadFrame(f"frame declares a header of {header_len} bytes in a frame "
+                                   f"of {total} bytes")
+                frame_end = pos + 4 + total
+                if frame_end > end:
+                    break
+                body_start = pos + PREFIX_BYTES + header_len
+                frame = _decode_header(view[pos + PREFIX_BYTES:body_start],
+                                       bytes(view[body_start:frame_end]))
+                self.last_opaque = frame.opaque
+                frames.append(frame)
+                pos = frame_end
+        finally:
+            view.release()
+        return frames, pos
+
+
+def _decode_header(raw: bytes | memoryview, body: bytes) -> Frame:
     try:
         fields = msgpack.unpackb(raw, raw=False, use_list=True, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterator
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
 import msgpack
 
 from hamq.errors import CrcMismatch, MessageIllegal
 from hamq.protocol.limits import (MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, MAX_MESSAGE_BYTES,
                                   MAX_PROPERTIES_BYTES, MAX_TOPIC_LENGTH)
+
+T = TypeVar("T")
 
 _MSG_HEAD = struct.Struct(">IH")
 MSG_HEAD_BYTES = _MSG_HEAD.size
@@ -155,42 +157,32 @@ def check_record_payload(buf: bytes | bytearray | memoryview, pos: int,
         raise CrcMismatch("record payload CRC mismatch")
 
 
-class DecodedMessage(NamedTuple):
-    topic: str
-    queue_id: int
-    queue_offset: int
-    physical_offset: int  # of the record holding the message
-    index: int            # position inside that record's batch
-    store_timestamp_ms: int
-    born_timestamp_ms: int
-    sys_flag: int
-    properties: bytes
-    body: bytes
-
-
-def iter_records_messages(data: bytes, min_queue_offset: int = 0) -> Iterator[DecodedMessage]:
-    """Decode a pull response (raw records); skip messages below ``min_queue_offset``
-    (a pull may start inside a batch)."""
+def decode_records(data: bytes, min_queue_offset: int, factory: Callable[..., T],
+                   *context: Any) -> list[T]:
+    """Decode a pull response (raw records) into ``factory(*context, header, index,
+    queue_offset, properties, body)`` objects, skipping messages below
+    ``min_queue_offset`` (a pull may start inside a batch). One call per message and no
+    intermediate objects: this loop is the consumer's hot path."""
+    out: list[T] = []
+    append = out.append
     pos = 0
     size = len(data)
     unpack = _MSG_HEAD.unpack_from
     while pos < size:
         h = parse_record_header(data, pos)
-        end = pos + h.total_size
         mpos = pos + h.payload_start
         offset = h.base_queue_offset
         for index in range(h.count):
             msg_size, props_len = unpack(data, mpos)
             if offset >= min_queue_offset:
-                props_start = mpos + MSG_HEAD_BYTES
-                body_start = props_start + props_len
-                yield DecodedMessage(h.topic, h.queue_id, offset, h.physical_offset, index,
-                                     h.store_timestamp_ms, h.born_timestamp_ms, h.sys_flag,
-                                     data[props_start:body_start],
-                                     data[body_start:mpos + 4 + msg_size])
+                body_start = mpos + MSG_HEAD_BYTES + props_len
+                append(factory(*context, h, index, offset,
+                               data[mpos + MSG_HEAD_BYTES:body_start] if props_len else b"",
+                               data[body_start:mpos + 4 + msg_size]))
             mpos += 4 + msg_size
             offset += 1
-        pos = end
+        pos += h.total_size
+    return out
 
 
 def offset_msg_id(physical_offset: int, index: int) -> str:

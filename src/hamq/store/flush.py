@@ -96,7 +96,7 @@ class FlushService:
     async def _checkpoint(self) -> None:
         paths = self.store.write_consume_queues()
         await asyncio.to_thread(_fsync_paths, paths)
-        self.store.write_checkpoint()
+        await asyncio.to_thread(self.store.write_checkpoint)
 
     def _delete_expired(self) -> None:
         self.store.delete_expired()
@@ -104,8 +104,10 @@ class FlushService:
     def _check_disk(self) -> None:
         self.store.check_disk()
 
-    def _persist_offsets(self) -> None:
-        self.store.offsets.persist()
+    async def _persist_offsets(self) -> None:
+        snapshot = self.store.offsets.snapshot()
+        if snapshot is not None:
+            await asyncio.to_thread(self.store.offsets.write, snapshot)
 
     def _expire_waiters(self) -> None:
         # Deadlines grow with offsets (one timeout for all), so expired waiters are a prefix.

@@ -88,7 +88,10 @@ class MessageStore:
         # Queue files are trusted up to "dispatched", the log's bytes up to "flushed".
         start = min(checkpoint.get("dispatched", 0), checkpoint.get("flushed", 0))
         start = max(start, self.commitlog.min_offset)
-        start = min(start, self.commitlog.written_offset)
+        if start > self.commitlog.written_offset:
+            # The log is shorter than the checkpoint says (its tail was cut mid-record):
+            # rescan the last segment, whose start is a record boundary.
+            start = self.commitlog.segments[-1].start
         rebuilt = 0
         for phys, h, _ in self.commitlog.iter_records(start):
             cq = self._queue(h.topic, h.queue_id)
@@ -205,15 +208,15 @@ class MessageStore:
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         cq = self.queues.get((topic, queue_id))
-        return cq.max_offset if cq else 0
+        return cq.max_offset if cq is not None else 0
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         cq = self.queues.get((topic, queue_id))
-        return cq.min_offset if cq else 0
+        return cq.min_offset if cq is not None else 0
 
     def offset_by_timestamp(self, topic: str, queue_id: int, ts_ms: int) -> int:
         cq = self.queues.get((topic, queue_id))
-        return cq.offset_by_timestamp(ts_ms) if cq else 0
+        return cq.offset_by_timestamp(ts_ms) if cq is not None else 0
 
     def earliest_store_time_ms(self, topic: str, queue_id: int) -> int:
         cq = self.queues.get((topic, queue_id))

@@ -63,11 +63,21 @@ class VersionedTable:
         self.dirty = True
 
     def persist(self) -> None:
+        snapshot = self.snapshot()
+        if snapshot is not None:
+            self.write(snapshot)
+
+    def snapshot(self) -> bytes | None:
+        """The encoded table if it changed (taken on the event loop; ``write`` may then run
+        in a worker thread)."""
         if not self.dirty:
-            return
-        payload = {"data_version": asdict(self.data_version), "table": self.table}
-        atomic_write(self.path, json.dumps(payload, sort_keys=True).encode())
+            return None
         self.dirty = False
+        payload = {"data_version": asdict(self.data_version), "table": self.table}
+        return json.dumps(payload, sort_keys=True).encode()
+
+    def write(self, snapshot: bytes) -> None:
+        atomic_write(self.path, snapshot)
 
 
 class TopicConfigManager:
@@ -127,3 +137,9 @@ class ConsumerOffsetManager:
 
     def persist(self) -> None:
         self._t.persist()
+
+    def snapshot(self) -> bytes | None:
+        return self._t.snapshot()
+
+    def write(self, snapshot: bytes) -> None:
+        self._t.write(snapshot)
