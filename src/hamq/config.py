@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import tomllib
 import types
 import typing
@@ -56,15 +57,50 @@ class BrokerConfig(StoreConfig):
     auto_create_topic_enable: bool = False         # autoCreateTopicEnable
     broker_heartbeat_interval_ms: int = 1000       # brokerHeartbeatInterval
     register_broker_interval_ms: int = 30_000      # registerNameServerPeriod
+    broker_not_active_timeout_ms: int = 0          # brokerNotActiveTimeoutMillis; 0 = namesrv's
     long_polling_max_wait_ms: int = 15_000         # longPollingEnable's upper bound
+    # -- master-slave replication (seed 000, RIP-34) ----------------------------------
+    ha_listen: str = ""                            # haListenPort; "" = listen port + 1
+    ha_send_heartbeat_interval_ms: int = 1000      # haSendHeartbeatInterval
+    ha_housekeeping_interval_ms: int = 20_000      # haHousekeepingInterval
+    ha_transfer_batch_bytes: int = 1024 * 1024     # haTransferBatchSize
+    ha_window_bytes: int = 8 * 1024 * 1024         # bytes in flight to one slave (flow control)
+    total_replicas: int = 1                        # totalReplicas
+    in_sync_replicas: int = 1                      # inSyncReplicas
+    min_in_sync_replicas: int = 1                  # minInSyncReplicas
+    enable_auto_in_sync_replicas: bool = False     # enableAutoInSyncReplicas
+    ha_max_gap_not_in_sync: int = 256 * 1024       # haMaxGapNotInSync
+    sync_broker_member_group_period_ms: int = 1000  # syncBrokerMemberGroupPeriod
+    slave_sync_interval_ms: int = 3000             # SlaveSynchronize: metadata from the master
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _one_of("broker_role", self.broker_role, BROKER_ROLES)
+        _address("listen", self.listen)
+        for addr in self.namesrv:
+            _address("namesrv", addr)
         if self.broker_id < 0:
             raise ConfigError("broker_id must be >= 0")
+        if (self.broker_id == 0) == (self.broker_role == "slave"):
+            raise ConfigError(f"broker_id {self.broker_id} does not fit broker_role "
+                              f"{self.broker_role!r}: 0 is the master, slaves have ids >= 1")
         _positive(self, "default_topic_queue_nums", "broker_heartbeat_interval_ms",
-                  "register_broker_interval_ms")
+                  "register_broker_interval_ms", "ha_send_heartbeat_interval_ms",
+                  "ha_transfer_batch_bytes", "ha_window_bytes", "total_replicas",
+                  "in_sync_replicas", "min_in_sync_replicas", "ha_max_gap_not_in_sync")
+        if self.ha_transfer_batch_bytes > self.ha_window_bytes:
+            raise ConfigError("ha_transfer_batch_bytes must not exceed ha_window_bytes")
+        if not self.min_in_sync_replicas <= self.in_sync_replicas <= self.total_replicas:
+            raise ConfigError("need min_in_sync_replicas <= in_sync_replicas <= total_replicas, "
+                              f"got {self.min_in_sync_replicas}, {self.in_sync_replicas}, "
+                              f"{self.total_replicas}")
+
+    @property
+    def ha_address(self) -> str:
+        if self.ha_listen:
+            return self.ha_listen
+        host, _, port = self.listen.rpartition(":")
+        return f"{host}:{int(port) + 1}"
 
 
 @dataclass(frozen=True)
@@ -76,6 +112,7 @@ class NamesrvConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "scan_not_active_broker_interval_ms", "broker_not_active_timeout_ms")
+        _address("listen", self.listen)
 
 
 def load_config(cls: type[T], path: str | Path | None = None, **overrides: Any) -> T:
@@ -134,6 +171,12 @@ def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
         raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
 
 
+def _address(name: str, value: str) -> None:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{name} must be HOST:PORT with a port in 1..65535, got {value!r}")
+
+
 def _positive(obj: Any, *names: str) -> None:
     for name in names:
         if getattr(obj, name) <= 0:
@@ -142,3 +185,20 @@ def _positive(obj: Any, *names: str) -> None:
 
 def to_dict(config: Any) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}
+
+
+def dump_toml(values: dict[str, Any]) -> str:
+    """Flat TOML for the generated configs of ``hamq dev`` (strings, numbers, booleans,
+    lists of strings)."""
+    lines = []
+    for key, value in values.items():
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, (int, float)):
+            text = repr(value)
+        elif isinstance(value, (list, tuple)):
+            text = "[" + ", ".join(json.dumps(str(v)) for v in value) + "]"
+        else:
+            text = json.dumps(str(value))
+        lines.append(f"{key} = {text}")
+    return "\n".join(lines) + "\n"

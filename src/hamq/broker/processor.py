@@ -18,8 +18,10 @@ Handler = Callable[[Connection, Frame], "list | None"]
 
 class BrokerProcessor:
     def __init__(self, store: MessageStore, topics: TopicService, send: SendProcessor,
-                 pull: PullProcessor, runtime_info: Callable[[], dict]) -> None:
+                 pull: PullProcessor, runtime_info: Callable[[], dict],
+                 on_written: Callable[[], None]) -> None:
         self.store = store
+        self.on_written = on_written  # ships new log bytes to slaves
         self.topics = topics
         self.pull = pull
         self.runtime_info = runtime_info
@@ -36,6 +38,7 @@ class BrokerProcessor:
             RequestCode.UPDATE_AND_CREATE_TOPIC: self._update_and_create_topic,
             RequestCode.DELETE_TOPIC_IN_BROKER: self._delete_topic,
             RequestCode.GET_ALL_TOPIC_CONFIG: self._get_all_topic_config,
+            RequestCode.GET_ALL_CONSUMER_OFFSET: self._get_all_consumer_offset,
             RequestCode.GET_BROKER_RUNTIME_INFO: self._get_runtime_info,
         }
 
@@ -47,6 +50,7 @@ class BrokerProcessor:
 
     def after_batch(self) -> None:
         self.store.commit()
+        self.on_written()
         self.pull.serve_arrivals()
 
     # -- offsets ------------------------------------------------------------------------
@@ -104,6 +108,9 @@ class BrokerProcessor:
         body = {name: {"read_queue_nums": t.read_queue_nums, "write_queue_nums": t.write_queue_nums,
                        "perm": t.perm} for name, t in self.store.topics.topics.items()}
         return response_pieces(frame, body=pack_body(body))
+
+    def _get_all_consumer_offset(self, conn: Connection, frame: Frame) -> list:
+        return response_pieces(frame, body=pack_body(self.store.offsets.table()))
 
     def _get_runtime_info(self, conn: Connection, frame: Frame) -> list:
         return response_pieces(frame, body=pack_body(self.runtime_info()))

@@ -20,11 +20,10 @@ log = logging.getLogger(__name__)
 
 class NamesrvRegistration:
     def __init__(self, config: BrokerConfig, topics: TopicConfigManager,
-                 pool: ConnectionPool, heartbeat_timeout_ms: int | None = None) -> None:
+                 pool: ConnectionPool) -> None:
         self.config = config
         self.topics = topics
         self.pool = pool
-        self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self._register_now = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
 
@@ -69,9 +68,9 @@ class NamesrvRegistration:
                 await self._register(addr)
 
     async def _register(self, addr: str) -> None:
-        ext = dict(self.identity)
-        if self.heartbeat_timeout_ms:
-            ext["heartbeat_timeout_ms"] = self.heartbeat_timeout_ms
+        ext = dict(self.identity, ha_addr=self.config.ha_address)
+        if self.config.broker_not_active_timeout_ms:
+            ext["heartbeat_timeout_ms"] = self.config.broker_not_active_timeout_ms
         body = pack_body({
             "topic_configs": {name: {"read_queue_nums": t.read_queue_nums,
                                      "write_queue_nums": t.write_queue_nums, "perm": t.perm}

@@ -1,24 +1,37 @@
-"""SEND_MESSAGE / SEND_BATCH_MESSAGE: validate, append as one record, answer (at once, or
-when the group commit of a sync flush covers it)."""
+"""SEND_MESSAGE / SEND_BATCH_MESSAGE: validate, append as one record, answer — at once, or
+once the group commit of a sync flush and, on a sync master, the slaves' acks cover it
+(RIP-34: ``needAckNums`` decided before the message is stored)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from hamq.broker.ha import HAMaster
 from hamq.broker.topics import TopicService
 from hamq.errors import MessageIllegal
 from hamq.net.connection import Connection, response_pieces
 from hamq.protocol.codes import ResponseCode
 from hamq.protocol.frame import Frame, require
 from hamq.protocol.message import offset_msg_id, validate_batch
+from hamq.replication.master import ReplicaStatus
 from hamq.store.flush import FlushService
 from hamq.store.message_store import MessageStore
 
 
+_CODE_BY_REPLICA_STATUS = {
+    ReplicaStatus.PUT_OK: ResponseCode.SUCCESS,
+    ReplicaStatus.FLUSH_SLAVE_TIMEOUT: ResponseCode.FLUSH_SLAVE_TIMEOUT,
+    ReplicaStatus.SLAVE_NOT_AVAILABLE: ResponseCode.SLAVE_NOT_AVAILABLE,
+}
+
+
 class SendProcessor:
     def __init__(self, store: MessageStore, topics: TopicService, flush: FlushService,
-                 on_put) -> None:
+                 on_put: Callable[[str, int], None], ha: HAMaster | None) -> None:
         self.store = store
         self.topics = topics
         self.flush = flush
-        self.on_put = on_put  # (topic, queue_id) -> None: wakes held pulls
+        self.on_put = on_put  # wakes pulls held on the queue
+        self.ha = ha          # None on a slave (which refuses sends before getting here)
         self.max_message_bytes = store.config.max_message_size
 
     def send(self, conn: Connection, frame: Frame, batch: bool) -> list | None:
@@ -31,6 +44,7 @@ class SendProcessor:
                                  "SEND_BATCH_MESSAGE for batches")
         self.topics.for_write(topic, queue_id)
         validate_batch(frame.body, count, require(ext, "crc", int), self.max_message_bytes)
+        need_ack_nums = self.ha.check_quorum() if self.ha is not None else 1
         result = self.store.put_batch(topic, queue_id, frame.body, count, ext["crc"],
                                       ext.get("born_ts", 0))
         self.on_put(topic, queue_id)
@@ -38,13 +52,25 @@ class SendProcessor:
             return None
         answer = {"msg_id": offset_msg_id(result.physical_offset, 0), "queue_id": queue_id,
                   "queue_offset": result.base_queue_offset}
-        if not self.flush.sync:
+        if not self.flush.sync and need_ack_nums <= 1:
             return response_pieces(frame, ext=answer)
 
-        def flushed(ok: bool) -> None:
-            conn.reply(response_pieces(
-                frame, ResponseCode.SUCCESS if ok else ResponseCode.FLUSH_DISK_TIMEOUT,
-                ext=answer, remark="" if ok else "flush to disk timed out; message stored"))
+        def replicated(status: ReplicaStatus) -> None:
+            code = _CODE_BY_REPLICA_STATUS[status]
+            conn.reply(response_pieces(frame, code, ext=answer, remark="" if code == 0 else
+                                       f"{status.value}: message stored on the master"))
 
-        self.flush.wait_flushed(result.end_offset, flushed)
+        def flushed(ok: bool) -> None:
+            if not ok:
+                conn.reply(response_pieces(frame, ResponseCode.FLUSH_DISK_TIMEOUT, ext=answer,
+                                           remark="flush to disk timed out; message stored"))
+            elif need_ack_nums > 1:
+                self.ha.wait_for_acks(result.end_offset, need_ack_nums, replicated)
+            else:
+                conn.reply(response_pieces(frame, ext=answer))
+
+        if self.flush.sync:
+            self.flush.wait_flushed(result.end_offset, flushed)
+        else:
+            flushed(True)
         return None

@@ -14,17 +14,21 @@ MAX_QUEUE_NUMS = 1024
 
 class TopicService:
     def __init__(self, store: MessageStore, default_queue_nums: int, auto_create: bool,
-                 on_change: Callable[[], None]) -> None:
+                 on_change: Callable[[], None], is_slave: bool = False) -> None:
         self.store = store
+        self.is_slave = is_slave  # slaves take topics from their master, never from admins
         self.default_queue_nums = default_queue_nums
         self.auto_create = auto_create
         self.on_change = on_change  # re-register with the name servers
-        if auto_create and store.topics.get(AUTO_CREATE_TOPIC_KEY_TOPIC) is None:
+        if auto_create and not is_slave and \
+                store.topics.get(AUTO_CREATE_TOPIC_KEY_TOPIC) is None:
             self.create(AUTO_CREATE_TOPIC_KEY_TOPIC, default_queue_nums, default_queue_nums,
                         PERM_READ_WRITE, notify=False)
 
     def create(self, topic: str, read_queue_nums: int, write_queue_nums: int, perm: int,
                notify: bool = True) -> TopicConfig:
+        if self.is_slave:
+            raise NoPermission("this broker is a slave: create topics on the group's master")
         validate_topic(topic)
         for name, n in (("read_queue_nums", read_queue_nums),
                         ("write_queue_nums", write_queue_nums)):
@@ -42,12 +46,17 @@ class TopicService:
         return config
 
     def delete(self, topic: str) -> None:
+        if self.is_slave:
+            raise NoPermission("this broker is a slave: delete topics on the group's master")
         if not self.store.topics.delete(topic, self.store.clock_ms()):
             raise TopicNotExist(f"topic {topic!r} does not exist on this broker")
         self.store.delete_topic(topic)
         self.on_change()
 
     def for_write(self, topic: str, queue_id: int) -> TopicConfig:
+        if self.is_slave:
+            raise NoPermission("this broker is a slave and does not accept writes; send to "
+                               "the group's master")
         config = self.store.topics.get(topic)
         if config is None:
             if not self.auto_create:
@@ -62,8 +71,21 @@ class TopicService:
                                 f"; queue {queue_id} does not exist")
         return config
 
+    def replace_all(self, configs: dict[str, TopicConfig]) -> None:
+        """Slave side: take the master's topic table (SlaveSynchronize)."""
+        now = self.store.clock_ms()
+        for name in set(self.store.topics.topics) - set(configs):
+            self.store.topics.delete(name, now)
+        for name, config in configs.items():
+            if self.store.topics.get(name) != config:
+                self.store.topics.put(config, now)
+
     def for_read(self, topic: str, queue_id: int) -> TopicConfig:
         config = self.store.topics.get(topic)
+        if config is None and self.is_slave and (topic, queue_id) in self.store.queues:
+            # Replicated data of a topic whose config has not been synced from the master
+            # yet (it may never be, if the master just died): what is here is readable.
+            return TopicConfig(topic, queue_id + 1, 0, PERM_READ)
         if config is None:
             raise TopicNotExist(f"topic {topic!r} does not exist on this broker")
         if not config.perm & PERM_READ:

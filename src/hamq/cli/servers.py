@@ -14,7 +14,7 @@ import click
 
 from hamq.broker.server import serve_broker
 from hamq.cli.common import setup_logging
-from hamq.config import BrokerConfig, NamesrvConfig, load_config
+from hamq.config import BrokerConfig, NamesrvConfig, dump_toml, load_config
 from hamq.errors import ConfigError
 from hamq.namesrv.server import serve_namesrv
 from hamq.net.server import run_until_signalled
@@ -56,20 +56,46 @@ def broker(config_path: str) -> None:
 @click.option("--data", "data_dir", default="./.hamq-dev", show_default=True,
               help="Where the cluster keeps its data.")
 @click.option("--port-base", default=9876, show_default=True,
-              help="Name server port; the broker listens on port-base + 1035.")
+              help="Name server port; member i of the group listens on port-base + 1035 + 10*i "
+                   "(its HA port one above).")
+@click.option("--mode", type=click.Choice(["single", "master-slave"]), default="single",
+              show_default=True, help="One broker, or one group of a master and slaves.")
+@click.option("--replicas", default=1, show_default=True,
+              help="Members of the group (master-slave: a master and replicas-1 slaves).")
 @click.option("--flush-disk-type", type=click.Choice(["async", "sync"]), default="async",
               show_default=True)
-def dev(data_dir: str, port_base: int, flush_disk_type: str) -> None:
-    """Run a local cluster (a name server and a broker) as child processes."""
+@click.option("--broker-role", type=click.Choice(["async_master", "sync_master"]),
+              help="The master's role (default: sync_master in master-slave mode).")
+@click.option("--total-replicas", type=int, help="totalReplicas (default: --replicas).")
+@click.option("--in-sync-replicas", type=int, default=1, show_default=True,
+              help="inSyncReplicas: copies a send needs before it is acknowledged.")
+@click.option("--min-in-sync-replicas", type=int, default=1, show_default=True,
+              help="minInSyncReplicas: the floor of automatic degradation.")
+@click.option("--auto-degrade", is_flag=True, help="enableAutoInSyncReplicas.")
+def dev(data_dir: str, port_base: int, mode: str, replicas: int, flush_disk_type: str,
+        broker_role: str | None, total_replicas: int | None, in_sync_replicas: int,
+        min_in_sync_replicas: int, auto_degrade: bool) -> None:
+    """Run a local cluster (a name server and one broker group) as child processes."""
+    if mode == "single" and replicas != 1:
+        raise click.BadParameter("--replicas needs --mode master-slave", param_hint="--replicas")
     root = Path(data_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
     namesrv_addr = f"127.0.0.1:{port_base}"
-    broker_addr = f"127.0.0.1:{port_base + 1035}"
-    broker_toml = root / "broker-a-0.toml"
-    broker_toml.write_text(
-        f'cluster_name = "DevCluster"\nbroker_name = "broker-a"\nbroker_id = 0\n'
-        f'listen = "{broker_addr}"\nnamesrv = ["{namesrv_addr}"]\n'
-        f'store_dir = "{root / "broker-a-0"}"\nflush_disk_type = "{flush_disk_type}"\n')
+    members = []
+    for broker_id in range(replicas):
+        name = f"broker-a-{broker_id}"
+        settings = {
+            "cluster_name": "DevCluster", "broker_name": "broker-a", "broker_id": broker_id,
+            "broker_role": "slave" if broker_id else (
+                broker_role or ("sync_master" if mode == "master-slave" else "async_master")),
+            "listen": f"127.0.0.1:{port_base + 1035 + 10 * broker_id}",
+            "namesrv": [namesrv_addr], "store_dir": str(root / name),
+            "flush_disk_type": flush_disk_type, "total_replicas": total_replicas or replicas,
+            "in_sync_replicas": in_sync_replicas, "min_in_sync_replicas": min_in_sync_replicas,
+            "enable_auto_in_sync_replicas": auto_degrade}
+        _load(BrokerConfig, None, **settings)  # a bad flag combination fails here, clearly
+        (root / f"{name}.toml").write_text(dump_toml(settings))
+        members.append(settings)
     children: list[subprocess.Popen] = []
     stopping = False
 
@@ -84,24 +110,28 @@ def dev(data_dir: str, port_base: int, flush_disk_type: str) -> None:
                     "namesrv")
         children.append(ns)
         _wait_ready(ns, "namesrv")
-        br = _spawn(["broker", "-c", str(broker_toml)], root, "broker-a-0")
-        children.append(br)
-        _wait_ready(br, "broker-a-0")
-        click.echo(json.dumps({
-            "event": "ready", "namesrv": namesrv_addr, "data": str(root),
-            "namesrv_pid": ns.pid,
-            "brokers": [{"broker_name": "broker-a", "broker_id": 0, "role": "master",
-                         "address": broker_addr, "pid": br.pid}],
-        }), nl=True)
+        brokers = []
+        for m in members:
+            name = f"broker-a-{m['broker_id']}"
+            proc = _spawn(["broker", "-c", str(root / f"{name}.toml")], root, name)
+            children.append(proc)
+            _wait_ready(proc, name)
+            brokers.append({"broker_name": m["broker_name"], "broker_id": m["broker_id"],
+                            "role": m["broker_role"], "address": m["listen"], "pid": proc.pid})
+        click.echo(json.dumps({"event": "ready", "mode": mode, "namesrv": namesrv_addr,
+                               "data": str(root), "namesrv_pid": ns.pid, "brokers": brokers}))
         click.echo(f"hamq dev: connect with --namesrv {namesrv_addr} "
                    f"(or export HAMQ_NAMESRV={namesrv_addr}); logs in {root}; Ctrl-C stops",
                    err=True)
+        reported: set[int] = set()
         while not stopping:
             for child in children:
-                if child.poll() is not None:
+                if child.poll() is not None and child.pid not in reported:
+                    reported.add(child.pid)
                     click.echo(f"hamq dev: child pid {child.pid} exited with {child.returncode}",
                                err=True)
-                    stopping = True
+            if len(reported) == len(children):
+                break
             time.sleep(0.2)
     finally:
         _stop_children(children)

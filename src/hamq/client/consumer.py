@@ -11,7 +11,7 @@ from enum import Enum
 
 from hamq.client.core import ClientCore
 from hamq.client.message import MessageExt, MessageQueue
-from hamq.errors import BrokerNotFound, QueryNotFound
+from hamq.errors import QueryNotFound
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.message import decode_records
 
@@ -57,9 +57,9 @@ class AsyncPullConsumer:
                "group": self.group}
         if commit_offset is not None:
             ext["commit_offset"] = commit_offset
-        frame = await self.core.invoke(await self._addr(mq), RequestCode.PULL_MESSAGE, ext,
-                                       ok=_PULL_OK,
-                                       timeout_s=self.core.timeout_s + suspend_timeout_ms / 1000)
+        frame = await self.core.invoke_group(
+            mq.topic, mq.broker_name, RequestCode.PULL_MESSAGE, ext, ok=_PULL_OK,
+            timeout_s=self.core.timeout_s + suspend_timeout_ms / 1000)
         x = frame.ext
         if frame.code == ResponseCode.SUCCESS:
             messages = decode_records(frame.body, offset, MessageExt, mq.broker_name)
@@ -72,16 +72,16 @@ class AsyncPullConsumer:
                           x.get("max_offset", 0))
 
     async def commit_offset(self, mq: MessageQueue, offset: int) -> None:
-        await self.core.invoke(await self._addr(mq), RequestCode.UPDATE_CONSUMER_OFFSET,
-                               {"group": self.group, "topic": mq.topic, "queue_id": mq.queue_id,
-                                "offset": offset})
+        await self.core.invoke_group(mq.topic, mq.broker_name, RequestCode.UPDATE_CONSUMER_OFFSET,
+                                     {"group": self.group, "topic": mq.topic,
+                                      "queue_id": mq.queue_id, "offset": offset})
 
     async def fetch_offset(self, mq: MessageQueue) -> int | None:
         """The group's committed offset of ``mq``, or None if it never committed one."""
         try:
-            frame = await self.core.invoke(await self._addr(mq), RequestCode.QUERY_CONSUMER_OFFSET,
-                                           {"group": self.group, "topic": mq.topic,
-                                            "queue_id": mq.queue_id})
+            frame = await self.core.invoke_group(
+                mq.topic, mq.broker_name, RequestCode.QUERY_CONSUMER_OFFSET,
+                {"group": self.group, "topic": mq.topic, "queue_id": mq.queue_id})
         except QueryNotFound:
             return None
         return frame.ext["offset"]
@@ -97,21 +97,12 @@ class AsyncPullConsumer:
                                        timestamp_ms=timestamp_ms)
 
     async def earliest_msg_store_time_ms(self, mq: MessageQueue) -> int:
-        frame = await self.core.invoke(await self._addr(mq), RequestCode.GET_EARLIEST_MSG_STORETIME,
-                                       {"topic": mq.topic, "queue_id": mq.queue_id})
+        frame = await self.core.invoke_group(mq.topic, mq.broker_name,
+                                             RequestCode.GET_EARLIEST_MSG_STORETIME,
+                                             {"topic": mq.topic, "queue_id": mq.queue_id})
         return frame.ext["timestamp_ms"]
 
     async def _queue_query(self, mq: MessageQueue, code: int, **extra: int) -> int:
-        frame = await self.core.invoke(await self._addr(mq), code,
-                                       {"topic": mq.topic, "queue_id": mq.queue_id, **extra})
+        frame = await self.core.invoke_group(mq.topic, mq.broker_name, code,
+                                             {"topic": mq.topic, "queue_id": mq.queue_id, **extra})
         return frame.ext["offset"]
-
-    async def _addr(self, mq: MessageQueue) -> str:
-        route = await self.core.route(mq.topic)
-        addr = route.read_addr(mq.broker_name)
-        if addr is None:
-            route = await self.core.route(mq.topic, refresh=True)
-            addr = route.read_addr(mq.broker_name)
-        if addr is None:
-            raise BrokerNotFound(f"no live member of broker group {mq.broker_name}")
-        return addr

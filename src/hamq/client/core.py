@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hamq.client.message import MessageQueue
-from hamq.errors import ConnectionLost, HamqError, TopicNotExist
+from hamq.errors import BrokerNotFound, ConnectionLost, HamqError, RequestTimeout, TopicNotExist
 from hamq.net.pool import ConnectionPool
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, unpack_body
@@ -17,6 +17,9 @@ from hamq.store.metadata import PERM_READ, PERM_WRITE
 MASTER_ID = 0
 ROUTE_REFRESH_INTERVAL_S = 30.0  # RocketMQ pollNameServerInterval
 DEFAULT_TIMEOUT_S = 3.0
+# A member that failed to answer is tried last for this long (RocketMQ's latency fault
+# tolerance, notAvailableDuration), so failover does not pay a timeout per request.
+FAULT_AVOID_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,10 @@ class TopicRoute:
         members = self.brokers.get(broker_name, {})
         return members[min(members)] if members else None
 
+    def read_order(self, broker_name: str) -> list[str]:
+        """Members to read from, master first, then slaves by id."""
+        return [addr for _, addr in sorted(self.brokers.get(broker_name, {}).items())]
+
 
 def namesrv_list(namesrv: str | Iterable[str]) -> list[str]:
     addrs = [a.strip() for a in (namesrv.split(";") if isinstance(namesrv, str) else namesrv)]
@@ -64,6 +71,21 @@ class ClientCore:
         self.pool = ConnectionPool(connect_timeout_s=timeout_s)
         self.routes: dict[str, TopicRoute] = {}
         self._namesrv_index = 0
+        self._unreachable: dict[str, float] = {}  # address -> avoid until (monotonic)
+
+    def mark_unreachable(self, addr: str) -> None:
+        self._unreachable[addr] = time.monotonic() + FAULT_AVOID_S
+
+    def reachable(self, addr: str) -> bool:
+        until = self._unreachable.get(addr)
+        if until is not None and until < time.monotonic():
+            del self._unreachable[addr]
+            return True
+        return until is None
+
+    @property
+    def avoiding_any(self) -> bool:
+        return bool(self._unreachable)
 
     async def invoke(self, addr: str, code: int, ext: dict | None = None, body: bytes = b"",
                      ok: Iterable[int] = (ResponseCode.SUCCESS,),
@@ -101,6 +123,28 @@ class ClientCore:
         route = TopicRoute.from_wire(topic, unpack_body(frame.body))
         self.routes[topic] = route
         return route
+
+    async def invoke_group(self, topic: str, broker_name: str, code: int,
+                           ext: dict | None = None, ok: Iterable[int] = (ResponseCode.SUCCESS,),
+                           timeout_s: float | None = None) -> Frame:
+        """A read-side request to a broker group: the master, or — when it does not answer
+        — the next member (RocketMQ's slave read, so consumers survive a master failure)."""
+        route = await self.route(topic)
+        order = route.read_order(broker_name)
+        if not order:
+            order = (await self.route(topic, refresh=True)).read_order(broker_name)
+        if not order:
+            raise BrokerNotFound(f"no live member of broker group {broker_name}")
+        order.sort(key=lambda addr: not self.reachable(addr))  # stable: keeps id order
+        last: HamqError | None = None
+        for addr in order:
+            try:
+                return await self.invoke(addr, code, ext, ok=ok, timeout_s=timeout_s)
+            except (ConnectionLost, RequestTimeout) as err:
+                self.mark_unreachable(addr)
+                last = err
+        assert last is not None
+        raise last
 
     async def close(self) -> None:
         await self.pool.close()

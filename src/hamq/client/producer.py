@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable
 
 from hamq.client.core import ClientCore, TopicRoute
 from hamq.client.message import Message, MessageQueue, SendResult, SendStatus
-from hamq.errors import ConnectionLost, HamqError, InvalidArgument, TopicNotExist
+from hamq.errors import (ConnectionLost, HamqError, InvalidArgument, RequestTimeout,
+                         TopicNotExist)
 from hamq.namesrv.routes import AUTO_CREATE_TOPIC_KEY_TOPIC
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame
@@ -157,6 +158,11 @@ class AsyncProducer:
                        attempt: int, mq: MessageQueue) -> None:
         if err.refresh_route:
             self._stale.add(topic)
+        if isinstance(err, (ConnectionLost, RequestTimeout)):
+            addr = self.core.routes[topic].master_addr(mq.broker_name) \
+                if topic in self.core.routes else None
+            if addr is not None:
+                self.core.mark_unreachable(addr)
         if err.retriable and attempt < self.retry_times_when_send_failed:
             self._dispatch(topic, code, payload, crc, count, callback, queue, attempt + 1,
                            mq.broker_name)
@@ -203,10 +209,12 @@ class AsyncProducer:
         if not queues:
             raise TopicNotExist(f"topic {route.topic!r} has no writable queue")
         n = next(self._next_queue)
-        if avoid is not None:
-            others = [q for q in queues if q.broker_name != avoid]
-            if others:
-                return others[n % len(others)]
+        if avoid is None and not self.core.avoiding_any:  # the common case, cheaply
+            return queues[n % len(queues)]
+        healthy = [q for q in queues if q.broker_name != avoid
+                   and self.core.reachable(route.master_addr(q.broker_name))]
+        if healthy and len(healthy) < len(queues):
+            return healthy[n % len(healthy)]
         return queues[n % len(queues)]
 
     @staticmethod

@@ -21,6 +21,7 @@ class BrokerLiveInfo:
     last_update_ms: int
     timeout_ms: int
     data_version: dict[str, int] = field(default_factory=dict)
+    ha_addr: str = ""
 
 
 @dataclass(frozen=True)
@@ -42,9 +43,15 @@ class RouteInfoManager:
 
     def register_broker(self, cluster_name: str, broker_name: str, broker_id: int, addr: str,
                         topic_configs: dict[str, dict[str, int]], data_version: dict[str, int],
-                        now_ms: int, timeout_ms: int | None = None) -> None:
+                        now_ms: int, timeout_ms: int | None = None, ha_addr: str = "") -> bool:
+        """Returns whether the group's membership changed (members are then notified)."""
+        before = dict(self.broker_addr_table.get(broker_name, {}))
         self.cluster_addr_table.setdefault(cluster_name, set()).add(broker_name)
         members = self.broker_addr_table.setdefault(broker_name, {})
+        # A member that changed its id at the same address (a slave promoted to master)
+        # keeps one entry, as in RocketMQ.
+        for other_id in [i for i, a in members.items() if a == addr and i != broker_id]:
+            del members[other_id]
         # A member that came back on a new address replaces its old registration.
         old = members.get(broker_id)
         if old is not None and old != addr:
@@ -52,9 +59,11 @@ class RouteInfoManager:
         members[broker_id] = addr
         self.broker_cluster[broker_name] = cluster_name
         self.live[addr] = BrokerLiveInfo(cluster_name, broker_name, broker_id, now_ms,
-                                         timeout_ms or self.default_timeout_ms, data_version)
+                                         timeout_ms or self.default_timeout_ms, data_version,
+                                         ha_addr)
         if broker_id == 0:  # the master's topic configs define the group's queues
             self._replace_topics_of(broker_name, topic_configs)
+        return members != before
 
     def broker_heartbeat(self, addr: str, now_ms: int) -> bool:
         """Lightweight heartbeat (seed 004): refresh liveness; False if unknown (the broker
@@ -105,8 +114,11 @@ class RouteInfoManager:
         return {"topic": topic, "queue_datas": queue_datas, "broker_datas": broker_datas}
 
     def get_broker_member_group(self, cluster_name: str, broker_name: str) -> dict[str, Any]:
+        members = self.broker_addr_table.get(broker_name, {})
         return {"cluster": cluster_name, "broker_name": broker_name,
-                "broker_addrs": dict(self.broker_addr_table.get(broker_name, {}))}
+                "broker_addrs": dict(members),
+                "ha_addrs": {i: self.live[a].ha_addr for i, a in members.items()
+                             if a in self.live and self.live[a].ha_addr}}
 
     def cluster_info(self) -> dict[str, Any]:
         return {

@@ -58,6 +58,8 @@ class Connection(asyncio.BufferedProtocol):
         self._sweeper: asyncio.TimerHandle | None = None
         self._paused = False
         self._drain_waiters: list[asyncio.Future] = []
+        # Requests written in one event-loop turn leave in one system call.
+        self._outbox: list = []
 
     # -- asyncio.BufferedProtocol -------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -166,7 +168,14 @@ class Connection(asyncio.BufferedProtocol):
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().call_later(
                 TIMEOUT_SWEEP_INTERVAL_S, self._sweep)
-        self.transport.writelines(encode_frame(code, opaque, 0, ext, "", body))
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush_outbox)
+        self._outbox += encode_frame(code, opaque, 0, ext, "", body)
+
+    def _flush_outbox(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        if not self.is_closed:
+            self.transport.writelines(outbox)
 
     def request(self, code: int, ext: dict[str, Any] | None = None, body: bytes | memoryview = b"",
                 timeout_s: float = 3.0) -> asyncio.Future[Frame]:

@@ -3,12 +3,17 @@ from __future__ import annotations
 
 import asyncio
 
-from hamq.net.connection import Connection, connect
+from hamq.net.connection import Connection, RequestHandler, connect
 
 
 class ConnectionPool:
-    def __init__(self, connect_timeout_s: float = 3.0) -> None:
+    """``handler`` serves requests the peers send back on these connections (a name
+    server notifying a broker)."""
+
+    def __init__(self, connect_timeout_s: float = 3.0,
+                 handler: RequestHandler | None = None) -> None:
         self.connect_timeout_s = connect_timeout_s
+        self.handler = handler
         self._conns: dict[str, Connection] = {}
         self._connecting: dict[str, asyncio.Future[Connection]] = {}
 
@@ -23,7 +28,7 @@ class ConnectionPool:
             return conn
         pending = self._connecting.get(address)
         if pending is None:  # one connect per address, however many callers wait for it
-            pending = asyncio.ensure_future(connect(address, timeout_s=self.connect_timeout_s))
+            pending = asyncio.ensure_future(connect(address, self.handler, self.connect_timeout_s))
             self._connecting[address] = pending
             try:
                 conn = await pending

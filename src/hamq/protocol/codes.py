@@ -15,6 +15,7 @@ class RequestCode(IntEnum):
     GET_MAX_OFFSET = 30
     GET_MIN_OFFSET = 31
     GET_EARLIEST_MSG_STORETIME = 32
+    GET_ALL_CONSUMER_OFFSET = 43
     REGISTER_BROKER = 103
     UNREGISTER_BROKER = 104
     GET_ROUTEINFO_BY_TOPIC = 105
@@ -25,6 +26,11 @@ class RequestCode(IntEnum):
     SEND_BATCH_MESSAGE = 320
     GET_BROKER_MEMBER_GROUP = 901
     BROKER_HEARTBEAT = 904
+    NOTIFY_MIN_BROKER_ID_CHANGE = 905  # name server -> members: the group's membership changed
+    # hamq's own: master-slave HA transfer (RocketMQ uses a raw socket protocol for it)
+    HA_HANDSHAKE = 1200
+    HA_TRANSFER = 1201
+    HA_ACK = 1202
 
 
 class ResponseCode(IntEnum):
@@ -52,6 +58,7 @@ class ResponseCode(IntEnum):
     CRC_MISMATCH = 1003
     QUEUE_NOT_EXIST = 1004
     BROKER_NOT_FOUND = 1005
+    SLAVE_DIVERGED = 1006
 
 
 class Flag:

@@ -125,6 +125,14 @@ def encode_record_header(topic: bytes, queue_id: int, payload_len: int, payload_
     return _RECORD_CHECKED.pack(RECORD_MAGIC, zlib.crc32(tail)) + tail
 
 
+def peek_record_size(buf: bytes | bytearray | memoryview, pos: int = 0) -> int | None:
+    """The total size a record at ``pos`` declares, or None if its header is not all there
+    yet (replication receives the log in arbitrary chunks)."""
+    if len(buf) - pos < RECORD_HEADER_BYTES:
+        return None
+    return _RECORD_TAIL.unpack_from(buf, pos + _HEADER_CRC_FROM)[0]
+
+
 def parse_record_header(buf: bytes | bytearray | memoryview, pos: int = 0,
                         available: int | None = None) -> RecordHeader:
     """Parse and check the header at ``buf[pos:]``; raise ``CrcMismatch`` if it is torn."""

@@ -200,6 +200,16 @@ class CommitLog:
         self._rolled = [s for s in self._rolled if s in self.segments]
         self.flushed_offset = min(self.flushed_offset, self.written_offset)
 
+    def reset(self, start: int) -> None:
+        """Drop every segment and restart the log, empty, at ``start``."""
+        self._pending, self._pending_bytes, self._rolled = [], 0, []
+        for seg in self.segments:
+            os.close(seg.fd)
+            seg.path.unlink()
+        self.segments, self._starts = [], []
+        self._roll(start)
+        self.flushed_offset = start
+
     def delete_segments_before(self, mtime_s: float) -> int:
         """Retention: remove whole segments last written before ``mtime_s`` (never the
         active one); returns the new minimum offset."""

@@ -71,6 +71,8 @@ class ConsumeQueue:
         """Forget entries whose record is at or past ``phys_end`` (commit log truncated)."""
         keep = bisect.bisect_left(self.phys, phys_end)
         if keep < len(self.phys):
+            if keep == 0:  # emptied: the queue continues at the first dropped offset
+                self._empty_offset = self.base[0]
             self._keep_slice(0, keep)
 
     def drop_below_physical(self, phys_min: int) -> None:

@@ -14,11 +14,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 from pathlib import Path
 
 from hamq.config import StoreConfig
-from hamq.errors import DiskFull, QueueNotExist
-from hamq.protocol.message import RECORD_HEADER_BYTES, encode_record_header, validate_topic
+from hamq.errors import CrcMismatch, DiskFull, QueueNotExist
+from hamq.protocol.message import (RECORD_HEADER_BYTES, check_record_payload, encode_record_header,
+                                   parse_record_header, peek_record_size, validate_topic)
 from hamq.store.commitlog import CommitLog, now_ms
 from hamq.store.consume_queue import ConsumeQueue
 from hamq.store.fsutil import atomic_write
@@ -38,8 +40,7 @@ class GetStatus(Enum):
     OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"            # asked below the retained minimum
 
 
-@dataclass(frozen=True)
-class PutResult:
+class PutResult(NamedTuple):  # a tuple: built once per send on the hot path
     physical_offset: int
     base_queue_offset: int
     store_timestamp_ms: int
@@ -69,6 +70,7 @@ class MessageStore:
         self.offsets = ConsumerOffsetManager(self.root, clock_ms())
         self._touched: list[ConsumeQueue] = []
         self._checkpoint_candidate = (0, 0)
+        self._replica_tail = b""
         self._disk_refusal = ""  # why writes are refused right now, "" when they are not
         self._written_since_disk_check = 0
         self._free_bytes_at_check = 0
@@ -148,6 +150,51 @@ class MessageStore:
         if self._free_bytes_at_check - self._written_since_disk_check < \
                 self.config.disk_min_free_bytes:
             self.check_disk()
+
+    # -- replication (slave side) ----------------------------------------------------------
+    @property
+    def replica_offset(self) -> int:
+        """Where the next replicated bytes must start: the log end plus any partial record
+        held in memory."""
+        return self.commitlog.max_offset + len(self._replica_tail)
+
+    def append_replicated(self, offset: int, data: bytes) -> list[tuple[str, int]]:
+        """Append raw commit-log bytes shipped by the master at ``offset``. Complete records
+        are checked, appended whole (so segments roll at record boundaries, as recovery
+        expects) and indexed; a partial last record waits in memory for the rest. Returns
+        the (topic, queue) pairs that got messages."""
+        if offset != self.replica_offset:
+            raise CrcMismatch(f"replicated bytes start at {offset}, expected "
+                              f"{self.replica_offset}: the stream has a gap")
+        buf = self._replica_tail + data if self._replica_tail else data
+        pos = 0
+        arrived: list[tuple[str, int]] = []
+        while True:
+            size = peek_record_size(buf, pos)
+            if size is None or len(buf) - pos < size:
+                break
+            h = parse_record_header(buf, pos)
+            check_record_payload(buf, pos, h)
+            phys = self.commitlog.reserve(size)
+            if phys != h.physical_offset:
+                raise CrcMismatch(f"replicated record claims offset {h.physical_offset} but "
+                                  f"lands at {phys}")
+            self.commitlog.append([buf[pos:pos + size]], size)
+            self._queue(h.topic, h.queue_id).append(phys, size, h.base_queue_offset, h.count,
+                                                    h.store_timestamp_ms)
+            arrived.append((h.topic, h.queue_id))
+            pos += size
+        self._replica_tail = buf[pos:]
+        self.commitlog.write_pending()
+        return arrived
+
+    def reset_log(self, start: int) -> None:
+        """Slave whose log ends before the master's first retained byte: its data cannot be
+        continued, so the log restarts empty at ``start``."""
+        self.commitlog.reset(start)
+        self._replica_tail = b""
+        for cq in self.queues.values():
+            cq.drop_from_physical(0)
 
     # -- reading ------------------------------------------------------------------------
     def get_messages(self, topic: str, queue_id: int, offset: int, max_messages: int,

@@ -127,6 +127,22 @@ class ConsumerOffsetManager:
     def query(self, group: str, topic: str, queue_id: int) -> int | None:
         return self._t.table.get(f"{topic}@{group}", {}).get(str(queue_id))
 
+    def table(self) -> dict[str, dict[str, int]]:
+        return self._t.table
+
+    def merge(self, table: dict[str, dict[str, int]], now_ms: int) -> None:
+        """Take offsets from another replica, never moving one backwards (a consumer may
+        have committed on this replica while the other was away)."""
+        changed = False
+        for key, queues in table.items():
+            mine = self._t.table.setdefault(key, {})
+            for queue_id, offset in queues.items():
+                if offset > mine.get(queue_id, -1):
+                    mine[queue_id] = offset
+                    changed = True
+        if changed:
+            self._t.touch(now_ms)
+
     def groups_of(self, topic: str) -> list[str]:
         return [key.split("@", 1)[1] for key in self._t.table if key.split("@", 1)[0] == topic]
 

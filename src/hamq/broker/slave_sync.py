@@ -1,0 +1,68 @@
+"""RocketMQ's SlaveSynchronize: a slave copies its master's topic table and consumer offsets
+every ``slave_sync_interval_ms``, so it can serve reads (and resume consumers at their
+committed offsets) when the master is gone."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from hamq.broker.member_group import MASTER_ID, MemberGroup
+from hamq.broker.topics import TopicService
+from hamq.errors import HamqError
+from hamq.net.pool import ConnectionPool
+from hamq.protocol.codes import RequestCode
+from hamq.protocol.frame import unpack_body
+from hamq.store.message_store import MessageStore
+from hamq.store.metadata import TopicConfig
+
+log = logging.getLogger(__name__)
+
+
+class SlaveSynchronize:
+    def __init__(self, store: MessageStore, topics: TopicService, members: MemberGroup,
+                 pool: ConnectionPool, interval_ms: int) -> None:
+        self.store = store
+        self.topics = topics
+        self.members = members
+        self.pool = pool
+        self.interval_s = interval_ms / 1000
+        self._task: asyncio.Task | None = None
+        self._wake = asyncio.Event()
+
+    def request_sync(self) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def sync_once(self) -> bool:
+        master = self.members.broker_addrs.get(MASTER_ID)
+        if master is None:
+            return False
+        try:
+            conn = await self.pool.get(master)
+            topics = await conn.request(RequestCode.GET_ALL_TOPIC_CONFIG, timeout_s=3.0)
+            offsets = await conn.request(RequestCode.GET_ALL_CONSUMER_OFFSET, timeout_s=3.0)
+        except HamqError as err:
+            log.debug("slave sync from %s failed: %s", master, err.message)
+            return False
+        if topics.code == 0:
+            self.topics.replace_all({name: TopicConfig(name, **cfg)
+                                     for name, cfg in (unpack_body(topics.body) or {}).items()})
+        if offsets.code == 0:
+            self.store.offsets.merge(unpack_body(offsets.body) or {}, self.store.clock_ms())
+        return True
+
+    async def _loop(self) -> None:
+        while True:
+            await self.sync_once()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()

@@ -1,0 +1,1 @@
+"""Sans-IO master–slave replication (seed 000): quorum arithmetic and HA progress."""
