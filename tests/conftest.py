@@ -9,7 +9,6 @@ import json
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,13 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from hamq.config import dump_toml
+
+sys.path.insert(0, str(Path(__file__).parent))  # test modules import helpers.py
+from helpers import free_port  # noqa: E402
+
 READY_TIMEOUT_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -89,7 +87,7 @@ class Cluster:
     def start_namesrv(self, name: str = "namesrv", **settings) -> Proc:
         addr = f"127.0.0.1:{free_port()}"
         cfg = self.root / f"{name}.toml"
-        cfg.write_text(_toml({"listen": addr, "data_dir": str(self.root / name), **settings}))
+        cfg.write_text(dump_toml({"listen": addr, "data_dir": str(self.root / name), **settings}))
         proc = Proc(name, ["namesrv", "-c", str(cfg)], self.root / f"{name}.log").start()
         self.procs[name] = proc
         self.namesrv_addrs.append(addr)
@@ -98,10 +96,11 @@ class Cluster:
     def write_broker_config(self, name: str, **settings) -> Path:
         addr = settings.pop("listen", None) or f"127.0.0.1:{free_port()}"
         values = {"cluster_name": "TestCluster", "broker_name": "broker-a", "broker_id": 0,
-                  "listen": addr, "namesrv": self.namesrv_addrs,
+                  "listen": addr, "ha_listen": f"127.0.0.1:{free_port()}",
+                  "namesrv": self.namesrv_addrs,
                   "store_dir": str(self.root / name), **settings}
         cfg = self.root / f"{name}.toml"
-        cfg.write_text(_toml(values))
+        cfg.write_text(dump_toml(values))
         return cfg
 
     def start_broker(self, name: str = "broker", **settings) -> Proc:
@@ -123,20 +122,6 @@ class Cluster:
     def stop_all(self) -> None:
         for proc in reversed(list(self.procs.values())):
             proc.stop()
-
-
-def _toml(values: dict) -> str:
-    lines = []
-    for key, value in values.items():
-        if isinstance(value, bool):
-            lines.append(f"{key} = {'true' if value else 'false'}")
-        elif isinstance(value, (int, float)):
-            lines.append(f"{key} = {value}")
-        elif isinstance(value, (list, tuple)):
-            lines.append(f"{key} = [{', '.join(json.dumps(v) for v in value)}]")
-        else:
-            lines.append(f"{key} = {json.dumps(str(value))}")
-    return "\n".join(lines) + "\n"
 
 
 @pytest.fixture

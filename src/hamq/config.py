@@ -21,6 +21,7 @@ T = TypeVar("T")
 
 FLUSH_DISK_TYPES = ("async", "sync")
 BROKER_ROLES = ("async_master", "sync_master", "slave")
+REPLICATION_MODES = ("master-slave", "dledger")
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,20 @@ class BrokerConfig(StoreConfig):
     ha_max_gap_not_in_sync: int = 256 * 1024       # haMaxGapNotInSync
     sync_broker_member_group_period_ms: int = 1000  # syncBrokerMemberGroupPeriod
     slave_sync_interval_ms: int = 3000             # SlaveSynchronize: metadata from the master
+    # -- DLedger commit log (seed 002) ----------------------------------------------------
+    replication_mode: str = "master-slave"         # "dledger" = enableDLegerCommitLog
+    dledger_self_id: int = 0                       # dLegerSelfId (1-based here)
+    dledger_peers: tuple[str, ...] = ()            # dLegerPeers: "ID@HOST:PORT" raft endpoints
+    dledger_election_timeout_ms: int = 300         # a follower's wait before campaigning
+    # -- delay and timer messages ------------------------------------------------------
+    flush_delay_offset_interval_ms: int = 10_000   # flushDelayOffsetInterval
+    # -- transaction messages ----------------------------------------------------------
+    transaction_check_interval_ms: int = 30_000    # transactionCheckInterval
+    transaction_timeout_ms: int = 6_000            # transactionTimeOut: check half messages older
+    transaction_check_max: int = 15                # transactionCheckMax: then roll back
+    # -- pop consumption ----------------------------------------------------------------
+    pop_inflight_message_threshold: int = 10_000   # popInflightMessageThreshold (per queue)
+    revive_interval_ms: int = 1000                 # reviveInterval: pop state checkpoint
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -79,21 +94,43 @@ class BrokerConfig(StoreConfig):
         _address("listen", self.listen)
         for addr in self.namesrv:
             _address("namesrv", addr)
+        _one_of("replication_mode", self.replication_mode, REPLICATION_MODES)
         if self.broker_id < 0:
             raise ConfigError("broker_id must be >= 0")
-        if (self.broker_id == 0) == (self.broker_role == "slave"):
+        if self.replication_mode == "dledger":
+            peers = self.dledger_peer_map  # checks the format
+            if self.dledger_self_id not in peers:
+                raise ConfigError(f"dledger_self_id {self.dledger_self_id} is not among "
+                                  f"dledger_peers {sorted(peers)}")
+        elif (self.broker_id == 0) == (self.broker_role == "slave"):
             raise ConfigError(f"broker_id {self.broker_id} does not fit broker_role "
                               f"{self.broker_role!r}: 0 is the master, slaves have ids >= 1")
         _positive(self, "default_topic_queue_nums", "broker_heartbeat_interval_ms",
                   "register_broker_interval_ms", "ha_send_heartbeat_interval_ms",
                   "ha_transfer_batch_bytes", "ha_window_bytes", "total_replicas",
-                  "in_sync_replicas", "min_in_sync_replicas", "ha_max_gap_not_in_sync")
+                  "in_sync_replicas", "min_in_sync_replicas", "ha_max_gap_not_in_sync",
+                  "flush_delay_offset_interval_ms", "pop_inflight_message_threshold",
+                  "revive_interval_ms", "transaction_check_interval_ms",
+                  "transaction_check_max")
         if self.ha_transfer_batch_bytes > self.ha_window_bytes:
             raise ConfigError("ha_transfer_batch_bytes must not exceed ha_window_bytes")
         if not self.min_in_sync_replicas <= self.in_sync_replicas <= self.total_replicas:
             raise ConfigError("need min_in_sync_replicas <= in_sync_replicas <= total_replicas, "
                               f"got {self.min_in_sync_replicas}, {self.in_sync_replicas}, "
                               f"{self.total_replicas}")
+
+    @property
+    def dledger_peer_map(self) -> dict[int, str]:
+        peers = {}
+        for spec in self.dledger_peers:
+            member, _, addr = spec.partition("@")
+            if not member.isdigit() or int(member) < 1:
+                raise ConfigError(f"dledger_peers entry {spec!r} must be ID@HOST:PORT, ID >= 1")
+            _address("dledger_peers", addr)
+            peers[int(member)] = addr
+        if len(peers) != len(self.dledger_peers):
+            raise ConfigError("dledger_peers lists a member id twice")
+        return peers
 
     @property
     def ha_address(self) -> str:

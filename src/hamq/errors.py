@@ -79,6 +79,13 @@ class BadFrame(HamqError):
     code = ResponseCode.BAD_FRAME
 
 
+class NotLeader(HamqError):
+    """DLedger: this member is not the group's leader; the route will name the new one."""
+    code = ResponseCode.NOT_LEADER
+    retriable = True
+    refresh_route = True
+
+
 class InvalidArgument(HamqError):
     code = ResponseCode.INVALID_ARGUMENT
 
@@ -124,7 +131,7 @@ _BY_CODE: dict[int, type[HamqError]] = {
     for cls in (
         BrokerSystemError, SystemBusy, RequestCodeNotSupported, MessageIllegal,
         ServiceNotAvailable, NoPermission, TopicNotExist, TopicExistAlready, QueryNotFound,
-        InSyncReplicasNotEnough, BadFrame, InvalidArgument, DiskFull, CrcMismatch,
+        InSyncReplicasNotEnough, BadFrame, InvalidArgument, NotLeader, DiskFull, CrcMismatch,
         QueueNotExist, BrokerNotFound,
     )
 }

@@ -17,17 +17,9 @@ from hamq.errors import InSyncReplicasNotEnough
 from hamq.protocol.message import decode_records
 from hamq.store.message_store import MessageStore
 
+from helpers import wait_for
+
 NS_TIMEOUT_MS = 3000
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def start_group(cluster_factory, slaves: int = 2, **master_settings):
@@ -180,3 +172,23 @@ def test_slave_restarted_after_missing_100mb_catches_up_and_rejoins(cluster_fact
         print(f"\nslave caught up 100 MiB in {time.monotonic() - started:.1f} s")
         behind = _ha(admin, c)["slaves"][0]["behind_bytes"]
         assert behind < 256 * 1024
+
+
+def test_slave_ahead_of_its_master_refuses_to_continue(cluster_factory):
+    """A slave holding bytes its master never had (the master's disk was replaced) must not
+    be silently overwritten or extended: it suspends and says why."""
+    c = start_group(cluster_factory, slaves=1, in_sync_replicas=1)
+    with hamq.Producer(c.namesrv) as producer:
+        for i in range(50):
+            producer.send(Message("Rep", b"old%d" % i))
+    with hamq.Admin(c.namesrv) as admin:
+        wait_for(lambda: _ha(admin, c)["slaves"][0]["behind_bytes"] == 0, 10, "slave caught up")
+        c.procs["master"].stop()
+        import shutil
+        shutil.rmtree(c.root / "master")  # a master that lost its disk comes back empty
+        c.procs["master"].start()
+        slave = c.broker_addr("slave1")
+        ha = wait_for(lambda: (lambda h: h if h["state"] == "SUSPEND" else None)(
+            admin.broker_runtime_info(slave)["ha"]), 15, "the slave to suspend")
+    assert "diverged" in ha["diverged"]
+    assert ha["replica_offset"] > 0  # its data is kept, not truncated

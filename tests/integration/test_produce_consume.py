@@ -126,3 +126,24 @@ def test_long_polling_pull_wakes_on_arrival(cluster):
         timer.join()
     assert [m.body for m in result.messages] == [b"late"]
     assert 0.4 < waited < 3.0
+
+
+def test_sends_fail_over_to_another_group_when_a_master_dies(cluster_factory):
+    """Two broker groups serve the topic; after one master is killed every send still
+    succeeds, on the other group (retry on another broker + fault avoidance)."""
+    c = cluster_factory()
+    c.start_namesrv(scan_not_active_broker_interval_ms=500, broker_not_active_timeout_ms=3000)
+    c.start_broker("a", broker_name="broker-a")
+    c.start_broker("b", broker_name="broker-b")
+    with hamq.Admin(c.namesrv) as admin:
+        admin.create_topic("TwoGroups", 2)
+    with hamq.Producer(c.namesrv) as producer:
+        groups = {producer.send(Message("TwoGroups", b"x")).queue.broker_name for _ in range(8)}
+        assert groups == {"broker-a", "broker-b"}
+        c.procs["a"].kill9()
+        started = time.monotonic()
+        after = [producer.send(Message("TwoGroups", b"y%d" % i)) for i in range(200)]
+        elapsed = time.monotonic() - started
+    assert all(r.status is hamq.SendStatus.SEND_OK for r in after)
+    assert {r.queue.broker_name for r in after} == {"broker-b"}
+    assert elapsed < 5.0  # no timeout paid per send

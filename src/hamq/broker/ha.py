@@ -51,6 +51,7 @@ class HAMaster:
                                       config.ha_transfer_batch_bytes)
         self.sync = config.broker_role == "sync_master"
         self.server = Server(self)
+        self.server.on_connection_closed.append(self._closed)
         self._conns: dict[Connection, int] = {}
         self._tasks: list[asyncio.Task] = []
 
@@ -115,12 +116,10 @@ class HAMaster:
             return response_pieces(frame, ResponseCode.SLAVE_DIVERGED, remark=str(err))
         log.info("slave %d from %s replicates from offset %d", broker_id, conn.peer, start)
         self._conns[conn] = broker_id
-        conn.on_close = self._closed
         asyncio.get_running_loop().call_soon(self._pump, conn)
         return response_pieces(frame, ext={"start_offset": start})
 
     def _closed(self, conn: Connection) -> None:
-        self.server.connections.discard(conn)
         if self._conns.pop(conn, None) is not None:
             log.warning("slave connection from %s closed", conn.peer)
         _run(self.core.disconnect(conn))

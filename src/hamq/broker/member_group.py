@@ -11,6 +11,7 @@ from hamq.config import BrokerConfig
 from hamq.errors import HamqError
 from hamq.net.connection import Connection, response_pieces
 from hamq.net.pool import ConnectionPool
+from hamq.net.tasks import cancel_all
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import Frame, unpack_body
 
@@ -43,9 +44,7 @@ class MemberGroup:
         self._task = asyncio.create_task(self._sync_loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_all([self._task])
 
     def handle_notification(self, conn: Connection, frame: Frame) -> list | None:
         """NOTIFY_MIN_BROKER_ID_CHANGE from a name server: the group changed."""

@@ -3,28 +3,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from hamq.broker.client_processor import ClientProcessor
 from hamq.broker.pull import PullProcessor
 from hamq.broker.send import SendProcessor
-from hamq.broker.topics import TopicService
-from hamq.errors import QueryNotFound, RequestCodeNotSupported
+from hamq.broker.topics import TopicService, topic_args
+from hamq.errors import InvalidArgument, QueryNotFound, RequestCodeNotSupported
 from hamq.net.connection import Connection, response_pieces
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import Frame, pack_body, require
 from hamq.store.message_store import MessageStore
-from hamq.store.metadata import PERM_READ_WRITE
 
 Handler = Callable[[Connection, Frame], "list | None"]
 
 
 class BrokerProcessor:
     def __init__(self, store: MessageStore, topics: TopicService, send: SendProcessor,
-                 pull: PullProcessor, runtime_info: Callable[[], dict],
-                 on_written: Callable[[], None]) -> None:
+                 pull: PullProcessor, clients: ClientProcessor,
+                 runtime_info: Callable[[], dict], on_written: Callable[[], None]) -> None:
         self.store = store
         self.on_written = on_written  # ships new log bytes to slaves
         self.topics = topics
         self.pull = pull
         self.runtime_info = runtime_info
+        self._after_write: list[Callable[[], None]] = []
         self._handlers: dict[int, Handler] = {
             RequestCode.SEND_MESSAGE: lambda c, f: send.send(c, f, batch=False),
             RequestCode.SEND_BATCH_MESSAGE: lambda c, f: send.send(c, f, batch=True),
@@ -40,6 +41,11 @@ class BrokerProcessor:
             RequestCode.GET_ALL_TOPIC_CONFIG: self._get_all_topic_config,
             RequestCode.GET_ALL_CONSUMER_OFFSET: self._get_all_consumer_offset,
             RequestCode.GET_BROKER_RUNTIME_INFO: self._get_runtime_info,
+            RequestCode.HEART_BEAT: clients.heart_beat,
+            RequestCode.UNREGISTER_CLIENT: clients.unregister_client,
+            RequestCode.GET_CONSUMER_LIST_BY_GROUP: clients.get_consumer_list_by_group,
+            RequestCode.LOCK_BATCH_MQ: clients.lock_batch_mq,
+            RequestCode.UNLOCK_BATCH_MQ: clients.unlock_batch_mq,
         }
 
     def handle(self, conn: Connection, frame: Frame) -> list | None:
@@ -48,10 +54,20 @@ class BrokerProcessor:
             raise RequestCodeNotSupported(f"broker does not serve request code {frame.code}")
         return handler(conn, frame)
 
+    def register(self, handlers: dict[int, Handler],
+                 after_write: Callable[[], None] | None = None) -> None:
+        """Add a request family served by its own module (pop); ``after_write`` runs
+        after each read's commit-log write, like the pull's long-polling wake-up."""
+        self._handlers.update(handlers)
+        if after_write is not None:
+            self._after_write.append(after_write)
+
     def after_batch(self) -> None:
         self.store.commit()
         self.on_written()
         self.pull.serve_arrivals()
+        for hook in self._after_write:
+            hook()
 
     # -- offsets ------------------------------------------------------------------------
     def _queue_args(self, frame: Frame) -> tuple[str, int]:
@@ -70,8 +86,11 @@ class BrokerProcessor:
 
     def _update_consumer_offset(self, conn: Connection, frame: Frame) -> list | None:
         topic, queue_id = self._queue_args(frame)
-        self.store.offsets.commit(require(frame.ext, "group"), topic, queue_id,
-                                  require(frame.ext, "offset", int), self.store.clock_ms())
+        offset = require(frame.ext, "offset", int)
+        if offset < 0:
+            raise InvalidArgument(f"consumer offset must be >= 0, got {offset}")
+        self.store.offsets.commit(require(frame.ext, "group"), topic, queue_id, offset,
+                                  self.store.clock_ms())
         return None if frame.is_oneway else response_pieces(frame)
 
     def _get_max_offset(self, conn: Connection, frame: Frame) -> list:
@@ -93,10 +112,7 @@ class BrokerProcessor:
     # -- topics -------------------------------------------------------------------------
     def _update_and_create_topic(self, conn: Connection, frame: Frame) -> list:
         ext = frame.ext
-        config = self.topics.create(require(ext, "topic"),
-                                    int(ext.get("read_queue_nums", self.topics.default_queue_nums)),
-                                    int(ext.get("write_queue_nums", self.topics.default_queue_nums)),
-                                    int(ext.get("perm", PERM_READ_WRITE)))
+        config = self.topics.create(*topic_args(ext, self.topics.default_queue_nums))
         return response_pieces(frame, ext={"read_queue_nums": config.read_queue_nums,
                                            "write_queue_nums": config.write_queue_nums})
 

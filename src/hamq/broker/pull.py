@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from hamq.broker.topics import TopicService
 from hamq.net.connection import Connection, response_pieces
 from hamq.protocol.codes import ResponseCode
-from hamq.protocol.frame import Frame, require
+from hamq.protocol.frame import Frame, optional, require
 from hamq.protocol.limits import MAX_PULL_BYTES
 from hamq.store.message_store import GetStatus, MessageStore
 
@@ -45,7 +45,7 @@ class PullProcessor:
         commit_offset = ext.get("commit_offset")
         if group and isinstance(commit_offset, int) and commit_offset >= 0:
             self.store.offsets.commit(group, topic, queue_id, commit_offset, self.store.clock_ms())
-        suspend_ms = min(int(ext.get("suspend_timeout_ms", 0) or 0), self.max_wait_ms)
+        suspend_ms = min(optional(ext, "suspend_timeout_ms", 0), self.max_wait_ms)
         pieces = self._answer(frame, hold=suspend_ms > 0)
         if pieces is not None:
             return pieces
@@ -81,8 +81,8 @@ class PullProcessor:
 
     def _answer(self, frame: Frame, hold: bool) -> list | None:
         ext = frame.ext
-        max_msgs = min(int(ext.get("max_msgs", DEFAULT_PULL_BATCH)), MAX_PULL_MESSAGES)
-        max_bytes = min(int(ext.get("max_bytes", MAX_PULL_BYTES)), MAX_PULL_BYTES)
+        max_msgs = min(optional(ext, "max_msgs", DEFAULT_PULL_BATCH, low=1), MAX_PULL_MESSAGES)
+        max_bytes = min(optional(ext, "max_bytes", MAX_PULL_BYTES, low=1), MAX_PULL_BYTES)
         result = self.store.get_messages(ext["topic"], ext["queue_id"],
                                          require(ext, "queue_offset", int), max_msgs, max_bytes)
         if result.status in _NOT_FOUND and hold:

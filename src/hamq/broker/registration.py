@@ -24,6 +24,8 @@ class NamesrvRegistration:
         self.config = config
         self.topics = topics
         self.pool = pool
+        # Changes at run time in DLedger mode: 0 while this member leads its group.
+        self.broker_id = config.broker_id
         self._register_now = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
 
@@ -31,7 +33,7 @@ class NamesrvRegistration:
     def identity(self) -> dict:
         c = self.config
         return {"cluster_name": c.cluster_name, "broker_name": c.broker_name,
-                "broker_id": c.broker_id, "broker_addr": c.listen}
+                "broker_id": self.broker_id, "broker_addr": c.listen}
 
     def request_register(self) -> None:
         self._register_now.set()

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from hamq.broker.dledger import DLedgerCommitLog, encode_entry
 from hamq.broker.ha import HAMaster
 from hamq.broker.topics import TopicService
-from hamq.errors import MessageIllegal
-from hamq.net.connection import Connection, response_pieces
+from hamq.errors import HamqError, MessageIllegal
+from hamq.net.connection import Connection, error_pieces, response_pieces
 from hamq.protocol.codes import ResponseCode
-from hamq.protocol.frame import Frame, require
+from hamq.protocol.frame import Frame, optional, require
 from hamq.protocol.message import offset_msg_id, validate_batch
+from hamq.protocol.properties import first_message_is_held_back
 from hamq.replication.master import ReplicaStatus
 from hamq.store.flush import FlushService
-from hamq.store.message_store import MessageStore
+from hamq.store.message_store import MessageStore, PutResult
 
 
 _CODE_BY_REPLICA_STATUS = {
@@ -26,12 +28,16 @@ _CODE_BY_REPLICA_STATUS = {
 
 class SendProcessor:
     def __init__(self, store: MessageStore, topics: TopicService, flush: FlushService,
-                 on_put: Callable[[str, int], None], ha: HAMaster | None) -> None:
+                 on_put: Callable[[str, int], None], ha: HAMaster | None,
+                 put_held_back: Callable[[str, int, bytes, int, int], PutResult],
+                 dledger: DLedgerCommitLog | None = None) -> None:
         self.store = store
         self.topics = topics
         self.flush = flush
         self.on_put = on_put  # wakes pulls held on the queue
         self.ha = ha          # None on a slave (which refuses sends before getting here)
+        self.put_held_back = put_held_back  # delay, timer, half messages (broker/held_back.py)
+        self.dledger = dledger  # DLedger mode: sends are Raft proposals
         self.max_message_bytes = store.config.max_message_size
 
     def send(self, conn: Connection, frame: Frame, batch: bool) -> list | None:
@@ -42,12 +48,20 @@ class SendProcessor:
         if not batch and count != 1:
             raise MessageIllegal("SEND_MESSAGE carries exactly one message; use "
                                  "SEND_BATCH_MESSAGE for batches")
+        if self.dledger is not None and not self.dledger.is_leader:
+            raise self.dledger.not_leader()
         self.topics.for_write(topic, queue_id)
         validate_batch(frame.body, count, require(ext, "crc", int), self.max_message_bytes)
+        if self.dledger is not None:
+            return self._propose(conn, frame, topic, queue_id, count)
+        born_ts = optional(ext, "born_ts", 0)
         need_ack_nums = self.ha.check_quorum() if self.ha is not None else 1
-        result = self.store.put_batch(topic, queue_id, frame.body, count, ext["crc"],
-                                      ext.get("born_ts", 0))
-        self.on_put(topic, queue_id)
+        if first_message_is_held_back(frame.body):
+            result = self.put_held_back(topic, queue_id, frame.body, count, born_ts)
+        else:
+            result = self.store.put_batch(topic, queue_id, frame.body, count, ext["crc"],
+                                          born_ts)
+            self.on_put(topic, queue_id)
         if frame.is_oneway:
             return None
         answer = {"msg_id": offset_msg_id(result.physical_offset, 0), "queue_id": queue_id,
@@ -73,4 +87,27 @@ class SendProcessor:
             self.flush.wait_flushed(result.end_offset, flushed)
         else:
             flushed(True)
+        return None
+
+    def _propose(self, conn: Connection, frame: Frame, topic: str, queue_id: int,
+                 count: int) -> None:
+        """DLedger: the batch becomes one Raft entry; the answer waits for its commit."""
+        if first_message_is_held_back(frame.body):
+            raise MessageIllegal("delay, timer and transaction messages are not supported by "
+                                 "DLedger groups yet (replication_mode = \"dledger\")")
+        ext = frame.ext
+        entry = encode_entry(topic, queue_id, count, ext["crc"], optional(ext, "born_ts", 0),
+                             self.store.clock_ms(), bytes(frame.body))
+
+        def committed(result: PutResult | None, err: HamqError | None) -> None:
+            if frame.is_oneway:
+                return
+            if err is not None:
+                conn.reply(error_pieces(frame, err))
+            else:
+                conn.reply(response_pieces(frame, ext={
+                    "msg_id": offset_msg_id(result.physical_offset, 0), "queue_id": queue_id,
+                    "queue_offset": result.base_queue_offset}))
+
+        self.dledger.propose(entry, committed)
         return None

@@ -1,6 +1,6 @@
-"""RocketMQ's SlaveSynchronize: a slave copies its master's topic table and consumer offsets
-every ``slave_sync_interval_ms``, so it can serve reads (and resume consumers at their
-committed offsets) when the master is gone."""
+"""RocketMQ's SlaveSynchronize: a slave copies its master's topic table, consumer offsets
+and delay offsets every ``slave_sync_interval_ms``, so it can serve reads (and resume
+consumers at their committed offsets) when the master is gone."""
 from __future__ import annotations
 
 import asyncio
@@ -10,8 +10,10 @@ from hamq.broker.member_group import MASTER_ID, MemberGroup
 from hamq.broker.topics import TopicService
 from hamq.errors import HamqError
 from hamq.net.pool import ConnectionPool
+from hamq.net.tasks import cancel_all
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import unpack_body
+from hamq.store.delay_offset import DelayOffsetManager
 from hamq.store.message_store import MessageStore
 from hamq.store.metadata import TopicConfig
 
@@ -20,8 +22,10 @@ log = logging.getLogger(__name__)
 
 class SlaveSynchronize:
     def __init__(self, store: MessageStore, topics: TopicService, members: MemberGroup,
-                 pool: ConnectionPool, interval_ms: int) -> None:
+                 pool: ConnectionPool, interval_ms: int,
+                 delay_offsets: DelayOffsetManager) -> None:
         self.store = store
+        self.delay_offsets = delay_offsets
         self.topics = topics
         self.members = members
         self.pool = pool
@@ -36,18 +40,17 @@ class SlaveSynchronize:
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_all([self._task])
 
     async def sync_once(self) -> bool:
         master = self.members.broker_addrs.get(MASTER_ID)
-        if master is None:
+        if master is None or master == self.members.config.listen:  # DLedger: we lead
             return False
         try:
             conn = await self.pool.get(master)
             topics = await conn.request(RequestCode.GET_ALL_TOPIC_CONFIG, timeout_s=3.0)
             offsets = await conn.request(RequestCode.GET_ALL_CONSUMER_OFFSET, timeout_s=3.0)
+            delay = await conn.request(RequestCode.GET_ALL_DELAY_OFFSET, timeout_s=3.0)
         except HamqError as err:
             log.debug("slave sync from %s failed: %s", master, err.message)
             return False
@@ -56,6 +59,8 @@ class SlaveSynchronize:
                                      for name, cfg in (unpack_body(topics.body) or {}).items()})
         if offsets.code == 0:
             self.store.offsets.merge(unpack_body(offsets.body) or {}, self.store.clock_ms())
+        if delay.code == 0:
+            self.delay_offsets.merge(unpack_body(delay.body) or {}, self.store.clock_ms())
         return True
 
     async def _loop(self) -> None:

@@ -5,11 +5,20 @@ from collections.abc import Callable
 
 from hamq.errors import InvalidArgument, NoPermission, QueueNotExist, TopicNotExist
 from hamq.namesrv.routes import AUTO_CREATE_TOPIC_KEY_TOPIC
+from hamq.protocol.frame import optional, require
 from hamq.protocol.message import validate_topic
 from hamq.store.message_store import MessageStore
 from hamq.store.metadata import PERM_READ, PERM_READ_WRITE, PERM_WRITE, TopicConfig
 
 MAX_QUEUE_NUMS = 1024
+
+
+def topic_args(ext: dict, default_queue_nums: int) -> tuple[str, int, int, int]:
+    """The fields of an UPDATE_AND_CREATE_TOPIC request, checked."""
+    return (require(ext, "topic"),
+            optional(ext, "read_queue_nums", default_queue_nums, 1, MAX_QUEUE_NUMS),
+            optional(ext, "write_queue_nums", default_queue_nums, 1, MAX_QUEUE_NUMS),
+            optional(ext, "perm", PERM_READ_WRITE, 0, PERM_READ_WRITE))
 
 
 class TopicService:
@@ -29,6 +38,11 @@ class TopicService:
                notify: bool = True) -> TopicConfig:
         if self.is_slave:
             raise NoPermission("this broker is a slave: create topics on the group's master")
+        return self.install(self.build(topic, read_queue_nums, write_queue_nums, perm), notify)
+
+    @staticmethod
+    def build(topic: str, read_queue_nums: int, write_queue_nums: int, perm: int) -> TopicConfig:
+        """A checked topic config (DLedger replicates it before any member installs it)."""
         validate_topic(topic)
         for name, n in (("read_queue_nums", read_queue_nums),
                         ("write_queue_nums", write_queue_nums)):
@@ -37,9 +51,11 @@ class TopicService:
         if perm & ~PERM_READ_WRITE:
             raise InvalidArgument(f"perm must combine {PERM_READ} (read) and {PERM_WRITE} "
                                   f"(write), got {perm}")
-        config = TopicConfig(topic, read_queue_nums, write_queue_nums, perm)
-        for queue_id in range(max(read_queue_nums, write_queue_nums)):
-            self.store.create_queue(topic, queue_id)
+        return TopicConfig(topic, read_queue_nums, write_queue_nums, perm)
+
+    def install(self, config: TopicConfig, notify: bool = True) -> TopicConfig:
+        for queue_id in range(max(config.read_queue_nums, config.write_queue_nums)):
+            self.store.create_queue(config.topic_name, queue_id)
         self.store.topics.put(config, self.store.clock_ms())
         if notify:
             self.on_change()
@@ -48,6 +64,9 @@ class TopicService:
     def delete(self, topic: str) -> None:
         if self.is_slave:
             raise NoPermission("this broker is a slave: delete topics on the group's master")
+        self.remove(topic)
+
+    def remove(self, topic: str) -> None:
         if not self.store.topics.delete(topic, self.store.clock_ms()):
             raise TopicNotExist(f"topic {topic!r} does not exist on this broker")
         self.store.delete_topic(topic)

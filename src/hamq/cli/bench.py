@@ -12,13 +12,15 @@ from array import array
 
 import click
 
-from hamq.aio import AsyncAdmin, AsyncProducer, AsyncPullConsumer
+from hamq.aio import (AsyncAdmin, AsyncProducer, AsyncPullConsumer, AsyncPushConsumer,
+                      ConsumeConcurrentlyStatus)
 from hamq.cli.common import emit, namesrv_option, run_async
 from hamq.client.consumer import PullStatus
-from hamq.errors import HamqError, TopicNotExist
+from hamq.errors import HamqError, InvalidArgument, TopicNotExist
 from hamq.protocol.message import encode_batch, encode_message
 
 CONSUME_PULL_BATCH = 1024
+PUSH_PULL_BATCH = 1024
 
 
 def percentile_ms(sorted_s: list[float], q: float) -> float:
@@ -55,34 +57,46 @@ async def run_produce(namesrv: str, topic: str, count: int, size: int, batch: in
                       inflight: int, queues: int, max_seconds: float) -> dict:
     await ensure_topic(namesrv, topic, queues)
     producer = AsyncProducer(namesrv)
-    payload, crc = encode_batch([encode_message(os.urandom(size))] * batch)
-    requests = max(1, count // batch)
+    if count < 1 or batch < 1 or inflight < 1:
+        raise InvalidArgument("--count, --batch and --inflight must be at least 1")
+    message = encode_message(os.urandom(size))
+    # Exactly ``count`` messages: full batches, then one smaller batch for the remainder.
+    sizes = [batch] * (count // batch) + ([count % batch] if count % batch else [])
+    payloads = {n: encode_batch([message] * n) for n in set(sizes)}
+    requests = len(sizes)
     latencies = array("d")
     loop = asyncio.get_running_loop()
     finished = loop.create_future()
     perf = time.perf_counter
-    sent = done = errors = 0
+    sent = done = errors = delivered = 0
     first_error: list[str] = []
     deadline = perf() + max_seconds
 
     def issue() -> None:
         nonlocal sent
+        n = sizes[sent]
         sent += 1
         started = perf()
-        producer.send_payload_async(topic, payload, crc, batch,
-                                    lambda result, err: on_done(err, started))
+        payload, crc = payloads[n]
+        producer.send_payload_async(topic, payload, crc, n,
+                                    lambda result, err: on_done(err, started, n))
 
-    def on_done(err: HamqError | None, started: float) -> None:
-        nonlocal done, errors
+    def on_done(err: HamqError | None, started: float, n: int) -> None:
+        nonlocal done, errors, delivered
         now = perf()
         latencies.append(now - started)
         done += 1
-        if err is not None:
+        if err is None:
+            delivered += n
+        else:
             errors += 1
             if not first_error:
                 first_error.append(f"{type(err).__name__}: {err.message}")
         if sent < requests and now < deadline:
-            issue()
+            if err is None:
+                issue()
+            else:  # errors may come back synchronously: do not recurse into the next send
+                loop.call_soon(issue)
         elif done == sent and not finished.done():
             finished.set_result(None)
 
@@ -95,7 +109,7 @@ async def run_produce(namesrv: str, topic: str, count: int, size: int, batch: in
         elapsed = perf() - start
     finally:
         await producer.close()
-    result = summary("produce", (done - errors) * batch, size, elapsed, latencies, errors,
+    result = summary("produce", delivered, size, elapsed, latencies, errors,
                      {"count": count, "size": size, "batch": batch, "inflight": inflight,
                       "topic": topic, "queues": queues, "namesrv": namesrv})
     if first_error:
@@ -139,6 +153,40 @@ async def run_consume(namesrv: str, topic: str, count: int, group: str,
     return summary("consume", consumed, size, elapsed, latencies, 0,
                    {"count": count, "topic": topic, "group": group, "namesrv": namesrv,
                     "pull_batch": CONSUME_PULL_BATCH})
+
+
+async def run_push_consume(namesrv: str, topic: str, count: int, group: str,
+                           max_seconds: float) -> dict:
+    """A push consumer from the first offset; the listener counts bodies (the cost of the
+    consumer's own machinery is what is measured)."""
+    done = asyncio.Event()
+    state = {"consumed": 0, "bytes": 0, "first": 0.0}
+
+    async def listener(messages) -> ConsumeConcurrentlyStatus:
+        if not state["consumed"]:  # measured from the first delivery, not the start-up
+            state["first"] = time.perf_counter()
+        state["consumed"] += len(messages)
+        state["bytes"] += sum(len(m.body) for m in messages)
+        if state["consumed"] >= count:
+            done.set()
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    consumer = AsyncPushConsumer(group, namesrv, consume_from_where="first",
+                                 pull_batch_size=PUSH_PULL_BATCH,
+                                 consume_message_batch_max_size=PUSH_PULL_BATCH)
+    consumer.subscribe(topic)
+    consumer.register_message_listener(listener)
+    await consumer.start()
+    try:
+        await asyncio.wait_for(done.wait(), max_seconds)
+    except asyncio.TimeoutError:
+        pass
+    elapsed = time.perf_counter() - state["first"] if state["consumed"] else 0.0
+    await consumer.shutdown()
+    consumed = state["consumed"]
+    return summary("consume_push", consumed, state["bytes"] // consumed if consumed else 0,
+                   elapsed, array("d"), 0, {"count": count, "topic": topic, "group": group,
+                                             "namesrv": namesrv, "pull_batch": PUSH_PULL_BATCH})
 
 
 @click.group()
@@ -198,10 +246,27 @@ async def bench_latency(count: int, size: int, queues: int, topic: str, max_seco
 
 @bench.command("consume")
 @click.option("--count", default=1_000_000, show_default=True)
-@click.option("--group", default="bench_consumer", show_default=True)
+@click.option("--group", help="Consumer group (default: bench_consumer; with --pop a new "
+                              "group per run, so every run starts at the first message).")
+@click.option("--pop", is_flag=True, help="Pop consumption with a per-message ack (pipelined).")
+@click.option("--push", is_flag=True, help="A push consumer (a new group per run) with a "
+                                           "listener per message.")
 @_with_common
 @run_async
-async def bench_consume(count: int, group: str, topic: str, max_seconds: float, namesrv: str,
-                        as_json: bool) -> None:
-    """Pull throughput from the start of every queue of TOPIC."""
-    emit(await run_consume(namesrv, topic, count, group, max_seconds), as_json, _text)
+async def bench_consume(count: int, group: str | None, pop: bool, push: bool, topic: str,
+                        max_seconds: float, namesrv: str, as_json: bool) -> None:
+    """Pull (or pop, or push) throughput from the start of every queue of TOPIC."""
+    if push:
+        emit(await run_push_consume(namesrv, topic, count,
+                                    group or f"bench_push_{int(time.time() * 1000)}",
+                                    max_seconds), as_json, _text)
+        return
+    if pop:
+        from hamq.cli.pop import run_pop_consume
+        consumed, nbytes, errors, elapsed, latencies, params = await run_pop_consume(
+            namesrv, topic, count, group or f"bench_pop_{int(time.time() * 1000)}", max_seconds)
+        emit(summary("consume_pop", consumed, nbytes // consumed if consumed else 0, elapsed,
+                     latencies, errors, params), as_json, _text)
+        return
+    emit(await run_consume(namesrv, topic, count, group or "bench_consumer", max_seconds),
+         as_json, _text)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from hamq.cli.admin import admin
 from hamq.cli.bench import bench
 from hamq.cli.servers import broker, dev, namesrv
 from hamq.cli.tools import cluster, consume, produce, topic
@@ -14,7 +15,7 @@ def cli() -> None:
     """hamq: a highly available, replicated message queue."""
 
 
-for command in (namesrv, broker, dev, topic, produce, consume, cluster, bench):
+for command in (namesrv, broker, dev, topic, produce, consume, cluster, bench, admin):
     cli.add_command(command)
 
 

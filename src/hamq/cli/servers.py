@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from hamq.broker.server import serve_broker
+from hamq.client.sync import Admin
 from hamq.cli.common import setup_logging
 from hamq.config import BrokerConfig, NamesrvConfig, dump_toml, load_config
 from hamq.errors import ConfigError
@@ -58,8 +59,9 @@ def broker(config_path: str) -> None:
 @click.option("--port-base", default=9876, show_default=True,
               help="Name server port; member i of the group listens on port-base + 1035 + 10*i "
                    "(its HA port one above).")
-@click.option("--mode", type=click.Choice(["single", "master-slave"]), default="single",
-              show_default=True, help="One broker, or one group of a master and slaves.")
+@click.option("--mode", type=click.Choice(["single", "master-slave", "dledger"]),
+              default="single", show_default=True,
+              help="One broker; one group of a master and slaves; or one DLedger (Raft) group.")
 @click.option("--replicas", default=1, show_default=True,
               help="Members of the group (master-slave: a master and replicas-1 slaves).")
 @click.option("--flush-disk-type", type=click.Choice(["async", "sync"]), default="async",
@@ -72,9 +74,12 @@ def broker(config_path: str) -> None:
 @click.option("--min-in-sync-replicas", type=int, default=1, show_default=True,
               help="minInSyncReplicas: the floor of automatic degradation.")
 @click.option("--auto-degrade", is_flag=True, help="enableAutoInSyncReplicas.")
+@click.option("--ha-max-gap-not-in-sync", type=int, default=256 * 1024, show_default=True,
+              help="haMaxGapNotInSync (bytes): raise it for heavy pipelined traffic, as the "
+                   "seed advises, or slaves fall out of sync and quorum sends are refused.")
 def dev(data_dir: str, port_base: int, mode: str, replicas: int, flush_disk_type: str,
         broker_role: str | None, total_replicas: int | None, in_sync_replicas: int,
-        min_in_sync_replicas: int, auto_degrade: bool) -> None:
+        min_in_sync_replicas: int, auto_degrade: bool, ha_max_gap_not_in_sync: int) -> None:
     """Run a local cluster (a name server and one broker group) as child processes."""
     if mode == "single" and replicas != 1:
         raise click.BadParameter("--replicas needs --mode master-slave", param_hint="--replicas")
@@ -82,8 +87,10 @@ def dev(data_dir: str, port_base: int, mode: str, replicas: int, flush_disk_type
     root.mkdir(parents=True, exist_ok=True)
     namesrv_addr = f"127.0.0.1:{port_base}"
     members = []
+    raft_peers = [f"{i}@127.0.0.1:{port_base + 1035 + 10 * (i - 1) + 2}"
+                  for i in range(1, replicas + 1)]
     for broker_id in range(replicas):
-        name = f"broker-a-{broker_id}"
+        name = f"broker-a-{broker_id + 1 if mode == 'dledger' else broker_id}"
         settings = {
             "cluster_name": "DevCluster", "broker_name": "broker-a", "broker_id": broker_id,
             "broker_role": "slave" if broker_id else (
@@ -92,10 +99,15 @@ def dev(data_dir: str, port_base: int, mode: str, replicas: int, flush_disk_type
             "namesrv": [namesrv_addr], "store_dir": str(root / name),
             "flush_disk_type": flush_disk_type, "total_replicas": total_replicas or replicas,
             "in_sync_replicas": in_sync_replicas, "min_in_sync_replicas": min_in_sync_replicas,
-            "enable_auto_in_sync_replicas": auto_degrade}
+            "enable_auto_in_sync_replicas": auto_degrade,
+            "ha_max_gap_not_in_sync": ha_max_gap_not_in_sync}
+        if mode == "dledger":  # members 1..n; whoever Raft elects registers as brokerId 0
+            settings.update(broker_id=broker_id + 1, broker_role="async_master",
+                            replication_mode="dledger", dledger_self_id=broker_id + 1,
+                            dledger_peers=raft_peers)
         _load(BrokerConfig, None, **settings)  # a bad flag combination fails here, clearly
         (root / f"{name}.toml").write_text(dump_toml(settings))
-        members.append(settings)
+        members.append(dict(settings, name=name))
     children: list[subprocess.Popen] = []
     stopping = False
 
@@ -112,12 +124,15 @@ def dev(data_dir: str, port_base: int, mode: str, replicas: int, flush_disk_type
         _wait_ready(ns, "namesrv")
         brokers = []
         for m in members:
-            name = f"broker-a-{m['broker_id']}"
+            name = m.pop("name")
             proc = _spawn(["broker", "-c", str(root / f"{name}.toml")], root, name)
             children.append(proc)
             _wait_ready(proc, name)
             brokers.append({"broker_name": m["broker_name"], "broker_id": m["broker_id"],
-                            "role": m["broker_role"], "address": m["listen"], "pid": proc.pid})
+                            "role": "dledger" if mode == "dledger" else m["broker_role"],
+                            "address": m["listen"], "pid": proc.pid})
+        if mode == "dledger":  # ready means a leader was elected and routes point to it
+            _wait_for_master(namesrv_addr, "broker-a")
         click.echo(json.dumps({"event": "ready", "mode": mode, "namesrv": namesrv_addr,
                                "data": str(root), "namesrv_pid": ns.pid, "brokers": brokers}))
         click.echo(f"hamq dev: connect with --namesrv {namesrv_addr} "
@@ -141,6 +156,17 @@ def _spawn(args: list[str], root: Path, name: str) -> subprocess.Popen:
     log = open(root / f"{name}.log", "ab")
     return subprocess.Popen([sys.executable, "-m", "hamq.cli.main", *args],
                             stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+
+
+def _wait_for_master(namesrv_addr: str, broker_name: str) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    with Admin(namesrv_addr) as admin:
+        while time.monotonic() < deadline:
+            if broker_name in admin.master_addrs():
+                return
+            time.sleep(0.1)
+    raise click.ClickException(f"no leader of {broker_name} registered after "
+                               f"{READY_TIMEOUT_S} s; see the broker logs")
 
 
 def _wait_ready(proc: subprocess.Popen, name: str) -> None:

@@ -3,21 +3,22 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime
 import sys
 import time
 
 import click
 
-from hamq.aio import AsyncAdmin, AsyncProducer, AsyncPullConsumer, Message, MessageExt
+from hamq.aio import (AsyncAdmin, AsyncProducer, AsyncPushConsumer, ConsumeConcurrentlyStatus,
+                      Message, MessageExt)
 from hamq.cli.common import emit, json_option, namesrv_option, run_async
-from hamq.client.consumer import PullStatus
-from hamq.client.message import MessageQueue
 from hamq.errors import HamqError
+from hamq.protocol.properties import MAX_DELAY_LEVEL
 
 PRODUCE_INFLIGHT = 64
-CONSUME_COMMIT_INTERVAL_S = 1.0
-CONSUME_PULL_BATCH = 256
-CONSUME_SUSPEND_MS = 1000
+# A command-line consumer is short-lived: join the group and commit progress quickly.
+CLI_CONSUMER_TIMINGS = dict(heartbeat_interval_s=5.0, rebalance_interval_s=5.0,
+                            persist_offset_interval_s=1.0, pull_suspend_ms=1000)
 
 
 @click.group()
@@ -120,12 +121,21 @@ async def cluster_status(namesrv: str, as_json: bool) -> None:
 @click.option("--size", default=100, show_default=True, help="Body size of generated messages.")
 @click.option("--keys", help="Message keys.")
 @click.option("--tags", help="Message tag.")
+@click.option("--delay-level", type=click.IntRange(1, MAX_DELAY_LEVEL),
+              help="Deliver after RocketMQ delay level N (1s 5s 10s 30s 1m 2m ... 2h).")
+@click.option("--deliver-at", "deliver_at", metavar="TIME",
+              help="Deliver at TIME: epoch milliseconds or ISO-8601 (UTC if no offset).")
 @namesrv_option
 @json_option
 @run_async
 async def produce(topic_name: str, count: int | None, size: int, keys: str | None,
-                  tags: str | None, namesrv: str, as_json: bool) -> None:
+                  tags: str | None, delay_level: int | None, deliver_at: str | None,
+                  namesrv: str, as_json: bool) -> None:
     """Send stdin lines (or --count generated bodies) to TOPIC; report each send."""
+    if delay_level and deliver_at:
+        raise click.UsageError("use either --delay-level or --deliver-at")
+    schedule = {"delay_level": delay_level or 0,
+                "deliver_time_ms": _deliver_time_ms(deliver_at) if deliver_at else 0}
     producer = AsyncProducer(namesrv)
     window = asyncio.Semaphore(PRODUCE_INFLIGHT)
     failures = 0
@@ -133,7 +143,8 @@ async def produce(topic_name: str, count: int | None, size: int, keys: str | Non
     async def send_one(body: bytes) -> None:
         nonlocal failures
         try:
-            result = await producer.send(Message(topic_name, body, keys=keys, tags=tags))
+            result = await producer.send(Message(topic_name, body, keys=keys, tags=tags,
+                                                 **schedule))
             emit({"status": result.status.value, "msg_id": result.msg_id,
                   "broker_name": result.queue.broker_name, "queue_id": result.queue.queue_id,
                   "queue_offset": result.queue_offset}, as_json,
@@ -157,6 +168,19 @@ async def produce(topic_name: str, count: int | None, size: int, keys: str | Non
         raise click.ClickException(f"{failures} send(s) failed")
 
 
+def _deliver_time_ms(text: str) -> int:
+    if text.isdigit():
+        return int(text)
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is neither epoch milliseconds nor ISO-8601",
+                                 param_hint="--deliver-at") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return int(when.timestamp() * 1000)
+
+
 def _bodies(count: int | None, size: int):
     if count is not None:
         for i in range(count):
@@ -173,88 +197,60 @@ def _bodies(count: int | None, size: int):
               help="Start at the earliest retained message when the group has no offset.")
 @click.option("--max", "max_messages", type=int, help="Stop after this many messages.")
 @click.option("--timeout", type=float, help="Stop after this many seconds without messages.")
+@click.option("--pop", is_flag=True,
+              help="Pop consumption (simple consumer): each printed message is acked.")
+@click.option("--expression", default="*", show_default=True,
+              help="Tag expression, e.g. 'TagA || TagB'.")
 @namesrv_option
 @json_option
 @run_async
 async def consume(topic_name: str, group: str, from_beginning: bool, max_messages: int | None,
-                  timeout: float | None, namesrv: str, as_json: bool) -> None:
-    """Print messages of TOPIC and commit the group's offsets."""
-    consumer = AsyncPullConsumer(group, namesrv)
-    state = _ConsumeState(max_messages)
+                  timeout: float | None, pop: bool, expression: str, namesrv: str,
+                  as_json: bool) -> None:
+    """Print messages of TOPIC as a push consumer of GROUP (offsets committed), or with
+    --pop as a simple consumer (each printed message acked)."""
+    if pop:
+        from hamq.cli.pop import consume_pop  # imports the simple consumer only when used
+        await consume_pop(namesrv, topic_name, group, from_beginning, max_messages, timeout,
+                          lambda msg: _print_message(msg, as_json))
+        return
+    consumer = AsyncPushConsumer(group, namesrv,
+                                 consume_from_where="first" if from_beginning else "last",
+                                 **CLI_CONSUMER_TIMINGS)
     try:
-        queues = await consumer.fetch_message_queues(topic_name)
-        offsets = {mq: await _start_offset(consumer, mq, from_beginning) for mq in queues}
-        committed = dict(offsets)
-        pullers = [asyncio.ensure_future(_pull_queue(consumer, mq, offsets, state, as_json))
-                   for mq in queues]
-        last_commit = time.monotonic()
-        while not state.done.is_set():
+        await consumer.core.route(topic_name)  # an unknown topic fails here, clearly
+    except HamqError:
+        await consumer.core.close()
+        raise
+    consumer.subscribe(topic_name, expression)
+    remaining = max_messages
+    last_message_at = time.monotonic()
+    done = asyncio.Event()
+
+    async def listener(messages: list[MessageExt]) -> ConsumeConcurrentlyStatus:
+        nonlocal remaining, last_message_at
+        for msg in messages:
+            _print_message(msg, as_json)
+        last_message_at = time.monotonic()
+        if remaining is not None:
+            remaining -= len(messages)
+            if remaining <= 0:
+                consumer.suspend()  # nothing past the last printed message is committed
+                done.set()
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    consumer.register_message_listener(listener)
+    await consumer.start()
+    try:
+        while not done.is_set():
             try:
-                await asyncio.wait_for(state.done.wait(), 0.2)
+                await asyncio.wait_for(done.wait(), 0.2)
             except asyncio.TimeoutError:
                 pass
-            if timeout is not None and time.monotonic() - state.last_message_at > timeout:
-                state.done.set()
-            if time.monotonic() - last_commit > CONSUME_COMMIT_INTERVAL_S:
-                await _commit(consumer, offsets, committed)
-                last_commit = time.monotonic()
-        for task in pullers:
-            task.cancel()
-        await asyncio.gather(*pullers, return_exceptions=True)
-        await _commit(consumer, offsets, committed)
+            if timeout is not None and time.monotonic() - last_message_at > timeout:
+                break
     finally:
-        await consumer.close()
-
-
-class _ConsumeState:
-    def __init__(self, max_messages: int | None) -> None:
-        self.remaining = max_messages
-        self.done = asyncio.Event()
-        self.last_message_at = time.monotonic()
-
-
-async def _start_offset(consumer: AsyncPullConsumer, mq: MessageQueue, from_beginning: bool) -> int:
-    committed = await consumer.fetch_offset(mq)
-    if committed is not None:
-        return committed
-    # RocketMQ's CONSUME_FROM_LAST_OFFSET for a new group, CONSUME_FROM_FIRST_OFFSET on request.
-    return await (consumer.min_offset(mq) if from_beginning else consumer.max_offset(mq))
-
-
-async def _pull_queue(consumer: AsyncPullConsumer, mq: MessageQueue, offsets: dict,
-                      state: _ConsumeState, as_json: bool) -> None:
-    while not state.done.is_set():
-        try:
-            result = await consumer.pull(mq, offsets[mq], CONSUME_PULL_BATCH, CONSUME_SUSPEND_MS)
-        except HamqError as err:
-            click.echo(f"pull {mq} failed: {err.message}; retrying", err=True)
-            await asyncio.sleep(1.0)
-            continue
-        if result.status is PullStatus.OFFSET_ILLEGAL:
-            offsets[mq] = result.next_begin_offset
-            continue
-        for msg in result.messages:
-            if state.done.is_set():
-                return
-            _print_message(msg, as_json)
-            offsets[mq] = msg.queue_offset + 1
-            state.last_message_at = time.monotonic()
-            if state.remaining is not None:
-                state.remaining -= 1
-                if state.remaining <= 0:
-                    state.done.set()
-        if result.status is PullStatus.FOUND and not result.messages:
-            offsets[mq] = result.next_begin_offset
-
-
-async def _commit(consumer: AsyncPullConsumer, offsets: dict, committed: dict) -> None:
-    for mq, offset in offsets.items():
-        if committed.get(mq) != offset:
-            try:
-                await consumer.commit_offset(mq, offset)
-                committed[mq] = offset
-            except HamqError as err:
-                click.echo(f"commit {mq} failed: {err.message}", err=True)
+        await consumer.shutdown()
 
 
 def _print_message(msg: MessageExt, as_json: bool) -> None:

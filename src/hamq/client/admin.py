@@ -96,3 +96,44 @@ class AsyncAdmin:
             rows.append({"broker_name": mq.broker_name, "queue_id": mq.queue_id,
                          "min_offset": lo.ext["offset"], "max_offset": hi.ext["offset"]})
         return rows
+
+    async def consumer_progress(self, group: str) -> list[dict]:
+        """Per queue the group has committed on: the broker's max offset, the group's
+        offset and the lag between them (RocketMQ's ``consumerProgress``)."""
+        rows = []
+        for broker_name, addr in sorted((await self.master_addrs()).items()):
+            frame = await self.core.invoke(addr, RequestCode.GET_ALL_CONSUMER_OFFSET)
+            for key, queues in sorted((unpack_body(frame.body) or {}).items()):
+                topic, _, owner = key.partition("@")
+                if owner != group:
+                    continue
+                for queue_id, offset in sorted(queues.items(), key=lambda kv: int(kv[0])):
+                    top = await self.core.invoke(addr, RequestCode.GET_MAX_OFFSET,
+                                                 {"topic": topic, "queue_id": int(queue_id)})
+                    max_offset = top.ext["offset"]
+                    rows.append({"topic": topic, "broker_name": broker_name,
+                                 "queue_id": int(queue_id), "broker_offset": max_offset,
+                                 "consumer_offset": offset, "lag": max_offset - offset})
+        return rows
+
+    async def elect(self, broker_name: str, member_id: int, wait_s: float = 10.0) -> str:
+        """DLedger: move leadership of ``broker_name`` to ``member_id`` (it is caught up
+        first); returns the new master's address once the name servers route it."""
+        info = await self.cluster_info()
+        entry = info["broker_addr_table"].get(broker_name)
+        leader = {int(k): v for k, v in (entry or {}).get("broker_addrs", {}).items()}.get(0)
+        if leader is None:
+            raise BrokerNotFound(f"broker group {broker_name} has no leader right now")
+        await self.core.invoke(leader, RequestCode.DLEDGER_TRANSFER_LEADERSHIP,
+                               {"member_id": member_id})
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            entry = (await self.cluster_info())["broker_addr_table"].get(broker_name, {})
+            new = {int(k): v for k, v in entry.get("broker_addrs", {}).items()}.get(0)
+            if new is not None and new != leader:
+                runtime = await self.broker_runtime_info(new)
+                if runtime.get("ha", {}).get("member_id") == member_id:
+                    return new
+        raise BrokerNotFound(f"member {member_id} of {broker_name} did not take over within "
+                             f"{wait_s} s")

@@ -11,9 +11,10 @@ from enum import Enum
 
 from hamq.client.core import ClientCore
 from hamq.client.message import MessageExt, MessageQueue
-from hamq.errors import QueryNotFound
+from hamq.errors import QueryNotFound, ServiceNotAvailable
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.message import decode_records
+from hamq.protocol.properties import DEFAULT_MAX_RECONSUME_TIMES
 
 _PULL_OK = (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_OFFSET_MOVED,
             ResponseCode.PULL_RETRY_IMMEDIATELY)
@@ -35,9 +36,12 @@ class PullResult:
 
 
 class AsyncPullConsumer:
-    def __init__(self, group: str, namesrv: str | Iterable[str], timeout_s: float = 3.0) -> None:
+    """``core`` lets a push consumer share its connections and routes."""
+
+    def __init__(self, group: str, namesrv: str | Iterable[str] = (), timeout_s: float = 3.0,
+                 core: ClientCore | None = None) -> None:
         self.group = group
-        self.core = ClientCore(namesrv, timeout_s)
+        self.core = core or ClientCore(namesrv, timeout_s)
 
     async def start(self) -> None:
         """Nothing to open eagerly; kept so the lifecycle reads like RocketMQ's."""
@@ -75,6 +79,22 @@ class AsyncPullConsumer:
         await self.core.invoke_group(mq.topic, mq.broker_name, RequestCode.UPDATE_CONSUMER_OFFSET,
                                      {"group": self.group, "topic": mq.topic,
                                       "queue_id": mq.queue_id, "offset": offset})
+
+    async def send_back(self, message: MessageExt, delay_level: int = 0,
+                        max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES) -> None:
+        """Hand a message the group failed to process back to its broker group's master:
+        it returns through ``%RETRY%<group>`` after ``delay_level`` (0: the broker picks
+        3 + reconsume_times), or goes to ``%DLQ%<group>`` once reconsumed
+        ``max_reconsume_times`` times (RocketMQ's CONSUMER_SEND_MSG_BACK)."""
+        master = (await self.core.route(message.topic)).master_addr(message.broker_name) or \
+            (await self.core.route(message.topic, refresh=True)).master_addr(message.broker_name)
+        if master is None:
+            raise ServiceNotAvailable(f"broker group {message.broker_name} has no master to "
+                                      "take the message back")
+        await self.core.invoke(master, RequestCode.CONSUMER_SEND_MSG_BACK, {
+            "group": self.group, "topic": message.topic, "queue_id": message.queue_id,
+            "queue_offset": message.queue_offset, "delay_level": delay_level,
+            "max_reconsume_times": max_reconsume_times})
 
     async def fetch_offset(self, mq: MessageQueue) -> int | None:
         """The group's committed offset of ``mq``, or None if it never committed one."""

@@ -4,8 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from hamq.errors import MessageIllegal
 from hamq.protocol.message import (RecordHeader, decode_properties, encode_message,
                                    encode_properties, offset_msg_id)
+from hamq.protocol.properties import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_RECONSUME_TIME,
+                                      PROPERTY_TIMER_DELIVER_MS, leading_held_back_properties)
 
 PROPERTY_KEYS = "KEYS"
 PROPERTY_TAGS = "TAGS"
@@ -28,14 +31,24 @@ class Message:
     keys: str | list[str] | None = None
     tags: str | None = None
     properties: dict[str, str] = field(default_factory=dict)
+    delay_level: int = 0      # 1..18: RocketMQ's delay levels (1s 5s 10s 30s 1m ... 2h)
+    deliver_time_ms: int = 0  # deliver at this epoch time (timer message)
 
     def encode(self) -> bytes:
         """The wire form of one message inside a batch (see ``protocol.message``)."""
         if not isinstance(self.body, (bytes, bytearray, memoryview)):
             raise TypeError(f"message body must be bytes, not {type(self.body).__name__}")
-        if not (self.keys or self.tags or self.properties):
+        if not (self.keys or self.tags or self.properties or self.delay_level or
+                self.deliver_time_ms):
             return encode_message(self.body)
+        if self.delay_level and self.deliver_time_ms:
+            raise MessageIllegal("a message has either delay_level or deliver_time_ms")
         props = dict(self.properties)
+        if self.delay_level:
+            props[PROPERTY_DELAY_TIME_LEVEL] = str(self.delay_level)
+        if self.deliver_time_ms:
+            props[PROPERTY_TIMER_DELIVER_MS] = str(self.deliver_time_ms)
+        props = leading_held_back_properties(props)  # the broker looks for them first
         if self.keys:
             props[PROPERTY_KEYS] = self.keys if isinstance(self.keys, str) else " ".join(self.keys)
         if self.tags:
@@ -87,6 +100,11 @@ class MessageExt:
     @property
     def tags(self) -> str | None:
         return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def reconsume_times(self) -> int:
+        """How many times the message came back through CONSUMER_SEND_MSG_BACK."""
+        return int(self.properties.get(PROPERTY_RECONSUME_TIME, 0))
 
     def __repr__(self) -> str:
         return (f"MessageExt(topic={self.topic!r}, queue={self.broker_name}:{self.queue_id}, "

@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import zlib
 from collections.abc import Callable, Iterable
 
 from hamq.client.core import ClientCore, TopicRoute
 from hamq.client.message import Message, MessageQueue, SendResult, SendStatus
 from hamq.errors import (ConnectionLost, HamqError, InvalidArgument, RequestTimeout,
-                         TopicNotExist)
+                         ServiceNotAvailable, TopicNotExist)
+from hamq.net.connection import Connection
 from hamq.namesrv.routes import AUTO_CREATE_TOPIC_KEY_TOPIC
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame
@@ -24,6 +26,8 @@ from hamq.protocol.limits import MAX_BATCH_MESSAGES
 from hamq.protocol.message import encode_batch, validate_topic
 
 SendCallback = Callable[[SendResult | None, HamqError | None], None]
+
+ROUTE_RETRY_DELAY_S = 0.1
 
 _STATUS_BY_CODE = {
     ResponseCode.SUCCESS: SendStatus.SEND_OK,
@@ -42,6 +46,7 @@ class AsyncProducer:
         self.retry_times_when_send_failed = retry_times_when_send_failed
         self._next_queue = itertools.count()
         self._stale: set[str] = set()  # topics whose route must be refreshed before use
+        self._refreshing: dict[str, asyncio.Future] = {}
 
     async def start(self) -> None:
         """Nothing to open eagerly; kept so the lifecycle reads like RocketMQ's."""
@@ -54,6 +59,17 @@ class AsyncProducer:
         return await self._as_future(message.topic, [message.encode()], RequestCode.SEND_MESSAGE,
                                      queue)
 
+    async def send_orderly(self, message: Message, sharding_key: str | bytes) -> SendResult:
+        """Send to the queue chosen by ``sharding_key`` (a stable hash), so one key's
+        messages stay in one queue, in order (RocketMQ's MessageQueueSelector by key).
+        Retries stay on that queue: moving would reorder the key."""
+        return await self.send(message, await self.select_queue(message.topic, sharding_key))
+
+    async def select_queue(self, topic: str, sharding_key: str | bytes) -> MessageQueue:
+        key = sharding_key.encode() if isinstance(sharding_key, str) else sharding_key
+        queues = (await self._route(topic)).write_queues
+        return queues[zlib.crc32(key) % len(queues)]
+
     async def send_batch(self, messages: list[Message],
                          queue: MessageQueue | None = None) -> SendResult:
         """All messages must share one topic; they are stored as one record, in order."""
@@ -64,6 +80,10 @@ class AsyncProducer:
         topic = messages[0].topic
         if any(m.topic != topic for m in messages):
             raise InvalidArgument("all messages of a batch must have the same topic")
+        if len(messages) > 1 and any(m.delay_level or m.deliver_time_ms for m in messages):
+            # RocketMQ does not batch them either: each waits in the schedule topic alone.
+            raise InvalidArgument("delay and timer messages cannot be batched; send them "
+                                  "one at a time")
         return await self._as_future(topic, [m.encode() for m in messages],
                                      RequestCode.SEND_BATCH_MESSAGE, queue)
 
@@ -82,7 +102,7 @@ class AsyncProducer:
         """Send a batch that is already encoded (``protocol.message.encode_batch``): the
         same bytes can be sent many times without re-encoding."""
         code = RequestCode.SEND_MESSAGE if count == 1 else RequestCode.SEND_BATCH_MESSAGE
-        self._dispatch(topic, code, payload, crc, count, callback, queue, 0, None)
+        self._dispatch(_Send(topic, code, payload, crc, count, callback, queue))
 
     async def warm_up(self, topic: str) -> None:
         """Fetch the route and open a connection to every master of ``topic``, so the first
@@ -108,79 +128,83 @@ class AsyncProducer:
                 future.set_exception(err) if err is not None else future.set_result(result)
 
         payload, crc = encode_batch(encoded)
-        self._dispatch(topic, code, payload, crc, len(encoded), done, queue, 0, None)
+        self._dispatch(_Send(topic, code, payload, crc, len(encoded), done, queue))
         return future
 
-    def _dispatch(self, topic: str, code: int, payload: bytes, crc: int, count: int,
-                  callback: SendCallback, queue: MessageQueue | None, attempt: int,
-                  avoid: str | None) -> None:
-        route = self.core.routes.get(topic)
-        if route is None or topic in self._stale:
-            asyncio.ensure_future(self._dispatch_after(
-                self._route(topic), topic, code, payload, crc, count, callback, queue, attempt,
-                avoid))
+    def _dispatch(self, s: "_Send") -> None:
+        route = self.core.routes.get(s.topic)
+        if route is None or s.topic in self._stale:
+            asyncio.ensure_future(self._route_then_dispatch(s))
             return
         try:
-            mq = queue or self._select_queue(route, avoid)
+            mq = s.queue or self._select_queue(route, s.avoid)
         except HamqError as err:
-            callback(None, err)
+            s.callback(None, err)
             return
         addr = route.master_addr(mq.broker_name)
         if addr is None:
-            self._stale.add(topic)
-            self._retry_or_fail(ConnectionLost(f"broker group {mq.broker_name} has no master"),
-                                topic, code, payload, crc, count, callback, queue, attempt, mq)
+            self._retry_or_fail(s, mq, ServiceNotAvailable(
+                f"broker group {mq.broker_name} has no master"))
             return
         conn = self.core.pool.get_ready(addr)
         if conn is None:
-            asyncio.ensure_future(self._dispatch_after(
-                self.core.pool.get(addr), topic, code, payload, crc, count, callback, queue,
-                attempt, avoid))
-            return
+            asyncio.ensure_future(self._connect_then_send(s, mq, addr))
+        else:
+            self._send_on(conn, s, mq)
 
+    def _send_on(self, conn: Connection, s: "_Send", mq: MessageQueue) -> None:
         def on_response(frame: Frame | None, err: HamqError | None) -> None:
             if err is None:
                 status = _STATUS_BY_CODE.get(frame.code)
                 if status is not None:
                     ext = frame.ext
-                    callback(SendResult(status, ext["msg_id"], mq, ext["queue_offset"], count),
-                             None)
+                    s.callback(SendResult(status, ext["msg_id"], mq, ext["queue_offset"],
+                                          s.count), None)
                     return
                 err = HamqError.for_code(frame.code, frame.remark)
-            self._retry_or_fail(err, topic, code, payload, crc, count, callback, queue,
-                                attempt, mq)
+            self._retry_or_fail(s, mq, err)
 
-        conn.request_cb(code, on_response, self._ext(mq, crc, count), payload,
+        conn.request_cb(s.code, on_response, self._ext(mq, s.crc, s.count), s.payload,
                         self.send_timeout_s)
 
-    def _retry_or_fail(self, err: HamqError, topic: str, code: int, payload: bytes, crc: int,
-                       count: int, callback: SendCallback, queue: MessageQueue | None,
-                       attempt: int, mq: MessageQueue) -> None:
+    async def _connect_then_send(self, s: "_Send", mq: MessageQueue, addr: str) -> None:
+        try:
+            conn = await self.core.pool.get(addr)
+        except HamqError as err:
+            self._retry_or_fail(s, mq, err)
+            return
+        self._send_on(conn, s, mq)
+
+    async def _route_then_dispatch(self, s: "_Send") -> None:
+        refreshing = self._refreshing.get(s.topic)
+        if refreshing is None:  # one route lookup however many sends wait for it
+            refreshing = asyncio.ensure_future(self._route(s.topic))
+            self._refreshing[s.topic] = refreshing
+            refreshing.add_done_callback(lambda _: self._refreshing.pop(s.topic, None))
+        try:
+            await asyncio.shield(refreshing)
+        except HamqError as err:
+            if not err.retriable or s.attempt >= self.retry_times_when_send_failed:
+                s.callback(None, err)
+                return
+            s.attempt += 1
+            await asyncio.sleep(ROUTE_RETRY_DELAY_S * s.attempt)
+        self._dispatch(s)
+
+    def _retry_or_fail(self, s: "_Send", mq: MessageQueue, err: HamqError) -> None:
         if err.refresh_route:
-            self._stale.add(topic)
+            self._stale.add(s.topic)
         if isinstance(err, (ConnectionLost, RequestTimeout)):
-            addr = self.core.routes[topic].master_addr(mq.broker_name) \
-                if topic in self.core.routes else None
+            route = self.core.routes.get(s.topic)
+            addr = route.master_addr(mq.broker_name) if route else None
             if addr is not None:
                 self.core.mark_unreachable(addr)
-        if err.retriable and attempt < self.retry_times_when_send_failed:
-            self._dispatch(topic, code, payload, crc, count, callback, queue, attempt + 1,
-                           mq.broker_name)
+        if err.retriable and s.attempt < self.retry_times_when_send_failed:
+            s.attempt += 1
+            s.avoid = mq.broker_name
+            self._dispatch(s)
         else:
-            callback(None, err)
-
-    async def _dispatch_after(self, awaitable, topic: str, code: int, payload: bytes, crc: int,
-                              count: int, callback: SendCallback, queue: MessageQueue | None,
-                              attempt: int, avoid: str | None) -> None:
-        try:
-            await awaitable
-        except HamqError as err:
-            if not err.retriable or attempt >= self.retry_times_when_send_failed:
-                callback(None, err)
-                return
-            await asyncio.sleep(0.1 * (attempt + 1))
-            attempt += 1
-        self._dispatch(topic, code, payload, crc, count, callback, queue, attempt, avoid)
+            s.callback(None, err)
 
     async def _route(self, topic: str) -> TopicRoute:
         validate_topic(topic)
@@ -224,3 +248,23 @@ class AsyncProducer:
 
 
 __all__ = ["AsyncProducer"]
+
+
+class _Send:
+    """One send in flight: its bytes, where its answer goes and how far its retries got.
+    A plain object (not a task or future), so thousands in flight stay cheap."""
+
+    __slots__ = ("topic", "code", "payload", "crc", "count", "callback", "queue", "attempt",
+                 "avoid")
+
+    def __init__(self, topic: str, code: int, payload: bytes, crc: int, count: int,
+                 callback: SendCallback, queue: MessageQueue | None) -> None:
+        self.topic = topic
+        self.code = code
+        self.payload = payload
+        self.crc = crc
+        self.count = count
+        self.callback = callback
+        self.queue = queue
+        self.attempt = 0
+        self.avoid: str | None = None

@@ -15,6 +15,8 @@ from hamq.client.admin import AsyncAdmin
 from hamq.client.consumer import AsyncPullConsumer
 from hamq.client.message import Message
 from hamq.client.producer import AsyncProducer, SendCallback
+from hamq.client.push import AsyncPushConsumer
+from hamq.client.simple import AckCallback, AsyncSimpleConsumer, PopMessageExt
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -76,3 +78,19 @@ class PullConsumer(_SyncFacade):
 
 class Admin(_SyncFacade):
     _async_cls = AsyncAdmin
+
+
+class PushConsumer(_SyncFacade):
+    """``listener(messages)`` runs on a pool of consume threads and returns a
+    ``ConsumeConcurrentlyStatus`` (or ``ConsumeOrderlyStatus`` when orderly)."""
+    _async_cls = AsyncPushConsumer
+    shutdown = _SyncFacade.close
+
+
+class SimpleConsumer(_SyncFacade):
+    """Pop consumption: ``receive``, ``ack``, ``change_invisible_duration`` block;
+    ``ack_async`` does not (its callback runs on the event-loop thread)."""
+    _async_cls = AsyncSimpleConsumer
+
+    def ack_async(self, message: PopMessageExt, callback: AckCallback | None = None) -> None:
+        self._loop.call_soon_threadsafe(self._async.ack_async, message, callback)

@@ -17,6 +17,8 @@ class Server:
     def __init__(self, handler: RequestHandler) -> None:
         self.handler = handler
         self.connections: set[Connection] = set()
+        # Called when a connection closes (client registries forget what it registered).
+        self.on_connection_closed: list[Callable[[Connection], None]] = []
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self, address: str) -> None:
@@ -26,9 +28,14 @@ class Server:
                                                 reuse_address=True, backlog=1024)
 
     def _new_connection(self) -> Connection:
-        conn = Connection(self.handler, on_close=self.connections.discard)
+        conn = Connection(self.handler, on_close=self._closed)
         self.connections.add(conn)
         return conn
+
+    def _closed(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+        for callback in self.on_connection_closed:
+            callback(conn)
 
     async def close(self) -> None:
         if self._server is not None:

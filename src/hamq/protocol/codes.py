@@ -15,7 +15,17 @@ class RequestCode(IntEnum):
     GET_MAX_OFFSET = 30
     GET_MIN_OFFSET = 31
     GET_EARLIEST_MSG_STORETIME = 32
+    HEART_BEAT = 34
+    UNREGISTER_CLIENT = 35
+    CONSUMER_SEND_MSG_BACK = 36
+    END_TRANSACTION = 37
+    GET_CONSUMER_LIST_BY_GROUP = 38
+    CHECK_TRANSACTION_STATE = 39  # broker -> producer, oneway
+    NOTIFY_CONSUMER_IDS_CHANGED = 40
+    LOCK_BATCH_MQ = 41
+    UNLOCK_BATCH_MQ = 42
     GET_ALL_CONSUMER_OFFSET = 43
+    GET_ALL_DELAY_OFFSET = 45
     REGISTER_BROKER = 103
     UNREGISTER_BROKER = 104
     GET_ROUTEINFO_BY_TOPIC = 105
@@ -24,6 +34,11 @@ class RequestCode(IntEnum):
     DELETE_TOPIC_IN_BROKER = 215
     DELETE_TOPIC_IN_NAMESRV = 216
     SEND_BATCH_MESSAGE = 320
+    # pop consumption (RocketMQ 5 numbers)
+    POP_MESSAGE = 200050
+    ACK_MESSAGE = 200051
+    CHANGE_MESSAGE_INVISIBLETIME = 200053
+    BATCH_ACK_MESSAGE = 200151
     GET_BROKER_MEMBER_GROUP = 901
     BROKER_HEARTBEAT = 904
     NOTIFY_MIN_BROKER_ID_CHANGE = 905  # name server -> members: the group's membership changed
@@ -31,6 +46,9 @@ class RequestCode(IntEnum):
     HA_HANDSHAKE = 1200
     HA_TRANSFER = 1201
     HA_ACK = 1202
+    # hamq's own: DLedger (Raft) traffic between a group's members, and admin elect
+    DLEDGER_MESSAGE = 1300
+    DLEDGER_TRANSFER_LEADERSHIP = 1301
 
 
 class ResponseCode(IntEnum):
@@ -59,6 +77,7 @@ class ResponseCode(IntEnum):
     QUEUE_NOT_EXIST = 1004
     BROKER_NOT_FOUND = 1005
     SLAVE_DIVERGED = 1006
+    NOT_LEADER = 1007  # DLedger: only the group's leader takes writes; the remark names it
 
 
 class Flag:

@@ -179,6 +179,21 @@ def unpack_body(body: bytes) -> Any:
         raise InvalidArgument(f"request body is not valid msgpack: {exc}") from None
 
 
+def optional(ext: dict[str, Any], name: str, default: int, low: int = 0,
+             high: int | None = None) -> int:
+    """An optional integer request field, checked: a wrong type or a value out of range is
+    an ``InvalidArgument`` naming the field, never a server-side crash."""
+    value = ext.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidArgument(f"request field {name!r} must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        raise InvalidArgument(f"request field {name!r} must be in {low}.."
+                              f"{'' if high is None else high}, got {value}")
+    return value
+
+
 def require(ext: dict[str, Any], name: str, kind: type = str) -> Any:
     """A named request field, checked; a clear error names what is missing."""
     value = ext.get(name)

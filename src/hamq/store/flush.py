@@ -13,6 +13,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from hamq.net.tasks import cancel_all, every
 from hamq.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -45,23 +46,21 @@ class FlushService:
         cfg = self.store.config
         self._tasks = [
             asyncio.create_task(self._sync_flush_loop() if self.sync else
-                                self._every(cfg.flush_interval_commitlog_ms / 1000,
+                                every(cfg.flush_interval_commitlog_ms / 1000,
                                             self._flush_commitlog)),
-            asyncio.create_task(self._every(cfg.flush_interval_consume_queue_ms / 1000,
+            asyncio.create_task(every(cfg.flush_interval_consume_queue_ms / 1000,
                                             self._checkpoint)),
-            asyncio.create_task(self._every(cfg.clean_resource_interval_ms / 1000,
+            asyncio.create_task(every(cfg.clean_resource_interval_ms / 1000,
                                             self._delete_expired)),
-            asyncio.create_task(self._every(DISK_CHECK_INTERVAL_S, self._check_disk)),
-            asyncio.create_task(self._every(OFFSET_PERSIST_INTERVAL_S, self._persist_offsets)),
+            asyncio.create_task(every(DISK_CHECK_INTERVAL_S, self._check_disk)),
+            asyncio.create_task(every(OFFSET_PERSIST_INTERVAL_S, self._persist_offsets)),
         ]
         if self.sync:
-            self._tasks.append(asyncio.create_task(self._every(_TIMEOUT_SWEEP_S,
+            self._tasks.append(asyncio.create_task(every(_TIMEOUT_SWEEP_S,
                                                                self._expire_waiters)))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_all(self._tasks)
         for _, _, callback in self._waiters:
             callback(False)
         self._waiters.clear()
@@ -80,15 +79,6 @@ class FlushService:
             if waiters:
                 self._wake.set()
 
-    async def _every(self, interval_s: float, duty: Callable) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                result = duty()
-                if asyncio.iscoroutine(result):
-                    await result
-            except OSError as exc:  # a full or failing disk must not kill the service
-                log.error("store duty %s failed: %s", duty.__name__, exc)
 
     async def _flush_commitlog(self) -> None:
         await asyncio.to_thread(self.store.commitlog.flush)

@@ -69,7 +69,10 @@ class MessageStore:
         self.topics = TopicConfigManager(self.root, clock_ms())
         self.offsets = ConsumerOffsetManager(self.root, clock_ms())
         self._touched: list[ConsumeQueue] = []
-        self._checkpoint_candidate = (0, 0)
+        self._checkpoint_candidate: dict = {}
+        # Extra state to record with each checkpoint, read at the same instant as the log
+        # offsets (DLedger: the Raft index applied up to that offset).
+        self.checkpoint_extra: Callable[[], dict] | None = None
         self._replica_tail = b""
         self._disk_refusal = ""  # why writes are refused right now, "" when they are not
         self._written_since_disk_check = 0
@@ -81,7 +84,7 @@ class MessageStore:
     def recover(self) -> None:
         """Load consume queues, then re-dispatch and validate the commit log from the last
         checkpoint: a torn or corrupt tail is truncated, missing queue entries rebuilt."""
-        checkpoint = self._read_checkpoint()
+        checkpoint = self.read_checkpoint()
         if self.cq_root.exists():
             for topic_dir in self.cq_root.iterdir():
                 for qfile in topic_dir.iterdir():
@@ -114,13 +117,15 @@ class MessageStore:
 
     # -- writing ------------------------------------------------------------------------
     def put_batch(self, topic: str, queue_id: int, payload: bytes | memoryview, count: int,
-                  payload_crc: int, born_timestamp_ms: int, sys_flag: int = 0) -> PutResult:
-        """Append one producer batch (already validated) as one record."""
+                  payload_crc: int, born_timestamp_ms: int, sys_flag: int = 0,
+                  store_timestamp_ms: int | None = None) -> PutResult:
+        """Append one producer batch (already validated) as one record. DLedger passes the
+        leader's ``store_timestamp_ms`` so every member writes identical bytes."""
         if self._disk_refusal:
             raise DiskFull(self._disk_refusal)
         cq = self._queue(topic, queue_id)
         topic_raw = topic.encode()
-        store_ts = self.clock_ms()
+        store_ts = self.clock_ms() if store_timestamp_ms is None else store_timestamp_ms
         base = cq.max_offset
         total = RECORD_HEADER_BYTES + len(topic_raw) + len(payload)
         phys = self.commitlog.reserve(total)
@@ -284,15 +289,14 @@ class MessageStore:
         """Hand new queue entries to the OS; returns the files to fsync before
         ``write_checkpoint`` may claim them."""
         self.commitlog.write_pending()
-        self._checkpoint_candidate = (self.commitlog.written_offset,
-                                      self.commitlog.flushed_offset)
+        self._checkpoint_candidate = {"dispatched": self.commitlog.written_offset,
+                                      "flushed": self.commitlog.flushed_offset,
+                                      **(self.checkpoint_extra() if self.checkpoint_extra else {})}
         return [cq.path for cq in self.queues.values() if cq.write_unwritten()]
 
     def write_checkpoint(self) -> None:
-        dispatched, flushed = self._checkpoint_candidate
-        atomic_write(self.root / "checkpoint", json.dumps({
-            "dispatched": dispatched, "flushed": flushed,
-            "timestamp_ms": self.clock_ms()}).encode())
+        atomic_write(self.root / "checkpoint", json.dumps(
+            {**self._checkpoint_candidate, "timestamp_ms": self.clock_ms()}).encode())
 
     def flush_consume_queues(self) -> None:
         """Synchronous ``write_consume_queues`` + fsync + ``write_checkpoint``."""
@@ -349,7 +353,14 @@ class MessageStore:
             self.queues[(topic, queue_id)] = cq
         return cq
 
-    def _read_checkpoint(self) -> dict:
+    def truncate_to(self, offset: int) -> None:
+        """Forget everything stored at and after ``offset`` (DLedger: state past the last
+        checkpoint is rebuilt by applying the committed log again)."""
+        self.commitlog.truncate(offset)
+        for cq in self.queues.values():
+            cq.drop_from_physical(offset)
+
+    def read_checkpoint(self) -> dict:
         path = self.root / "checkpoint"
         try:
             return json.loads(path.read_bytes())

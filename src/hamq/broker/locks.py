@@ -1,0 +1,54 @@
+"""Broker-side queue locks for ordered consumption (RocketMQ's RebalanceLockManager): a
+queue of a consumer group is locked by at most one client at a time; a lock lapses if not
+renewed within ``REBALANCE_LOCK_MAX_LIVE_TIME_MS``."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+REBALANCE_LOCK_MAX_LIVE_TIME_MS = 60_000  # rocketmq.broker.rebalance.lockMaxLiveTime
+
+QueueKey = tuple[str, int]  # (topic, queue id) on this broker
+
+
+@dataclass
+class LockEntry:
+    client_id: str
+    last_update_ms: int
+
+
+class RebalanceLockManager:
+    def __init__(self, max_live_time_ms: int = REBALANCE_LOCK_MAX_LIVE_TIME_MS) -> None:
+        self.max_live_time_ms = max_live_time_ms
+        self._locks: dict[str, dict[QueueKey, LockEntry]] = {}
+
+    def try_lock_batch(self, group: str, queues: list[QueueKey], client_id: str,
+                       now_ms: int) -> list[QueueKey]:
+        """Lock (or renew) what is free, expired or already ours; returns what we hold."""
+        table = self._locks.setdefault(group, {})
+        held = []
+        for key in queues:
+            entry = table.get(key)
+            if entry is None or entry.client_id == client_id or \
+                    now_ms - entry.last_update_ms > self.max_live_time_ms:
+                table[key] = LockEntry(client_id, now_ms)
+                held.append(key)
+        return held
+
+    def unlock_batch(self, group: str, queues: list[QueueKey], client_id: str) -> None:
+        table = self._locks.get(group, {})
+        for key in queues:
+            entry = table.get(key)
+            if entry is not None and entry.client_id == client_id:
+                del table[key]
+
+    def unlock_client(self, client_id: str) -> None:
+        """A client with no connection left cannot consume: its locks need not lapse first."""
+        for table in self._locks.values():
+            for key in [k for k, e in table.items() if e.client_id == client_id]:
+                del table[key]
+
+    def owner(self, group: str, key: QueueKey, now_ms: int) -> str | None:
+        entry = self._locks.get(group, {}).get(key)
+        if entry is None or now_ms - entry.last_update_ms > self.max_live_time_ms:
+            return None
+        return entry.client_id

@@ -1,0 +1,403 @@
+"""Pop consumption (RocketMQ 5): POP_MESSAGE, ACK_MESSAGE, BATCH_ACK_MESSAGE and
+CHANGE_MESSAGE_INVISIBLETIME, with long polling and the revive service.
+
+Departure from RocketMQ: a message whose invisible time ran out is redelivered *in place*,
+from its original queue and ahead of new messages, with ``reconsume_times + 1``, instead of
+being copied by the revive service into ``%RETRY%<group>_<topic>``. The copy buys RocketMQ
+nothing here (CK/ACK records already make the in-flight state durable) and would double the
+bytes written per unacked message; in place, a redelivery is a read of the original record
+and one small CK. The group's consumer offset is the end of the acked prefix of each queue.
+
+Popped messages are answered from the store as raw records (like a pull) together with, per
+record run, the offsets handed out and their reconsume times; the receipt handle is
+(queue, offset, ck) where ck is the revive-log offset of the checkpoint that handed the
+message out.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hamq.broker.pop_state import AckResult, PopQueueState
+from hamq.broker.revive_log import KIND_CK, REVIVE_LOG_TOPIC, AckEntry, CkEntry, ReviveLog
+from hamq.broker.topics import TopicService
+from hamq.errors import HamqError, InvalidArgument, NoPermission
+from hamq.net.connection import Connection, error_pieces, response_pieces
+from hamq.net.tasks import cancel_all, every
+from hamq.protocol.codes import RequestCode, ResponseCode
+from hamq.protocol.frame import Frame, require, unpack_body
+from hamq.protocol.limits import MAX_PULL_BYTES
+from hamq.store.flush import FlushService
+from hamq.store.message_store import GetStatus, MessageStore, PutResult
+from hamq.store.metadata import PERM_READ
+
+log = logging.getLogger(__name__)
+
+_DUTY_ERRORS = (OSError, HamqError)  # logged; the sweep and the checkpoint carry on
+
+DEFAULT_POP_BATCH = 32                 # RocketMQ's default maxMsgNums of a pop
+MAX_POP_MESSAGES = 1024                # messages one pop may hand out
+MAX_BATCH_ACK_ENTRIES = 4096           # acks one BATCH_ACK_MESSAGE may carry
+MIN_INVISIBLE_TIME_MS = 100            # shorter would redeliver before a client could ack
+MAX_INVISIBLE_TIME_MS = 12 * 3600_000  # RocketMQ proxy's maxInvisibleTimeMills
+HOLD_SWEEP_INTERVAL_S = 0.05           # held pops re-check for expired invisibility this often
+INIT_MODE_MIN = "min"                  # RocketMQ ConsumeInitMode.MIN: a new group starts at
+INIT_MODE_MAX = "max"                  # the queue's first message (MIN) or its end (MAX)
+
+StateKey = tuple[str, str, int]  # group, topic, queue id
+
+
+@dataclass
+class HeldPop:
+    conn: Connection
+    frame: Frame
+    expires_ms: int
+
+
+class PopService:
+    def __init__(self, store: MessageStore, topics: TopicService, flush: FlushService,
+                 broker_name: str, max_wait_ms: int, inflight_threshold: int,
+                 checkpoint_interval_ms: int, is_slave: bool,
+                 on_written: Callable[[], None]) -> None:
+        self.store = store
+        self.topics = topics
+        self.flush = flush
+        self.revive = ReviveLog(store, broker_name)
+        self.max_wait_ms = max_wait_ms
+        self.inflight_threshold = inflight_threshold
+        self.checkpoint_interval_s = checkpoint_interval_ms / 1000
+        self.is_slave = is_slave
+        self.on_written = on_written  # ships new log bytes to slaves
+        self.states: dict[StateKey, PopQueueState] = {}
+        self._rotation: dict[tuple[str, str], int] = {}
+        self._held: list[HeldPop] = []
+        self._tasks: list[asyncio.Task] = []
+        self._checkpointed_at = -1  # revive offset of the last checkpoint written
+        if not is_slave and store.topics.get(REVIVE_LOG_TOPIC) is None:
+            topics.create(REVIVE_LOG_TOPIC, 1, 1, PERM_READ, notify=False)
+        self._recover()
+
+    def handlers(self) -> dict[int, Callable[[Connection, Frame], list | None]]:
+        return {RequestCode.POP_MESSAGE: self.pop, RequestCode.ACK_MESSAGE: self.ack,
+                RequestCode.BATCH_ACK_MESSAGE: self.batch_ack,
+                RequestCode.CHANGE_MESSAGE_INVISIBLETIME: self.change_invisible_time}
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def _recover(self) -> None:
+        checkpoint = self.revive.load_checkpoint()
+        for group, topic, queue_id, data in checkpoint.get("queues", []):
+            self.states[(group, topic, queue_id)] = PopQueueState.from_wire(data)
+        replayed = 0
+        for record in self.revive.replay(checkpoint.get("revive_offset", 0)):
+            if record.kind == KIND_CK:
+                for queue_id, offsets, times in record.entries:
+                    state = self._state_for_replay(record.group, record.topic, queue_id, offsets)
+                    state.check_out(offsets, times, record.deadline_ms, record.revive_offset)
+            else:
+                self._apply_acks(record.group, record.entries)
+            replayed += 1
+        if replayed:
+            log.info("pop state rebuilt: %d revive log records replayed, %d queues", replayed,
+                     len(self.states))
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(every(HOLD_SWEEP_INTERVAL_S, self._sweep, _DUTY_ERRORS)),
+            asyncio.create_task(every(self.checkpoint_interval_s, self._checkpoint,
+                                      _DUTY_ERRORS))]
+
+    async def stop(self) -> None:
+        await cancel_all(self._tasks)
+        held, self._held = self._held, []
+        for h in held:
+            h.conn.reply(response_pieces(h.frame, ResponseCode.PULL_NOT_FOUND))
+        snapshot = self._snapshot()
+        if snapshot is not None:
+            self.revive.write_checkpoint(snapshot)
+
+
+    def _snapshot(self) -> bytes | None:
+        """The state and the revive offset it covers, taken between event-loop turns (so
+        every record below that offset is applied and nothing above it)."""
+        end = self.revive.end_offset
+        if end == self._checkpointed_at:
+            return None
+        self._checkpointed_at = end
+        return json.dumps({"revive_offset": end, "queues": [
+            [g, t, q, s.to_wire()] for (g, t, q), s in self.states.items()]}).encode()
+
+    async def _checkpoint(self) -> None:
+        snapshot = self._snapshot()
+        if snapshot is not None:
+            await asyncio.to_thread(self.revive.write_checkpoint, snapshot)
+
+    # -- state ----------------------------------------------------------------------------
+    def _state(self, group: str, topic: str, queue_id: int, init_mode: str) -> PopQueueState:
+        key = (group, topic, queue_id)
+        state = self.states.get(key)
+        if state is None:
+            offset = self.store.offsets.query(group, topic, queue_id)
+            if offset is None:
+                offset = (self.store.min_offset if init_mode == INIT_MODE_MIN
+                          else self.store.max_offset)(topic, queue_id)
+                self.store.offsets.commit(group, topic, queue_id, offset, self.store.clock_ms())
+            state = self.states[key] = PopQueueState(offset)
+        return state
+
+    def _state_for_replay(self, group: str, topic: str, queue_id: int,
+                          offsets: list[int]) -> PopQueueState:
+        key = (group, topic, queue_id)
+        state = self.states.get(key)
+        if state is None:
+            # First pop of this queue since the checkpoint: it started at the committed
+            # offset, or (none persisted yet) at the first offset it handed out.
+            offset = self.store.offsets.query(group, topic, queue_id)
+            state = self.states[key] = PopQueueState(min(offsets) if offset is None else offset)
+        return state
+
+    # -- POP_MESSAGE ----------------------------------------------------------------------
+    def pop(self, conn: Connection, frame: Frame) -> list | None:
+        ext = frame.ext
+        if self.is_slave:
+            raise NoPermission("this broker is a slave: pop from the group's master")
+        require(ext, "group")
+        topic = require(ext, "topic")
+        queue_id = ext.get("queue_id", -1)
+        if not isinstance(queue_id, int):
+            raise InvalidArgument("request field 'queue_id' must be an integer (-1: any)")
+        self.topics.for_read(topic, max(queue_id, 0))
+        invisible_ms = require(ext, "invisible_time_ms", int)
+        if not MIN_INVISIBLE_TIME_MS <= invisible_ms <= MAX_INVISIBLE_TIME_MS:
+            raise InvalidArgument(f"invisible_time_ms must be in {MIN_INVISIBLE_TIME_MS}.."
+                                  f"{MAX_INVISIBLE_TIME_MS}, got {invisible_ms}")
+        max_msgs = ext.get("max_msgs", DEFAULT_POP_BATCH)
+        if not isinstance(max_msgs, int) or not 1 <= max_msgs <= MAX_POP_MESSAGES:
+            raise InvalidArgument(f"max_msgs must be in 1..{MAX_POP_MESSAGES}, got {max_msgs}")
+        if ext.get("init_mode", INIT_MODE_MIN) not in (INIT_MODE_MIN, INIT_MODE_MAX):
+            raise InvalidArgument(f"init_mode must be {INIT_MODE_MIN!r} or {INIT_MODE_MAX!r}")
+        poll_ms = ext.get("poll_time_ms", 0)
+        if not isinstance(poll_ms, int) or poll_ms < 0:
+            raise InvalidArgument(f"poll_time_ms must be an integer >= 0, got {poll_ms!r}")
+        poll_ms = min(poll_ms, self.max_wait_ms)
+        pieces = self._answer(frame, hold=poll_ms > 0)
+        if pieces is None:
+            self._held.append(HeldPop(conn, frame, self.store.clock_ms() + poll_ms))
+        return pieces
+
+    def _answer(self, frame: Frame, hold: bool) -> list | None:
+        ext = frame.ext
+        group, topic = ext["group"], ext["topic"]
+        queue_id = ext.get("queue_id", -1)
+        remaining = ext.get("max_msgs", DEFAULT_POP_BATCH)
+        init_mode = ext.get("init_mode", INIT_MODE_MIN)
+        config = self.store.topics.get(topic)
+        if queue_id >= 0:
+            queue_ids = [queue_id]
+        elif config is None:
+            queue_ids = []
+        else:
+            n = config.read_queue_nums
+            start = self._rotation.get((group, topic), 0)
+            self._rotation[(group, topic)] = start + 1
+            queue_ids = [(start + i) % n for i in range(n)]
+        now = self.store.clock_ms()
+        entries: list[CkEntry] = []
+        chunks: list[list] = []
+        bodies: list[bytes] = []
+        taken: list[PopQueueState] = []
+        # Every queue of the group starts now, even those this pop does not reach, so the
+        # init mode applies once per group rather than whenever a queue is first reached.
+        states = [(qid, cq, self._state(group, topic, qid, init_mode)) for qid in queue_ids
+                  if (cq := self.store.queues.get((topic, qid))) is not None]
+        for qid, cq, state in states:
+            state.forget_below(cq.min_offset)
+            state.truncate_to(cq.max_offset)
+            offsets: list[int] = []
+            times: list[int] = []
+            due = state.take_expired(now, remaining)
+            if due:
+                taken.append(state)
+                self._read_redeliveries(topic, qid, due, offsets, times, chunks, bodies)
+            if len(offsets) < remaining and len(state.inflight) < self.inflight_threshold:
+                self._read_new(topic, qid, state.pop_offset, remaining - len(offsets),
+                               offsets, times, chunks, bodies)
+            if offsets:
+                entries.append((qid, offsets, times))
+                remaining -= len(offsets)
+                if not remaining:
+                    break
+        if not entries:
+            if hold:
+                return None
+            return response_pieces(frame, ResponseCode.PULL_NOT_FOUND)
+        deadline = now + ext["invisible_time_ms"]
+        try:
+            ck = self.revive.append_ck(group, topic, deadline, entries).base_queue_offset
+        except HamqError:
+            for state in taken:
+                state.restore_deadlines()
+            raise
+        for qid, offsets, times in entries:
+            self.states[(group, topic, qid)].check_out(offsets, times, deadline, ck)
+        return response_pieces(frame, ext={"ck": ck, "pop_time_ms": now, "deadline_ms": deadline,
+                                           "chunks": chunks}, body=b"".join(bodies))
+
+    def _read_new(self, topic: str, qid: int, start: int, limit: int, offsets: list[int],
+                  times: list[int], chunks: list[list], bodies: list[bytes]) -> None:
+        result = self.store.get_messages(topic, qid, start, limit, MAX_PULL_BYTES)
+        if result.status is not GetStatus.FOUND:
+            return
+        got = list(range(start, min(result.next_begin_offset, start + limit)))
+        offsets += got
+        times += [0] * len(got)
+        chunks.append([qid, got, [0] * len(got), len(result.records)])
+        bodies.append(result.records)
+
+    def _read_redeliveries(self, topic: str, qid: int, due: list[tuple[int, int]],
+                           offsets: list[int], times: list[int], chunks: list[list],
+                           bodies: list[bytes]) -> None:
+        """One chunk per record holding due offsets (they may share a batch record)."""
+        record_end = -1
+        for offset, reconsume_times in due:
+            if offset >= record_end:
+                result = self.store.get_messages(topic, qid, offset, 1, MAX_PULL_BYTES)
+                if result.status is not GetStatus.FOUND:
+                    continue  # deleted meanwhile; forget_below drops it on the next pop
+                record_end = result.next_begin_offset
+                chunk = [qid, [], [], len(result.records)]
+                chunks.append(chunk)
+                bodies.append(result.records)
+            chunk[1].append(offset)
+            chunk[2].append(reconsume_times)
+            offsets.append(offset)
+            times.append(reconsume_times)
+
+    # -- long polling ---------------------------------------------------------------------
+    def serve_arrivals(self) -> None:
+        """After each read's commit-log write: answer held pops that now find messages."""
+        if self._held:
+            self._retry_held(expire=False)
+
+    def _sweep(self) -> None:
+        if self._held:
+            self._retry_held(expire=True)
+
+    def _retry_held(self, expire: bool) -> None:
+        now = self.store.clock_ms()
+        replies: list[tuple[Connection, list]] = []
+        still: list[HeldPop] = []
+        for h in self._held:
+            if h.conn.is_closed:
+                continue
+            try:
+                pieces = self._answer(h.frame, hold=not (expire and now >= h.expires_ms))
+            except HamqError as err:
+                pieces = error_pieces(h.frame, err)
+            if pieces is None:
+                still.append(h)
+            else:
+                replies.append((h.conn, pieces))
+        self._held = still
+        if replies:
+            self.store.commit()  # the CKs of these answers reach the log before they leave
+            self.on_written()
+            for conn, pieces in replies:
+                conn.reply(pieces)
+
+    # -- ACK_MESSAGE / BATCH_ACK_MESSAGE ----------------------------------------------------
+    def ack(self, conn: Connection, frame: Frame) -> list | None:
+        ext = frame.ext
+        entry = (require(ext, "topic"), require(ext, "queue_id", int),
+                 require(ext, "offset", int), require(ext, "ck", int))
+        stale, put = self._ack(require(ext, "group"), [entry])
+        if stale:
+            raise InvalidArgument(
+                f"receipt handle of {entry[0]}:{entry[1]} offset {entry[2]} is stale: its "
+                "invisible time ran out and it was delivered again (or it was never popped)")
+        return self._answer_durable(conn, frame, put, {})
+
+    def batch_ack(self, conn: Connection, frame: Frame) -> list | None:
+        group = require(frame.ext, "group")
+        entries = unpack_body(frame.body)
+        if not isinstance(entries, list) or len(entries) > MAX_BATCH_ACK_ENTRIES or \
+                not all(isinstance(e, list) and len(e) == 4 and isinstance(e[0], str) and
+                        isinstance(e[1], int) and isinstance(e[2], int) and
+                        isinstance(e[3], int) for e in entries):
+            raise InvalidArgument(f"BATCH_ACK_MESSAGE body must be a list of at most "
+                                  f"{MAX_BATCH_ACK_ENTRIES} [topic, queue_id, offset, ck]")
+        stale, put = self._ack(group, entries)
+        return self._answer_durable(conn, frame, put, {"stale": stale})
+
+    def _ack(self, group: str, entries: list) -> tuple[list[int], PutResult | None]:
+        """Apply acks; returns the indexes of stale ones and the ACK record written."""
+        if self.is_slave:
+            raise NoPermission("this broker is a slave: ack on the group's master")
+        stale: list[int] = []
+        accepted: list[AckEntry] = []
+        states = self.states
+        for i, (topic, qid, offset, ck) in enumerate(entries):
+            state = states.get((group, topic, qid))
+            result = state.ack(offset, ck) if state is not None else AckResult.STALE
+            if result is AckResult.ACKED:
+                accepted.append((topic, qid, offset, ck))
+            elif result is AckResult.STALE:
+                stale.append(i)
+        if not accepted:
+            return stale, None
+        self._commit_offsets(group, accepted)
+        return stale, self.revive.append_ack(group, accepted)
+
+    def _apply_acks(self, group: str, entries: list) -> None:
+        """Replay of an ACK record."""
+        for topic, qid, offset, ck in entries:
+            state = self.states.get((group, topic, qid))
+            if state is not None:
+                state.ack(offset, ck)
+        self._commit_offsets(group, entries)
+
+    def _commit_offsets(self, group: str, entries: list) -> None:
+        """The group's consumer offset of each touched queue follows its acked prefix."""
+        now = self.store.clock_ms()
+        for key in {(group, topic, qid) for topic, qid, _, _ in entries}:
+            state = self.states.get(key)
+            if state is not None:
+                self.store.offsets.commit(group, key[1], key[2], state.consume_offset, now)
+
+    def _answer_durable(self, conn: Connection, frame: Frame, put: PutResult | None,
+                        answer: dict) -> list | None:
+        """Answer at once, or under sync flush once the ACK record is on disk."""
+        if put is None or not self.flush.sync:
+            return response_pieces(frame, ext=answer)
+
+        def flushed(ok: bool) -> None:
+            conn.reply(response_pieces(frame, ext=answer) if ok else response_pieces(
+                frame, ResponseCode.FLUSH_DISK_TIMEOUT, ext=answer,
+                remark="flush to disk timed out; ack stored"))
+
+        self.flush.wait_flushed(put.end_offset, flushed)
+        return None
+
+    # -- CHANGE_MESSAGE_INVISIBLETIME -------------------------------------------------------
+    def change_invisible_time(self, conn: Connection, frame: Frame) -> list:
+        ext = frame.ext
+        if self.is_slave:
+            raise NoPermission("this broker is a slave: change invisible time on the master")
+        group, topic = require(ext, "group"), require(ext, "topic")
+        qid, offset = require(ext, "queue_id", int), require(ext, "offset", int)
+        invisible_ms = require(ext, "invisible_time_ms", int)
+        if not 0 <= invisible_ms <= MAX_INVISIBLE_TIME_MS:
+            raise InvalidArgument(f"invisible_time_ms must be in 0..{MAX_INVISIBLE_TIME_MS}, "
+                                  f"got {invisible_ms}")
+        state = self.states.get((group, topic, qid))
+        entry = state.lookup(offset, require(ext, "ck", int)) if state is not None else None
+        if entry is None:
+            raise InvalidArgument(f"receipt handle of {topic}:{qid} offset {offset} is stale "
+                                  "or the message was acked")
+        deadline = self.store.clock_ms() + invisible_ms
+        ck = self.revive.append_ck(group, topic, deadline,
+                                   [(qid, [offset], [entry[1]])]).base_queue_offset
+        state.check_out([offset], [entry[1]], deadline, ck)
+        return response_pieces(frame, ext={"ck": ck, "deadline_ms": deadline})

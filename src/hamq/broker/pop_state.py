@@ -1,0 +1,136 @@
+"""What pop consumption remembers per (group, topic, queue), sans-IO.
+
+Every queue offset in ``[consume_offset, pop_offset)`` is either *in flight* (popped, not
+acked; invisible until its deadline) or *acked* above the acked prefix. ``consume_offset``
+is the end of the contiguous acked prefix: it is what the group's consumer offset shows.
+
+The revive log (``revive_log.py``) records each change as a checkpoint (CK: offsets handed
+out with a deadline) or an ACK, and replaying those records through ``check_out`` and
+``ack`` rebuilds exactly this state: both are deterministic given the records' order.
+"""
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from enum import IntEnum
+
+# (deadline_ms, reconsume_times, ck): ck is the revive-log offset of the checkpoint that
+# handed the message out, so a receipt handle from an older delivery cannot ack a newer one.
+InFlight = tuple[int, int, int]
+
+
+class AckResult(IntEnum):
+    ACKED = 0
+    ALREADY_ACKED = 1
+    STALE = 2  # in flight under another receipt handle (redelivered since), or never popped
+
+
+class PopQueueState:
+    __slots__ = ("consume_offset", "pop_offset", "inflight", "acked", "_deadlines")
+
+    def __init__(self, consume_offset: int) -> None:
+        self.consume_offset = consume_offset
+        self.pop_offset = consume_offset
+        self.inflight: dict[int, InFlight] = {}
+        self.acked: set[int] = set()
+        # Min-heap of (deadline_ms, offset, ck); entries that no longer match ``inflight``
+        # (acked, or handed out again) are dropped lazily.
+        self._deadlines: list[InFlight] = []
+
+    def check_out(self, offsets: Iterable[int], reconsume_times: Iterable[int],
+                  deadline_ms: int, ck: int) -> None:
+        """Apply a checkpoint: these offsets are invisible until ``deadline_ms``."""
+        inflight, push, heap = self.inflight, heapq.heappush, self._deadlines
+        top = self.pop_offset
+        for offset, times in zip(offsets, reconsume_times):
+            if offset >= top:
+                top = offset + 1
+            elif offset < self.consume_offset or offset in self.acked:
+                continue  # acked meanwhile (possible when a replay starts mid-history)
+            inflight[offset] = (deadline_ms, times, ck)
+            push(heap, (deadline_ms, offset, ck))
+        self.pop_offset = top
+
+    def take_expired(self, now_ms: int, limit: int) -> list[tuple[int, int]]:
+        """Up to ``limit`` (offset, reconsume_times + 1) whose invisible time is over. The
+        caller checks them out again (or calls ``restore_deadlines`` if it cannot)."""
+        heap, inflight = self._deadlines, self.inflight
+        due: list[tuple[int, int]] = []
+        while heap and heap[0][0] <= now_ms and len(due) < limit:
+            deadline, offset, ck = heapq.heappop(heap)
+            entry = inflight.get(offset)
+            if entry is not None and entry[0] == deadline and entry[2] == ck:
+                due.append((offset, entry[1] + 1))
+        due.sort()
+        return due
+
+    def restore_deadlines(self) -> None:
+        self._deadlines = [(d, o, ck) for o, (d, _, ck) in self.inflight.items()]
+        heapq.heapify(self._deadlines)
+
+    def next_deadline_ms(self) -> int | None:
+        return self._deadlines[0][0] if self._deadlines else None
+
+    def lookup(self, offset: int, ck: int) -> InFlight | None:
+        """The in-flight entry of ``offset`` if ``ck`` is its current receipt handle."""
+        entry = self.inflight.get(offset)
+        return entry if entry is not None and entry[2] == ck else None
+
+    def ack(self, offset: int, ck: int) -> AckResult:
+        entry = self.inflight.get(offset)
+        if entry is None:
+            done = offset < self.consume_offset or offset in self.acked
+            return AckResult.ALREADY_ACKED if done else AckResult.STALE
+        if entry[2] != ck:
+            return AckResult.STALE
+        del self.inflight[offset]
+        if offset == self.consume_offset:
+            offset += 1
+            acked = self.acked
+            while offset in acked:
+                acked.remove(offset)
+                offset += 1
+            self.consume_offset = offset
+        else:
+            self.acked.add(offset)
+        return AckResult.ACKED
+
+    def forget_below(self, min_offset: int) -> None:
+        """Retention deleted everything below ``min_offset``: nothing there can be
+        delivered any more."""
+        if self.consume_offset >= min_offset:
+            return
+        self.inflight = {o: e for o, e in self.inflight.items() if o >= min_offset}
+        self.acked = {o for o in self.acked if o >= min_offset}
+        self.consume_offset = min_offset
+        self.pop_offset = max(self.pop_offset, min_offset)
+        while self.consume_offset in self.acked:
+            self.acked.remove(self.consume_offset)
+            self.consume_offset += 1
+        self.restore_deadlines()
+
+    def truncate_to(self, max_offset: int) -> None:
+        """The queue ends below ``pop_offset`` (a torn tail was cut after a power loss):
+        forget what was handed out past its end, so new messages there count as new."""
+        if self.pop_offset <= max_offset:
+            return
+        self.inflight = {o: e for o, e in self.inflight.items() if o < max_offset}
+        self.acked = {o for o in self.acked if o < max_offset}
+        self.pop_offset = max_offset
+        self.consume_offset = min(self.consume_offset, max_offset)
+        self.restore_deadlines()
+
+    # -- snapshot (the revive checkpoint) ---------------------------------------------
+    def to_wire(self) -> list:
+        return [self.consume_offset, self.pop_offset,
+                [[o, d, r, ck] for o, (d, r, ck) in self.inflight.items()], sorted(self.acked)]
+
+    @staticmethod
+    def from_wire(data: list) -> "PopQueueState":
+        consume_offset, pop_offset, inflight, acked = data
+        state = PopQueueState(consume_offset)
+        state.pop_offset = pop_offset
+        state.inflight = {o: (d, r, ck) for o, d, r, ck in inflight}
+        state.acked = set(acked)
+        state.restore_deadlines()
+        return state

@@ -1,0 +1,250 @@
+"""Delay and timer messages (RocketMQ's ScheduleMessageService, plus timer messages).
+
+A scheduled message is stored in ``SCHEDULE_TOPIC_XXXX`` instead of its topic, with
+``REAL_TOPIC`` / ``REAL_QID`` saying where it belongs: delay level N in queue N-1, timer
+messages in queue ``TIMER_QUEUE_ID``. On the master, one timer per delay level wakes at
+the due time of that level's next message (a level's queue is FIFO with one delay, so due
+times only grow); timer messages sit in an in-memory heap by due time, rebuilt from the
+queue on start. A due message is re-encoded without its schedule properties and stored in
+its real queue. Progress is a ``DelayOffsetManager`` persisted every
+``flush_delay_offset_interval_ms`` and at stop, so a restart delivers at least once.
+Slaves never deliver (their log is the master's copy).
+"""
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import zlib
+from collections.abc import Callable
+
+from hamq.broker.stored_message import StoredMessage, read_message, read_messages
+from hamq.errors import HamqError, MessageIllegal
+from hamq.net.connection import Connection, response_pieces
+from hamq.protocol.frame import Frame, pack_body
+from hamq.protocol.message import encode_message, encode_properties
+from hamq.protocol.properties import (DELAY_LEVELS_MS, MAX_DELAY_LEVEL,
+                                      PROPERTY_DELAY_TIME_LEVEL, PROPERTY_REAL_QUEUE_ID,
+                                      PROPERTY_REAL_TOPIC, PROPERTY_TIMER_DELIVER_MS,
+                                      SCHEDULE_PROPERTIES)
+from hamq.store.delay_offset import DelayOffsetManager
+from hamq.store.message_store import MessageStore, PutResult
+
+log = logging.getLogger(__name__)
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"  # RocketMQ TopicValidator.RMQ_SYS_SCHEDULE_TOPIC
+TIMER_QUEUE_ID = MAX_DELAY_LEVEL  # queues 0..17 are the delay levels
+TIMER_MAX_DELAY_MS = 3 * 24 * 3600 * 1000  # RocketMQ timerMaxDelaySec: 3 days
+# Messages delivered per wake-up before yielding to the event loop (serving requests).
+DELIVER_BATCH = 256
+# Messages read per store lookup when rebuilding the timer heap.
+SCAN_BATCH = 1024
+# After a failed delivery (disk full), try again this much later.
+DELIVER_RETRY_MS = 1000
+
+
+def delay_level_of(properties: dict[str, str]) -> int:
+    raw = properties[PROPERTY_DELAY_TIME_LEVEL]
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_DELAY_LEVEL:
+        raise MessageIllegal(f"delay level must be 1..{MAX_DELAY_LEVEL}, got {raw!r}")
+    return int(raw)
+
+
+def deliver_time_of(properties: dict[str, str], now_ms: int) -> int:
+    raw = properties[PROPERTY_TIMER_DELIVER_MS]
+    if not raw.isdigit():
+        raise MessageIllegal(f"{PROPERTY_TIMER_DELIVER_MS} must be epoch milliseconds, "
+                             f"got {raw!r}")
+    if int(raw) - now_ms > TIMER_MAX_DELAY_MS:
+        raise MessageIllegal(f"deliver time {raw} is more than {TIMER_MAX_DELAY_MS // 1000} s "
+                             "ahead (RocketMQ timerMaxDelaySec)")
+    return int(raw)
+
+
+class ScheduleMessageService:
+    def __init__(self, store: MessageStore, on_put: Callable[[str, int], None],
+                 after_put: Callable[[], None], flush_interval_ms: int) -> None:
+        self.store = store
+        self.on_put = on_put        # wakes pulls held on a real queue
+        self.after_put = after_put  # writes the log and ships it, as after a request
+        self.flush_interval_s = flush_interval_ms / 1000
+        self.progress = DelayOffsetManager(store.root, store.clock_ms())
+        self._timers: dict[int, asyncio.Handle] = {}  # queue id -> its armed wake-up
+        self._heap: list[tuple[int, int]] = []         # (due ms, timer queue offset)
+        self._timer_due = 0                            # due time the timer queue is armed for
+        self._running = False
+        self._flush_task: asyncio.Task | None = None
+
+    # -- storing (send path and send-back) -------------------------------------------------
+    def put_message(self, topic: str, queue_id: int, properties: dict[str, str], body: bytes,
+                    born_timestamp_ms: int) -> PutResult:
+        """A sent message carrying DELAY or TIMER_DELIVER_MS."""
+        if PROPERTY_DELAY_TIME_LEVEL in properties:
+            return self.put_delayed(topic, queue_id, properties, body, born_timestamp_ms,
+                                    delay_level_of(properties))
+        due = deliver_time_of(properties, self.store.clock_ms())
+        result = self._put(topic, queue_id, properties, body, born_timestamp_ms, TIMER_QUEUE_ID)
+        self._add_timer(due, result.base_queue_offset)
+        return result
+
+    def put_delayed(self, topic: str, queue_id: int, properties: dict[str, str], body: bytes,
+                    born_timestamp_ms: int, delay_level: int) -> PutResult:
+        properties[PROPERTY_DELAY_TIME_LEVEL] = str(delay_level)
+        level_queue = delay_level - 1
+        result = self._put(topic, queue_id, properties, body, born_timestamp_ms, level_queue)
+        if self._running and level_queue not in self._timers:
+            self._arm(level_queue, result.store_timestamp_ms + DELAY_LEVELS_MS[level_queue],
+                      self._deliver_level)
+        return result
+
+    def _put(self, topic: str, queue_id: int, properties: dict[str, str], body: bytes,
+             born_timestamp_ms: int, schedule_queue: int) -> PutResult:
+        properties[PROPERTY_REAL_TOPIC] = topic
+        properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+        payload = encode_message(body, encode_properties(properties))
+        return self.store.put_batch(SCHEDULE_TOPIC, schedule_queue, payload, 1,
+                                    zlib.crc32(payload), born_timestamp_ms)
+
+    def get_all_delay_offset(self, conn: Connection, frame: Frame) -> list:
+        """GET_ALL_DELAY_OFFSET: the progress table, for a slave's SlaveSynchronize."""
+        return response_pieces(frame, body=pack_body(self.progress.table()))
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self, deliver: bool) -> None:
+        """Persist progress periodically; on the master (``deliver``) also rebuild the timer
+        heap and start every level's delivery. A slave only keeps the progress that
+        SlaveSynchronize copies from its master."""
+        self._flush_task = asyncio.create_task(self._flush_loop())
+        if not deliver:
+            return
+        self._running = True
+        self._rebuild_timer_heap()
+        for level_queue in range(MAX_DELAY_LEVEL):
+            self._arm(level_queue, 0, self._deliver_level)
+
+    async def stop(self) -> None:
+        self._running = False
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        if self._flush_task is not None:
+            self._flush_task.cancel()
+            await asyncio.gather(self._flush_task, return_exceptions=True)
+        self.progress.persist()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_interval_s)
+            snapshot = self.progress.snapshot()
+            if snapshot is not None:
+                try:
+                    await asyncio.to_thread(self.progress.write, snapshot)
+                except OSError as exc:
+                    log.error("persisting delay offsets failed: %s", exc)
+
+    # -- delivery --------------------------------------------------------------------------
+    def _arm(self, queue_id: int, due_ms: int, deliver: Callable[[int], None]) -> None:
+        old = self._timers.pop(queue_id, None)
+        if old is not None:
+            old.cancel()
+        delay_s = max(0, due_ms - self.store.clock_ms()) / 1000
+        loop = asyncio.get_running_loop()
+        self._timers[queue_id] = loop.call_later(delay_s, deliver, queue_id)
+
+    def _deliver_level(self, level_queue: int) -> None:
+        self._timers.pop(level_queue, None)
+        level = level_queue + 1
+        offset = self.progress.delay_offset(level)
+        now = self.store.clock_ms()
+        next_due = None
+        delivered = 0
+        try:
+            for _ in range(DELIVER_BATCH):
+                found = read_messages(self.store, SCHEDULE_TOPIC, level_queue, offset, 1)
+                if not found:
+                    break  # idle until put_delayed arms it again
+                due = found[0].store_timestamp_ms + DELAY_LEVELS_MS[level_queue]
+                if due > now:
+                    next_due = due
+                    break
+                self._deliver(found[0])
+                offset = found[0].queue_offset + 1
+                delivered += 1
+            else:
+                next_due = now  # more are due: continue after serving requests
+            if delivered:
+                self.after_put()  # progress moves only once the write succeeded
+                self.progress.set_delay_offset(level, offset, now)
+        except HamqError as err:  # disk full: progress stays, so redelivery (at least once)
+            log.error("delivering delay level %d failed: %s", level, err.message)
+            next_due = now + DELIVER_RETRY_MS
+        if next_due is not None and self._running:
+            self._arm(level_queue, next_due, self._deliver_level)
+
+    def _add_timer(self, due_ms: int, queue_offset: int) -> None:
+        heapq.heappush(self._heap, (due_ms, queue_offset))
+        if self._running and (TIMER_QUEUE_ID not in self._timers or due_ms < self._timer_due):
+            self._timer_due = due_ms
+            self._arm(TIMER_QUEUE_ID, due_ms, self._deliver_timers)
+
+    def _deliver_timers(self, _queue_id: int) -> None:
+        self._timers.pop(TIMER_QUEUE_ID, None)
+        now = self.store.clock_ms()
+        heap = self._heap
+        done: list[int] = []
+        retry = False
+        try:
+            while heap and heap[0][0] <= now and len(done) < DELIVER_BATCH:
+                offset = heap[0][1]
+                if not self.progress.timer_delivered(offset):
+                    msg = read_message(self.store, SCHEDULE_TOPIC, TIMER_QUEUE_ID, offset)
+                    if msg is not None:  # None: removed by retention
+                        self._deliver(msg)
+                    done.append(offset)
+                heapq.heappop(heap)
+            if done:
+                self.after_put()  # progress moves only once the write succeeded
+                for offset in done:
+                    self.progress.mark_timer_delivered(offset, now)
+        except HamqError as err:
+            log.error("delivering timer messages failed: %s", err.message)
+            for offset in done:  # not recorded as delivered: try them again
+                heapq.heappush(heap, (now, offset))
+            retry = True
+        if heap and self._running:
+            self._timer_due = now + DELIVER_RETRY_MS if retry else heap[0][0]
+            self._arm(TIMER_QUEUE_ID, self._timer_due, self._deliver_timers)
+
+    def _deliver(self, msg: StoredMessage) -> None:
+        properties = dict(msg.properties)
+        topic = properties.pop(PROPERTY_REAL_TOPIC)
+        queue_id = int(properties.pop(PROPERTY_REAL_QUEUE_ID))
+        for name in SCHEDULE_PROPERTIES:
+            properties.pop(name, None)
+        config = self.store.topics.get(topic)
+        if config is None:
+            log.warning("dropping a scheduled message for topic %r, which no longer exists",
+                        topic)
+            return
+        queue_id %= config.write_queue_nums
+        payload = encode_message(msg.body, encode_properties(properties))
+        self.store.put_batch(topic, queue_id, payload, 1, zlib.crc32(payload),
+                             msg.born_timestamp_ms)
+        self.on_put(topic, queue_id)
+
+    def _rebuild_timer_heap(self) -> None:
+        offset = self.progress.timer_offset
+        self._heap = []
+        while True:
+            batch = read_messages(self.store, SCHEDULE_TOPIC, TIMER_QUEUE_ID, offset, SCAN_BATCH)
+            if not batch:
+                break
+            for msg in batch:
+                if not self.progress.timer_delivered(msg.queue_offset):
+                    self._heap.append((int(msg.properties[PROPERTY_TIMER_DELIVER_MS]),
+                                       msg.queue_offset))
+            offset = batch[-1].queue_offset + 1
+        heapq.heapify(self._heap)
+        if self._heap:
+            self._timer_due = self._heap[0][0]
+            self._arm(TIMER_QUEUE_ID, self._timer_due, self._deliver_timers)

@@ -1,0 +1,81 @@
+"""CONSUMER_SEND_MSG_BACK: a consumer could not process a message, so the broker stores a
+copy to be consumed again later (RocketMQ's retry and dead-letter queues).
+
+The copy goes to ``%RETRY%<group>`` through the delay levels (``delay_level`` 0 lets the
+broker choose ``3 + reconsume_times``); once the message was reconsumed
+``max_reconsume_times`` times it goes to ``%DLQ%<group>`` instead, without delay. Both
+topics are created on demand with one read-write queue, as in RocketMQ.
+"""
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+
+from hamq.broker.schedule import ScheduleMessageService
+from hamq.broker.stored_message import read_message
+from hamq.broker.topics import TopicService
+from hamq.errors import QueryNotFound
+from hamq.net.connection import Connection, response_pieces
+from hamq.protocol.frame import Frame, optional, require
+from hamq.protocol.message import encode_message, encode_properties
+from hamq.protocol.properties import (DEFAULT_MAX_RECONSUME_TIMES, DLQ_GROUP_TOPIC_PREFIX,
+                                      MAX_DELAY_LEVEL, PROPERTY_ORIGIN_MESSAGE_ID,
+                                      PROPERTY_REAL_QUEUE_ID,
+                                      PROPERTY_REAL_TOPIC, PROPERTY_RECONSUME_TIME,
+                                      PROPERTY_RETRY_TOPIC, RETRY_GROUP_TOPIC_PREFIX,
+                                      SCHEDULE_PROPERTIES)
+from hamq.store.message_store import MessageStore
+from hamq.store.metadata import PERM_READ_WRITE
+
+RETRY_QUEUE_NUMS = 1  # RocketMQ retryQueueNums
+DLQ_QUEUE_NUMS = 1    # RocketMQ: DLQ_NUMS_PER_GROUP
+# With delay_level 0 the broker picks this level plus the reconsume count (RocketMQ).
+BASE_RETRY_DELAY_LEVEL = 3
+
+
+def retry_delay_level(reconsume_times: int) -> int:
+    return min(BASE_RETRY_DELAY_LEVEL + reconsume_times, MAX_DELAY_LEVEL)
+
+
+class ConsumerSendMsgBackProcessor:
+    def __init__(self, store: MessageStore, topics: TopicService,
+                 schedule: ScheduleMessageService, on_put: Callable[[str, int], None]) -> None:
+        self.store = store
+        self.on_put = on_put  # wakes pulls held on the dead-letter queue
+        self.topics = topics
+        self.schedule = schedule
+
+    def send_back(self, conn: Connection, frame: Frame) -> list:
+        ext = frame.ext
+        group = require(ext, "group")
+        topic = require(ext, "topic")
+        queue_id = require(ext, "queue_id", int)
+        queue_offset = require(ext, "queue_offset", int)
+        delay_level = optional(ext, "delay_level", 0, 0, MAX_DELAY_LEVEL)
+        max_reconsume_times = optional(ext, "max_reconsume_times", DEFAULT_MAX_RECONSUME_TIMES)
+        self.topics.for_read(topic, queue_id)
+        original = read_message(self.store, topic, queue_id, queue_offset)
+        if original is None:
+            raise QueryNotFound(f"no message at offset {queue_offset} of {topic}:{queue_id}")
+        properties, body, born_ts = original.properties, original.body, original.born_timestamp_ms
+        reconsume_times = int(properties.get(PROPERTY_RECONSUME_TIME, 0))
+        for name in (*SCHEDULE_PROPERTIES, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID):
+            properties.pop(name, None)
+        properties.setdefault(PROPERTY_RETRY_TOPIC, topic)
+        properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, original.msg_id)
+        properties[PROPERTY_RECONSUME_TIME] = str(reconsume_times + 1)
+        if reconsume_times >= max_reconsume_times:
+            dlq = self._ensure_topic(DLQ_GROUP_TOPIC_PREFIX + group, DLQ_QUEUE_NUMS)
+            payload = encode_message(body, encode_properties(properties))
+            self.store.put_batch(dlq, 0, payload, 1, zlib.crc32(payload), born_ts)
+            self.on_put(dlq, 0)
+            return response_pieces(frame, ext={"topic": dlq})
+        retry = self._ensure_topic(RETRY_GROUP_TOPIC_PREFIX + group, RETRY_QUEUE_NUMS)
+        self.schedule.put_delayed(retry, 0, properties, body, born_ts,
+                                  delay_level or retry_delay_level(reconsume_times))
+        return response_pieces(frame, ext={"topic": retry})
+
+    def _ensure_topic(self, topic: str, queue_nums: int) -> str:
+        if self.store.topics.get(topic) is None:
+            self.topics.create(topic, queue_nums, queue_nums, PERM_READ_WRITE)
+        return topic

@@ -1,0 +1,132 @@
+"""Transaction messages (RocketMQ's TransactionalMessageService): half messages and the op
+log.
+
+A half message (property ``TRAN_MSG``) is stored in ``RMQ_SYS_TRANS_HALF_TOPIC`` with
+``REAL_TOPIC`` / ``REAL_QID``, where no consumer reads. END_TRANSACTION commits it (the
+message is re-stored in its real queue) or rolls it back; either decision is appended to
+``RMQ_SYS_TRANS_OP_HALF_TOPIC`` as the half message's queue offset (RocketMQ's op message),
+in the same commit-log write as the commit. On start the op log is read back,
+so a restart keeps every decision; ``TransactionalMessageCheckService`` asks producers
+about the half messages still undecided.
+"""
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Callable, Iterator
+
+from hamq.broker.stored_message import StoredMessage, read_message, read_messages
+from hamq.errors import InvalidArgument, NoPermission, QueryNotFound
+from hamq.net.connection import Connection, response_pieces
+from hamq.protocol.frame import Frame, require
+from hamq.protocol.message import encode_message, encode_properties
+from hamq.protocol.properties import (PROPERTY_PRODUCER_GROUP, PROPERTY_REAL_QUEUE_ID,
+                                      PROPERTY_REAL_TOPIC, PROPERTY_TRANSACTION_PREPARED)
+from hamq.protocol.transaction import TransactionState
+from hamq.store.message_store import MessageStore, PutResult
+
+log = logging.getLogger(__name__)
+
+HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"        # RocketMQ TopicValidator.RMQ_SYS_TRANS_HALF_TOPIC
+OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"  # RocketMQ TopicValidator.RMQ_SYS_TRANS_OP_HALF_TOPIC
+HALF_QUEUE_ID = 0
+OP_QUEUE_ID = 0
+# Op messages read per store lookup when rebuilding the decisions on start.
+SCAN_BATCH = 1024
+
+
+class TransactionalMessageService:
+    def __init__(self, store: MessageStore, on_put: Callable[[str, int], None],
+                 is_slave: bool) -> None:
+        self.store = store
+        self.on_put = on_put  # wakes pulls held on a real queue
+        self.is_slave = is_slave
+        # Decided half offsets: all below ``decided_below``, and those in ``_decided``.
+        self.decided_below = 0
+        self._decided: set[int] = set()
+
+    def start(self) -> None:
+        """Read the op log back: every decision taken before the restart."""
+        offset = self.store.min_offset(OP_HALF_TOPIC, OP_QUEUE_ID)
+        while batch := read_messages(self.store, OP_HALF_TOPIC, OP_QUEUE_ID, offset, SCAN_BATCH):
+            for op in batch:
+                self._mark_decided(int(op.body))
+            offset = batch[-1].queue_offset + 1
+        log.info("transactions: %d half messages, all decided below %d",
+                 self.store.max_offset(HALF_TOPIC, HALF_QUEUE_ID), self.decided_below)
+
+    # -- half messages -------------------------------------------------------------------
+    def put_half(self, topic: str, queue_id: int, properties: dict[str, str], body: bytes,
+                 born_timestamp_ms: int) -> PutResult:
+        if not properties.get(PROPERTY_PRODUCER_GROUP):
+            raise InvalidArgument(f"a transaction message needs property {PROPERTY_PRODUCER_GROUP}"
+                                  " (its producer group, asked when the outcome is unknown)")
+        properties[PROPERTY_REAL_TOPIC] = topic
+        properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+        return self._put(HALF_TOPIC, HALF_QUEUE_ID, properties, body, born_timestamp_ms)
+
+    def is_decided(self, half_offset: int) -> bool:
+        return half_offset < self.decided_below or half_offset in self._decided
+
+    def undecided(self) -> Iterator[int]:
+        """Offsets of undecided half messages still retained, oldest first."""
+        start = max(self.decided_below, self.store.min_offset(HALF_TOPIC, HALF_QUEUE_ID))
+        end = self.store.max_offset(HALF_TOPIC, HALF_QUEUE_ID)
+        return (o for o in range(start, end) if o not in self._decided)
+
+    def half_message(self, half_offset: int) -> StoredMessage:
+        msg = read_message(self.store, HALF_TOPIC, HALF_QUEUE_ID, half_offset)
+        if msg is None:
+            raise QueryNotFound(f"no half message at offset {half_offset}")
+        return msg
+
+    # -- END_TRANSACTION -----------------------------------------------------------------
+    def end_transaction(self, conn: Connection, frame: Frame) -> list | None:
+        if self.is_slave:
+            raise NoPermission("this broker is a slave: end transactions on the group's master")
+        ext = frame.ext
+        half_offset = require(ext, "tran_state_table_offset", int)
+        try:
+            state = TransactionState(require(ext, "commit_or_rollback"))
+        except ValueError:
+            raise InvalidArgument("commit_or_rollback must be one of "
+                                  f"{[s.value for s in TransactionState]}") from None
+        if state is not TransactionState.UNKNOW and not self.is_decided(half_offset):
+            msg = self.half_message(half_offset)
+            group = require(ext, "group")
+            if msg.properties.get(PROPERTY_PRODUCER_GROUP) != group:
+                raise InvalidArgument(f"half message {half_offset} belongs to producer group "
+                                      f"{msg.properties.get(PROPERTY_PRODUCER_GROUP)!r}, not "
+                                      f"{group!r}")
+            self.decide(msg, state)
+        return None if frame.is_oneway else response_pieces(frame)
+
+    def decide(self, msg: StoredMessage, state: TransactionState) -> None:
+        """Commit (re-store in the real queue) or roll back, and log the decision."""
+        if state is TransactionState.COMMIT_MESSAGE:
+            properties = dict(msg.properties)
+            topic = properties.pop(PROPERTY_REAL_TOPIC)
+            queue_id = int(properties.pop(PROPERTY_REAL_QUEUE_ID))
+            properties.pop(PROPERTY_TRANSACTION_PREPARED, None)
+            config = self.store.topics.get(topic)
+            if config is None:
+                log.warning("committed transaction message for missing topic %r dropped", topic)
+            else:
+                queue_id %= config.write_queue_nums
+                self._put(topic, queue_id, properties, msg.body, msg.born_timestamp_ms)
+                self.on_put(topic, queue_id)
+        self._put(OP_HALF_TOPIC, OP_QUEUE_ID, {}, str(msg.queue_offset).encode(),
+                  msg.born_timestamp_ms)
+        self._mark_decided(msg.queue_offset)
+
+    def _mark_decided(self, half_offset: int) -> None:
+        self._decided.add(half_offset)
+        while self.decided_below in self._decided:
+            self._decided.discard(self.decided_below)
+            self.decided_below += 1
+
+    def _put(self, topic: str, queue_id: int, properties: dict[str, str], body: bytes,
+             born_timestamp_ms: int) -> PutResult:
+        payload = encode_message(body, encode_properties(properties))
+        return self.store.put_batch(topic, queue_id, payload, 1, zlib.crc32(payload),
+                                    born_timestamp_ms)

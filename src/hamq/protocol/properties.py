@@ -1,0 +1,80 @@
+"""System message properties (RocketMQ's ``MessageConst`` names), retry and dead-letter
+topic names, RocketMQ's delay levels, and the O(1) test the send path uses to spot a
+held-back (delay, timer or transaction half) message without decoding properties.
+
+``Message.encode`` puts a held-back property (``DELAY``, ``TIMER_DELIVER_MS`` or
+``TRAN_MSG``) *first* in the properties map, so the broker only has to look at the bytes
+where the first key of the batch's first message starts: plain sends pay one
+``startswith`` per batch. As in RocketMQ, held-back messages are never batched: a batch
+whose first message is held back is refused; the producer must not put one later in a
+batch (the broker does not look there).
+"""
+from __future__ import annotations
+
+import struct
+
+import msgpack
+
+from hamq.errors import MessageIllegal
+from hamq.protocol.message import MSG_HEAD_BYTES, decode_properties
+
+PROPERTY_DELAY_TIME_LEVEL = "DELAY"
+PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_REAL_QUEUE_ID = "REAL_QID"
+PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
+PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+PROPERTY_RECONSUME_TIME = "RECONSUME_TIME"
+PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
+PROPERTY_PRODUCER_GROUP = "PGROUP"
+
+# RocketMQ's messageDelayLevel "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h".
+DELAY_LEVELS_MS = tuple(s * 1000 for s in (
+    1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200))
+MAX_DELAY_LEVEL = len(DELAY_LEVELS_MS)
+
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"  # RocketMQ MixAll.RETRY_GROUP_TOPIC_PREFIX
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"      # RocketMQ MixAll.DLQ_GROUP_TOPIC_PREFIX
+DEFAULT_MAX_RECONSUME_TIMES = 16      # RocketMQ maxReconsumeTimes
+
+# Properties that make the broker hold a message back: delay/timer, transaction half
+# messages. They lead the properties map.
+SCHEDULE_PROPERTIES = (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_TIMER_DELIVER_MS)
+HELD_BACK_PROPERTIES = (*SCHEDULE_PROPERTIES, PROPERTY_TRANSACTION_PREPARED)
+_LEADING_KEYS = tuple(msgpack.packb(name) for name in HELD_BACK_PROPERTIES)
+_MSG_HEAD = struct.Struct(">IH")  # as in protocol.message: u32 size | u16 props_len
+# Where the first key starts after a msgpack map header: fixmap, map16, map32.
+_FIRST_KEY_AT = {0xDE: 3, 0xDF: 5}
+_FIXMAP_FIRST_KEY_AT = 1
+
+
+def first_message_is_held_back(payload: bytes) -> bool:
+    """True if the batch's first message leads its properties with a held-back property.
+    The batch must already be validated (``validate_batch``)."""
+    props_len = _MSG_HEAD.unpack_from(payload, 0)[1]
+    if not props_len:
+        return False
+    map_head = payload[MSG_HEAD_BYTES]
+    key_at = MSG_HEAD_BYTES + _FIRST_KEY_AT.get(map_head, _FIXMAP_FIRST_KEY_AT)
+    return key_at < MSG_HEAD_BYTES + props_len and payload.startswith(_LEADING_KEYS, key_at)
+
+
+def leading_held_back_properties(properties: dict[str, str]) -> dict[str, str]:
+    """``properties`` reordered so held-back properties come first (see module doc)."""
+    lead = {k: properties[k] for k in HELD_BACK_PROPERTIES if k in properties}
+    return {**lead, **properties} if lead else properties
+
+
+def decode_single_message(payload: bytes) -> tuple[dict[str, str], bytes]:
+    """(properties, body) of a one-message batch payload."""
+    msg_size, props_len = _MSG_HEAD.unpack_from(payload, 0)
+    if MSG_HEAD_BYTES - 2 + msg_size != len(payload):
+        raise MessageIllegal("expected exactly one message in the payload")
+    body_start = MSG_HEAD_BYTES + props_len
+    try:
+        properties = decode_properties(payload[MSG_HEAD_BYTES:body_start])
+    except ValueError:  # msgpack's errors
+        properties = None
+    if not isinstance(properties, dict):
+        raise MessageIllegal("message properties must be a msgpack map of strings")
+    return properties, payload[body_start:]

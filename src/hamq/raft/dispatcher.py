@@ -1,0 +1,179 @@
+"""EntryDispatcher: the leader's replication state machine for one follower (DLedger).
+
+COMPARE walks back from the leader's ledger_end_index to the last index the follower
+holds with the same term; TRUNCATE cuts the follower's log there; APPEND then streams
+entries from `write_index`, with `pending_map` remembering when each was sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from hamq.raft.config import RaftConfig
+from hamq.raft.log import EMPTY_INDEX
+from hamq.raft.messages import Message, MessageType, ResponseCode
+from hamq.raft.raft_log import LEDGER_BEGIN_INDEX, RaftLog
+
+NEVER_MS = -(10**18)  # "long ago": forces a send on the next poll
+
+
+class PushType(IntEnum):
+    COMPARE = 1
+    TRUNCATE = 2
+    APPEND = 3
+
+
+@dataclass(slots=True)
+class EntryDispatcher:
+    peer_id: int
+    leader_id: int
+    term: int
+    config: RaftConfig
+    push_type: PushType = PushType.COMPARE
+    write_index: int = EMPTY_INDEX
+    pending_map: dict[int, int] = field(default_factory=dict)  # index -> sent at (ms)
+    compare_index: int = EMPTY_INDEX
+    truncate_index: int = EMPTY_INDEX
+    # a COMPARE/TRUNCATE in flight waits for its answer or for push_timeout_ms
+    awaiting: bool = False
+    last_send_ms: int = NEVER_MS
+    # the committed index last sent, so a rise reaches the follower without waiting
+    # for the next heartbeat
+    sent_committed_index: int = EMPTY_INDEX
+
+    def poll(self, log: RaftLog, water_mark: int, committed_index: int,
+             now_ms: int) -> list[Message]:
+        """Messages this follower should get now."""
+        if self.awaiting and now_ms - self.last_send_ms < self.config.push_timeout_ms:
+            return []
+        if self.push_type == PushType.COMPARE:
+            return [self._compare(log, now_ms)]
+        if self.push_type == PushType.TRUNCATE:
+            return [self._truncate(log, committed_index, now_ms)]
+        return self._append(log, water_mark, committed_index, now_ms)
+
+    def _compare(self, log: RaftLog, now_ms: int) -> Message:
+        end = log.ledger_end_index
+        assert end >= LEDGER_BEGIN_INDEX, "a leader holds at least its no-op entry"
+        if not LEDGER_BEGIN_INDEX <= self.compare_index <= end:
+            self.compare_index = end
+        return self._request(MessageType.COMPARE, log, self.compare_index, now_ms)
+
+    def _truncate(self, log: RaftLog, committed_index: int, now_ms: int) -> Message:
+        index = self.truncate_index
+        return self._request(MessageType.TRUNCATE, log, index, now_ms,
+                             log_term=log.term(index - 1), committed_index=committed_index,
+                             next_term=log.term(index + 1))
+
+    def _request(self, mtype: MessageType, log: RaftLog, index: int, now_ms: int,
+                 **fields: int) -> Message:
+        self.awaiting = True
+        self.last_send_ms = now_ms
+        return Message(mtype, self.leader_id, self.peer_id, self.term, index=index,
+                       entry=log.entry(index), **fields)
+
+    def _append(self, log: RaftLog, water_mark: int, committed_index: int,
+                now_ms: int) -> list[Message]:
+        # pending entries at or below the watermark were answered out of order: drop them
+        for index in [i for i in self.pending_map if i <= water_mark]:
+            del self.pending_map[index]
+        # sends are recorded in time order, so the first pending one is the oldest
+        oldest_ms = next(iter(self.pending_map.values()), now_ms)
+        if now_ms - oldest_ms >= self.config.push_timeout_ms:
+            # something was lost: resend everything after what the follower confirmed
+            self.pending_map.clear()
+            self.write_index = water_mark + 1
+        # late acks of entries sent before such a resend may have moved the watermark on
+        self.write_index = max(self.write_index, water_mark + 1)
+        out = []
+        while (self.write_index <= log.ledger_end_index
+               and len(self.pending_map) < self.config.max_pending_pushes):
+            index = self.write_index
+            out.append(Message(MessageType.APPEND, self.leader_id, self.peer_id, self.term,
+                               index=index, log_term=log.term(index - 1),
+                               entry=log.entry(index), committed_index=committed_index))
+            self.pending_map[index] = now_ms
+            self.write_index += 1
+            self.sent_committed_index = max(self.sent_committed_index,
+                                            min(committed_index, index))
+        # only what this follower is known to hold may be declared committed to it
+        known_committed = min(committed_index, water_mark)
+        idle = now_ms - self.last_send_ms >= self.config.heartbeat_interval_ms
+        if not out and (idle or known_committed > self.sent_committed_index):
+            out.append(Message(MessageType.COMMIT, self.leader_id, self.peer_id, self.term,
+                               committed_index=known_committed))
+            self.sent_committed_index = max(self.sent_committed_index, known_committed)
+        if out:
+            self.last_send_ms = now_ms
+        return out
+
+    def handle_response(self, msg: Message, log: RaftLog) -> int | None:
+        """Apply a PUSH_RESPONSE; returns an index the follower is now known to match."""
+        assert msg.type == MessageType.PUSH_RESPONSE and msg.term == self.term
+        if msg.req_type == MessageType.APPEND:
+            return self._on_append_response(msg)
+        if msg.req_type == MessageType.COMPARE:
+            if self.push_type == PushType.COMPARE and msg.index == self.compare_index:
+                return self._on_compare_response(msg, log)
+        elif msg.req_type == MessageType.TRUNCATE:
+            if self.push_type == PushType.TRUNCATE and msg.index == self.truncate_index:
+                return self._on_truncate_response(msg)
+        return None
+
+    def _on_append_response(self, msg: Message) -> int | None:
+        if msg.code == ResponseCode.SUCCESS:
+            self.pending_map.pop(msg.index, None)
+            return msg.index  # the follower's log matches ours through msg.index
+        # answers to appends sent before the last COMPARE round are stale: ignore them
+        if self.push_type == PushType.APPEND and msg.index in self.pending_map:
+            self._change_to_compare()
+        return None
+
+    def _on_compare_response(self, msg: Message, log: RaftLog) -> int | None:
+        self.awaiting = False
+        begin, end = msg.begin_index, msg.end_index
+        truncate_index = EMPTY_INDEX
+        if msg.code == ResponseCode.SUCCESS:
+            if self.compare_index == end:
+                matched = self.compare_index
+                self._change_to_append(matched + 1)
+                return matched
+            truncate_index = self.compare_index  # it holds extra entries past the match
+        elif end < LEDGER_BEGIN_INDEX or begin > log.ledger_end_index:
+            truncate_index = LEDGER_BEGIN_INDEX  # the two logs do not overlap
+        elif self.compare_index < begin:
+            truncate_index = LEDGER_BEGIN_INDEX
+        elif self.compare_index > end:
+            self.compare_index = end  # it is shorter: no need to walk through the gap
+        elif self.compare_index == LEDGER_BEGIN_INDEX:
+            truncate_index = LEDGER_BEGIN_INDEX  # even the first entry differs
+        else:
+            self.compare_index -= 1
+        if truncate_index != EMPTY_INDEX:
+            self.push_type = PushType.TRUNCATE
+            self.truncate_index = truncate_index
+        return None
+
+    def _on_truncate_response(self, msg: Message) -> int | None:
+        self.awaiting = False
+        if msg.code != ResponseCode.SUCCESS:
+            self._change_to_compare()  # its log moved under us (e.g. it restarted)
+            return None
+        matched = self.truncate_index
+        self._change_to_append(matched + 1)
+        return matched
+
+    def _change_to_append(self, write_index: int) -> None:
+        self.push_type = PushType.APPEND
+        self.write_index = write_index
+        self.pending_map.clear()
+        self.awaiting = False
+
+    def _change_to_compare(self) -> None:
+        self.push_type = PushType.COMPARE
+        self.compare_index = EMPTY_INDEX
+        self.truncate_index = EMPTY_INDEX
+        self.pending_map.clear()
+        self.awaiting = False
+

@@ -1,0 +1,233 @@
+"""A file-backed `LogStorage`: segment files named by their first index, one CRC per entry.
+
+Record layout: u32 payload length | u32 crc32(payload) | payload, where the payload is
+msgpack [index, term, data, is_noop]. The index of (segment, offset) per entry is rebuilt
+by scanning on open; a record cut short or failing its CRC at the end of the last segment
+is a torn write from a crash and is cut off, anywhere else it is `CorruptLogError`.
+Hard state and checkpoint are small files replaced by write-then-rename.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgpack
+
+from hamq.raft.errors import CorruptLogError, LogIndexError
+from hamq.raft.log import Checkpoint, Entry, HardState
+from hamq.raft.storage import LogStorage
+
+SEGMENT_MAX_BYTES = 64 * 1024 * 1024  # roll to a new segment past this size
+MAX_RECORD_BYTES = 256 * 1024 * 1024  # a larger length field can only be garbage
+_HEADER = struct.Struct(">II")  # payload length, crc32 of payload
+_SEGMENT_SUFFIX = ".log"
+_SEGMENT_NAME_DIGITS = 20  # zero-padded so names sort by index
+_HARD_STATE_FILE = "hardstate"
+_CHECKPOINT_FILE = "checkpoint"
+
+
+@dataclass(frozen=True, slots=True)
+class _Location:
+    segment_start: int
+    offset: int
+    length: int  # header included
+
+
+def _segment_name(start_index: int) -> str:
+    return f"{start_index:0{_SEGMENT_NAME_DIGITS}d}{_SEGMENT_SUFFIX}"
+
+
+def _encode_record(entry: Entry) -> bytes:
+    payload = msgpack.packb([entry.index, entry.term, entry.data, entry.is_noop],
+                            use_bin_type=True)
+    return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def _decode_payload(payload: bytes) -> Entry:
+    index, term, data, is_noop = msgpack.unpackb(payload, raw=False)
+    return Entry(index, term, bytes(data), bool(is_noop))
+
+
+class FileStorage(LogStorage):
+    def __init__(self, directory: str | os.PathLike[str],
+                 segment_max_bytes: int = SEGMENT_MAX_BYTES) -> None:
+        self._dir = Path(directory)
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._segment_max_bytes = segment_max_bytes
+        self._locations: list[_Location] = []
+        self._fds: dict[int, int] = {}  # segment start index -> open fd
+        self._sizes: dict[int, int] = {}
+        self._dirty: set[int] = set()
+        self._dir_dirty = False
+        self._recover()
+
+    # ---- recovery -------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        starts = sorted(int(p.name[:-len(_SEGMENT_SUFFIX)])
+                        for p in self._dir.glob("*" + _SEGMENT_SUFFIX))
+        for position, start in enumerate(starts):
+            if start != len(self._locations):
+                raise CorruptLogError(f"segment {start} does not follow index {len(self._locations) - 1}")
+            self._scan_segment(start, is_last=position == len(starts) - 1)
+
+    def _scan_segment(self, start: int, is_last: bool) -> None:
+        path = self._dir / _segment_name(start)
+        data = path.read_bytes()
+        offset = 0
+        while offset < len(data):
+            entry_length = self._valid_record_length(data, offset)
+            if entry_length is None:
+                if not is_last:
+                    raise CorruptLogError(f"bad record at {path}:{offset}")
+                # a torn tail: the crash came before this write was synced
+                with open(path, "r+b") as f:
+                    f.truncate(offset)
+                    os.fsync(f.fileno())
+                break
+            self._locations.append(_Location(start, offset, entry_length))
+            offset += entry_length
+        self._open_segment(start)
+
+    def _valid_record_length(self, data: bytes, offset: int) -> int | None:
+        if len(data) - offset < _HEADER.size:
+            return None
+        length, crc = _HEADER.unpack_from(data, offset)
+        end = offset + _HEADER.size + length
+        if length > MAX_RECORD_BYTES or end > len(data):
+            return None
+        payload = data[offset + _HEADER.size:end]
+        if zlib.crc32(payload) != crc:
+            return None
+        try:
+            index = _decode_payload(payload).index
+        except (ValueError, TypeError, msgpack.UnpackException):
+            return None
+        if index != len(self._locations):
+            raise CorruptLogError(f"record for index {index} where {len(self._locations)} belongs")
+        return end - offset
+
+    def _open_segment(self, start: int) -> None:
+        path = self._dir / _segment_name(start)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fds[start] = fd
+        self._sizes[start] = os.fstat(fd).st_size
+
+    # ---- log ------------------------------------------------------------------------
+
+    def append(self, entries: Sequence[Entry]) -> None:
+        self._check_append(entries)
+        if not entries:
+            return
+        if entries[0].index <= self.last_index():
+            self.truncate_suffix(entries[0].index)
+        for entry in entries:
+            record = _encode_record(entry)
+            start = self._active_segment(entry.index)
+            offset = self._sizes[start]
+            os.pwrite(self._fds[start], record, offset)
+            self._sizes[start] = offset + len(record)
+            self._dirty.add(start)
+            self._locations.append(_Location(start, offset, len(record)))
+
+    def _active_segment(self, next_index: int) -> int:
+        if self._fds:
+            start = max(self._fds)
+            if self._sizes[start] < self._segment_max_bytes:
+                return start
+        self._open_segment(next_index)
+        self._dir_dirty = True
+        return next_index
+
+    def truncate_suffix(self, from_index: int) -> None:
+        if from_index < 0:
+            raise LogIndexError(f"negative truncate index {from_index}")
+        if from_index > self.last_index():
+            return
+        cut = self._locations[from_index]
+        for start in [s for s in self._fds if s > cut.segment_start]:
+            os.close(self._fds.pop(start))
+            del self._sizes[start]
+            self._dirty.discard(start)
+            (self._dir / _segment_name(start)).unlink()
+            self._dir_dirty = True
+        os.ftruncate(self._fds[cut.segment_start], cut.offset)
+        self._sizes[cut.segment_start] = cut.offset
+        self._dirty.add(cut.segment_start)
+        del self._locations[from_index:]
+
+    def entry(self, index: int) -> Entry:
+        if not 0 <= index <= self.last_index():
+            raise LogIndexError(f"index {index} outside [0, {self.last_index()}]")
+        loc = self._locations[index]
+        record = os.pread(self._fds[loc.segment_start], loc.length, loc.offset)
+        return _decode_payload(record[_HEADER.size:])
+
+    def last_index(self) -> int:
+        return len(self._locations) - 1
+
+    def sync(self) -> None:
+        for start in sorted(self._dirty):
+            os.fsync(self._fds[start])
+        self._dirty.clear()
+        if self._dir_dirty:
+            self._fsync_dir()
+            self._dir_dirty = False
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    # ---- small state files ----------------------------------------------------------
+
+    def save_hard_state(self, hard_state: HardState) -> None:
+        self._replace_file(_HARD_STATE_FILE, [hard_state.term, hard_state.voted_for])
+
+    def load_hard_state(self) -> HardState:
+        fields = self._read_file(_HARD_STATE_FILE)
+        return HardState() if fields is None else HardState(int(fields[0]), int(fields[1]))
+
+    def save_checkpoint(self, checkpoint: Checkpoint) -> None:
+        self._replace_file(_CHECKPOINT_FILE,
+                           [checkpoint.ledger_end_index, checkpoint.committed_index])
+
+    def load_checkpoint(self) -> Checkpoint:
+        fields = self._read_file(_CHECKPOINT_FILE)
+        return Checkpoint() if fields is None else Checkpoint(int(fields[0]), int(fields[1]))
+
+    def _replace_file(self, name: str, fields: list[int]) -> None:
+        """Write-then-rename, so a crash leaves the old or the new file, never half of one."""
+        payload = msgpack.packb(fields)
+        tmp = self._dir / (name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(_HEADER.pack(len(payload), zlib.crc32(payload)) + payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._dir / name)
+        self._fsync_dir()
+
+    def _read_file(self, name: str) -> list[int] | None:
+        path = self._dir / name
+        if not path.exists():
+            return None
+        data = path.read_bytes()
+        if len(data) < _HEADER.size:
+            raise CorruptLogError(f"{path} is truncated")
+        length, crc = _HEADER.unpack_from(data)
+        payload = data[_HEADER.size:_HEADER.size + length]
+        if len(payload) != length or zlib.crc32(payload) != crc:
+            raise CorruptLogError(f"{path} fails its CRC")
+        return msgpack.unpackb(payload)
+
+    def _fsync_dir(self) -> None:
+        fd = os.open(self._dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,50 @@
+"""`python -m hamq.sim --seed N [--seeds COUNT] [--steps M] [--nodes K]`, or
+`--mode master-slave` for the master–slave replication core."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hamq.sim.faults import CLUSTER_SIZES
+from hamq.sim.master_slave import run_master_slave_seed
+from hamq.sim.world import DEFAULT_STEPS, run_seed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hamq.sim", description=__doc__)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--seeds", type=int, default=1, help="run this many seeds from --seed")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="safety-phase ticks")
+    parser.add_argument("--nodes", type=int, choices=CLUSTER_SIZES, default=None)
+    parser.add_argument("--mode", choices=["raft", "master-slave"], default="raft")
+    args = parser.parse_args(argv)
+    if args.mode == "master-slave":
+        return _master_slave(args.seed, args.seeds)
+    failed = 0
+    for seed in range(args.seed, args.seed + args.seeds):
+        result = run_seed(seed, steps=args.steps, nodes=args.nodes)
+        status = "ok" if result.ok else f"FAILED: {result.failure}"
+        print(f"seed={seed} nodes={result.nodes} committed={result.committed} "
+              f"acked={result.acknowledged} crashes={result.crashes} "
+              f"messages={result.messages_sent} liveness_ms={result.liveness_ms} "
+              f"trace={result.trace_hash} {status}")
+        if not result.ok:
+            failed += 1
+            print(f"replay with: python -m hamq.sim --seed {seed} --steps {args.steps}"
+                  + (f" --nodes {args.nodes}" if args.nodes else ""), file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _master_slave(first: int, count: int) -> int:
+    failed = 0
+    for seed in range(first, first + count):
+        r = run_master_slave_seed(seed)
+        print(f"seed={seed} acked={r.acked} refused={r.refused} timed_out={r.timed_out} "
+              + ("ok" if r.ok else f"FAILED: {r.failure}"))
+        failed += not r.ok
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""A fault-injecting TCP proxy for chaos tests: forwards one link until told to cut it.
+
+Cut means a partition as TCP users see it: open connections are reset and new ones are
+closed at once, until the link is restored (dropping bytes inside a stream instead would
+corrupt framing, which no real network does to TCP)."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+
+
+class FaultProxy:
+    def __init__(self, target: str) -> None:
+        host, _, port = target.rpartition(":")
+        self.target = (host, int(port))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
+        self.blocked = False
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.base_events.Server | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self._ready.wait(5)
+
+    def block(self) -> None:
+        self.blocked = True
+        self._loop.call_soon_threadsafe(self._reset_all)
+
+    def unblock(self) -> None:
+        self.blocked = False
+
+    def stop(self) -> None:
+        self.block()
+        self._loop.call_soon_threadsafe(self._server.close)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    def _reset_all(self) -> None:
+        for writer in list(self._writers):
+            writer.transport.abort()
+        self._writers.clear()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(self._link, "127.0.0.1", self.port))
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.blocked:
+            writer.transport.abort()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._writers.update((writer, up_writer))
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer),
+                             return_exceptions=True)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        finally:
+            self._writers.discard(writer)
+            writer.transport.abort()

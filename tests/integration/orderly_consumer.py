@@ -1,0 +1,33 @@
+"""A stand-alone orderly push consumer, run as its own process by test_push_consumer.py so
+that it can be killed with SIGKILL. Appends "key seq" per consumed message to OUT."""
+from __future__ import annotations
+
+import sys
+import time
+
+import hamq
+
+
+def main() -> None:
+    namesrv, group, topic, out_path, run_s = sys.argv[1:6]
+    out = open(out_path, "a", buffering=1)
+
+    def listener(messages):
+        for m in messages:
+            out.write(m.body.decode() + "\n")
+        return hamq.ConsumeOrderlyStatus.SUCCESS
+
+    consumer = hamq.PushConsumer(group, namesrv, consume_from_where="first",
+                                 heartbeat_interval_s=1.0, rebalance_interval_s=1.0,
+                                 lock_renew_interval_s=1.0, persist_offset_interval_s=0.5,
+                                 pull_suspend_ms=500)
+    consumer.subscribe(topic, "*")
+    consumer.register_message_listener(listener, orderly=True)
+    consumer.start()
+    print("started", flush=True)
+    time.sleep(float(run_s))
+    consumer.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""Transaction messages on a real broker: a committed message becomes visible once, a
+rolled-back one never; an UNKNOW outcome is resolved by the broker checking back with a
+live producer, also after a broker restart, and rolled back after transaction_check_max
+checks."""
+from __future__ import annotations
+
+import threading
+import time
+
+import hamq
+from hamq import Message, TransactionState
+from hamq.client.consumer import PullStatus
+
+TOPIC = "Tx"
+FAST_CHECKS = {"transaction_check_interval_ms": 300, "transaction_timeout_ms": 1000}
+HEARTBEAT_S = 0.3
+
+
+def visible(namesrv: str, wait_s: float = 0.0, until_count: int | None = None) -> list[str]:
+    """Keys of the messages of TOPIC (one queue), pulling for up to ``wait_s`` or until
+    ``until_count`` messages arrived."""
+    keys: list[str] = []
+    deadline = time.monotonic() + wait_s
+    with hamq.PullConsumer("g-tx", namesrv) as consumer:
+        mq = consumer.fetch_message_queues(TOPIC)[0]
+        offset = 0
+        while True:
+            result = consumer.pull(mq, offset, 32, suspend_timeout_ms=200)
+            if result.status is PullStatus.FOUND:
+                keys += [m.keys for m in result.messages]
+                offset = result.next_begin_offset
+            if until_count is not None and len(keys) >= until_count or \
+                    time.monotonic() >= deadline:
+                return keys
+
+
+class LocalTransactions:
+    """Outcomes by message key, and a record of every check the broker made."""
+
+    def __init__(self, outcomes: dict[str, TransactionState],
+                 checked: dict[str, TransactionState] | None = None) -> None:
+        self.outcomes = outcomes
+        self.checked = checked or {}
+        self.checks: list[str] = []
+        self.lock = threading.Lock()
+
+    def execute(self, msg: Message, arg) -> TransactionState:
+        assert arg == "arg"
+        return self.outcomes[msg.keys]
+
+    def check(self, msg: Message) -> TransactionState:
+        with self.lock:
+            self.checks.append(msg.keys)
+        assert msg.body == f"body-{msg.keys}".encode() and msg.topic == TOPIC
+        return self.checked.get(msg.keys, TransactionState.UNKNOW)
+
+    def producer(self, namesrv: str) -> hamq.TransactionProducer:
+        return hamq.TransactionProducer(namesrv, "pg-tx", self.execute, self.check,
+                                        heartbeat_interval_s=HEARTBEAT_S)
+
+
+def send(producer: hamq.TransactionProducer, key: str) -> hamq.TransactionSendResult:
+    result = producer.send_message_in_transaction(
+        Message(TOPIC, f"body-{key}".encode(), keys=key, tags="T"), "arg")
+    assert result.send_result.status is hamq.SendStatus.SEND_OK
+    return result
+
+
+def start(cluster_factory, **settings):
+    c = cluster_factory()
+    c.start_namesrv()
+    c.start_broker(**FAST_CHECKS, **settings)
+    with hamq.Admin(c.namesrv) as admin:
+        admin.create_topic(TOPIC, 1)
+    return c
+
+
+def test_commit_is_visible_and_rollback_never(cluster_factory):
+    c = start(cluster_factory)
+    local = LocalTransactions({"commit": TransactionState.COMMIT_MESSAGE,
+                               "rollback": TransactionState.ROLLBACK_MESSAGE})
+    with local.producer(c.namesrv) as producer:
+        assert send(producer, "rollback").local_transaction_state is \
+            TransactionState.ROLLBACK_MESSAGE
+        send(producer, "commit")
+        # Past the transaction timeout and several check rounds: decided messages are
+        # never checked, and nothing else appears.
+        assert visible(c.namesrv, wait_s=2.5) == ["commit"]
+    assert local.checks == []
+
+
+def test_unknown_is_resolved_by_check_back(cluster_factory):
+    c = start(cluster_factory)
+    local = LocalTransactions({"unknown": TransactionState.UNKNOW},
+                              {"unknown": TransactionState.COMMIT_MESSAGE})
+    with local.producer(c.namesrv) as producer:
+        sent = time.monotonic()
+        send(producer, "unknown")
+        assert visible(c.namesrv, wait_s=0.5) == []  # invisible while undecided
+        assert visible(c.namesrv, wait_s=5.0, until_count=1) == ["unknown"]
+        assert time.monotonic() - sent >= 1.0  # not before transaction_timeout_ms
+        assert visible(c.namesrv, wait_s=1.0) == ["unknown"]  # committed once
+    assert local.checks == ["unknown"]
+
+
+def test_rolled_back_after_transaction_check_max(cluster_factory):
+    c = start(cluster_factory, transaction_check_max=2)
+    local = LocalTransactions({"never": TransactionState.UNKNOW})
+    with local.producer(c.namesrv) as producer:
+        send(producer, "never")
+        deadline = time.monotonic() + 5.0
+        while len(local.checks) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert visible(c.namesrv, wait_s=1.5) == []
+    assert local.checks == ["never", "never"]  # then rolled back: no third check
+
+
+def test_decisions_and_checks_survive_a_broker_restart(cluster_factory):
+    c = start(cluster_factory)
+    local = LocalTransactions({"commit": TransactionState.COMMIT_MESSAGE,
+                               "rollback": TransactionState.ROLLBACK_MESSAGE,
+                               "unknown": TransactionState.UNKNOW})
+    with local.producer(c.namesrv) as producer:
+        for key in ("commit", "rollback", "unknown"):
+            send(producer, key)
+        c.restart("broker")
+        restarted = len(local.checks)
+        local.checked["unknown"] = TransactionState.COMMIT_MESSAGE  # decided meanwhile
+        assert visible(c.namesrv, wait_s=8.0, until_count=2) == ["commit", "unknown"]
+        assert visible(c.namesrv, wait_s=1.0) == ["commit", "unknown"]  # each once
+    assert len(local.checks) > restarted  # the check came after the restart
+    assert set(local.checks) == {"unknown"}

@@ -1,0 +1,154 @@
+"""Both stores against one contract, plus the file store's recovery from torn writes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from hamq.raft import (
+    Checkpoint,
+    CorruptLogError,
+    Entry,
+    FileStorage,
+    HardState,
+    LogIndexError,
+    LogStorage,
+    MemoryStorage,
+)
+
+
+def entries(start: int, stop: int, term: int = 1) -> list[Entry]:
+    return [Entry(i, term, b"e%d" % i) for i in range(start, stop)]
+
+
+@pytest.fixture(params=["memory", "file"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> LogStorage:
+    if request.param == "memory":
+        return MemoryStorage()
+    return FileStorage(tmp_path / "log", segment_max_bytes=64)
+
+
+def test_append_and_read(store: LogStorage) -> None:
+    assert store.last_index() == -1
+    store.append(entries(0, 5))
+    assert store.last_index() == 4
+    assert store.entry(3) == Entry(3, 1, b"e3")
+    assert store.term(-1) == 0 and store.term(4) == 1
+    assert store.entries_from(3) == entries(3, 5)
+
+
+def test_append_replaces_suffix(store: LogStorage) -> None:
+    store.append(entries(0, 5))
+    store.append(entries(2, 4, term=2))
+    assert store.last_index() == 3
+    assert [e.term for e in store.entries_from(0)] == [1, 1, 2, 2]
+
+
+def test_truncate_suffix(store: LogStorage) -> None:
+    store.append(entries(0, 6))
+    store.truncate_suffix(2)
+    assert store.last_index() == 1
+    store.append(entries(2, 3, term=3))
+    assert store.entry(2).term == 3
+
+
+def test_bad_input_raises(store: LogStorage) -> None:
+    store.append(entries(0, 2))
+    with pytest.raises(LogIndexError):
+        store.append(entries(5, 6))  # a gap
+    with pytest.raises(LogIndexError):
+        store.append([Entry(2, 1, b""), Entry(4, 1, b"")])
+    with pytest.raises(LogIndexError):
+        store.entry(7)
+    with pytest.raises(LogIndexError):
+        store.truncate_suffix(-1)
+
+
+def test_hard_state_and_checkpoint(store: LogStorage) -> None:
+    assert store.load_hard_state() == HardState()
+    assert store.load_checkpoint() == Checkpoint()
+    store.save_hard_state(HardState(3, 2))
+    store.save_checkpoint(Checkpoint(10, 7))
+    assert store.load_hard_state() == HardState(3, 2)
+    assert store.load_checkpoint() == Checkpoint(10, 7)
+
+
+def test_file_store_survives_reopen(tmp_path: Path) -> None:
+    store = FileStorage(tmp_path, segment_max_bytes=64)
+    store.append(entries(0, 20))
+    store.truncate_suffix(15)
+    store.save_hard_state(HardState(4, 1))
+    store.save_checkpoint(Checkpoint(14, 9))
+    store.sync()
+    store.close()
+    assert len(list(tmp_path.glob("*.log"))) > 1, "small segments should have rolled"
+    reopened = FileStorage(tmp_path, segment_max_bytes=64)
+    assert reopened.entries_from(0) == entries(0, 15)
+    assert reopened.load_hard_state() == HardState(4, 1)
+    assert reopened.load_checkpoint() == Checkpoint(14, 9)
+
+
+def _last_segment(directory: Path) -> Path:
+    return sorted(directory.glob("*.log"))[-1]
+
+
+@pytest.mark.parametrize("cut_bytes", [1, 5, 9, 12])
+def test_torn_tail_is_cut_on_open(tmp_path: Path, cut_bytes: int) -> None:
+    store = FileStorage(tmp_path)
+    store.append(entries(0, 4))
+    store.sync()
+    store.close()
+    segment = _last_segment(tmp_path)
+    size = segment.stat().st_size
+    os.truncate(segment, size - cut_bytes)  # the last record was only partly written
+    reopened = FileStorage(tmp_path)
+    assert reopened.entries_from(0) == entries(0, 3)
+    reopened.append(entries(3, 5, term=2))  # and the log goes on from there
+    reopened.sync()
+    reopened.close()
+    assert FileStorage(tmp_path).last_index() == 4
+
+
+def test_garbage_tail_is_cut_on_open(tmp_path: Path) -> None:
+    store = FileStorage(tmp_path)
+    store.append(entries(0, 3))
+    store.sync()
+    store.close()
+    with open(_last_segment(tmp_path), "ab") as f:
+        f.write(b"\x00\x00\x00\x10garbage-not-a-record")
+    assert FileStorage(tmp_path).entries_from(0) == entries(0, 3)
+
+
+def test_flipped_byte_in_last_record_is_a_torn_tail(tmp_path: Path) -> None:
+    store = FileStorage(tmp_path)
+    store.append(entries(0, 3))
+    store.sync()
+    store.close()
+    segment = _last_segment(tmp_path)
+    data = bytearray(segment.read_bytes())
+    data[-1] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    assert FileStorage(tmp_path).last_index() == 1
+
+
+def test_corruption_before_the_tail_is_an_error(tmp_path: Path) -> None:
+    store = FileStorage(tmp_path, segment_max_bytes=32)
+    store.append(entries(0, 6))
+    store.sync()
+    store.close()
+    first = sorted(tmp_path.glob("*.log"))[0]
+    data = bytearray(first.read_bytes())
+    data[-1] ^= 0xFF
+    first.write_bytes(bytes(data))
+    with pytest.raises(CorruptLogError):
+        FileStorage(tmp_path, segment_max_bytes=32)
+
+
+def test_corrupt_checkpoint_is_an_error(tmp_path: Path) -> None:
+    store = FileStorage(tmp_path)
+    store.save_checkpoint(Checkpoint(3, 2))
+    (tmp_path / "checkpoint").write_bytes(b"\x00\x00\x00\x05\x00\x00\x00\x00xx")
+    with pytest.raises(CorruptLogError):
+        store.load_checkpoint()

@@ -1,0 +1,78 @@
+"""PopQueueState: in-flight bookkeeping, the acked prefix, redelivery order and stale
+receipt handles."""
+from hamq.broker.pop_state import AckResult, PopQueueState
+
+
+def test_acked_prefix_advances_over_out_of_order_acks():
+    s = PopQueueState(10)
+    s.check_out(range(10, 15), [0] * 5, deadline_ms=1000, ck=1)
+    assert s.pop_offset == 15
+    assert s.ack(12, 1) is AckResult.ACKED
+    assert s.ack(11, 1) is AckResult.ACKED
+    assert s.consume_offset == 10
+    assert s.ack(10, 1) is AckResult.ACKED
+    assert s.consume_offset == 13 and s.acked == set()
+    assert s.ack(10, 1) is AckResult.ALREADY_ACKED
+    assert s.ack(99, 1) is AckResult.STALE  # never popped
+
+
+def test_expired_come_back_in_offset_order_with_reconsume_times_plus_one():
+    s = PopQueueState(0)
+    s.check_out([0, 1, 2], [0, 0, 0], deadline_ms=100, ck=7)
+    s.ack(1, 7)
+    assert s.take_expired(now_ms=99, limit=10) == []
+    assert s.take_expired(now_ms=100, limit=10) == [(0, 1), (2, 1)]
+    s.check_out([0, 2], [1, 1], deadline_ms=300, ck=8)
+    assert s.ack(0, 7) is AckResult.STALE  # handle of the first delivery
+    assert s.ack(0, 8) is AckResult.ACKED
+    assert s.take_expired(now_ms=300, limit=1) == [(2, 2)]
+
+
+def test_change_of_deadline_supersedes_the_old_one():
+    s = PopQueueState(0)
+    s.check_out([0], [0], deadline_ms=100, ck=1)
+    s.check_out([0], [0], deadline_ms=500, ck=2)  # change invisible time
+    assert s.take_expired(now_ms=200, limit=10) == []
+    assert s.take_expired(now_ms=500, limit=10) == [(0, 1)]
+
+
+def test_take_then_restore_keeps_the_message_due():
+    s = PopQueueState(0)
+    s.check_out([0, 1], [0, 0], deadline_ms=100, ck=1)
+    assert len(s.take_expired(200, 10)) == 2
+    s.restore_deadlines()  # the redelivery could not be recorded
+    assert s.take_expired(200, 10) == [(0, 1), (1, 1)]
+
+
+def test_replayed_checkpoint_below_the_prefix_is_ignored():
+    s = PopQueueState(50)  # offsets up to 50 acked (committed offset)
+    s.check_out([40, 41, 50, 51], [0] * 4, deadline_ms=100, ck=3)
+    assert sorted(s.inflight) == [50, 51]
+    assert s.pop_offset == 52
+
+
+def test_forget_below_retention_minimum():
+    s = PopQueueState(0)
+    s.check_out(range(0, 6), [0] * 6, deadline_ms=100, ck=1)
+    s.ack(4, 1)
+    s.forget_below(4)
+    assert s.consume_offset == 5 and sorted(s.inflight) == [5]
+    assert s.take_expired(100, 10) == [(5, 1)]
+
+
+def test_wire_round_trip():
+    s = PopQueueState(3)
+    s.check_out(range(3, 8), [0, 1, 2, 0, 0], deadline_ms=100, ck=9)
+    s.ack(5, 9)
+    t = PopQueueState.from_wire(s.to_wire())
+    assert (t.consume_offset, t.pop_offset, t.inflight, t.acked) == \
+        (s.consume_offset, s.pop_offset, s.inflight, s.acked)
+    assert t.take_expired(100, 10) == s.take_expired(100, 10)
+
+
+def test_truncate_to_a_shorter_queue_forgets_offsets_past_its_end():
+    s = PopQueueState(0)
+    s.check_out(range(0, 6), [0] * 6, deadline_ms=100, ck=1)
+    s.ack(4, 1)
+    s.truncate_to(3)
+    assert (s.consume_offset, s.pop_offset, sorted(s.inflight), s.acked) == (0, 3, [0, 1, 2], set())

@@ -1,0 +1,323 @@
+"""``MessageStore`` on a real directory: reads across segment rolls, pull statuses,
+recovery from torn or garbage tails and lost indexes, retention, the disk guard, versioned
+metadata, and the config loader's refusal of unknown keys and wrong types."""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from hamq.config import BrokerConfig, NamesrvConfig, StoreConfig, load_config
+from hamq.errors import ConfigError, DiskFull
+from hamq.protocol.message import decode_records, encode_batch, encode_message
+from hamq.store.message_store import GetStatus, MessageStore
+from hamq.store.metadata import TopicConfig
+
+SEGMENT_BYTES = 4096
+
+
+@pytest.fixture
+def open_store(tmp_path):
+    """Open (or reopen) a store under tmp_path; every store opened is closed at the end."""
+    opened: list[MessageStore] = []
+
+    def make(**settings) -> MessageStore:
+        cfg = StoreConfig(store_dir=str(tmp_path / "store"),
+                          mapped_file_size_commitlog=SEGMENT_BYTES, **settings)
+        store = MessageStore(cfg)
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        if store.commitlog.segments:
+            store.close()
+
+
+def put(store: MessageStore, topic: str, queue_id: int, bodies: list[bytes]) -> int:
+    """Append one batch as a producer would send it; returns its base queue offset."""
+    payload, crc = encode_batch([encode_message(b) for b in bodies])
+    result = store.put_batch(topic, queue_id, payload, len(bodies), crc, 0)
+    store.commit()
+    return result.base_queue_offset
+
+
+def fill(store: MessageStore, n: int, topic: str = "T", queue_id: int = 0,
+         size: int = 300) -> list[bytes]:
+    bodies = [f"{topic}-{queue_id}-{i}:".encode().ljust(size, b".") for i in range(n)]
+    for body in bodies:
+        put(store, topic, queue_id, [body])
+    return bodies
+
+
+def read_all(store: MessageStore, topic: str = "T", queue_id: int = 0,
+             start: int | None = None) -> list[tuple[int, bytes]]:
+    """(queue offset, body) of every message from ``start`` (default: the queue's min)."""
+    offset = store.min_offset(topic, queue_id) if start is None else start
+    got = []
+    while True:
+        r = store.get_messages(topic, queue_id, offset, 32, 1 << 20)
+        if r.status is not GetStatus.FOUND:
+            return got
+        got += decode_records(r.records, offset, lambda h, index, off, props, body: (off, body))
+        offset = r.next_begin_offset
+
+
+def close(store: MessageStore) -> None:
+    store.close()
+
+
+def last_segment(store_dir: Path) -> Path:
+    return sorted((store_dir / "commitlog").iterdir())[-1]
+
+
+def test_put_get_across_segment_rolls_and_reopen(open_store, tmp_path):
+    """Records never span segments, reads cross them, and a clean reopen keeps it all."""
+    store = open_store()
+    bodies = fill(store, 60)
+    batch = [b"b1", b"b2", b"b3"]
+    assert put(store, "T", 0, batch) == 60
+    other = fill(store, 5, topic="U", queue_id=2)
+    assert len(store.commitlog.segments) > 3
+    assert all(seg.size <= SEGMENT_BYTES for seg in store.commitlog.segments)
+    expected = list(enumerate(bodies + batch))
+    assert read_all(store) == expected
+    assert read_all(store, start=61) == expected[61:]  # a pull starting inside a batch
+    close(store)
+    store = open_store()
+    assert read_all(store) == expected
+    assert read_all(store, "U", 2) == list(enumerate(other))
+    assert put(store, "T", 0, [b"after"]) == 63
+
+
+def test_get_statuses(open_store):
+    store = open_store(file_reserved_hours=1.0)
+    assert store.get_messages("T", 0, 0, 10, 1 << 20).status is GetStatus.NO_MESSAGE_IN_QUEUE
+    store.create_queue("T", 1)
+    assert store.get_messages("T", 1, 0, 10, 1 << 20).status is GetStatus.NO_MESSAGE_IN_QUEUE
+    assert store.get_messages("T", 1, 5, 10, 1 << 20).status is GetStatus.OFFSET_OVERFLOW_BADLY
+    fill(store, 40)
+    r = store.get_messages("T", 0, 0, 10, 1 << 20)
+    assert (r.status, r.message_count, r.next_begin_offset) == (GetStatus.FOUND, 10, 10)
+    r = store.get_messages("T", 0, 40, 10, 1 << 20)
+    assert (r.status, r.next_begin_offset) == (GetStatus.OFFSET_OVERFLOW_ONE, 40)
+    r = store.get_messages("T", 0, 41, 10, 1 << 20)
+    assert (r.status, r.next_begin_offset) == (GetStatus.OFFSET_OVERFLOW_BADLY, 40)
+    age_all_but_active(store)
+    store.delete_expired()
+    lo = store.min_offset("T", 0)
+    assert lo > 0
+    r = store.get_messages("T", 0, 0, 10, 1 << 20)
+    assert (r.status, r.next_begin_offset, r.min_offset) == (GetStatus.OFFSET_TOO_SMALL, lo, lo)
+
+
+def age_all_but_active(store: MessageStore, hours: float = 2.0) -> None:
+    old = time.time() - hours * 3600
+    for seg in store.commitlog.segments[:-1]:
+        os.utime(seg.path, (old, old))
+
+
+def test_retention_moves_min_offsets(open_store):
+    """Segments older than file_reserved_hours go (never the active one); queue minimums
+    follow, and what is left still reads; a queue whose records all went stays at its max."""
+    store = open_store(file_reserved_hours=1.0)
+    fill(store, 10, topic="Old")
+    bodies = fill(store, 50)
+    store.delete_expired()  # nothing is old yet
+    assert store.commitlog.min_offset == 0
+    age_all_but_active(store)
+    store.delete_expired()
+    assert len(store.commitlog.segments) == 1
+    assert store.commitlog.min_offset == store.commitlog.segments[0].start > 0
+    lo = store.min_offset("T", 0)
+    assert 0 < lo < 50 and store.max_offset("T", 0) == 50
+    assert read_all(store) == list(enumerate(bodies))[lo:]
+    assert store.min_offset("Old", 0) == store.max_offset("Old", 0) == 10
+    close(store)
+    store = open_store(file_reserved_hours=1.0)
+    assert store.min_offset("T", 0) == lo
+    assert store.min_offset("Old", 0) == 10
+    assert put(store, "Old", 0, [b"new"]) == 10
+
+
+def test_recovery_truncates_garbage_tail(open_store, tmp_path):
+    store = open_store()
+    bodies = fill(store, 30)
+    end = store.commitlog.written_offset
+    close(store)
+    with open(last_segment(tmp_path / "store"), "ab") as fh:
+        fh.write(os.urandom(700))
+    store = open_store()
+    assert store.commitlog.written_offset == end
+    assert read_all(store) == list(enumerate(bodies))
+    assert put(store, "T", 0, [b"next"]) == 30
+    assert read_all(store, start=30) == [(30, b"next")]
+
+
+def test_recovery_drops_record_cut_in_the_middle(open_store, tmp_path):
+    """The last record lost its second half (a torn write): it is gone after reopen, from
+    the log and from its queue, and the next send takes its queue offset."""
+    store = open_store()
+    bodies = fill(store, 30)
+    last_phys = store.queue("T", 0).phys[-1]
+    close(store)
+    seg = last_segment(tmp_path / "store")
+    cut = last_phys - int(seg.name) + 150
+    os.truncate(seg, cut)
+    store = open_store()
+    assert store.commitlog.written_offset == last_phys
+    assert store.max_offset("T", 0) == 29
+    assert read_all(store) == list(enumerate(bodies[:29]))
+    assert put(store, "T", 0, [b"next"]) == 29
+    assert read_all(store)[-1] == (29, b"next")
+
+
+def test_recovery_rebuilds_lost_consume_queues_and_checkpoint(open_store, tmp_path):
+    store = open_store()
+    t_bodies = fill(store, 25)
+    u_bodies = fill(store, 7, topic="U", queue_id=3)
+    put(store, "T", 0, [b"x", b"y"])
+    close(store)
+    shutil.rmtree(tmp_path / "store" / "consumequeue")
+    (tmp_path / "store" / "checkpoint").unlink()
+    store = open_store()
+    assert read_all(store) == list(enumerate(t_bodies + [b"x", b"y"]))
+    assert read_all(store, "U", 3) == list(enumerate(u_bodies))
+    assert put(store, "U", 3, [b"z"]) == 7
+    assert put(store, "T", 0, [b"z"]) == 27
+
+
+def test_disk_guard_refuses_writes_with_a_clear_message(open_store):
+    free = shutil.disk_usage(os.getcwd()).free
+    store = open_store(disk_min_free_bytes=free + 10 * 1024**4)
+    payload, crc = encode_batch([encode_message(b"x")])
+    with pytest.raises(DiskFull, match="disk nearly full.*disk_min_free_bytes"):
+        store.put_batch("T", 0, payload, 1, crc, 0)
+    assert store.commitlog.written_offset == 0
+
+
+def test_topic_data_version_steps_and_persists(open_store):
+    store = open_store()
+    v0 = store.topics.data_version
+    store.topics.put(TopicConfig("A", 4, 4), store.clock_ms())
+    v1 = store.topics.data_version
+    store.topics.put(TopicConfig("B", 2, 2), store.clock_ms())
+    v2 = store.topics.data_version
+    assert store.topics.delete("A", store.clock_ms())
+    v3 = store.topics.data_version
+    assert not store.topics.delete("missing", store.clock_ms())
+    assert [v.counter for v in (v0, v1, v2, v3)] == [0, 1, 2, 3]
+    assert v0 < v1 < v2 < v3
+    assert store.topics.data_version == v3
+    store.offsets.commit("g", "B", 1, 42, store.clock_ms())
+    close(store)
+    store = open_store()
+    assert store.topics.data_version == v3
+    assert set(store.topics.topics) == {"B"}
+    assert store.topics.get("B") == TopicConfig("B", 2, 2)
+    assert store.offsets.query("g", "B", 1) == 42
+
+
+def test_config_rejects_unknown_key_with_suggestion(tmp_path):
+    path = tmp_path / "broker.toml"
+    path.write_text('broker_name = "b"\nflush_disk_typ = "sync"\n')
+    with pytest.raises(ConfigError, match="unknown config key 'flush_disk_typ'.*"
+                                          "did you mean 'flush_disk_type'"):
+        load_config(BrokerConfig, path)
+
+
+@pytest.mark.parametrize("line, key", [
+    ("broker_id = \"zero\"", "broker_id"),
+    ("auto_create_topic_enable = 1", "auto_create_topic_enable"),
+    ("namesrv = [1, 2]", "namesrv"),
+    ("mapped_file_size_commitlog = 1.5", "mapped_file_size_commitlog"),
+])
+def test_config_rejects_wrong_type(tmp_path, line, key):
+    path = tmp_path / "broker.toml"
+    path.write_text(line + "\n")
+    with pytest.raises(ConfigError, match=key):
+        load_config(BrokerConfig, path)
+
+
+def test_config_accepts_valid_file(tmp_path):
+    path = tmp_path / "broker.toml"
+    path.write_text('flush_disk_type = "sync"\nfile_reserved_hours = 2\nnamesrv = "a:1"\n')
+    cfg = load_config(BrokerConfig, path)
+    assert (cfg.flush_disk_type, cfg.file_reserved_hours, cfg.namesrv) == ("sync", 2.0, ("a:1",))
+
+
+@pytest.mark.parametrize("cls, values, key", [
+    (NamesrvConfig, {"listen": "127.0.0.1:99999"}, "listen"),
+    (NamesrvConfig, {"listen": "9876"}, "listen"),
+    (BrokerConfig, {"listen": "host:"}, "listen"),
+    (BrokerConfig, {"namesrv": ["127.0.0.1:9876", "nohost"]}, "namesrv"),
+])
+def test_config_rejects_bad_addresses(cls, values, key):
+    """A server must not start on (or report) an address it cannot bind as written."""
+    with pytest.raises(ConfigError, match=f"{key} must be HOST:PORT"):
+        load_config(cls, **values)
+
+
+def test_torn_tail_never_reuses_queue_offsets(open_store, tmp_path):
+    """A queue whose older records expired and whose last record is torn ends up empty:
+    it must continue at the torn record's offset, not restart at 0 (offsets already
+    handed out, perhaps consumed and committed, are never reused)."""
+    store = open_store(file_reserved_hours=1.0)
+    fill(store, 12)
+    age_all_but_active(store)
+    store.delete_expired()
+    assert len(store.queue("T", 0)) == 1
+    last_phys = store.queue("T", 0).phys[-1]
+    close(store)
+    seg = last_segment(tmp_path / "store")
+    os.truncate(seg, last_phys - int(seg.name) + 100)
+    store = open_store(file_reserved_hours=1.0)
+    assert (store.min_offset("T", 0), store.max_offset("T", 0)) == (11, 11)
+    assert put(store, "T", 0, [b"next"]) == 11
+    close(store)
+    store = open_store(file_reserved_hours=1.0)
+    assert read_all(store) == [(11, b"next")]
+
+
+def test_failed_write_is_undone_and_refused_until_disk_check(open_store, monkeypatch):
+    """ENOSPC in the middle of a group write: the appends of that turn are undone (file
+    and queue), later puts are refused with DiskFull, and writes resume after a disk
+    check finds room; nothing half-written is ever readable."""
+    store = open_store()
+    bodies = fill(store, 3)
+    end = store.commitlog.written_offset
+    real_writev = os.writev
+
+    def short_then_enospc(fd, pieces):
+        os.write(fd, bytes(pieces[0])[:10])  # a few bytes reach the file first
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("hamq.store.commitlog.os.writev", short_then_enospc)
+    payload, crc = encode_batch([encode_message(b"lost")])
+    store.put_batch("T", 0, payload, 1, crc, 0)
+    with pytest.raises(DiskFull, match="No space left"):
+        store.commit()
+    monkeypatch.setattr("hamq.store.commitlog.os.writev", real_writev)
+    assert store.commitlog.written_offset == end
+    assert os.path.getsize(store.commitlog.segments[-1].path) == \
+        end - store.commitlog.segments[-1].start
+    assert store.max_offset("T", 0) == 3
+    with pytest.raises(DiskFull):
+        store.put_batch("T", 0, payload, 1, crc, 0)
+    store.check_disk()
+    assert put(store, "T", 0, [b"again"]) == 3
+    assert read_all(store) == list(enumerate(bodies + [b"again"]))
+
+
+def test_unreadable_metadata_is_set_aside(open_store, tmp_path):
+    """A damaged topics file does not stop the store; it is kept as .corrupt."""
+    store = open_store()
+    store.topics.put(TopicConfig("A"), store.clock_ms())
+    close(store)
+    (tmp_path / "store" / "topics.json").write_text("{not json")
+    store = open_store()
+    assert store.topics.topics == {}
+    assert (tmp_path / "store" / "topics.corrupt").read_text() == "{not json"
