@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 
 TICK_INTERVAL_S = 0.01
 CHECKPOINT_INTERVAL_S = 0.2
+# Entries in flight to one follower. Each is one APPEND; followers write (and fsync) what
+# arrived together in one Ready, so more in flight means bigger group commits.
+MAX_PENDING_PUSHES = 256
 RAFT_DIR = "dledger"
 
 ProposalCallback = Callable[[PutResult | None, HamqError | None], None]
@@ -76,7 +79,8 @@ class DLedgerCommitLog:
         self.storage = FileStorage(Path(config.store_dir) / RAFT_DIR)
         self._claimed = self._recover_store()
         raft_config = RaftConfig(self.node_id, tuple(sorted(self.peers)),
-                                 election_timeout_ms=config.dledger_election_timeout_ms)
+                                 election_timeout_ms=config.dledger_election_timeout_ms,
+                                 max_pending_pushes=MAX_PENDING_PUSHES)
         self.node = RawNode(raft_config, self.storage, random.Random(os.urandom(8)), _now_ms(),
                             applied_index=self._claimed[0])
         # The store checkpoint claims (Raft index, log offset) pairs, and only for indexes

@@ -74,6 +74,10 @@ async def run_produce(namesrv: str, topic: str, count: int, size: int, batch: in
 
     def issue() -> None:
         nonlocal sent
+        if sent >= requests:  # a deferred retry of a slot found nothing left to send
+            if done == sent and not finished.done():
+                finished.set_result(None)
+            return
         n = sizes[sent]
         sent += 1
         started = perf()
