@@ -11,7 +11,7 @@ import pytest
 import hamq
 from hamq import Message
 from hamq.client.consumer import PullStatus
-from hamq.errors import MessageIllegal
+from hamq.errors import InvalidArgument, MessageIllegal
 
 LATE_MS_MAX = 1000  # the accuracy bound: delivered within 1 s after due
 WAIT_S = 12.0
@@ -111,7 +111,7 @@ def test_bad_delay_messages_are_clear_errors(cluster):
     with hamq.Producer(cluster.namesrv) as producer:
         with pytest.raises(MessageIllegal, match="delay level must be 1..18"):
             producer.send(make_message("DelayedBad", "k", delay_level=19))
-        with pytest.raises(MessageIllegal, match="cannot be sent in a batch"):
+        with pytest.raises(InvalidArgument, match="cannot be batched"):  # refused client-side
             producer.send_batch([make_message("DelayedBad", "a", delay_level=1),
                                  make_message("DelayedBad", "b", delay_level=1)])
         with pytest.raises(MessageIllegal, match="more than"):
