@@ -96,6 +96,9 @@ class DLedgerCommitLog:
         self._completed_early: dict[int, ProposalCallback] = {}  # completed, not yet applied
         self._pumping = False
         self._pump_again = False
+        self.sync_appends = config.flush_disk_type == "sync"
+        self.sync_interval_s = config.flush_interval_commitlog_ms / 1000
+        self._synced_at = time.monotonic()
         self._was_leader = False
         self._task: asyncio.Task | None = None
 
@@ -190,6 +193,8 @@ class DLedgerCommitLog:
     async def _tick_loop(self) -> None:
         while True:
             self.node.tick(_now_ms())
+            if not self._pumping and not self.sync_appends and self._sync_due():
+                await self._sync_if_idle()
             self._schedule_pump()
             await asyncio.sleep(TICK_INTERVAL_S)
 
@@ -210,8 +215,11 @@ class DLedgerCommitLog:
                 if early:
                     self._send_all(ready.messages)
                 save_checkpoint = self._checkpoint_due(ready)
-                if ready.hard_state or ready.entries or save_checkpoint:
+                if ready.hard_state or save_checkpoint or (ready.entries and (
+                        self.sync_appends or self._sync_due())):
                     await asyncio.to_thread(self._persist, ready, save_checkpoint)
+                elif ready.entries:  # page-cache writes only: no thread hop on the hot path
+                    self._persist(ready, save_checkpoint)
                 if not early:
                     self._send_all(ready.messages)
                 self._apply(ready)
@@ -242,16 +250,34 @@ class DLedgerCommitLog:
         return True
 
     def _persist(self, ready: Ready, save_checkpoint: bool) -> None:
-        """In a worker thread: nothing is sent before the state it depends on is durable."""
+        """In a worker thread: nothing is sent before the state it depends on is written —
+        and, with ``flush_disk_type = "sync"``, fsynced. With "async" (the store's default
+        contract) appends reach the page cache first, which survives a process crash, and
+        are fsynced every ``flush_interval_commitlog_ms``; votes and terms always are."""
         if ready.hard_state is not None:
             self.storage.save_hard_state(ready.hard_state)
         if ready.entries:
             self.storage.append(ready.entries)
         if save_checkpoint:
             self.storage.save_checkpoint(ready.checkpoint)
-        self.storage.sync()
+        if self.sync_appends or ready.hard_state is not None or self._sync_due():
+            self.storage.sync()
+            self._synced_at = time.monotonic()
         if save_checkpoint:
             self.durable_committed_index = ready.checkpoint.committed_index
+
+    def _sync_due(self) -> bool:
+        return time.monotonic() - self._synced_at >= self.sync_interval_s
+
+    async def _sync_if_idle(self) -> None:
+        """The periodic fsync of an idle member (a busy one syncs in its Ready cycle)."""
+        self._pumping = True
+        try:
+            await asyncio.to_thread(self.storage.sync)
+            self._synced_at = time.monotonic()
+        finally:
+            self._pumping = False
+        self._schedule_pump()
 
     def _send_all(self, messages: list[Message]) -> None:
         for msg in messages:
