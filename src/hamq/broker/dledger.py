@@ -280,16 +280,17 @@ class DLedgerCommitLog:
         self._schedule_pump()
 
     def _send_all(self, messages: list[Message]) -> None:
+        """One write per peer for all of a Ready's messages to it."""
+        by_peer: dict[int, list[bytes]] = {}
         for msg in messages:
-            self._send(msg)
-
-    def _send(self, msg: Message) -> None:
-        addr = self.peers[msg.to_id]
-        conn = self.pool.get_ready(addr)
-        if conn is not None:
-            conn.oneway(RequestCode.DLEDGER_MESSAGE, None, msg.encode())
-        else:  # connect in the background; Raft resends what is lost meanwhile
-            asyncio.ensure_future(self._connect(addr))
+            by_peer.setdefault(msg.to_id, []).append(msg.encode())
+        for peer, bodies in by_peer.items():
+            addr = self.peers[peer]
+            conn = self.pool.get_ready(addr)
+            if conn is not None:
+                conn.oneway_many(RequestCode.DLEDGER_MESSAGE, bodies)
+            else:  # connect in the background; Raft resends what is lost meanwhile
+                asyncio.ensure_future(self._connect(addr))
 
     async def _connect(self, addr: str) -> None:
         try:

@@ -195,6 +195,14 @@ class Connection(asyncio.BufferedProtocol):
         if not self.is_closed:
             self.transport.writelines(encode_frame(code, 0, Flag.ONEWAY, ext, "", body))
 
+    def oneway_many(self, code: int, bodies: list[bytes]) -> None:
+        """Several one-way frames in one write (a Raft member's messages to one peer)."""
+        if not self.is_closed:
+            pieces: list = []
+            for body in bodies:
+                pieces += encode_frame(code, 0, Flag.ONEWAY, None, "", body)
+            self.transport.writelines(pieces)
+
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
