@@ -3,6 +3,7 @@ and ``invoke`` (one request, errors raised as ``hamq.errors`` classes)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -13,6 +14,8 @@ from hamq.net.pool import ConnectionPool
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, unpack_body
 from hamq.store.metadata import PERM_READ, PERM_WRITE
+
+log = logging.getLogger(__name__)
 
 MASTER_ID = 0
 ROUTE_REFRESH_INTERVAL_S = 30.0  # RocketMQ pollNameServerInterval
@@ -145,6 +148,16 @@ class ClientCore:
                 last = err
         assert last is not None
         raise last
+
+    async def heart_beat(self, addrs: Iterable[str], body: bytes) -> None:
+        """HEART_BEAT to every address; a broker that does not answer is retried at the
+        next period, so a failure is only logged."""
+        async def one(addr: str) -> None:
+            try:
+                await self.invoke(addr, RequestCode.HEART_BEAT, body=body)
+            except HamqError as err:
+                log.debug("heartbeat to %s failed: %s", addr, err.message)
+        await asyncio.gather(*(one(addr) for addr in addrs))
 
     async def close(self) -> None:
         await self.pool.close()

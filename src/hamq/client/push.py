@@ -209,12 +209,7 @@ class AsyncPushConsumer:
             "subscriptions": {t: s.expression for t, s in self.subscriptions.items()}}]})
 
     async def _send_heartbeats(self) -> None:
-        body = self._heartbeat_body()
-        for addr in await self._broker_addrs():
-            try:
-                await self.core.invoke(addr, RequestCode.HEART_BEAT, body=body)
-            except HamqError as err:
-                log.debug("heartbeat to %s failed: %s", addr, err.message)
+        await self.core.heart_beat(await self._broker_addrs(), self._heartbeat_body())
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -453,6 +448,19 @@ class AsyncPushConsumer:
             await self._lock(list(self.process_queues.values()))
 
     async def _lock(self, pqs: list[ProcessQueue]) -> None:
+        until = time.monotonic() + LOCAL_LOCK_MAX_LIVE_S
+        async for group, frame in self._lock_requests(RequestCode.LOCK_BATCH_MQ, pqs):
+            held = {tuple(k) for k in unpack_body(frame.body) or []} if frame else set()
+            for pq in group:
+                pq.locked_until = until if (pq.mq.topic, pq.mq.queue_id) in held else 0.0
+
+    async def _unlock(self, pqs: list[ProcessQueue]) -> None:
+        async for group, _ in self._lock_requests(RequestCode.UNLOCK_BATCH_MQ, pqs):
+            for pq in group:  # an unlock that failed lapses by itself on the broker
+                pq.locked_until = 0.0
+
+    async def _lock_requests(self, code: int, pqs: list[ProcessQueue]):
+        """One LOCK/UNLOCK_BATCH_MQ per broker group; yields (its queues, answer or None)."""
         for broker_name, group in _by_broker(pqs).items():
             route = self.core.routes.get(group[0].mq.topic)
             addr = route.master_addr(broker_name) if route else None
@@ -460,31 +468,13 @@ class AsyncPushConsumer:
                 continue
             body = pack_body([[pq.mq.topic, pq.mq.queue_id] for pq in group])
             try:
-                frame = await self.core.invoke(addr, RequestCode.LOCK_BATCH_MQ,
-                                               {"group": self.group, "client_id": self.client_id},
-                                               body)
+                frame = await self.core.invoke(
+                    addr, code, {"group": self.group, "client_id": self.client_id}, body)
             except HamqError as err:
-                log.warning("locking queues on %s failed: %s", broker_name, err.message)
-                continue
-            held = {tuple(k) for k in unpack_body(frame.body) or []}
-            until = time.monotonic() + LOCAL_LOCK_MAX_LIVE_S
-            for pq in group:
-                pq.locked_until = until if (pq.mq.topic, pq.mq.queue_id) in held else 0.0
-
-    async def _unlock(self, pqs: list[ProcessQueue]) -> None:
-        for broker_name, group in _by_broker(pqs).items():
-            route = self.core.routes.get(group[0].mq.topic)
-            addr = route.master_addr(broker_name) if route else None
-            if addr is None:
-                continue
-            try:
-                await self.core.invoke(addr, RequestCode.UNLOCK_BATCH_MQ,
-                                       {"group": self.group, "client_id": self.client_id},
-                                       pack_body([[pq.mq.topic, pq.mq.queue_id] for pq in group]))
-            except HamqError:
-                pass  # the lock lapses by itself
-            for pq in group:
-                pq.locked_until = 0.0
+                log.warning("%s on %s failed: %s", RequestCode(code).name, broker_name,
+                            err.message)
+                frame = None
+            yield group, frame
 
     # -- offsets --------------------------------------------------------------------------------
     async def _persist_loop(self) -> None:

@@ -86,7 +86,7 @@ class AsyncTransactionProducer:
         master = await self._master_of(message.topic, result.queue.broker_name)
         if master not in self._masters:
             self._masters.add(master)
-            await self._heartbeat(master)
+            await self._heartbeat([master])
         if self._heartbeats is None:
             self._heartbeats = asyncio.create_task(self._heartbeat_loop())
         state = await self._run_callback(self.execute_local_transaction, message, arg)
@@ -149,17 +149,14 @@ class AsyncTransactionProducer:
             raise ServiceNotAvailable(f"broker group {broker_name} has no master")
         return master
 
-    async def _heartbeat(self, addr: str) -> None:
-        body = pack_body({"client_id": self.client_id, "producer_groups": [self.group]})
-        try:
-            await self.core.invoke(addr, RequestCode.HEART_BEAT, body=body)
-        except HamqError as err:
-            log.debug("heartbeat to %s failed: %s", addr, err.message)
+    async def _heartbeat(self, addrs: list[str]) -> None:
+        await self.core.heart_beat(addrs, pack_body({"client_id": self.client_id,
+                                                     "producer_groups": [self.group]}))
 
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_interval_s)
-            await asyncio.gather(*(self._heartbeat(addr) for addr in list(self._masters)))
+            await self._heartbeat(list(self._masters))
 
 
 class TransactionProducer(_SyncFacade):
