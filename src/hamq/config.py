@@ -77,7 +77,8 @@ class BrokerConfig(StoreConfig):
     replication_mode: str = "master-slave"         # "dledger" = enableDLegerCommitLog
     dledger_self_id: int = 0                       # dLegerSelfId (1-based here)
     dledger_peers: tuple[str, ...] = ()            # dLegerPeers: "ID@HOST:PORT" raft endpoints
-    dledger_election_timeout_ms: int = 500         # a follower's wait before campaigning
+    dledger_election_timeout_ms: int = 1000        # a follower's wait before campaigning;
+    #   an unanswered APPEND is resent after 2/5 of it (large batches under load need time)
     # -- delay and timer messages ------------------------------------------------------
     flush_delay_offset_interval_ms: int = 10_000   # flushDelayOffsetInterval
     # -- transaction messages ----------------------------------------------------------

@@ -78,8 +78,10 @@ class DLedgerCommitLog:
         self.peers = config.dledger_peer_map
         self.storage = FileStorage(Path(config.store_dir) / RAFT_DIR)
         self._claimed = self._recover_store()
+        election_ms = config.dledger_election_timeout_ms
         raft_config = RaftConfig(self.node_id, tuple(sorted(self.peers)),
-                                 election_timeout_ms=config.dledger_election_timeout_ms,
+                                 election_timeout_ms=election_ms,
+                                 push_timeout_ms=election_ms * 2 // 5,
                                  max_pending_pushes=MAX_PENDING_PUSHES)
         self.node = RawNode(raft_config, self.storage, random.Random(os.urandom(8)), _now_ms(),
                             applied_index=self._claimed[0])
