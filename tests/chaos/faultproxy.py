@@ -35,8 +35,16 @@ class FaultProxy:
         self.blocked = False
 
     def stop(self) -> None:
-        self.block()
-        self._loop.call_soon_threadsafe(self._server.close)
+        async def shutdown() -> None:
+            self.blocked = True
+            self._server.close()
+            self._reset_all()
+            links = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in links:
+                task.cancel()
+            await asyncio.gather(*links, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
 

@@ -30,6 +30,7 @@ from hamq.raft import (
     ResponseCode,
     quorum_index,
 )
+from hamq.raft.storage import persist
 
 SCRIPT_DIR = Path(__file__).parent
 SEPARATOR = "----"
@@ -236,13 +237,7 @@ class Harness:
         return True
 
     def _persist(self, node_id: int, ready: Ready) -> None:
-        storage = self.storages[node_id]
-        if ready.hard_state is not None:
-            storage.save_hard_state(ready.hard_state)
-        storage.append(ready.entries)
-        if ready.checkpoint is not None:
-            storage.save_checkpoint(ready.checkpoint)
-        storage.sync()
+        persist(self.storages[node_id], ready)
 
     @staticmethod
     def _describe_ready(ready: Ready) -> list[str]:

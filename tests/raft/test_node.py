@@ -24,15 +24,9 @@ from hamq.raft import (
     UnknownPeerError,
 )
 from hamq.raft.config import ELECTION_TIMEOUT_MS
+from hamq.raft.storage import persist
 
 
-def persist(storage: LogStorage, ready: Ready) -> None:
-    if ready.hard_state is not None:
-        storage.save_hard_state(ready.hard_state)
-    storage.append(ready.entries)
-    if ready.checkpoint is not None:
-        storage.save_checkpoint(ready.checkpoint)
-    storage.sync()
 
 
 def drain(node: RawNode, storage: LogStorage) -> list[Ready]:

@@ -31,8 +31,9 @@ from hamq.net.pool import ConnectionPool
 from hamq.net.server import Server
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import Frame, require
-from hamq.raft import (EMPTY_INDEX, EntryId, FailureReason, FileStorage, Message, MessageDecodeError,
-                       RaftConfig, RaftError, RawNode, Ready, Role)
+from hamq.raft import (EMPTY_INDEX, EntryId, FailureReason, FileStorage, Message,
+                       MessageDecodeError, RaftConfig, RaftError, RawNode, Ready, Role)
+from hamq.raft.storage import persist
 from hamq.store.message_store import MessageStore, PutResult
 from hamq.store.metadata import TopicConfig
 
@@ -256,14 +257,9 @@ class DLedgerCommitLog:
         and, with ``flush_disk_type = "sync"``, fsynced. With "async" (the store's default
         contract) appends reach the page cache first, which survives a process crash, and
         are fsynced every ``flush_interval_commitlog_ms``; votes and terms always are."""
-        if ready.hard_state is not None:
-            self.storage.save_hard_state(ready.hard_state)
-        if ready.entries:
-            self.storage.append(ready.entries)
-        if save_checkpoint:
-            self.storage.save_checkpoint(ready.checkpoint)
-        if self.sync_appends or ready.hard_state is not None or self._sync_due():
-            self.storage.sync()
+        sync = self.sync_appends or ready.hard_state is not None or self._sync_due()
+        persist(self.storage, ready, checkpoint=save_checkpoint, sync=sync)
+        if sync:
             self._synced_at = time.monotonic()
         if save_checkpoint:
             self.durable_committed_index = ready.checkpoint.committed_index

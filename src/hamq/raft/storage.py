@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from hamq.raft.errors import LogIndexError
 from hamq.raft.log import EMPTY_INDEX, NO_TERM, Checkpoint, Entry, HardState
+from hamq.raft.ready import Ready
 
 
 class LogStorage(ABC):
@@ -108,3 +109,19 @@ class MemoryStorage(LogStorage):
 
     def sync(self) -> None:
         """Nothing to flush: memory is as durable as this store gets."""
+
+
+def persist(storage: LogStorage, ready: Ready, *, checkpoint: bool = True,
+            sync: bool = True) -> None:
+    """The first step of the Ready contract: save the hard state, append the entries (they
+    replace the stored suffix), save the checkpoint, then sync — before any of the Ready's
+    messages leave. A driver may skip the checkpoint (a recovery hint) or, when it accepts
+    page-cache durability for entries, the sync of a Ready without a hard state."""
+    if ready.hard_state is not None:
+        storage.save_hard_state(ready.hard_state)
+    if ready.entries:
+        storage.append(ready.entries)
+    if checkpoint and ready.checkpoint is not None:
+        storage.save_checkpoint(ready.checkpoint)
+    if sync or ready.hard_state is not None:
+        storage.sync()
