@@ -13,9 +13,11 @@ This module is the asyncio shell around ``hamq.raft.RawNode``: ticks, the Ready 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import random
+import struct
 import time
 from collections import deque
 from collections.abc import Callable
@@ -60,6 +62,31 @@ def encode_entry(topic: str, queue_id: int, count: int, crc: int, born_ts: int, 
                  payload: bytes) -> bytes:
     return msgpack.packb([KIND_SEND, topic, queue_id, count, crc, born_ts, store_ts, payload],
                          use_bin_type=True)
+
+
+_MESSAGE_HEAD = struct.Struct(">I")
+
+
+def encode_message(msg: Message) -> list:
+    """A Raft message as frame pieces: the message without its entry's data, then the data
+    itself — the same bytes object for every follower, written by reference, not re-packed."""
+    entry = msg.entry
+    if entry is None or not entry.data:
+        head = msg.encode()
+        return [_MESSAGE_HEAD.pack(len(head)), head]
+    head = dataclasses.replace(msg, entry=dataclasses.replace(entry, data=b"")).encode()
+    return [_MESSAGE_HEAD.pack(len(head)), head, entry.data]
+
+
+def decode_message(body: bytes) -> Message:
+    if len(body) < _MESSAGE_HEAD.size:
+        raise MessageDecodeError("raft frame shorter than its length prefix")
+    (head_len,) = _MESSAGE_HEAD.unpack_from(body)
+    end = _MESSAGE_HEAD.size + head_len
+    msg = Message.decode(body[_MESSAGE_HEAD.size:end])
+    if msg.entry is None or end == len(body):
+        return msg
+    return dataclasses.replace(msg, entry=dataclasses.replace(msg.entry, data=body[end:]))
 
 
 def _now_ms() -> int:
@@ -163,7 +190,7 @@ class DLedgerCommitLog:
     def handle(self, conn: Connection, frame: Frame) -> list | None:
         if frame.code == RequestCode.DLEDGER_MESSAGE:
             try:
-                self.node.step(Message.decode(frame.body))
+                self.node.step(decode_message(frame.body))
             except (MessageDecodeError, RaftError) as err:
                 log.warning("dropping raft message from %s: %s", conn.peer, err)
             self._schedule_pump()
@@ -279,9 +306,9 @@ class DLedgerCommitLog:
 
     def _send_all(self, messages: list[Message]) -> None:
         """One write per peer for all of a Ready's messages to it."""
-        by_peer: dict[int, list[bytes]] = {}
+        by_peer: dict[int, list[list]] = {}
         for msg in messages:
-            by_peer.setdefault(msg.to_id, []).append(msg.encode())
+            by_peer.setdefault(msg.to_id, []).append(encode_message(msg))
         for peer, bodies in by_peer.items():
             addr = self.peers[peer]
             conn = self.pool.get_ready(addr)

@@ -195,7 +195,7 @@ class Connection(asyncio.BufferedProtocol):
         if not self.is_closed:
             self.transport.writelines(encode_frame(code, 0, Flag.ONEWAY, ext, "", body))
 
-    def oneway_many(self, code: int, bodies: list[bytes]) -> None:
+    def oneway_many(self, code: int, bodies: list[bytes | list]) -> None:
         """Several one-way frames in one write (a Raft member's messages to one peer)."""
         if not self.is_closed:
             pieces: list = []

@@ -53,14 +53,15 @@ class Frame:
 
 
 def encode_frame(code: int, opaque: int, flags: int = 0, ext: dict[str, Any] | None = None,
-                 remark: str = "", body: bytes | memoryview = b"") -> list[bytes | memoryview]:
-    """Pieces for ``transport.writelines``; the body is never copied."""
+                 remark: str = "", body: bytes | memoryview | list = b"") -> list:
+    """Pieces for ``transport.writelines``; the body is never copied. It may itself be a
+    list of pieces (one large piece shared by several frames is then written by reference)."""
     header = _packb([code, opaque, flags, ext or None, remark or None])
-    total = 4 + len(header) + len(body)
+    pieces = body if isinstance(body, list) else [body] if body else []
+    total = 4 + len(header) + sum(map(len, pieces))
     if total > MAX_FRAME_BYTES:
         raise BadFrame(f"frame of {total} bytes exceeds the limit of {MAX_FRAME_BYTES}")
-    prefix = _PREFIX.pack(total, len(header)) + header
-    return [prefix, body] if body else [prefix]
+    return [_PREFIX.pack(total, len(header)) + header, *pieces]
 
 
 def encode_frame_bytes(*args: Any, **kwargs: Any) -> bytes:
