@@ -19,9 +19,11 @@ from hamq.protocol.limits import MAX_FRAME_BYTES, MAX_HEADER_BYTES
 _PREFIX = struct.Struct(">II")
 PREFIX_BYTES = _PREFIX.size
 _packb = msgpack.Packer(use_bin_type=True).pack
-# Reads ask for at least this much free buffer; a buffer grown past the shrink size for a
-# large frame is dropped once it is empty.
-_MIN_READ_BYTES = 256 * 1024
+# Reads ask for at least this much free buffer (more when a frame's size is known) in a
+# buffer of at least the initial size; a buffer grown past the shrink size for a large frame
+# is dropped once it is empty.
+_MIN_READ_BYTES = 64 * 1024
+_INITIAL_BUFFER_BYTES = 128 * 1024
 _SHRINK_ABOVE_BYTES = 4 * 1024 * 1024
 
 
@@ -78,7 +80,7 @@ class FrameDecoder:
     """
 
     def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
-        self._buf = bytearray(_MIN_READ_BYTES)
+        self._buf = bytearray(_INITIAL_BUFFER_BYTES)
         self._start = 0  # first unparsed byte
         self._end = 0    # end of received bytes
         self._max_frame_bytes = max_frame_bytes
@@ -105,12 +107,15 @@ class FrameDecoder:
             if total <= self._max_frame_bytes:
                 want = max(want, 4 + total - pending)
         if len(self._buf) - self._end < want:
-            # Move the unparsed tail to the front of a buffer big enough; never resize in
-            # place, as the event loop may still hold a view of the old one.
-            capacity = max(len(self._buf), pending + want)
-            fresh = bytearray(capacity)
-            fresh[:pending] = self._buf[self._start:self._end]
-            self._buf, self._start, self._end = fresh, 0, pending
+            if len(self._buf) - pending >= want:
+                # Room enough once the unparsed tail moves to the front: a same-length
+                # slice assignment, which never resizes (the loop may hold an old view).
+                self._buf[:pending] = self._buf[self._start:self._end]
+            else:  # a bigger buffer; allocating (and zeroing) it is the rare case
+                fresh = bytearray(max(2 * len(self._buf), pending + want))
+                fresh[:pending] = self._buf[self._start:self._end]
+                self._buf = fresh
+            self._start, self._end = 0, pending
         return memoryview(self._buf)[self._end:]
 
     def buffer_updated(self, nbytes: int) -> list[Frame]:
@@ -119,7 +124,7 @@ class FrameDecoder:
         if pos == self._end:
             self._start = self._end = 0
             if len(self._buf) > _SHRINK_ABOVE_BYTES:  # one huge frame must not pin memory
-                self._buf = bytearray(_MIN_READ_BYTES)
+                self._buf = bytearray(_INITIAL_BUFFER_BYTES)
         else:
             self._start = pos
         return frames
