@@ -60,6 +60,7 @@ class BrokerConfig(StoreConfig):
     register_broker_interval_ms: int = 30_000      # registerNameServerPeriod
     broker_not_active_timeout_ms: int = 0          # brokerNotActiveTimeoutMillis; 0 = namesrv's
     long_polling_max_wait_ms: int = 15_000         # longPollingEnable's upper bound
+    metrics_listen: str = ""                       # HOST:PORT of /metrics (Prometheus), "" = off
     # -- master-slave replication (seed 000, RIP-34) ----------------------------------
     ha_listen: str = ""                            # haListenPort; "" = listen port + 1
     ha_send_heartbeat_interval_ms: int = 1000      # haSendHeartbeatInterval
@@ -147,6 +148,7 @@ class NamesrvConfig:
     data_dir: str = "./namesrv"                          # kvConfigPath's directory
     scan_not_active_broker_interval_ms: int = 5000       # scanNotActiveBrokerInterval
     broker_not_active_timeout_ms: int = 10_000           # brokerNotActiveTimeoutMillis
+    metrics_listen: str = ""                             # HOST:PORT of /metrics, "" = off
 
     def __post_init__(self) -> None:
         _positive(self, "scan_not_active_broker_interval_ms", "broker_not_active_timeout_ms")

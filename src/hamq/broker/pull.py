@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from hamq.broker.topics import TopicService
 from hamq.net.connection import Connection, response_pieces
+from hamq.net.metrics import PULL_REQUESTS
 from hamq.protocol.codes import ResponseCode
 from hamq.protocol.frame import Frame, optional, require
 from hamq.protocol.limits import MAX_PULL_BYTES
@@ -41,6 +42,7 @@ class PullProcessor:
         topic = require(ext, "topic")
         queue_id = require(ext, "queue_id", int)
         self.topics.for_read(topic, queue_id)
+        PULL_REQUESTS.inc()
         group = ext.get("group")
         commit_offset = ext.get("commit_offset")
         if group and isinstance(commit_offset, int) and commit_offset >= 0:

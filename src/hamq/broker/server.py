@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import time
+from wsgiref.simple_server import WSGIServer
 
 from hamq.broker.client_processor import ClientProcessor
 from hamq.broker.clients import ClientManager
@@ -28,6 +29,7 @@ from hamq.broker.transaction_check import TransactionalMessageCheckService
 from hamq.config import BrokerConfig
 from hamq.errors import RequestCodeNotSupported
 from hamq.net.connection import Connection
+from hamq.net.metrics import gauge, serve_metrics
 from hamq.net.pool import ConnectionPool
 from hamq.net.server import Server
 from hamq.protocol.codes import RequestCode
@@ -128,6 +130,7 @@ class Broker:
         self.server.on_connection_closed.append(self.clients.connection_closed)
         self.clients.on_client_gone.append(self.locks.unlock_client)
         self._housekeeping: asyncio.Task | None = None
+        self.metrics: WSGIServer | None = None
 
     def _replicated(self, arrived: list[tuple[str, int]]) -> None:
         topics = self.store.topics.topics
@@ -163,6 +166,16 @@ class Broker:
 
     async def start(self) -> None:
         await self.server.start(self.config.listen)
+        self.metrics = serve_metrics(self.config.metrics_listen)
+        if self.metrics is not None:
+            log_ = self.store.commitlog
+            gauge("hamq_commitlog_max_offset", "Commit log end (bytes)", lambda: log_.max_offset)
+            gauge("hamq_commitlog_flushed_offset", "Commit log fsynced up to (bytes)",
+                  lambda: log_.flushed_offset)
+            gauge("hamq_connections", "Open client connections",
+                  lambda: len(self.server.connections))
+            gauge("hamq_alive_replicas", "Members of this group the name server holds alive",
+                  lambda: self.members.alive_replicas)
         if self.ha_master is not None:
             await self.ha_master.start()
         if self.dledger is not None:
@@ -211,6 +224,8 @@ class Broker:
             await self.ha_master.stop()
         await self.flush.stop()
         self.store.close()
+        if self.metrics is not None:
+            self.metrics.shutdown()
         await self.pool.close()
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from hamq.config import NamesrvConfig
 from hamq.errors import InvalidArgument, RequestCodeNotSupported, TopicNotExist
 from hamq.net.connection import Connection, response_pieces
+from hamq.net.metrics import gauge, serve_metrics
 from hamq.net.server import Server
 from hamq.namesrv.routes import RouteInfoManager
 from hamq.protocol.codes import RequestCode, ResponseCode
@@ -161,6 +162,12 @@ async def serve_namesrv(config: NamesrvConfig, stop: asyncio.Event) -> None:
     processor = NamesrvProcessor(config)
     server = Server(processor)
     await server.start(config.listen)
+    metrics = serve_metrics(config.metrics_listen)
+    if metrics is not None:
+        gauge("hamq_namesrv_live_brokers", "Broker members alive in the route table",
+              lambda: len(processor.routes.live))
+        gauge("hamq_namesrv_topics", "Topics with a route",
+              lambda: len(processor.routes.topic_queue_table))
     log.info("name server listening on %s", config.listen)
     print(json.dumps({"event": "ready", "role": "namesrv", "listen": config.listen}), flush=True)
     interval_s = config.scan_not_active_broker_interval_ms / 1000
@@ -170,3 +177,5 @@ async def serve_namesrv(config: NamesrvConfig, stop: asyncio.Event) -> None:
         except asyncio.TimeoutError:
             processor.scan_not_active_broker()
     await server.close()
+    if metrics is not None:
+        metrics.shutdown()
