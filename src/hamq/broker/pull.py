@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from hamq.broker.topics import TopicService
 from hamq.net.connection import Connection, response_pieces
-from hamq.net.metrics import PULL_REQUESTS
+from hamq.net.metrics import COUNTS
 from hamq.protocol.codes import ResponseCode
 from hamq.protocol.frame import Frame, optional, require
 from hamq.protocol.limits import MAX_PULL_BYTES
@@ -42,7 +42,7 @@ class PullProcessor:
         topic = require(ext, "topic")
         queue_id = require(ext, "queue_id", int)
         self.topics.for_read(topic, queue_id)
-        PULL_REQUESTS.inc()
+        COUNTS.pull_requests += 1
         group = ext.get("group")
         commit_offset = ext.get("commit_offset")
         if group and isinstance(commit_offset, int) and commit_offset >= 0:

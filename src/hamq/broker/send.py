@@ -10,7 +10,7 @@ from hamq.broker.ha import HAMaster
 from hamq.broker.topics import TopicService
 from hamq.errors import HamqError, MessageIllegal
 from hamq.net.connection import Connection, error_pieces, response_pieces
-from hamq.net.metrics import BYTES_IN, MESSAGES_IN, SEND_REQUESTS
+from hamq.net.metrics import COUNTS
 from hamq.protocol.codes import ResponseCode
 from hamq.protocol.frame import Frame, optional, require
 from hamq.protocol.message import offset_msg_id, validate_batch
@@ -57,9 +57,9 @@ class SendProcessor:
             return self._propose(conn, frame, topic, queue_id, count)
         born_ts = optional(ext, "born_ts", 0)
         need_ack_nums = self.ha.check_quorum() if self.ha is not None else 1
-        SEND_REQUESTS.inc()
-        MESSAGES_IN.inc(count)
-        BYTES_IN.inc(len(frame.body))
+        COUNTS.send_requests += 1
+        COUNTS.messages_in += count
+        COUNTS.bytes_in += len(frame.body)
         if first_message_is_held_back(frame.body):
             result = self.put_held_back(topic, queue_id, frame.body, count, born_ts)
         else:
@@ -96,9 +96,9 @@ class SendProcessor:
     def _propose(self, conn: Connection, frame: Frame, topic: str, queue_id: int,
                  count: int) -> None:
         """DLedger: the batch becomes one Raft entry; the answer waits for its commit."""
-        SEND_REQUESTS.inc()
-        MESSAGES_IN.inc(count)
-        BYTES_IN.inc(len(frame.body))
+        COUNTS.send_requests += 1
+        COUNTS.messages_in += count
+        COUNTS.bytes_in += len(frame.body)
         if first_message_is_held_back(frame.body):
             raise MessageIllegal("delay, timer and transaction messages are not supported by "
                                  "DLedger groups yet (replication_mode = \"dledger\")")
