@@ -214,3 +214,20 @@ def test_cli_bench_consume_pop(cluster, hamq_cli):
     report = json.loads(result.stdout)
     assert report["messages"] == 2048 and report["errors"] == 0
     assert {"msgs_per_s", "mb_per_s", "p50_ms", "p99_ms", "p999_ms", "params"} <= set(report)
+
+
+def test_deleted_topic_takes_its_pop_state_with_it(cluster, pop_topic):
+    """Unacked messages of a deleted topic are not redelivered into the topic created again
+    under the same name, and its new messages are popped from their first offset."""
+    produce(cluster.namesrv, pop_topic, [b"old%d" % i for i in range(4)])
+    with hamq.SimpleConsumer("deleted", cluster.namesrv,
+                             subscriptions={pop_topic: "*"}) as consumer:
+        assert len(receive_all(consumer, 4, INVISIBLE_S)) == 4  # in flight, never acked
+        with hamq.Admin(cluster.namesrv) as admin:
+            admin.delete_topic(pop_topic)
+            admin.create_topic(pop_topic, 2)
+        produce(cluster.namesrv, pop_topic, [b"new%d" % i for i in range(3)])
+        time.sleep(INVISIBLE_S + 0.5)  # the old messages' invisible time has passed
+        got = receive_all(consumer, 3, 30.0, timeout_s=5.0)
+    assert sorted(m.body for m in got) == [b"new0", b"new1", b"new2"]
+    assert all(m.reconsume_times == 0 for m in got)

@@ -80,6 +80,11 @@ class PopService:
             topics.create(REVIVE_LOG_TOPIC, 1, 1, PERM_READ, notify=False)
         self._recover()
 
+    def forget_topic(self, topic: str) -> None:
+        """The topic was deleted: its in-flight pop state goes with it."""
+        for key in [k for k in self.states if k[1] == topic]:
+            del self.states[key]
+
     def handlers(self) -> dict[int, Callable[[Connection, Frame], list | None]]:
         return {RequestCode.POP_MESSAGE: self.pop, RequestCode.ACK_MESSAGE: self.ack,
                 RequestCode.BATCH_ACK_MESSAGE: self.batch_ack,

@@ -120,6 +120,7 @@ class Broker:
                               self.is_slave,
                               self.ha_master.new_data if self.ha_master else lambda: None)
         self.processor.register(self.pop.handlers(), self.pop.serve_arrivals)
+        self.topics.on_delete.append(self.pop.forget_topic)
         if self.dledger is not None:
             self.processor.register({
                 RequestCode.DLEDGER_TRANSFER_LEADERSHIP: self.dledger.handle_transfer,

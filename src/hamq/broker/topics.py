@@ -29,6 +29,7 @@ class TopicService:
         self.default_queue_nums = default_queue_nums
         self.auto_create = auto_create
         self.on_change = on_change  # re-register with the name servers
+        self.on_delete: list[Callable[[str], None]] = []  # state kept per topic elsewhere
         if auto_create and not is_slave and \
                 store.topics.get(AUTO_CREATE_TOPIC_KEY_TOPIC) is None:
             self.create(AUTO_CREATE_TOPIC_KEY_TOPIC, default_queue_nums, default_queue_nums,
@@ -70,6 +71,8 @@ class TopicService:
         if not self.store.topics.delete(topic, self.store.clock_ms()):
             raise TopicNotExist(f"topic {topic!r} does not exist on this broker")
         self.store.delete_topic(topic)
+        for forget in self.on_delete:
+            forget(topic)
         self.on_change()
 
     def for_write(self, topic: str, queue_id: int) -> TopicConfig:
