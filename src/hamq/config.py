@@ -223,9 +223,6 @@ def _positive(obj: Any, *names: str) -> None:
             raise ConfigError(f"{name} must be > 0")
 
 
-def to_dict(config: Any) -> dict[str, Any]:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}
-
 
 def dump_toml(values: dict[str, Any]) -> str:
     """Flat TOML for the generated configs of ``hamq dev`` (strings, numbers, booleans,

@@ -64,6 +64,19 @@ def make_message(topic: str, key: str, **kw) -> Message:
     return Message(topic, f"body-{key}".encode(), keys=key, tags="T", **kw)
 
 
+def send_level1_level2_timer(cluster, topic: str) -> dict[str, tuple[int, int]]:
+    """Level 1 (1 s), level 2 (5 s) and a timer 4 s ahead, to a new one-queue topic."""
+    with hamq.Admin(cluster.namesrv) as admin:
+        admin.create_topic(topic, 1)
+    with hamq.Producer(cluster.namesrv) as producer:
+        return {
+            "level1": send_timed(producer, make_message(topic, "level1", delay_level=1), 1000),
+            "level2": send_timed(producer, make_message(topic, "level2", delay_level=2), 5000),
+            "timer": send_timed(producer, make_message(topic, "timer",
+                                                       deliver_time_ms=now_ms() + 4000), 0),
+        }
+
+
 def test_delay_levels_and_timer_delivered_in_their_window(cluster):
     with hamq.Admin(cluster.namesrv) as admin:
         admin.create_topic("Delayed", 1)
@@ -84,17 +97,7 @@ def test_delay_levels_and_timer_delivered_in_their_window(cluster):
 
 
 def test_delivered_once_and_on_time_across_a_broker_restart(cluster):
-    with hamq.Admin(cluster.namesrv) as admin:
-        admin.create_topic("DelayedRestart", 1)
-    with hamq.Producer(cluster.namesrv) as producer:
-        windows = {
-            "level1": send_timed(producer, make_message("DelayedRestart", "level1",
-                                                        delay_level=1), 1000),
-            "level2": send_timed(producer, make_message("DelayedRestart", "level2",
-                                                        delay_level=2), 5000),
-            "timer": send_timed(producer, make_message("DelayedRestart", "timer",
-                                                       deliver_time_ms=now_ms() + 4000), 0),
-        }
+    windows = send_level1_level2_timer(cluster, "DelayedRestart")
     time.sleep(1.5)  # level 1 is delivered before the restart, the others are not
     cluster.restart("broker")
     assert now_ms() < windows["timer"][0], "restart took too long for this test"
@@ -158,17 +161,7 @@ def test_slave_takes_its_masters_delay_offsets(cluster_factory):
 
 
 def test_kill9_before_due_still_delivers_at_least_once(cluster):
-    with hamq.Admin(cluster.namesrv) as admin:
-        admin.create_topic("DelayedKill", 1)
-    with hamq.Producer(cluster.namesrv) as producer:
-        windows = {
-            "level1": send_timed(producer, make_message("DelayedKill", "level1",
-                                                        delay_level=1), 1000),
-            "level2": send_timed(producer, make_message("DelayedKill", "level2",
-                                                        delay_level=2), 5000),
-            "timer": send_timed(producer, make_message("DelayedKill", "timer",
-                                                       deliver_time_ms=now_ms() + 4000), 0),
-        }
+    windows = send_level1_level2_timer(cluster, "DelayedKill")
     time.sleep(1.5)  # level 1 delivered, its progress not yet persisted (every 10 s)
     broker = cluster.procs["broker"]
     broker.kill9()

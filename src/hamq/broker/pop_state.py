@@ -68,9 +68,6 @@ class PopQueueState:
         self._deadlines = [(d, o, ck) for o, (d, _, ck) in self.inflight.items()]
         heapq.heapify(self._deadlines)
 
-    def next_deadline_ms(self) -> int | None:
-        return self._deadlines[0][0] if self._deadlines else None
-
     def lookup(self, offset: int, ck: int) -> InFlight | None:
         """The in-flight entry of ``offset`` if ``ck`` is its current receipt handle."""
         entry = self.inflight.get(offset)

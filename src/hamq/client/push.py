@@ -126,9 +126,6 @@ class AsyncPushConsumer:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._running = False
         self._suspended = False
-        # Counters for tests and `hamq bench consume --push`.
-        self.consumed = 0
-        self.rebalances = 0
 
     # -- configuration ---------------------------------------------------------------------
     def subscribe(self, topic: str, expression: str = "*") -> None:
@@ -255,7 +252,6 @@ class AsyncPushConsumer:
                 wanted.update(mq for mq in self.process_queues if mq.topic == topic)
                 continue
             wanted.update(allocate_averagely(queues, ids, self.client_id))
-        self.rebalances += 1
         for mq in [mq for mq in self.process_queues if mq not in wanted]:
             await self._drop(self.process_queues[mq])
         for mq in sorted(wanted - set(self.process_queues)):
@@ -377,7 +373,6 @@ class AsyncPushConsumer:
                     if pq.dropped:
                         return
                     await asyncio.sleep(SUSPEND_CURRENT_QUEUE_S)  # retry in place
-                self.consumed += len(chunk)
                 pq.offset = chunk[-1].queue_offset + 1
             return
         statuses = await self._call_listener(chunks)  # shorter if suspended meanwhile
@@ -385,7 +380,6 @@ class AsyncPushConsumer:
             if status is not ConsumeConcurrentlyStatus.CONSUME_SUCCESS:
                 for msg in chunk:
                     await self._send_back(msg)
-            self.consumed += len(chunk)
         if statuses:
             pq.offset = chunks[len(statuses) - 1][-1].queue_offset + 1
         if len(statuses) < len(chunks):

@@ -105,11 +105,6 @@ class CommitLog:
             raise
         active.size += size
 
-    def append_raw(self, offset: int, data: bytes) -> None:
-        """Append bytes that already are records (replication, recovery tests)."""
-        assert offset == self.max_offset, (offset, self.max_offset)
-        self.append([data], len(data))
-
     # -- durability ---------------------------------------------------------------------
     def flush(self) -> int:
         """fsync everything handed to the OS; returns the durable offset. Runs in a worker
@@ -131,18 +126,6 @@ class CommitLog:
             return self.flushed_offset
 
     # -- reading ------------------------------------------------------------------------
-    def read(self, offset: int, size: int) -> bytes:
-        if offset + size > self.written_offset:
-            self.write_pending()
-        idx = bisect.bisect_right(self._starts, offset) - 1
-        if idx < 0:
-            raise CrcMismatch(f"offset {offset} is below the log's minimum {self.min_offset}")
-        seg = self.segments[idx]
-        data = os.pread(seg.fd, size, offset - seg.start)
-        if len(data) != size:
-            raise CrcMismatch(f"short read at {offset}: wanted {size}, got {len(data)}")
-        return data
-
     def read_range(self, offset: int, end: int) -> bytes:
         """Bytes in [offset, end), crossing segment ends."""
         self.write_pending()
