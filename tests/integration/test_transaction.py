@@ -1,15 +1,23 @@
 """Transaction messages on a real broker: a committed message becomes visible once, a
 rolled-back one never; an UNKNOW outcome is resolved by the broker checking back with a
 live producer, also after a broker restart, and rolled back after transaction_check_max
-checks."""
+checks; a batch half (TRAN_BATCH) commits as one batch; CHECK_IMMUNITY_TIME_IN_SECONDS
+defers checks."""
 from __future__ import annotations
 
 import threading
 import time
 
+import pytest
+
 import hamq
 from hamq import Message, TransactionState
 from hamq.client.consumer import PullStatus
+from hamq.errors import MessageIllegal
+from hamq.protocol.codes import RequestCode
+from hamq.protocol.properties import (PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
+                                      PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_BATCH,
+                                      PROPERTY_TRANSACTION_PREPARED)
 
 TOPIC = "Tx"
 FAST_CHECKS = {"transaction_check_interval_ms": 300, "transaction_timeout_ms": 1000}
@@ -130,3 +138,46 @@ def test_decisions_and_checks_survive_a_broker_restart(cluster_factory):
         assert visible(c.namesrv, wait_s=1.0) == ["commit", "unknown"]  # each once
     assert len(local.checks) > restarted  # the check came after the restart
     assert set(local.checks) == {"unknown"}
+
+
+def half_batch(producer: hamq.Producer, keys: list[str], count: int | None = None,
+               immunity_s: int | None = None) -> int:
+    """A half message carrying a whole batch (hamq's TRAN_BATCH); returns its half offset."""
+    payload = b"".join(Message(TOPIC, f"body-{k}".encode(), keys=k).encode() for k in keys)
+    properties = {PROPERTY_TRANSACTION_PREPARED: "true", PROPERTY_PRODUCER_GROUP: "pg-batch",
+                  PROPERTY_TRANSACTION_BATCH: str(count or len(keys))}
+    if immunity_s is not None:
+        properties[PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS] = str(immunity_s)
+    return producer.send(Message(TOPIC, payload, properties=properties)).queue_offset
+
+
+def end(c, half_offset: int, state: TransactionState) -> None:
+    with hamq.Admin(c.namesrv) as admin:
+        admin.submit(admin.core.invoke(c.broker_addr(), RequestCode.END_TRANSACTION, {
+            "group": "pg-batch", "tran_state_table_offset": half_offset,
+            "commit_or_rollback": state.value})).result()
+
+
+def test_a_batch_half_commits_as_one_batch_and_rolls_back_whole(cluster_factory):
+    c = start(cluster_factory)
+    with hamq.Producer(c.namesrv, "pg-batch") as producer:
+        committed = half_batch(producer, ["a", "b", "c"])
+        rolled_back = half_batch(producer, ["x", "y"])
+        assert visible(c.namesrv, wait_s=0.3) == []
+        end(c, rolled_back, TransactionState.ROLLBACK_MESSAGE)
+        end(c, committed, TransactionState.COMMIT_MESSAGE)
+        end(c, committed, TransactionState.COMMIT_MESSAGE)  # a repeat changes nothing
+        assert visible(c.namesrv, wait_s=1.0) == ["a", "b", "c"]
+        with pytest.raises(MessageIllegal, match="batch declares 5 messages but holds 2"):
+            half_batch(producer, ["p", "q"], count=5)
+
+
+def test_check_immunity_keeps_a_half_from_check_and_rollback(cluster_factory):
+    c = start(cluster_factory, transaction_check_max=1)
+    with hamq.Producer(c.namesrv, "pg-batch") as producer:
+        immune = half_batch(producer, ["kept"], immunity_s=4)
+        doomed = half_batch(producer, ["lost"])
+        time.sleep(2.5)  # past transaction_timeout_ms and two check rounds
+        end(c, doomed, TransactionState.COMMIT_MESSAGE)  # too late: rolled back already
+        end(c, immune, TransactionState.COMMIT_MESSAGE)
+        assert visible(c.namesrv, wait_s=1.0) == ["kept"]

@@ -8,6 +8,10 @@ message is re-stored in its real queue) or rolls it back; either decision is app
 in the same commit-log write as the commit. On start the op log is read back,
 so a restart keeps every decision; ``TransactionalMessageCheckService`` asks producers
 about the half messages still undecided.
+
+A half message with ``TRAN_BATCH = n`` carries a whole encoded batch as its body (hamq's
+extension for the Spark sink): committing it stores the ``n`` messages as one record, so a
+transactional write costs one half and one commit per batch, not per message.
 """
 from __future__ import annotations
 
@@ -19,9 +23,10 @@ from hamq.broker.stored_message import StoredMessage, read_message, read_message
 from hamq.errors import InvalidArgument, NoPermission, QueryNotFound
 from hamq.net.connection import Connection, response_pieces
 from hamq.protocol.frame import Frame, require
-from hamq.protocol.message import encode_message, encode_properties
+from hamq.protocol.message import encode_message, encode_properties, validate_batch
 from hamq.protocol.properties import (PROPERTY_PRODUCER_GROUP, PROPERTY_REAL_QUEUE_ID,
-                                      PROPERTY_REAL_TOPIC, PROPERTY_TRANSACTION_PREPARED)
+                                      PROPERTY_REAL_TOPIC, PROPERTY_TRANSACTION_BATCH,
+                                      PROPERTY_TRANSACTION_PREPARED)
 from hamq.protocol.transaction import TransactionState
 from hamq.store.message_store import MessageStore, PutResult
 
@@ -39,6 +44,7 @@ class TransactionalMessageService:
     def __init__(self, store: MessageStore, on_put: Callable[[str, int], None],
                  is_slave: bool) -> None:
         self.store = store
+        self.max_message_bytes = store.config.max_message_size
         self.on_put = on_put  # wakes pulls held on a real queue
         self.is_slave = is_slave
         # Decided half offsets: all below ``decided_below``, and those in ``_decided``.
@@ -61,6 +67,9 @@ class TransactionalMessageService:
         if not properties.get(PROPERTY_PRODUCER_GROUP):
             raise InvalidArgument(f"a transaction message needs property {PROPERTY_PRODUCER_GROUP}"
                                   " (its producer group, asked when the outcome is unknown)")
+        if PROPERTY_TRANSACTION_BATCH in properties:
+            validate_batch(body, _batch_count(properties), zlib.crc32(body),
+                           self.max_message_bytes)
         properties[PROPERTY_REAL_TOPIC] = topic
         properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
         return self._put(HALF_TOPIC, HALF_QUEUE_ID, properties, body, born_timestamp_ms)
@@ -113,7 +122,11 @@ class TransactionalMessageService:
                 log.warning("committed transaction message for missing topic %r dropped", topic)
             else:
                 queue_id %= config.write_queue_nums
-                self._put(topic, queue_id, properties, msg.body, msg.born_timestamp_ms)
+                if PROPERTY_TRANSACTION_BATCH in properties:
+                    self.store.put_batch(topic, queue_id, msg.body, _batch_count(properties),
+                                         zlib.crc32(msg.body), msg.born_timestamp_ms)
+                else:
+                    self._put(topic, queue_id, properties, msg.body, msg.born_timestamp_ms)
                 self.on_put(topic, queue_id)
         self._put(OP_HALF_TOPIC, OP_QUEUE_ID, {}, str(msg.queue_offset).encode(),
                   msg.born_timestamp_ms)
@@ -130,3 +143,11 @@ class TransactionalMessageService:
         payload = encode_message(body, encode_properties(properties))
         return self.store.put_batch(topic, queue_id, payload, 1, zlib.crc32(payload),
                                     born_timestamp_ms)
+
+
+def _batch_count(properties: dict[str, str]) -> int:
+    try:
+        return int(properties[PROPERTY_TRANSACTION_BATCH])
+    except ValueError:
+        raise InvalidArgument(f"{PROPERTY_TRANSACTION_BATCH} must be a message count, not "
+                              f"{properties[PROPERTY_TRANSACTION_BATCH]!r}") from None

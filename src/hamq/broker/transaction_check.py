@@ -1,8 +1,9 @@
 """RocketMQ's TransactionalMessageCheckService: every ``transaction_check_interval_ms`` the
 master asks a live producer of the group (CHECK_TRANSACTION_STATE, oneway, over the
 connection the producer's HEART_BEAT came on) about each half message older than
-``transaction_timeout_ms`` that is still undecided; the producer answers with
-END_TRANSACTION. After ``transaction_check_max`` checks the half message is rolled back.
+``transaction_timeout_ms`` (or than its ``CHECK_IMMUNITY_TIME_IN_SECONDS``) that is still
+undecided; the producer answers with END_TRANSACTION. After ``transaction_check_max``
+checks the half message is rolled back.
 
 Check counts are kept in memory: after a restart counting starts again, which only means
 more checks (RocketMQ keeps them by re-storing the half message).
@@ -20,7 +21,8 @@ from hamq.errors import HamqError
 from hamq.net.tasks import cancel_all
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.message import encode_message, encode_properties
-from hamq.protocol.properties import (PROPERTY_PRODUCER_GROUP, PROPERTY_REAL_QUEUE_ID,
+from hamq.protocol.properties import (PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
+                                      PROPERTY_PRODUCER_GROUP, PROPERTY_REAL_QUEUE_ID,
                                       PROPERTY_REAL_TOPIC)
 from hamq.protocol.transaction import TransactionState
 
@@ -63,8 +65,11 @@ class TransactionalMessageCheckService:
         rolled_back = False
         for offset in itertools.islice(self.transactions.undecided(), MAX_CHECKS_PER_ROUND):
             msg = self.transactions.half_message(offset)
-            if now - msg.store_timestamp_ms < self.timeout_ms:
+            age_ms = now - msg.store_timestamp_ms
+            if age_ms < self.timeout_ms:
                 break  # half messages are in store order: the rest are younger
+            if age_ms < _immunity_ms(msg.properties):
+                continue
             checks = self._checks.pop(offset, 0)
             if checks >= self.check_max:
                 log.info("half message %d undecided after %d checks: rolled back", offset, checks)
@@ -87,3 +92,10 @@ class TransactionalMessageCheckService:
                                 encode_message(msg.body, encode_properties(properties)))
         if rolled_back:
             self.after_put()
+
+
+def _immunity_ms(properties: dict[str, str]) -> int:
+    try:
+        return int(properties.get(PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS, 0)) * 1000
+    except ValueError:
+        return 0  # a producer's typo must not keep the half message forever

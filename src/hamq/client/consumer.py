@@ -33,6 +33,7 @@ class PullResult:
     min_offset: int
     max_offset: int
     messages: list[MessageExt] = field(default_factory=list)
+    records: bytes | memoryview = b""  # pull_raw only: the stored records as they came
 
 
 class AsyncPullConsumer:
@@ -56,6 +57,19 @@ class AsyncPullConsumer:
                    suspend_timeout_ms: int = 0, commit_offset: int | None = None) -> PullResult:
         """Messages of ``mq`` from ``offset``. With ``suspend_timeout_ms`` the broker holds
         the request until messages arrive (long polling)."""
+        raw = await self.pull_raw(mq, offset, max_msgs, suspend_timeout_ms, commit_offset)
+        if raw.status is PullStatus.FOUND:
+            raw.messages = decode_records(raw.records, offset, MessageExt, mq.broker_name)
+            if not raw.messages:
+                raw.status = PullStatus.NO_NEW_MSG
+        raw.records = b""
+        return raw
+
+    async def pull_raw(self, mq: MessageQueue, offset: int, max_msgs: int = 32,
+                       suspend_timeout_ms: int = 0,
+                       commit_offset: int | None = None) -> PullResult:
+        """As ``pull``, but the stored records stay undecoded in ``records`` (the Spark
+        source turns them into Arrow columns without a Python object per message)."""
         ext = {"topic": mq.topic, "queue_id": mq.queue_id, "queue_offset": offset,
                "max_msgs": max_msgs, "suspend_timeout_ms": suspend_timeout_ms,
                "group": self.group}
@@ -66,10 +80,8 @@ class AsyncPullConsumer:
             timeout_s=self.core.timeout_s + suspend_timeout_ms / 1000)
         x = frame.ext
         if frame.code == ResponseCode.SUCCESS:
-            messages = decode_records(frame.body, offset, MessageExt, mq.broker_name)
-            status = PullStatus.FOUND if messages else PullStatus.NO_NEW_MSG
-            return PullResult(status, x["next_begin_offset"], x["min_offset"], x["max_offset"],
-                              messages)
+            return PullResult(PullStatus.FOUND, x["next_begin_offset"], x["min_offset"],
+                              x["max_offset"], records=frame.body)
         status = PullStatus.OFFSET_ILLEGAL if frame.code == ResponseCode.PULL_OFFSET_MOVED \
             else PullStatus.NO_NEW_MSG
         return PullResult(status, x.get("next_begin_offset", offset), x.get("min_offset", 0),

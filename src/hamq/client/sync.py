@@ -7,6 +7,7 @@ event-loop thread.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import threading
 from typing import Any
@@ -41,7 +42,19 @@ class _SyncFacade:
         self._closed = False
 
     def _run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        return self.submit(coro).result()
+
+    def submit(self, coro: Any) -> concurrent.futures.Future:
+        """Start a coroutine of the wrapped object without waiting (prefetching)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    @property
+    def async_client(self) -> Any:
+        return self._async
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._async, name)

@@ -27,6 +27,12 @@ PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
 PROPERTY_RECONSUME_TIME = "RECONSUME_TIME"
 PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
 PROPERTY_PRODUCER_GROUP = "PGROUP"
+# hamq's extension: a half message whose body is a whole batch of ``n`` encoded messages,
+# committed as one record (RocketMQ has no transactional batches; the Spark sink needs them).
+PROPERTY_TRANSACTION_BATCH = "TRAN_BATCH"
+# RocketMQ's MessageConst.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS: no check-back (and so no
+# rollback after transaction_check_max) before the half message is this old.
+PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 
 # RocketMQ's messageDelayLevel "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h".
 DELAY_LEVELS_MS = tuple(s * 1000 for s in (

@@ -1,0 +1,158 @@
+"""Stored records to Arrow columns and Arrow rows to encoded messages: the data source's
+hot paths, written so that no Python object is made per message beyond one memoryview
+slice (read) or one bytes object (write).
+
+A partition reads one queue, so topic, broker and queue are constants of a pull and the
+offsets a range; only bodies, timestamps and (when present) properties vary per message.
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+from array import array
+from itertools import accumulate, repeat
+
+import msgpack
+import pyarrow as pa
+
+from hamq.client.message import PROPERTY_KEYS, PROPERTY_TAGS
+from hamq.protocol.message import MSG_HEAD_BYTES, encode_message, encode_properties, \
+    parse_record_header
+from hamq.spark.schema import ARROW_SCHEMA
+
+_MSG_HEAD = struct.Struct(">IH")  # protocol.message's per-message head: size, props_len
+_EMPTY_STRINGS = pa.array([], pa.string())
+
+
+def records_to_batch(data: bytes | memoryview, start: int, end: int, topic: str,
+                     broker: str, queue_id: int) -> tuple[pa.RecordBatch | None, int]:
+    """Messages with ``start <= offset < end`` from a pull's records, as one Arrow batch
+    (None if there were none), and the offset after the last message seen."""
+    view = memoryview(data)
+    unpack = _MSG_HEAD.unpack_from
+    bodies: list[memoryview] = []
+    stamps = array("q")
+    props: list[tuple[int, bytes]] = []  # (row, raw properties) of rows that have any
+    first = -1
+    offset = start
+    pos, size = 0, len(view)
+    while pos < size:
+        h = parse_record_header(view, pos)
+        mpos = pos + h.payload_start
+        offset = h.base_queue_offset
+        taken = 0
+        for _ in range(h.count):
+            msg_size, props_len = unpack(view, mpos)
+            if start <= offset < end:
+                if first < 0:
+                    first = offset
+                body_start = mpos + MSG_HEAD_BYTES + props_len
+                if props_len:
+                    props.append((len(bodies), bytes(view[mpos + MSG_HEAD_BYTES:body_start])))
+                bodies.append(view[body_start:mpos + 4 + msg_size])
+                taken += 1
+            mpos += 4 + msg_size
+            offset += 1
+        stamps.extend(repeat(h.born_timestamp_ms * 1000, taken))
+        pos += h.total_size
+    n = len(bodies)
+    if not n:
+        return None, max(offset, start)
+    value_offsets = array("i", [0])
+    value_offsets.extend(accumulate(map(len, bodies)))
+    values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(value_offsets),
+                                                    pa.py_buffer(b"".join(bodies))])
+    key, tags, properties = _property_columns(n, props)
+    columns = [
+        key, values,
+        pa.array(repeat(topic, n), pa.string(), size=n),
+        pa.array(repeat(broker, n), pa.string(), size=n),
+        pa.array(repeat(queue_id, n), pa.int32(), size=n),
+        pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(
+            array("q", range(first, first + n)))]),
+        pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, pa.py_buffer(stamps)]),
+        tags, properties,
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA), first + n
+
+
+def _property_columns(n: int, props: list[tuple[int, bytes]]
+                      ) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """key (from KEYS), tags (from TAGS) and the remaining properties as a map."""
+    if not props:
+        empty = pa.MapArray.from_arrays(pa.array(repeat(0, n + 1), pa.int32(), size=n + 1),
+                                        _EMPTY_STRINGS, _EMPTY_STRINGS)
+        return pa.nulls(n, pa.binary()), pa.nulls(n, pa.string()), empty
+    keys: list[bytes | None] = [None] * n
+    tags: list[str | None] = [None] * n
+    map_offsets = array("i", [0] * (n + 1))
+    names: list[str] = []
+    items: list[str] = []
+    row_props = dict(props)
+    for row in range(n):
+        raw = row_props.get(row)
+        if raw is not None:
+            decoded = msgpack.unpackb(raw, raw=False)
+            key = decoded.pop(PROPERTY_KEYS, None)
+            keys[row] = None if key is None else key.encode()
+            tags[row] = decoded.pop(PROPERTY_TAGS, None)
+            names.extend(decoded)
+            items.extend(decoded.values())
+        map_offsets[row + 1] = len(names)
+    properties = pa.MapArray.from_arrays(
+        pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(map_offsets)]),
+        pa.array(names, pa.string()), pa.array(items, pa.string()))
+    return pa.array(keys, pa.binary()), pa.array(tags, pa.string()), properties
+
+
+class BatchEncoder:
+    """Encodes the rows of Arrow batches into hamq's message format, column-wise."""
+
+    def __init__(self, default_topic: str | None) -> None:
+        self.default_topic = default_topic
+
+    def rows(self, batch: pa.RecordBatch) -> list[tuple[str, bytes | None, bytes]]:
+        """(topic, key, encoded message) per row."""
+        n = batch.num_rows
+        names = batch.schema.names
+        values = _as_bytes(batch.column(names.index("value")), "value")
+        if None in values:
+            raise ValueError("the hamq sink got a null 'value'; every row needs one")
+        keys = _as_bytes(batch.column(names.index("key")), "key") if "key" in names \
+            else [None] * n
+        tags = batch.column(names.index("tags")).to_pylist() if "tags" in names else None
+        props = batch.column(names.index("properties")).to_pylist() \
+            if "properties" in names else None
+        if "topic" in names:
+            topics = batch.column(names.index("topic")).to_pylist()
+            if None in topics and self.default_topic is None:
+                raise ValueError("the hamq sink got a row with a null 'topic' and no 'topic' "
+                                 "option to fall back on")
+            topics = [t or self.default_topic for t in topics]
+        else:
+            topics = repeat(self.default_topic, n)
+        if tags is None and props is None and not any(keys):
+            return [(t, None, encode_message(v)) for t, v in zip(topics, values)]
+        out = []
+        for i, (topic, key, value) in enumerate(zip(topics, keys, values)):
+            message_props = dict(props[i]) if props is not None and props[i] else {}
+            if key is not None:
+                message_props[PROPERTY_KEYS] = key.decode("utf-8", "surrogateescape")
+            if tags is not None and tags[i] is not None:
+                message_props[PROPERTY_TAGS] = tags[i]
+            out.append((topic, key, encode_message(value, encode_properties(message_props))))
+        return out
+
+
+def _as_bytes(column: pa.Array, name: str) -> list[bytes | None]:
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        return [None if s is None else s.encode() for s in column.to_pylist()]
+    if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+        return column.to_pylist()
+    raise TypeError(f"the hamq sink's {name!r} column must be binary or string, not "
+                    f"{column.type}")
+
+
+def queue_for_key(key: bytes, queue_count: int) -> int:
+    """Rows with the same key go to the same queue (Kafka's keyed partitioning)."""
+    return zlib.crc32(key) % queue_count

@@ -1,0 +1,328 @@
+"""Writes to hamq from Spark, as transactional batches.
+
+An executor stores its rows as *half* batches (``TRAN_MSG`` + ``TRAN_BATCH``, see
+``broker/transaction.py``): invisible to consumers, one per queue and ~1 MiB. Its commit
+message lists where they landed; the driver's commit then ends them all with
+END_TRANSACTION COMMIT, and an abort rolls them back. Halves a failed task left behind
+are never named in a commit, so the broker's check rolls them back (an hour later, see
+``HALF_IMMUNITY_S``); consumers never see them.
+
+Streaming adds exactly once across restarts: before committing micro-batch ``B`` the
+driver appends ``(B, halves)`` to the sink's journal (``SinkJournal``), a one-queue hamq
+topic keyed on the query's checkpoint and id. A micro-batch replayed after a crash finds
+itself journaled: its journaled halves are (re-)committed, which is idempotent, and the
+replay's own halves rolled back, so each row becomes visible once.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import threading
+import time
+import zlib
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+
+import msgpack
+import pyarrow as pa
+from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter,
+                                    WriterCommitMessage)
+
+from hamq.client.admin import AsyncAdmin
+from hamq.client.consumer import AsyncPullConsumer, PullStatus
+from hamq.client.core import MASTER_ID, ClientCore
+from hamq.client.message import Message, MessageQueue, SendResult, SendStatus
+from hamq.client.producer import AsyncProducer
+from hamq.client.sync import Producer
+from hamq.errors import HamqError, ServiceNotAvailable, TopicNotExist
+from hamq.protocol.codes import RequestCode
+from hamq.protocol.frame import unpack_body
+from hamq.protocol.limits import MAX_BATCH_MESSAGES
+from hamq.protocol.message import decode_records, encode_message, encode_properties
+from hamq.protocol.properties import (PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
+                                      PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_BATCH,
+                                      PROPERTY_TRANSACTION_PREPARED)
+from hamq.protocol.transaction import TransactionState
+from hamq.spark.arrow_codec import BatchEncoder, queue_for_key
+from hamq.spark.options import WriteOptions
+
+CHUNK_BYTES = 1 << 20  # one half batch
+# No producer answers the broker's check-backs for the sink's halves (Spark runs commits in
+# short-lived workers), so the broker would roll them back after transaction_check_max
+# rounds: a micro-batch's commit (or a crashed query's restart, which re-commits what its
+# journal names) must come before that. An hour keeps slow batches and restarts safe;
+# halves a failed task left behind go after that.
+HALF_IMMUNITY_S = 3600
+HALVES_IN_FLIGHT = 8
+END_TRANSACTIONS_IN_FLIGHT = 512
+JOURNAL_TOPIC_PREFIX = "HAMQ_SINK_"
+
+Halves = dict[str, list[int]]  # broker group name -> half message offsets
+
+
+@dataclass
+class HalvesWritten(WriterCommitMessage):
+    halves: Halves = field(default_factory=dict)
+    rows: int = 0
+
+
+def merge_halves(messages: list[WriterCommitMessage | None]) -> Halves:
+    merged: Halves = {}
+    for message in messages:
+        if isinstance(message, HalvesWritten):
+            for broker, offsets in message.halves.items():
+                merged.setdefault(broker, []).extend(offsets)
+    return merged
+
+
+class HalfSender:
+    """Sends half batches from a Spark task thread, a few in flight, remembering where
+    each landed."""
+
+    def __init__(self, producer: Producer, group: str) -> None:
+        self.producer = producer
+        self.group = group
+        self.halves: Halves = {}
+        self.errors: list[HamqError] = []
+        self._slots = threading.BoundedSemaphore(HALVES_IN_FLIGHT)
+
+    def send(self, mq: MessageQueue, encoded: list[bytes]) -> None:
+        payload = b"".join(encoded)
+        props = {PROPERTY_TRANSACTION_PREPARED: "true", PROPERTY_PRODUCER_GROUP: self.group,
+                 PROPERTY_TRANSACTION_BATCH: str(len(encoded)),
+                 PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS: str(HALF_IMMUNITY_S)}
+        half = encode_message(payload, encode_properties(props))
+        self._slots.acquire()
+        self.producer.loop.call_soon_threadsafe(
+            self.producer.async_client.send_payload_async, mq.topic, half, zlib.crc32(half), 1,
+            self._sent, mq)
+
+    def _sent(self, result: SendResult | None, err: HamqError | None) -> None:
+        if err is not None:
+            self.errors.append(err)
+        elif result.status is not SendStatus.SEND_OK:
+            self.errors.append(HamqError(f"half batch stored as {result.status.value}"))
+        else:
+            self.halves.setdefault(result.queue.broker_name, []).append(result.queue_offset)
+        self._slots.release()
+
+    def finish(self) -> Halves:
+        for _ in range(HALVES_IN_FLIGHT):
+            self._slots.acquire()
+        if self.errors:
+            raise self.errors[0]
+        return self.halves
+
+
+def write_halves(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> HalvesWritten:
+    """Executor side: every row into a half batch of its queue (by key, else round robin)."""
+    encoder = BatchEncoder(options.topic)
+    rows = 0
+    with Producer(options.namesrv, options.group, options.timeout_s) as producer:
+        sender = HalfSender(producer, options.group)
+        queues: dict[str, list[MessageQueue]] = {}
+        next_queue: dict[str, int] = {}
+        buffers: dict[MessageQueue, list[bytes]] = {}
+        sizes: dict[MessageQueue, int] = {}
+        for batch in batches:
+            for topic, key, encoded in encoder.rows(batch):
+                qs = queues.get(topic)
+                if qs is None:
+                    route = producer.submit(producer.core.route(topic)).result()
+                    qs = queues[topic] = sorted(route.write_queues)
+                    next_queue[topic] = os.getpid() % len(qs)
+                mq = qs[next_queue[topic] % len(qs) if key is None
+                        else queue_for_key(key, len(qs))]
+                buffer = buffers.setdefault(mq, [])
+                buffer.append(encoded)
+                sizes[mq] = sizes.get(mq, 0) + len(encoded)
+                if sizes[mq] >= CHUNK_BYTES or len(buffer) >= MAX_BATCH_MESSAGES:
+                    sender.send(mq, buffers.pop(mq))
+                    del sizes[mq]
+                    if key is None:
+                        next_queue[topic] += 1
+            rows += batch.num_rows
+        for mq, buffer in buffers.items():
+            sender.send(mq, buffer)
+        return HalvesWritten(sender.finish(), rows)
+
+
+async def end_halves(core: ClientCore, group: str, halves: Halves,
+                     state: TransactionState) -> None:
+    """END_TRANSACTION for every half; a half already decided is left as it is."""
+    masters = {broker: await _master_of(core, broker) for broker in halves}
+    requests = [(masters[b], o) for b, offsets in sorted(halves.items()) for o in offsets]
+    for i in range(0, len(requests), END_TRANSACTIONS_IN_FLIGHT):
+        await asyncio.gather(*(
+            core.invoke(addr, RequestCode.END_TRANSACTION,
+                        {"group": group, "tran_state_table_offset": offset,
+                         "commit_or_rollback": state.value})
+            for addr, offset in requests[i:i + END_TRANSACTIONS_IN_FLIGHT]))
+
+
+async def _master_of(core: ClientCore, broker: str) -> str:
+    frame = await core.invoke_namesrv(RequestCode.GET_BROKER_CLUSTER_INFO)
+    entry = unpack_body(frame.body)["broker_addr_table"].get(broker, {})
+    master = {int(k): v for k, v in entry.get("broker_addrs", {}).items()}.get(MASTER_ID)
+    if master is None:
+        raise ServiceNotAvailable(f"broker group {broker} has no master to end the sink's "
+                                  "transactions on; the micro-batch will be retried")
+    return master
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    batch_id: int
+    halves: Halves
+
+
+class SinkJournal:
+    """The streaming sink's committed micro-batches, in a hamq topic of one queue per
+    sink: the last message says which batch was committed last and with which halves."""
+
+    def __init__(self, producer: AsyncProducer, sink_key: str) -> None:
+        self.producer = producer
+        self.core = producer.core
+        self.topic = JOURNAL_TOPIC_PREFIX + hashlib.sha1(sink_key.encode()).hexdigest()[:24]
+        self.consumer = AsyncPullConsumer(producer.group, core=producer.core)
+        self._mq: MessageQueue | None = None
+
+    async def queue(self) -> MessageQueue:
+        if self._mq is None:
+            try:
+                route = await self.core.route(self.topic, refresh=True)
+            except TopicNotExist:
+                admin = AsyncAdmin(self.core.namesrv, self.core.timeout_s)
+                try:
+                    await admin.create_topic(self.topic, queue_nums=1)
+                finally:
+                    await admin.close()
+                route = await self.core.route(self.topic, refresh=True)
+            self._mq = min(route.write_queues)
+        return self._mq
+
+    async def last(self) -> JournalEntry | None:
+        mq = await self.queue()
+        end = await self.consumer.max_offset(mq)
+        if end == 0:
+            return None
+        result = await self.consumer.pull_raw(mq, end - 1, 1)
+        if result.status is not PullStatus.FOUND:
+            raise ServiceNotAvailable(f"the sink journal {self.topic} did not serve offset "
+                                      f"{end - 1}")
+        body = decode_records(result.records, end - 1, lambda *a: a[-1])[0]
+        entry = msgpack.unpackb(body, raw=False)
+        return JournalEntry(entry["batch"], entry["halves"])
+
+    async def append(self, entry: JournalEntry) -> None:
+        body = msgpack.packb({"batch": entry.batch_id, "halves": entry.halves})
+        result = await self.producer.send(Message(self.topic, body), await self.queue())
+        if result.status is not SendStatus.SEND_OK:
+            raise ServiceNotAvailable(f"sink journal write ended {result.status.value}")
+
+
+def sink_key(options: WriteOptions) -> str:
+    """The query's identity: its checkpoint plus the id Spark keeps there, so a new
+    checkpoint (which restarts at batch 0) is a new sink even at the same path."""
+    location = options.checkpoint_location
+    if not location:
+        raise ValueError("the hamq streaming sink needs option checkpointLocation (it keys "
+                         "its exactly-once journal on the query's checkpoint)")
+    path = location.removeprefix("file://").removeprefix("file:")
+    try:
+        with open(os.path.join(path, "metadata")) as f:
+            query_id = json.load(f)["id"]
+    except (OSError, ValueError, KeyError):
+        query_id = ""  # not a local file system: the path alone names the query
+    return f"{location}#{query_id}"
+
+
+class Failpoint:
+    """A test hook (option ``_failpoint``): at ``stage`` of committing micro-batch
+    ``batch``, touch a marker file and wait to be killed, so a test can crash the driver
+    exactly between the sink's steps. Stages: ``before_journal``, ``after_journal``,
+    ``after_commit``."""
+
+    def __init__(self, spec: str | None) -> None:
+        self.stage, self.batch_id, self.marker = (None, -1, "")
+        if spec:
+            stage, batch_id, marker = spec.split(":", 2)
+            self.stage, self.batch_id, self.marker = stage, int(batch_id), marker
+
+    def reached(self, stage: str, batch_id: int) -> None:
+        if stage == self.stage and batch_id == self.batch_id:
+            with open(self.marker, "w") as f:
+                f.write(f"{stage}:{batch_id}:{os.getpid()}\n")
+            while True:
+                time.sleep(1)
+
+
+class _Committer:
+    """Driver-side commit/abort, run on a Producer facade's event loop."""
+
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+
+    def run(self, make_coro: Callable[[AsyncProducer], Awaitable[None]]) -> None:
+        with Producer(self.options.namesrv, self.options.group, self.options.timeout_s) as p:
+            p.submit(make_coro(p.async_client)).result()
+
+    def end(self, messages: list[WriterCommitMessage | None], state: TransactionState) -> None:
+        halves = merge_halves(messages)
+        if halves:
+            self.run(lambda producer: end_halves(producer.core, self.options.group, halves,
+                                                 state))
+
+
+class HamqBatchWriter(DataSourceArrowWriter):
+    """``df.write.format("hamq")``: all or nothing per job — rows become visible only
+    when the driver commits, unless the driver dies halfway through its commit."""
+
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> HalvesWritten:
+        return write_halves(self.options, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        _Committer(self.options).end(messages, TransactionState.COMMIT_MESSAGE)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        _Committer(self.options).end(messages, TransactionState.ROLLBACK_MESSAGE)
+
+
+class HamqStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+        self.sink_key = sink_key(options)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> HalvesWritten:
+        return write_halves(self.options, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        halves = merge_halves(messages)
+        group = self.options.group
+        failpoint = Failpoint(self.options.failpoint)
+
+        async def commit(producer: AsyncProducer) -> None:
+            core = producer.core
+            journal = SinkJournal(producer, self.sink_key)
+            last = await journal.last()
+            if last is not None and last.batch_id >= batchId:
+                # a replay: the batch was journaled before the crash
+                if last.batch_id == batchId:
+                    await end_halves(core, group, last.halves, TransactionState.COMMIT_MESSAGE)
+                await end_halves(core, group, halves, TransactionState.ROLLBACK_MESSAGE)
+                return
+            failpoint.reached("before_journal", batchId)
+            await journal.append(JournalEntry(batchId, halves))
+            failpoint.reached("after_journal", batchId)
+            await end_halves(core, group, halves, TransactionState.COMMIT_MESSAGE)
+            failpoint.reached("after_commit", batchId)
+
+        _Committer(self.options).run(commit)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        _Committer(self.options).end(messages, TransactionState.ROLLBACK_MESSAGE)
