@@ -40,7 +40,8 @@ def read_messages(store: MessageStore, topic: str, queue_id: int, offset: int,
         result = store.get_messages(topic, queue_id, offset, max_messages, READ_MAX_BYTES)
     if result.status is not GetStatus.FOUND:
         return []
-    return decode_records(result.records, offset, _stored)[:max_messages]
+    # bytes, so bodies and properties handed on are immutable (the records are a bytearray)
+    return decode_records(bytes(result.records), offset, _stored)[:max_messages]
 
 
 def read_message(store: MessageStore, topic: str, queue_id: int,

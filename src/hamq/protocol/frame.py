@@ -24,7 +24,7 @@ _packb = msgpack.Packer(use_bin_type=True).pack
 # is dropped once it is empty.
 _MIN_READ_BYTES = 64 * 1024
 _INITIAL_BUFFER_BYTES = 128 * 1024
-_SHRINK_ABOVE_BYTES = 4 * 1024 * 1024
+_SHRINK_ABOVE_BYTES = 8 * 1024 * 1024  # a full pull response (4 MiB) keeps its buffer
 
 
 class Frame:

@@ -10,17 +10,17 @@ from __future__ import annotations
 import struct
 import zlib
 from array import array
+from dataclasses import dataclass
 from itertools import accumulate, repeat
 
 import msgpack
 import pyarrow as pa
 
 from hamq.client.message import PROPERTY_KEYS, PROPERTY_TAGS
-from hamq.protocol.message import MSG_HEAD_BYTES, encode_message, encode_properties, \
-    parse_record_header
+from hamq.protocol.message import MSG_HEAD_BYTES, encode_properties, parse_record_header
 from hamq.spark.schema import ARROW_SCHEMA
 
-_MSG_HEAD = struct.Struct(">IH")  # protocol.message's per-message head: size, props_len
+MESSAGE_HEAD = struct.Struct(">IH")  # protocol.message's per-message head: size, props_len
 _EMPTY_STRINGS = pa.array([], pa.string())
 
 
@@ -29,7 +29,7 @@ def records_to_batch(data: bytes | memoryview, start: int, end: int, topic: str,
     """Messages with ``start <= offset < end`` from a pull's records, as one Arrow batch
     (None if there were none), and the offset after the last message seen."""
     view = memoryview(data)
-    unpack = _MSG_HEAD.unpack_from
+    unpack = MESSAGE_HEAD.unpack_from
     bodies: list[memoryview] = []
     stamps = array("q")
     props: list[tuple[int, bytes]] = []  # (row, raw properties) of rows that have any
@@ -105,43 +105,52 @@ def _property_columns(n: int, props: list[tuple[int, bytes]]
     return pa.array(keys, pa.binary()), pa.array(tags, pa.string()), properties
 
 
+@dataclass
+class EncodedRows:
+    """A batch's rows in hamq's message format, column-wise: ``heads[i] + values[i]`` is
+    row i's encoded message (kept apart so the body is never copied before the send)."""
+    topics: list[str] | str
+    keys: list[bytes | None] | None
+    heads: list[bytes]
+    values: list[bytes]
+
+
 class BatchEncoder:
-    """Encodes the rows of Arrow batches into hamq's message format, column-wise."""
+    """Encodes the rows of Arrow batches into hamq's message format."""
 
     def __init__(self, default_topic: str | None) -> None:
         self.default_topic = default_topic
 
-    def rows(self, batch: pa.RecordBatch) -> list[tuple[str, bytes | None, bytes]]:
-        """(topic, key, encoded message) per row."""
+    def encode(self, batch: pa.RecordBatch) -> EncodedRows:
         n = batch.num_rows
         names = batch.schema.names
         values = _as_bytes(batch.column(names.index("value")), "value")
         if None in values:
             raise ValueError("the hamq sink got a null 'value'; every row needs one")
-        keys = _as_bytes(batch.column(names.index("key")), "key") if "key" in names \
-            else [None] * n
+        keys = _as_bytes(batch.column(names.index("key")), "key") if "key" in names else None
         tags = batch.column(names.index("tags")).to_pylist() if "tags" in names else None
         props = batch.column(names.index("properties")).to_pylist() \
             if "properties" in names else None
+        topics: list[str] | str | None = self.default_topic
         if "topic" in names:
-            topics = batch.column(names.index("topic")).to_pylist()
-            if None in topics and self.default_topic is None:
+            topics = [t or self.default_topic for t in
+                      batch.column(names.index("topic")).to_pylist()]
+            if None in topics:
                 raise ValueError("the hamq sink got a row with a null 'topic' and no 'topic' "
                                  "option to fall back on")
-            topics = [t or self.default_topic for t in topics]
-        else:
-            topics = repeat(self.default_topic, n)
-        if tags is None and props is None and not any(keys):
-            return [(t, None, encode_message(v)) for t, v in zip(topics, values)]
-        out = []
-        for i, (topic, key, value) in enumerate(zip(topics, keys, values)):
+        pack = MESSAGE_HEAD.pack
+        if tags is None and props is None and (keys is None or not any(keys)):
+            return EncodedRows(topics, None, [pack(len(v) + 2, 0) for v in values], values)
+        heads = []
+        for i in range(n):
             message_props = dict(props[i]) if props is not None and props[i] else {}
-            if key is not None:
-                message_props[PROPERTY_KEYS] = key.decode("utf-8", "surrogateescape")
+            if keys is not None and keys[i] is not None:
+                message_props[PROPERTY_KEYS] = keys[i].decode("utf-8", "surrogateescape")
             if tags is not None and tags[i] is not None:
                 message_props[PROPERTY_TAGS] = tags[i]
-            out.append((topic, key, encode_message(value, encode_properties(message_props))))
-        return out
+            raw = encode_properties(message_props)
+            heads.append(pack(2 + len(raw) + len(values[i]), len(raw)) + raw)
+        return EncodedRows(topics, keys, heads, values)
 
 
 def _as_bytes(column: pa.Array, name: str) -> list[bytes | None]:

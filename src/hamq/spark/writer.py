@@ -23,6 +23,7 @@ import threading
 import time
 import zlib
 from collections.abc import Awaitable, Callable, Iterator
+from itertools import repeat
 from dataclasses import dataclass, field
 
 import msgpack
@@ -40,12 +41,12 @@ from hamq.errors import HamqError, ServiceNotAvailable, TopicNotExist
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import unpack_body
 from hamq.protocol.limits import MAX_BATCH_MESSAGES
-from hamq.protocol.message import decode_records, encode_message, encode_properties
+from hamq.protocol.message import decode_records, encode_properties
 from hamq.protocol.properties import (PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
                                       PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_BATCH,
                                       PROPERTY_TRANSACTION_PREPARED)
 from hamq.protocol.transaction import TransactionState
-from hamq.spark.arrow_codec import BatchEncoder, queue_for_key
+from hamq.spark.arrow_codec import MESSAGE_HEAD, BatchEncoder, queue_for_key
 from hamq.spark.options import WriteOptions
 
 CHUNK_BYTES = 1 << 20  # one half batch
@@ -83,17 +84,19 @@ class HalfSender:
 
     def __init__(self, producer: Producer, group: str) -> None:
         self.producer = producer
-        self.group = group
-        self.halves: Halves = {}
         self.errors: list[HamqError] = []
+        self.halves: Halves = {}
         self._slots = threading.BoundedSemaphore(HALVES_IN_FLIGHT)
+        self._group = group
 
-    def send(self, mq: MessageQueue, encoded: list[bytes]) -> None:
-        payload = b"".join(encoded)
-        props = {PROPERTY_TRANSACTION_PREPARED: "true", PROPERTY_PRODUCER_GROUP: self.group,
-                 PROPERTY_TRANSACTION_BATCH: str(len(encoded)),
-                 PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS: str(HALF_IMMUNITY_S)}
-        half = encode_message(payload, encode_properties(props))
+    def send(self, mq: MessageQueue, chunk: Chunk) -> None:
+        props = encode_properties({
+            PROPERTY_TRANSACTION_PREPARED: "true", PROPERTY_PRODUCER_GROUP: self._group,
+            PROPERTY_TRANSACTION_BATCH: str(chunk.count),
+            PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS: str(HALF_IMMUNITY_S)})
+        # the half is one message whose body is the batch (protocol.message's layout)
+        head = MESSAGE_HEAD.pack(2 + len(props) + chunk.nbytes, len(props))
+        half = b"".join([head, props, *chunk.pieces])
         self._slots.acquire()
         self.producer.loop.call_soon_threadsafe(
             self.producer.async_client.send_payload_async, mq.topic, half, zlib.crc32(half), 1,
@@ -116,36 +119,84 @@ class HalfSender:
         return self.halves
 
 
+class Chunk:
+    """The encoded messages gathered for one queue's next half batch."""
+    __slots__ = ("pieces", "count", "nbytes")
+
+    def __init__(self) -> None:
+        self.pieces: list[bytes] = []
+        self.count = 0
+        self.nbytes = 0
+
+    def add(self, head: bytes, value: bytes) -> bool:
+        """Add a message; True once the chunk is full."""
+        self.pieces += (head, value)
+        self.count += 1
+        self.nbytes += len(head) + len(value)
+        return self.nbytes >= CHUNK_BYTES or self.count >= MAX_BATCH_MESSAGES
+
+
+class TopicChunks:
+    """A topic's queues and the chunk being filled for each. Rows with a key go to the
+    queue of its hash; the others fill one queue's chunk, then the next (round robin)."""
+
+    def __init__(self, queues: list[MessageQueue], sender: HalfSender) -> None:
+        self.queues = queues
+        self.sender = sender
+        self.chunks = [Chunk() for _ in queues]
+        self.next = os.getpid() % len(queues)  # tasks start on different queues
+
+    def add(self, key: bytes | None, head: bytes, value: bytes) -> None:
+        index = self.next if key is None else queue_for_key(key, len(self.queues))
+        if self.chunks[index].add(head, value):
+            self.sender.send(self.queues[index], self.chunks[index])
+            self.chunks[index] = Chunk()
+            if key is None:
+                self.next = (self.next + 1) % len(self.queues)
+
+    def add_all(self, heads: list[bytes], values: list[bytes]) -> None:
+        """Rows without keys, the common case: no per-row queue choice."""
+        chunk = self.chunks[self.next]
+        for head, value in zip(heads, values):
+            if chunk.add(head, value):
+                self.sender.send(self.queues[self.next], chunk)
+                self.chunks[self.next] = Chunk()
+                self.next = (self.next + 1) % len(self.queues)
+                chunk = self.chunks[self.next]
+
+    def flush(self) -> None:
+        for mq, chunk in zip(self.queues, self.chunks):
+            if chunk.count:
+                self.sender.send(mq, chunk)
+
+
 def write_halves(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> HalvesWritten:
-    """Executor side: every row into a half batch of its queue (by key, else round robin)."""
+    """Executor side: every row into a half batch of its queue."""
     encoder = BatchEncoder(options.topic)
     rows = 0
     with Producer(options.namesrv, options.group, options.timeout_s) as producer:
         sender = HalfSender(producer, options.group)
-        queues: dict[str, list[MessageQueue]] = {}
-        next_queue: dict[str, int] = {}
-        buffers: dict[MessageQueue, list[bytes]] = {}
-        sizes: dict[MessageQueue, int] = {}
+        topics: dict[str, TopicChunks] = {}
+
+        def chunks_of(topic: str) -> TopicChunks:
+            if topic not in topics:
+                route = producer.submit(producer.core.route(topic)).result()
+                topics[topic] = TopicChunks(sorted(route.write_queues), sender)
+            return topics[topic]
+
         for batch in batches:
-            for topic, key, encoded in encoder.rows(batch):
-                qs = queues.get(topic)
-                if qs is None:
-                    route = producer.submit(producer.core.route(topic)).result()
-                    qs = queues[topic] = sorted(route.write_queues)
-                    next_queue[topic] = os.getpid() % len(qs)
-                mq = qs[next_queue[topic] % len(qs) if key is None
-                        else queue_for_key(key, len(qs))]
-                buffer = buffers.setdefault(mq, [])
-                buffer.append(encoded)
-                sizes[mq] = sizes.get(mq, 0) + len(encoded)
-                if sizes[mq] >= CHUNK_BYTES or len(buffer) >= MAX_BATCH_MESSAGES:
-                    sender.send(mq, buffers.pop(mq))
-                    del sizes[mq]
-                    if key is None:
-                        next_queue[topic] += 1
+            encoded = encoder.encode(batch)
+            if isinstance(encoded.topics, str) and encoded.keys is None:
+                chunks_of(encoded.topics).add_all(encoded.heads, encoded.values)
+            else:
+                topic_of = repeat(encoded.topics) if isinstance(encoded.topics, str) \
+                    else encoded.topics
+                for topic, key, head, value in zip(topic_of, encoded.keys or repeat(None),
+                                                   encoded.heads, encoded.values):
+                    chunks_of(topic).add(key, head, value)
             rows += batch.num_rows
-        for mq, buffer in buffers.items():
-            sender.send(mq, buffer)
+        for chunks in topics.values():
+            chunks.flush()
         return HalvesWritten(sender.finish(), rows)
 
 

@@ -138,6 +138,21 @@ class CommitLog:
             offset += n
         return b"".join(parts)
 
+    def read_into(self, offset: int, into: memoryview) -> None:
+        """Fill ``into`` with the bytes from ``offset``, crossing segment ends: reads land
+        in place, so a pull response is assembled without a copy per record."""
+        self.write_pending()
+        pos, end = 0, len(into)
+        while pos < end:
+            idx = bisect.bisect_right(self._starts, offset) - 1
+            seg = self.segments[idx]
+            n = min(end - pos, seg.end - offset)
+            got = os.preadv(seg.fd, [into[pos:pos + n]], offset - seg.start)
+            if got != n:
+                raise OSError(f"short read of the commit log at {offset}: {got} of {n} bytes")
+            pos += n
+            offset += n
+
     def iter_records(self, start: int) -> Iterator[tuple[int, RecordHeader, bytes]]:
         """Yield (offset, header, record bytes) from ``start`` while records are valid; stops
         at the first torn or corrupt record (``self.scan_stopped_at`` tells where)."""

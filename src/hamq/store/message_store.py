@@ -28,9 +28,6 @@ from hamq.store.metadata import ConsumerOffsetManager, TopicConfigManager
 
 log = logging.getLogger(__name__)
 
-# Pull responses merge records closer than this into one read.
-_READ_MERGE_GAP_BYTES = 64 * 1024
-
 
 class GetStatus(Enum):
     FOUND = "FOUND"
@@ -50,7 +47,7 @@ class PutResult(NamedTuple):  # a tuple: built once per send on the hot path
 @dataclass(frozen=True)
 class GetResult:
     status: GetStatus
-    records: bytes
+    records: bytes | bytearray  # whole stored records, read in place (see _read_entries)
     next_begin_offset: int
     min_offset: int
     max_offset: int
@@ -231,26 +228,23 @@ class MessageStore:
         return GetResult(GetStatus.FOUND, records, cq.base[last] + cq.count[last], lo, hi,
                          messages)
 
-    def _read_entries(self, cq: ConsumeQueue, first: int, last: int) -> bytes:
-        """Read records first..last of a queue; records that sit close together in the
-        commit log (the usual case) are fetched with one read and sliced apart."""
-        runs: list[tuple[int, int, list[tuple[int, int]]]] = []
+    def _read_entries(self, cq: ConsumeQueue, first: int, last: int) -> bytearray:
+        """Read records first..last of a queue into one buffer; records that follow each
+        other in the commit log (the usual case for one queue) are read with one call."""
+        total = sum(cq.size[first:last + 1])
+        records = bytearray(total)
+        view = memoryview(records)
+        pos = 0
+        run_start, run_len = cq.phys[first], 0
         for i in range(first, last + 1):
             phys, size = cq.phys[i], cq.size[i]
-            if runs and phys - runs[-1][1] <= _READ_MERGE_GAP_BYTES:
-                start, _, pieces = runs[-1]
-                pieces.append((phys - start, size))
-                runs[-1] = (start, phys + size, pieces)
-            else:
-                runs.append((phys, phys + size, [(0, size)]))
-        parts: list[bytes] = []
-        for start, end, pieces in runs:
-            data = self.commitlog.read_range(start, end)
-            if sum(size for _, size in pieces) == len(data):
-                parts.append(data)
-            else:
-                parts.extend(data[rel:rel + size] for rel, size in pieces)
-        return b"".join(parts)
+            if phys != run_start + run_len:
+                self.commitlog.read_into(run_start, view[pos:pos + run_len])
+                pos += run_len
+                run_start, run_len = phys, 0
+            run_len += size
+        self.commitlog.read_into(run_start, view[pos:pos + run_len])
+        return records
 
     def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         cq = self.queues.get((topic, queue_id))
