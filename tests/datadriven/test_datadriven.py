@@ -30,6 +30,7 @@ from hamq.raft import (
     ResponseCode,
     quorum_index,
 )
+from hamq.raft.config import MAX_ENTRIES_PER_PUSH
 from hamq.raft.storage import persist
 
 SCRIPT_DIR = Path(__file__).parent
@@ -106,14 +107,14 @@ def describe_message(msg: Message) -> str:
         tail = f" last={msg.index}@{msg.log_term}" + (" force" if msg.force else "")
     elif t in (MessageType.PRE_VOTE_RESPONSE, MessageType.VOTE_RESPONSE):
         tail = " granted" if msg.code == ResponseCode.SUCCESS else " rejected"
-    elif t in (MessageType.APPEND, MessageType.TRUNCATE):
-        assert msg.entry is not None
-        tail = f" prev_term={msg.log_term} entry={describe_entry(msg.entry)} commit={msg.committed_index}"
-        if t == MessageType.TRUNCATE:
-            tail += f" next_term={msg.next_term}"
+    elif t == MessageType.APPEND:
+        entries = ", ".join(map(describe_entry, msg.entries))
+        tail = f" prev_term={msg.log_term} entries=[{entries}] commit={msg.committed_index}"
+    elif t == MessageType.TRUNCATE:
+        tail = (f" prev_term={msg.log_term} entry={describe_entry(msg.entries[0])}"
+                f" commit={msg.committed_index} next_term={msg.next_term}")
     elif t == MessageType.COMPARE:
-        assert msg.entry is not None
-        tail = f" entry={describe_entry(msg.entry)}"
+        tail = f" entry={describe_entry(msg.entries[0])}"
     elif t == MessageType.COMMIT:
         tail = f" commit={msg.committed_index}"
     elif t == MessageType.PUSH_RESPONSE:
@@ -158,8 +159,10 @@ class Harness:
         count = int(cmd.args[0])
         ids = tuple(range(1, count + 1))
         pre_vote = cmd.kwargs.get("pre_vote", "true") == "true"
+        per_push = int(cmd.kwargs.get("max_entries_per_push", MAX_ENTRIES_PER_PUSH))
         for node_id in ids:
-            self.configs[node_id] = RaftConfig(node_id=node_id, member_ids=ids, pre_vote=pre_vote)
+            self.configs[node_id] = RaftConfig(node_id=node_id, member_ids=ids, pre_vote=pre_vote,
+                                               max_entries_per_push=per_push)
             self.storages[node_id] = MemoryStorage()
             self.clocks[node_id] = 0
             self._start(node_id)

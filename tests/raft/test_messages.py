@@ -12,7 +12,7 @@ entry_strategy = st.builds(Entry, index=ints, term=ints, data=st.binary(max_size
 message_strategy = st.builds(
     Message,
     type=st.sampled_from(MessageType), from_id=ints, to_id=ints, term=ints, index=ints,
-    log_term=ints, entry=st.none() | entry_strategy, committed_index=ints,
+    log_term=ints, entries=st.lists(entry_strategy, max_size=3).map(tuple), committed_index=ints,
     code=st.sampled_from(ResponseCode), req_type=st.none() | st.sampled_from(MessageType),
     begin_index=ints, end_index=ints, next_term=ints, force=st.booleans(),
 )

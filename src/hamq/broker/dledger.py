@@ -1,9 +1,10 @@
 """The DLedger commit log (seed 002): a broker group's Raft log holds its send batches.
 
-Only the leader takes sends; it proposes each batch as one Raft entry and answers once the
-entry is committed. Every member applies committed entries, in order, to its own message
-store, with the leader's store timestamp — so every member's commit log is byte-identical
-and consume queues only ever show committed messages. The store's checkpoint records the
+Only the leader takes sends; the send batches (and topic changes) of one event-loop turn
+become one Raft entry, and each is answered once that entry is committed. Every member
+applies committed entries, in order, to its own message store, with the leader's store
+timestamp — so every member's commit log is byte-identical and consume queues only ever
+show committed messages. The store's checkpoint records the
 Raft index applied up to its offsets; after a crash the store is cut back to that point and
 the committed entries past it are applied again (deterministically).
 
@@ -13,14 +14,14 @@ This module is the asyncio shell around ``hamq.raft.RawNode``: ticks, the Ready 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import random
 import struct
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgpack
@@ -33,7 +34,7 @@ from hamq.net.pool import ConnectionPool
 from hamq.net.server import Server
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import Frame, require
-from hamq.raft import (EMPTY_INDEX, EntryId, FailureReason, FileStorage, Message,
+from hamq.raft import (EMPTY_INDEX, Checkpoint, EntryId, FailureReason, FileStorage, Message,
                        MessageDecodeError, RaftConfig, RaftError, RawNode, Ready, Role)
 from hamq.raft.storage import persist
 from hamq.store.message_store import MessageStore, PutResult
@@ -42,51 +43,106 @@ from hamq.store.metadata import TopicConfig
 log = logging.getLogger(__name__)
 
 TICK_INTERVAL_S = 0.01
-CHECKPOINT_INTERVAL_S = 0.2
-# Entries in flight to one follower. Each is one APPEND; followers write (and fsync) what
-# arrived together in one Ready, so more in flight means bigger group commits.
+# APPENDs in flight to one follower (each carries a run of entries); followers write what
+# arrived together in one Ready, so more in flight means bigger writes.
 MAX_PENDING_PUSHES = 256
 RAFT_DIR = "dledger"
 
 ProposalCallback = Callable[[PutResult | None, HamqError | None], None]
 
 
-# What a Raft entry holds: a send batch, or a topic change (topic metadata goes through
-# consensus too, so a newly elected leader always knows every topic).
+# Sends (and topic changes) proposed in one event-loop turn share one Raft entry up to
+# this size, so pipelined single-message sends do not each cost an entry, an APPEND and a
+# write on every member.
+MAX_GROUPED_ENTRY_BYTES = 512 * 1024
+
+# A Raft entry is a run of commands, each `u32 meta length | u32 data length | meta | data`:
+# meta is a msgpack list [kind, fields...]; data is a send's batch bytes, kept out of the
+# msgpack so that applying hands the store a slice of the entry instead of a copy. Topic
+# metadata goes through consensus too, so a newly elected leader always knows every topic.
 KIND_SEND = 0
 KIND_TOPIC = 1
 KIND_DELETE_TOPIC = 2
+_COMMAND_HEAD = struct.Struct(">II")
+
+Command = list  # the pieces of one encoded command, joined into its entry when proposed
+
+
+def encode_command(meta: list, data: bytes = b"") -> Command:
+    packed = msgpack.packb(meta, use_bin_type=True)
+    return [_COMMAND_HEAD.pack(len(packed), len(data)), packed, data]
 
 
 def encode_entry(topic: str, queue_id: int, count: int, crc: int, born_ts: int, store_ts: int,
-                 payload: bytes) -> bytes:
-    return msgpack.packb([KIND_SEND, topic, queue_id, count, crc, born_ts, store_ts, payload],
-                         use_bin_type=True)
+                 payload: bytes) -> Command:
+    """The command storing one send batch (the leader's store timestamp included, so every
+    member writes identical records)."""
+    return encode_command([KIND_SEND, topic, queue_id, count, crc, born_ts, store_ts], payload)
+
+
+def decode_commands(data: bytes) -> Iterator[tuple[list, memoryview]]:
+    view = memoryview(data)
+    pos = 0
+    while pos < len(view):
+        meta_len, data_len = _COMMAND_HEAD.unpack_from(view, pos)
+        pos += _COMMAND_HEAD.size
+        meta = msgpack.unpackb(view[pos:pos + meta_len], raw=False)
+        pos += meta_len
+        yield meta, view[pos:pos + data_len]
+        pos += data_len
+
+
+@dataclass(slots=True)
+class _Group:
+    """Commands waiting to be proposed as one entry, and the callbacks answering them."""
+
+    pieces: list = field(default_factory=list)
+    callbacks: list[ProposalCallback] = field(default_factory=list)
+    size: int = 0
 
 
 _MESSAGE_HEAD = struct.Struct(">I")
+_COUNT = struct.Struct(">I")
 
 
 def encode_message(msg: Message) -> list:
-    """A Raft message as frame pieces: the message without its entry's data, then the data
-    itself — the same bytes object for every follower, written by reference, not re-packed."""
-    entry = msg.entry
-    if entry is None or not entry.data:
+    """A Raft message as frame pieces: the message without its entries' data, the data
+    count and lengths, then the data themselves — the same bytes objects for every
+    follower, written by reference, not re-packed."""
+    if not any(entry.data for entry in msg.entries):
         head = msg.encode()
         return [_MESSAGE_HEAD.pack(len(head)), head]
-    head = dataclasses.replace(msg, entry=dataclasses.replace(entry, data=b"")).encode()
-    return [_MESSAGE_HEAD.pack(len(head)), head, entry.data]
+    head = msg.encode(with_data=False)
+    lengths = struct.pack(f">I{len(msg.entries)}I", len(msg.entries),
+                          *(len(entry.data) for entry in msg.entries))
+    return [_MESSAGE_HEAD.pack(len(head)), head, lengths, *(e.data for e in msg.entries)]
 
 
 def decode_message(body: bytes) -> Message:
-    if len(body) < _MESSAGE_HEAD.size:
-        raise MessageDecodeError("raft frame shorter than its length prefix")
-    (head_len,) = _MESSAGE_HEAD.unpack_from(body)
-    end = _MESSAGE_HEAD.size + head_len
-    msg = Message.decode(body[_MESSAGE_HEAD.size:end])
-    if msg.entry is None or end == len(body):
-        return msg
-    return dataclasses.replace(msg, entry=dataclasses.replace(msg.entry, data=body[end:]))
+    try:
+        (head_len,) = _MESSAGE_HEAD.unpack_from(body)
+        pos = _MESSAGE_HEAD.size + head_len
+        head = body[_MESSAGE_HEAD.size:pos]
+        if pos >= len(body):
+            return Message.decode(head)
+        (count,) = _COUNT.unpack_from(body, pos)
+        lengths = struct.unpack_from(f">{count}I", body, pos + _COUNT.size)
+    except struct.error as exc:
+        raise MessageDecodeError(f"raft frame: {exc}") from None
+    pos += _COUNT.size + _COUNT.size * count
+    if pos + sum(lengths) != len(body):
+        raise MessageDecodeError("raft frame data does not match its lengths")
+    data = []
+    for length in lengths:
+        data.append(bytes(body[pos:pos + length]))
+        pos += length
+    return Message.decode(head, data)
+
+
+def _answer(callbacks: list[ProposalCallback], results: list[PutResult | None]) -> None:
+    assert len(callbacks) == len(results), "an entry's commands and callbacks differ"
+    for callback, result in zip(callbacks, results):
+        callback(result, None)
 
 
 def _now_ms() -> int:
@@ -116,19 +172,22 @@ class DLedgerCommitLog:
         # The store checkpoint claims (Raft index, log offset) pairs, and only for indexes
         # the Raft checkpoint on disk has as committed (a restarted node accepts no more).
         self.durable_committed_index = self.storage.load_checkpoint().committed_index
-        self._checkpoint_saved_at = 0.0
         self._apply_marks: deque[tuple[int, int]] = deque()  # (applied index, log end)
         store.checkpoint_extra = self._claim_applied
         self.server = Server(self)
         self.pool = ConnectionPool()
-        self._pending: dict[EntryId, ProposalCallback] = {}
-        self._results: dict[int, PutResult] = {}           # applied, awaiting completion
-        self._completed_early: dict[int, ProposalCallback] = {}  # completed, not yet applied
+        self._group = _Group()
+        # per entry, one callback (and result) per command, in the entry's order
+        self._pending: dict[EntryId, list[ProposalCallback]] = {}
+        self._results: dict[int, list[PutResult | None]] = {}  # applied, awaiting completion
+        self._completed_early: dict[int, list[ProposalCallback]] = {}  # completed, not applied
         self._pumping = False
         self._pump_again = False
         self.sync_appends = config.flush_disk_type == "sync"
-        self.sync_interval_s = config.flush_interval_commitlog_ms / 1000
-        self._synced_at = time.monotonic()
+        self.flush_interval_s = config.flush_interval_commitlog_ms / 1000
+        self._flushed_at = time.monotonic()
+        self._flush_task: asyncio.Task | None = None
+        self._unsaved_checkpoint: Checkpoint | None = None
         self._was_leader = False
         self._task: asyncio.Task | None = None
 
@@ -149,8 +208,11 @@ class DLedgerCommitLog:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        for callback in self._pending.values():
-            callback(None, NotLeader("member shutting down; the outcome is unknown"))
+        shutting_down = NotLeader("member shutting down; the outcome is unknown")
+        for callbacks in [self._group.callbacks, *self._pending.values()]:
+            for callback in callbacks:
+                callback(None, shutting_down)
+        self._group = _Group()
         self._pending.clear()
         await self.server.close()
         await self.pool.close()
@@ -169,13 +231,31 @@ class DLedgerCommitLog:
                          f"{self.config.broker_name} (leader's raft endpoint: {leader})"
                          + (f": {why}" if why else ""))
 
-    def propose(self, entry: bytes, callback: ProposalCallback) -> None:
-        try:
-            entry_id = self.node.propose(entry)
-        except RaftError as err:
-            raise self.not_leader(str(err)) from None
-        self._pending[entry_id] = callback
+    def propose(self, command: Command, callback: ProposalCallback) -> None:
+        """Queue `command` for the entry of this event-loop turn (proposed when the Ready
+        cycle next runs); `callback` gets its result once that entry is committed."""
+        if not self.is_leader:
+            raise self.not_leader()
+        size = sum(map(len, command))
+        if self._group.size and self._group.size + size > MAX_GROUPED_ENTRY_BYTES:
+            self._propose_group()
+        self._group.pieces += command
+        self._group.callbacks.append(callback)
+        self._group.size += size
         self._schedule_pump()
+
+    def _propose_group(self) -> None:
+        group, self._group = self._group, _Group()
+        if not group.callbacks:
+            return
+        try:
+            entry_id = self.node.propose(b"".join(group.pieces))
+        except RaftError as err:  # leadership lost or being transferred since queued
+            error = self.not_leader(str(err))
+            for callback in group.callbacks:
+                callback(None, error)
+            return
+        self._pending[entry_id] = group.callbacks
 
     def transfer_leadership(self, to_id: int) -> None:
         if to_id not in self.peers:
@@ -213,7 +293,7 @@ class DLedgerCommitLog:
     def _propose_and_reply(self, conn: Connection, frame: Frame, entry: list) -> None:
         def committed(result: PutResult | None, err: HamqError | None) -> None:
             conn.reply(error_pieces(frame, err) if err else response_pieces(frame))
-        self.propose(msgpack.packb(entry, use_bin_type=True), committed)
+        self.propose(encode_command(entry), committed)
 
     def handle_transfer(self, conn: Connection, frame: Frame) -> list:
         self.transfer_leadership(require(frame.ext, "member_id", int))
@@ -223,38 +303,47 @@ class DLedgerCommitLog:
     async def _tick_loop(self) -> None:
         while True:
             self.node.tick(_now_ms())
-            if not self._pumping and not self.sync_appends and self._sync_due():
-                await self._sync_if_idle()
+            if not self._pumping:
+                self._maybe_flush()
             self._schedule_pump()
             await asyncio.sleep(TICK_INTERVAL_S)
 
     def _schedule_pump(self) -> None:
         if self._pumping:
             self._pump_again = True
-        elif self.node.has_ready():
+        elif self._group.callbacks or self.node.has_ready():
             self._pumping = True
             asyncio.ensure_future(self._pump())
 
     async def _pump(self) -> None:
         try:
-            while self.node.has_ready():
+            while True:
+                self._propose_group()
+                if not self.node.has_ready():
+                    break
                 ready = self.node.ready()
-                # A leader may ship entries while it writes them itself (etcd's
-                # optimisation): it counts towards the quorum only after advance().
-                early = self.is_leader and ready.hard_state is None
-                if early:
+                # A leader may send before its own write (etcd's optimisation: it counts
+                # towards the quorum only after advance()): entries ship while it writes
+                # them; without entries, its COMMITs and heartbeats wait until the
+                # clients of newly committed entries are answered. A follower answers
+                # before applying: its answers gate the leader's commit.
+                leading = self.is_leader and ready.hard_state is None
+                if leading and ready.entries:
                     self._send_all(ready.messages)
-                save_checkpoint = self._checkpoint_due(ready)
-                if ready.hard_state or save_checkpoint or (ready.entries and (
-                        self.sync_appends or self._sync_due())):
-                    await asyncio.to_thread(self._persist, ready, save_checkpoint)
+                if ready.hard_state is not None or (ready.entries and self.sync_appends):
+                    await asyncio.to_thread(persist, self.storage, ready, checkpoint=False)
                 elif ready.entries:  # page-cache writes only: no thread hop on the hot path
-                    self._persist(ready, save_checkpoint)
-                if not early:
+                    persist(self.storage, ready, checkpoint=False, sync=False)
+                if ready.checkpoint is not None:
+                    self._unsaved_checkpoint = ready.checkpoint
+                if not leading:
                     self._send_all(ready.messages)
                 self._apply(ready)
+                if leading and not ready.entries:
+                    self._send_all(ready.messages)
                 self.node.advance(ready)
                 self._pump_again = False
+                self._maybe_flush()
         except Exception:
             log.exception("DLedger ready cycle failed")
             raise
@@ -270,39 +359,36 @@ class DLedgerCommitLog:
             self._pump_again = False
             self._schedule_pump()
 
-    def _checkpoint_due(self, ready: Ready) -> bool:
-        """The Raft checkpoint (ledger end, committed index) costs fsyncs of its own and is
-        only a recovery hint, so it is written at most every CHECKPOINT_INTERVAL_S."""
-        if ready.checkpoint is None or \
-                time.monotonic() - self._checkpoint_saved_at < CHECKPOINT_INTERVAL_S:
-            return False
-        self._checkpoint_saved_at = time.monotonic()
-        return True
+    def _maybe_flush(self) -> None:
+        """Every ``flush_interval_commitlog_ms``, fsync the Raft log and then save the Raft
+        checkpoint (ledger end, committed index) it now covers — in a worker thread the
+        Ready cycle never waits for, like the commit log's flush thread. With "async" (the
+        store's default contract) appends reach the page cache before anything depending on
+        them is sent, which survives a process crash, and this is their only fsync; with
+        "sync" every Ready's appends were fsynced already. Terms and votes are always
+        fsynced in the Ready cycle. Only called between Readies: the job is detached from
+        the storage on the loop, so it never races a persist."""
+        if self._flush_task is not None or \
+                time.monotonic() - self._flushed_at < self.flush_interval_s:
+            return
+        checkpoint, self._unsaved_checkpoint = self._unsaved_checkpoint, None
+        self._flush_task = asyncio.ensure_future(
+            self._flush(self.storage.detach_sync(), checkpoint))
 
-    def _persist(self, ready: Ready, save_checkpoint: bool) -> None:
-        """In a worker thread: nothing is sent before the state it depends on is written —
-        and, with ``flush_disk_type = "sync"``, fsynced. With "async" (the store's default
-        contract) appends reach the page cache first, which survives a process crash, and
-        are fsynced every ``flush_interval_commitlog_ms``; votes and terms always are."""
-        sync = self.sync_appends or ready.hard_state is not None or self._sync_due()
-        persist(self.storage, ready, checkpoint=save_checkpoint, sync=sync)
-        if sync:
-            self._synced_at = time.monotonic()
-        if save_checkpoint:
-            self.durable_committed_index = ready.checkpoint.committed_index
-
-    def _sync_due(self) -> bool:
-        return time.monotonic() - self._synced_at >= self.sync_interval_s
-
-    async def _sync_if_idle(self) -> None:
-        """The periodic fsync of an idle member (a busy one syncs in its Ready cycle)."""
-        self._pumping = True
+    async def _flush(self, sync: Callable[[], None], checkpoint: Checkpoint | None) -> None:
+        def run() -> None:
+            sync()
+            if checkpoint is not None:  # only now is the log it describes durable
+                self.storage.save_checkpoint(checkpoint)
         try:
-            await asyncio.to_thread(self.storage.sync)
-            self._synced_at = time.monotonic()
+            await asyncio.to_thread(run)
+            if checkpoint is not None:
+                self.durable_committed_index = checkpoint.committed_index
+        except Exception:  # nothing awaits this task: report here, retry next interval
+            log.exception("DLedger flush failed")
         finally:
-            self._pumping = False
-        self._schedule_pump()
+            self._flushed_at = time.monotonic()
+            self._flush_task = None
 
     def _send_all(self, messages: list[Message]) -> None:
         """One write per peer for all of a Ready's messages to it."""
@@ -324,25 +410,18 @@ class DLedgerCommitLog:
             pass
 
     def _apply(self, ready: Ready) -> None:
-        arrived = []
+        arrived: list[tuple[str, int]] = []
         leader = self.is_leader
         for entry in ready.committed_entries:
             if entry.is_noop:
                 continue
-            kind, *fields = msgpack.unpackb(entry.data, raw=False)
-            if kind == KIND_SEND:
-                topic, queue_id, count, crc, born_ts, store_ts, payload = fields
-                result = self.store.put_batch(topic, queue_id, payload, count, crc, born_ts,
-                                              store_timestamp_ms=store_ts)
-                arrived.append((topic, queue_id))
-            else:
-                result = None
-                self._apply_topic_change(kind, fields)
+            results = [self._apply_command(meta, data, arrived)
+                       for meta, data in decode_commands(entry.data)]
             waiting = self._completed_early.pop(entry.index, None)
             if waiting is not None:
-                waiting(result, None)
+                _answer(waiting, results)
             elif leader or self._pending:
-                self._results[entry.index] = result
+                self._results[entry.index] = results
         if arrived:
             self.store.commit()
             self.on_applied(arrived)
@@ -350,22 +429,34 @@ class DLedgerCommitLog:
             self._apply_marks.append((ready.committed_entries[-1].index,
                                       self.store.commitlog.written_offset))
         for entry_id in ready.completed_proposals:
-            callback = self._pending.pop(entry_id, None)
-            if callback is None:
+            callbacks = self._pending.pop(entry_id, None)
+            if callbacks is None:
                 continue
             if entry_id.index in self._results:
-                callback(self._results.pop(entry_id.index), None)
+                _answer(callbacks, self._results.pop(entry_id.index))
             else:  # committed in this Ready but applied in a later one
-                self._completed_early[entry_id.index] = callback
+                self._completed_early[entry_id.index] = callbacks
         for failed in ready.failed_proposals:
-            callback = self._pending.pop(failed.entry_id, None)
-            if callback is not None:
+            callbacks = self._pending.pop(failed.entry_id, None)
+            if callbacks is not None:
                 err = SystemBusy("not committed in time; the outcome is unknown") \
                     if failed.reason is FailureReason.TIMEOUT else \
                     NotLeader("leadership changed before commit; the outcome is unknown")
-                callback(None, err)
+                for callback in callbacks:
+                    callback(None, err)
         if not self._pending:
             self._results.clear()
+
+    def _apply_command(self, meta: list, data: memoryview,
+                       arrived: list[tuple[str, int]]) -> PutResult | None:
+        kind, *fields = meta
+        if kind != KIND_SEND:
+            self._apply_topic_change(kind, fields)
+            return None
+        topic, queue_id, count, crc, born_ts, store_ts = fields
+        arrived.append((topic, queue_id))
+        return self.store.put_batch(topic, queue_id, data, count, crc, born_ts,
+                                    store_timestamp_ms=store_ts)
 
     def _apply_topic_change(self, kind: int, fields: list) -> None:
         if kind == KIND_TOPIC:

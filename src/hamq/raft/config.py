@@ -17,6 +17,11 @@ PUSH_TIMEOUT_MS = 120
 PROPOSAL_TIMEOUT_MS = 3000
 # Unanswered APPENDs in flight per follower (DLedger's maxPendingSize); bounds memory.
 MAX_PENDING_PUSHES = 64
+# One APPEND carries consecutive entries up to these bounds (DLedger's batch push): a
+# follower writes and answers a run of entries at once instead of one message per entry.
+# An entry larger than the byte bound still travels, alone.
+MAX_ENTRIES_PER_PUSH = 64
+MAX_PUSH_BYTES = 1024 * 1024
 # Committed entries handed out per Ready, so one Ready stays a bounded batch.
 MAX_COMMITTED_PER_READY = 1024
 
@@ -30,6 +35,8 @@ class RaftConfig:
     push_timeout_ms: int = PUSH_TIMEOUT_MS
     proposal_timeout_ms: int = PROPOSAL_TIMEOUT_MS
     max_pending_pushes: int = MAX_PENDING_PUSHES
+    max_entries_per_push: int = MAX_ENTRIES_PER_PUSH
+    max_push_bytes: int = MAX_PUSH_BYTES
     max_committed_per_ready: int = MAX_COMMITTED_PER_READY
     pre_vote: bool = True
 
@@ -41,7 +48,8 @@ class RaftConfig:
         if self.node_id not in self.member_ids:
             raise ConfigError(f"node {self.node_id} is not in {self.member_ids}")
         limits = (self.election_timeout_ms, self.heartbeat_interval_ms, self.push_timeout_ms,
-                  self.proposal_timeout_ms, self.max_pending_pushes, self.max_committed_per_ready)
+                  self.proposal_timeout_ms, self.max_pending_pushes, self.max_entries_per_push,
+                  self.max_push_bytes, self.max_committed_per_ready)
         if min(limits) <= 0:
             raise ConfigError("timeouts and limits must be positive")
         if self.heartbeat_interval_ms >= self.election_timeout_ms:

@@ -2,7 +2,8 @@
 
 COMPARE walks back from the leader's ledger_end_index to the last index the follower
 holds with the same term; TRUNCATE cuts the follower's log there; APPEND then streams
-entries from `write_index`, with `pending_map` remembering when each was sent.
+entries from `write_index`, several per message, with `pending_map` remembering when
+each APPEND was sent, by the last index it carries (the index its answer names).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from hamq.raft.config import RaftConfig
-from hamq.raft.log import EMPTY_INDEX
+from hamq.raft.log import EMPTY_INDEX, Entry
 from hamq.raft.messages import Message, MessageType, ResponseCode
 from hamq.raft.raft_log import LEDGER_BEGIN_INDEX, RaftLog
 
@@ -32,15 +33,13 @@ class EntryDispatcher:
     config: RaftConfig
     push_type: PushType = PushType.COMPARE
     write_index: int = EMPTY_INDEX
-    pending_map: dict[int, int] = field(default_factory=dict)  # index -> sent at (ms)
+    # last index of an APPEND -> sent at (ms)
+    pending_map: dict[int, int] = field(default_factory=dict)
     compare_index: int = EMPTY_INDEX
     truncate_index: int = EMPTY_INDEX
     # a COMPARE/TRUNCATE in flight waits for its answer or for push_timeout_ms
     awaiting: bool = False
     last_send_ms: int = NEVER_MS
-    # the committed index last sent, so a rise reaches the follower without waiting
-    # for the next heartbeat
-    sent_committed_index: int = EMPTY_INDEX
 
     def poll(self, log: RaftLog, water_mark: int, committed_index: int,
              now_ms: int) -> list[Message]:
@@ -71,7 +70,7 @@ class EntryDispatcher:
         self.awaiting = True
         self.last_send_ms = now_ms
         return Message(mtype, self.leader_id, self.peer_id, self.term, index=index,
-                       entry=log.entry(index), **fields)
+                       entries=(log.entry(index),), **fields)
 
     def _append(self, log: RaftLog, water_mark: int, committed_index: int,
                 now_ms: int) -> list[Message]:
@@ -90,23 +89,37 @@ class EntryDispatcher:
         while (self.write_index <= log.ledger_end_index
                and len(self.pending_map) < self.config.max_pending_pushes):
             index = self.write_index
+            entries = self._next_run(log, index)
+            last = entries[-1].index
             out.append(Message(MessageType.APPEND, self.leader_id, self.peer_id, self.term,
                                index=index, log_term=log.term(index - 1),
-                               entry=log.entry(index), committed_index=committed_index))
-            self.pending_map[index] = now_ms
-            self.write_index += 1
-            self.sent_committed_index = max(self.sent_committed_index,
-                                            min(committed_index, index))
-        # only what this follower is known to hold may be declared committed to it
-        known_committed = min(committed_index, water_mark)
-        idle = now_ms - self.last_send_ms >= self.config.heartbeat_interval_ms
-        if not out and (idle or known_committed > self.sent_committed_index):
+                               entries=entries, committed_index=committed_index))
+            self.pending_map[last] = now_ms
+            self.write_index = last + 1
+        # The committed index rides on every APPEND; a COMMIT goes only to an idle
+        # follower (DLedger's doCommit), as the heartbeat: a separate COMMIT (and its
+        # answer) per commit would double the messages of one-at-a-time sends.
+        if not out and now_ms - self.last_send_ms >= self.config.heartbeat_interval_ms:
+            # only what this follower is known to hold may be declared committed to it
             out.append(Message(MessageType.COMMIT, self.leader_id, self.peer_id, self.term,
-                               committed_index=known_committed))
-            self.sent_committed_index = max(self.sent_committed_index, known_committed)
+                               committed_index=min(committed_index, water_mark)))
         if out:
             self.last_send_ms = now_ms
         return out
+
+    def _next_run(self, log: RaftLog, index: int) -> tuple[Entry, ...]:
+        """Consecutive entries from `index` for one APPEND, within the count and byte
+        bounds (the first one always goes, however large)."""
+        stop = min(log.ledger_end_index + 1, index + self.config.max_entries_per_push)
+        run = [log.entry(index)]
+        size = len(run[0].data)
+        for i in range(index + 1, stop):
+            entry = log.entry(i)
+            size += len(entry.data)
+            if size > self.config.max_push_bytes:
+                break
+            run.append(entry)
+        return tuple(run)
 
     def handle_response(self, msg: Message, log: RaftLog) -> int | None:
         """Apply a PUSH_RESPONSE; returns an index the follower is now known to match."""

@@ -1,10 +1,13 @@
 """A file-backed `LogStorage`: segment files named by their first index, one CRC per entry.
 
-Record layout: u32 payload length | u32 crc32(payload) | payload, where the payload is
-msgpack [index, term, data, is_noop]. The index of (segment, offset) per entry is rebuilt
+Record layout: u32 body length | u32 crc32(body) | body, where the body is u64 index |
+u64 term | u8 is_noop | data. The data is never copied into the record: a Ready's records
+go to disk with one pwritev per segment. The index of (segment, offset) per entry is rebuilt
 by scanning on open; a record cut short or failing its CRC at the end of the last segment
 is a torn write from a crash and is cut off, anywhere else it is `CorruptLogError`.
-Hard state and checkpoint are small files replaced by write-then-rename.
+Hard state and checkpoint are small files replaced by write-then-rename. `entry` may run on
+the event loop while a worker thread appends: it reads only persisted records, and the
+list and dict lookups it shares with `append` are atomic under the GIL.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +27,9 @@ from hamq.raft.storage import LogStorage
 
 SEGMENT_MAX_BYTES = 64 * 1024 * 1024  # roll to a new segment past this size
 MAX_RECORD_BYTES = 256 * 1024 * 1024  # a larger length field can only be garbage
-_HEADER = struct.Struct(">II")  # payload length, crc32 of payload
+_HEADER = struct.Struct(">II")  # body length, crc32 of body
+_ENTRY_HEAD = struct.Struct(">QQ?")  # index, term, is_noop; the entry's data follows
+_IOV_MAX = 1024  # pieces one pwritev may take (Linux's IOV_MAX)
 _SEGMENT_SUFFIX = ".log"
 _SEGMENT_NAME_DIGITS = 20  # zero-padded so names sort by index
 _HARD_STATE_FILE = "hardstate"
@@ -36,21 +41,22 @@ class _Location:
     segment_start: int
     offset: int
     length: int  # header included
+    term: int  # so that starting a node reads no entry data
 
 
 def _segment_name(start_index: int) -> str:
     return f"{start_index:0{_SEGMENT_NAME_DIGITS}d}{_SEGMENT_SUFFIX}"
 
 
-def _encode_record(entry: Entry) -> bytes:
-    payload = msgpack.packb([entry.index, entry.term, entry.data, entry.is_noop],
-                            use_bin_type=True)
-    return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+def _record_pieces(entry: Entry) -> list[bytes]:
+    head = _ENTRY_HEAD.pack(entry.index, entry.term, entry.is_noop)
+    crc = zlib.crc32(entry.data, zlib.crc32(head))
+    return [_HEADER.pack(len(head) + len(entry.data), crc), head, entry.data]
 
 
-def _decode_payload(payload: bytes) -> Entry:
-    index, term, data, is_noop = msgpack.unpackb(payload, raw=False)
-    return Entry(index, term, bytes(data), bool(is_noop))
+def _decode_body(body: bytes) -> Entry:
+    index, term, is_noop = _ENTRY_HEAD.unpack_from(body)
+    return Entry(index, term, bytes(body[_ENTRY_HEAD.size:]), is_noop)
 
 
 class FileStorage(LogStorage):
@@ -81,8 +87,8 @@ class FileStorage(LogStorage):
         data = path.read_bytes()
         offset = 0
         while offset < len(data):
-            entry_length = self._valid_record_length(data, offset)
-            if entry_length is None:
+            record = self._valid_record(data, offset)
+            if record is None:
                 if not is_last:
                     raise CorruptLogError(f"bad record at {path}:{offset}")
                 # a torn tail: the crash came before this write was synced
@@ -90,27 +96,26 @@ class FileStorage(LogStorage):
                     f.truncate(offset)
                     os.fsync(f.fileno())
                 break
-            self._locations.append(_Location(start, offset, entry_length))
+            entry_length, term = record
+            self._locations.append(_Location(start, offset, entry_length, term))
             offset += entry_length
         self._open_segment(start)
 
-    def _valid_record_length(self, data: bytes, offset: int) -> int | None:
+    def _valid_record(self, data: bytes, offset: int) -> tuple[int, int] | None:
+        """(record length, entry term) of a whole, intact record at `offset`."""
         if len(data) - offset < _HEADER.size:
             return None
         length, crc = _HEADER.unpack_from(data, offset)
         end = offset + _HEADER.size + length
         if length > MAX_RECORD_BYTES or end > len(data):
             return None
-        payload = data[offset + _HEADER.size:end]
-        if zlib.crc32(payload) != crc:
+        body = memoryview(data)[offset + _HEADER.size:end]
+        if zlib.crc32(body) != crc or length < _ENTRY_HEAD.size:
             return None
-        try:
-            index = _decode_payload(payload).index
-        except (ValueError, TypeError, msgpack.UnpackException):
-            return None
+        index, term, _ = _ENTRY_HEAD.unpack_from(body)
         if index != len(self._locations):
             raise CorruptLogError(f"record for index {index} where {len(self._locations)} belongs")
-        return end - offset
+        return end - offset, term
 
     def _open_segment(self, start: int) -> None:
         path = self._dir / _segment_name(start)
@@ -126,14 +131,28 @@ class FileStorage(LogStorage):
             return
         if entries[0].index <= self.last_index():
             self.truncate_suffix(entries[0].index)
+        pieces: list[bytes] = []  # records for `segment`, written from `offset`
+        segment = offset = -1
         for entry in entries:
-            record = _encode_record(entry)
+            record = _record_pieces(entry)
+            length = sum(map(len, record))
             start = self._active_segment(entry.index)
-            offset = self._sizes[start]
-            os.pwrite(self._fds[start], record, offset)
-            self._sizes[start] = offset + len(record)
-            self._dirty.add(start)
-            self._locations.append(_Location(start, offset, len(record)))
+            if start != segment:
+                self._write(segment, offset, pieces)
+                pieces, segment, offset = [], start, self._sizes[start]
+            self._locations.append(_Location(start, self._sizes[start], length, entry.term))
+            self._sizes[start] += length
+            pieces += record
+        self._write(segment, offset, pieces)
+
+    def _write(self, segment: int, offset: int, pieces: list[bytes]) -> None:
+        for first in range(0, len(pieces), _IOV_MAX):
+            chunk = pieces[first:first + _IOV_MAX]
+            size = sum(map(len, chunk))
+            if os.pwritev(self._fds[segment], chunk, offset) != size:
+                raise OSError(f"short write to raft log segment {segment}")
+            offset += size
+            self._dirty.add(segment)
 
     def _active_segment(self, next_index: int) -> int:
         if self._fds:
@@ -166,18 +185,39 @@ class FileStorage(LogStorage):
             raise LogIndexError(f"index {index} outside [0, {self.last_index()}]")
         loc = self._locations[index]
         record = os.pread(self._fds[loc.segment_start], loc.length, loc.offset)
-        return _decode_payload(record[_HEADER.size:])
+        return _decode_body(memoryview(record)[_HEADER.size:])
 
     def last_index(self) -> int:
         return len(self._locations) - 1
 
+    def term(self, index: int) -> int:
+        if not 0 <= index <= self.last_index():
+            return super().term(index)  # EMPTY_INDEX's term, or the out-of-range error
+        return self._locations[index].term
+
     def sync(self) -> None:
-        for start in sorted(self._dirty):
-            os.fsync(self._fds[start])
+        self.detach_sync()()
+
+    def detach_sync(self) -> Callable[[], None]:
+        """Take what `sync` would fsync as a job another thread may run while this one
+        keeps appending: the job fsyncs duplicates of the dirty segments' fds, so a
+        segment closed meanwhile (a truncation) cannot make it fsync a reused fd. Writes
+        made before the call are durable once the job returns."""
+        fds = [os.dup(self._fds[start]) for start in sorted(self._dirty)]
+        dir_dirty = self._dir_dirty
         self._dirty.clear()
-        if self._dir_dirty:
-            self._fsync_dir()
-            self._dir_dirty = False
+        self._dir_dirty = False
+
+        def job() -> None:
+            try:
+                for fd in fds:
+                    os.fsync(fd)
+                if dir_dirty:
+                    self._fsync_dir()
+            finally:
+                for fd in fds:
+                    os.close(fd)
+        return job
 
     def close(self) -> None:
         for fd in self._fds.values():

@@ -1,7 +1,8 @@
 """EntryHandler: how a follower applies the leader's APPEND/COMPARE/TRUNCATE/COMMIT.
 
-Every request names the entry before the one it carries (`log_term` of `index - 1`), so
-a reordered or duplicated request can never splice an entry onto the wrong prefix.
+Every request names the entry before the first one it carries (`log_term` of
+`index - 1`), so a reordered or duplicated request can never splice entries onto the wrong
+prefix. An APPEND carries a run of entries and is answered once, for its last index.
 """
 
 from __future__ import annotations
@@ -47,11 +48,19 @@ class EntryHandler:
                 self._buffered[msg.index] = msg  # reordered: the gap may fill soon
                 return result
         self._handle_one(msg, result)
-        while (pending := self._buffered.pop(self._log.ledger_end_index + 1, None)) is not None:
+        while (pending := self._take_buffered()) is not None:
             self._handle_one(pending, result)
-        for index in [i for i in self._buffered if i <= self._log.ledger_end_index]:
-            del self._buffered[index]
         return result
+
+    def _take_buffered(self) -> Message | None:
+        """A buffered APPEND that now continues our log. Those our log already covers are
+        dropped unanswered: the answer to what covered them acknowledged them too."""
+        end = self._log.ledger_end_index
+        for index in [i for i in self._buffered if i <= end + 1]:
+            msg = self._buffered.pop(index)
+            if msg.last_index > end:
+                return msg
+        return None
 
     def _handle_one(self, msg: Message, result: HandlerResult) -> None:
         if msg.type == MessageType.APPEND:
@@ -64,30 +73,31 @@ class EntryHandler:
         if code == ResponseCode.SUCCESS and msg.type != MessageType.COMPARE:
             # a verified request proves our log matches the leader's through msg.index
             result.committed_index = self._advance_commit(
-                result.committed_index, msg.committed_index, msg.index)
+                result.committed_index, msg.committed_index, msg.last_index)
         result.responses.append(self._response(msg, code))
 
     def _append(self, msg: Message) -> ResponseCode:
-        assert msg.entry is not None and msg.entry.index == msg.index
+        assert msg.entries and msg.entries[0].index == msg.index
         if not self._log.matches(msg.index - 1, msg.log_term):
             return ResponseCode.INCONSISTENT_STATE  # a gap, or a different previous entry
-        if not self._log.matches(msg.index, msg.entry.term):
-            self._log.write(msg.entry)  # new, or replaces a conflicting uncommitted suffix
+        for entry in msg.entries:
+            if not self._log.matches(entry.index, entry.term):
+                self._log.write(entry)  # new, or replaces a conflicting uncommitted suffix
         return ResponseCode.SUCCESS
 
     def _compare(self, msg: Message) -> ResponseCode:
-        assert msg.entry is not None
-        if self._log.matches(msg.index, msg.entry.term):
+        assert len(msg.entries) == 1
+        if self._log.matches(msg.index, msg.entries[0].term):
             return ResponseCode.SUCCESS
         return ResponseCode.INCONSISTENT_STATE
 
     def _truncate(self, msg: Message) -> ResponseCode:
-        assert msg.entry is not None and msg.entry.index == msg.index
+        assert len(msg.entries) == 1 and msg.entries[0].index == msg.index
         log = self._log
         if not log.matches(msg.index - 1, msg.log_term):
             return ResponseCode.INCONSISTENT_STATE
-        if not log.matches(msg.index, msg.entry.term):
-            log.write(msg.entry)
+        if not log.matches(msg.index, msg.entries[0].term):
+            log.write(msg.entries[0])
         elif log.term(msg.index + 1) not in (msg.term, msg.next_term):
             # an entry after the cut written in the leader's term, or equal to the
             # leader's own, means this is a stale duplicate: cutting would lose acked data
@@ -97,7 +107,7 @@ class EntryHandler:
     def _response(self, msg: Message, code: ResponseCode) -> Message:
         end = self._log.ledger_end_index
         return Message(MessageType.PUSH_RESPONSE, msg.to_id, msg.from_id, msg.term,
-                       index=msg.index, code=code, req_type=msg.type,
+                       index=msg.last_index, code=code, req_type=msg.type,
                        begin_index=LEDGER_BEGIN_INDEX if end != EMPTY_INDEX else EMPTY_INDEX,
                        end_index=end)
 

@@ -6,6 +6,7 @@ fields a type does not use keep their defaults.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -40,16 +41,22 @@ REQUEST_TYPES = frozenset(
 )
 VOTE_REQUEST_TYPES = frozenset({MessageType.PRE_VOTE, MessageType.VOTE})
 _FIELD_COUNT = 14
+# decode looks codes up here: calling an IntEnum for every field costs microseconds each
+_MESSAGE_TYPES = {int(t): t for t in MessageType}
+_RESPONSE_CODES = {int(c): c for c in ResponseCode}
 
 
 @dataclass(frozen=True, slots=True)
 class Message:
     """A Raft message; see the `MessageType` comments for which fields each one uses.
 
-    `index` is the entry index a push request carries (or, in a vote, the candidate's
-    ledger_end_index); `log_term` is the term just before `index` for APPEND/TRUNCATE
-    and the candidate's last term for votes; `next_term` is the leader's term at
-    `index + 1` for TRUNCATE so a duplicated truncate cannot cut entries written since.
+    `index` is the first entry index a push request carries (or, in a vote, the
+    candidate's ledger_end_index; in a PUSH_RESPONSE, the request's `last_index`);
+    `entries` are consecutive from `index` — several for APPEND (DLedger's batch push: one
+    message, one answer for a run of entries), exactly one for COMPARE/TRUNCATE; `log_term`
+    is the term just before `index` for APPEND/TRUNCATE and the candidate's last term for
+    votes; `next_term` is the leader's term at `index + 1` for TRUNCATE so a duplicated
+    truncate cannot cut entries written since.
     """
 
     type: MessageType
@@ -58,7 +65,7 @@ class Message:
     term: int
     index: int = EMPTY_INDEX
     log_term: int = NO_TERM
-    entry: Entry | None = None
+    entries: tuple[Entry, ...] = ()
     committed_index: int = EMPTY_INDEX
     code: ResponseCode = ResponseCode.SUCCESS
     req_type: MessageType | None = None
@@ -67,13 +74,20 @@ class Message:
     next_term: int = NO_TERM
     force: bool = False  # a transfer campaign: voters ignore their leader lease
 
-    def encode(self) -> bytes:
-        entry = self.entry
-        packed_entry = None if entry is None else [entry.index, entry.term, entry.data, entry.is_noop]
+    @property
+    def last_index(self) -> int:
+        """The index of the last entry carried (`index` itself when none are)."""
+        return self.index + max(len(self.entries) - 1, 0)
+
+    def encode(self, *, with_data: bool = True) -> bytes:
+        """`with_data=False` leaves the entries' data out, for a transport that ships it as
+        separate pieces and hands it back to `decode`."""
+        packed_entries = [[e.index, e.term, e.data if with_data else b"", e.is_noop]
+                          for e in self.entries]
         return msgpack.packb(
             [
                 int(self.type), self.from_id, self.to_id, self.term, self.index,
-                self.log_term, packed_entry, self.committed_index, int(self.code),
+                self.log_term, packed_entries, self.committed_index, int(self.code),
                 None if self.req_type is None else int(self.req_type),
                 self.begin_index, self.end_index, self.next_term, self.force,
             ],
@@ -81,24 +95,28 @@ class Message:
         )
 
     @classmethod
-    def decode(cls, data: bytes) -> Message:
+    def decode(cls, data: bytes, entry_data: Sequence[bytes] | None = None) -> Message:
+        """`entry_data`, if given, is the entries' data in order (see `encode`)."""
         try:
             fields = msgpack.unpackb(data, raw=False)
             if not isinstance(fields, list) or len(fields) != _FIELD_COUNT:
                 raise MessageDecodeError(f"expected a {_FIELD_COUNT}-field array")
-            (mtype, from_id, to_id, term, index, log_term, packed_entry, committed,
+            (mtype, from_id, to_id, term, index, log_term, packed_entries, committed,
              code, req_type, begin, end, next_term, force) = fields
-            entry = None if packed_entry is None else Entry(
-                int(packed_entry[0]), int(packed_entry[1]), bytes(packed_entry[2]),
-                bool(packed_entry[3]),
-            )
+            if entry_data is None:
+                entry_data = [bytes(e[2]) for e in packed_entries]
+            elif len(entry_data) != len(packed_entries):
+                raise MessageDecodeError(f"{len(entry_data)} data for "
+                                         f"{len(packed_entries)} entries")
+            entries = tuple(Entry(int(e[0]), int(e[1]), d, bool(e[3]))
+                            for e, d in zip(packed_entries, entry_data))
             return cls(
-                MessageType(mtype), int(from_id), int(to_id), int(term), int(index),
-                int(log_term), entry, int(committed), ResponseCode(code),
-                None if req_type is None else MessageType(req_type),
+                _MESSAGE_TYPES[mtype], int(from_id), int(to_id), int(term), int(index),
+                int(log_term), entries, int(committed), _RESPONSE_CODES[code],
+                None if req_type is None else _MESSAGE_TYPES[req_type],
                 int(begin), int(end), int(next_term), bool(force),
             )
         except MessageDecodeError:
             raise
-        except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
+        except (ValueError, TypeError, IndexError, KeyError, msgpack.UnpackException) as exc:
             raise MessageDecodeError(str(exc)) from exc

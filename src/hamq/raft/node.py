@@ -43,7 +43,8 @@ class RawNode:
         self.config = config
         self._rng = rng
         self._now_ms = now_ms
-        self.log = RaftLog(storage.entries_from(0))
+        self.log = RaftLog([storage.term(i) for i in range(storage.last_index() + 1)],
+                           storage.entry)
         hard_state = storage.load_hard_state()
         self.term = hard_state.term
         self.voted_for = hard_state.voted_for
@@ -100,7 +101,7 @@ class RawNode:
             raise TypeError(f"proposal data must be bytes, not {type(data).__name__}")
         entry = self._append_entry(data, is_noop=False)
         self._quorum.add_pending(self.term, entry.index, self._now_ms)
-        self._broadcast()
+        # shipped at the next ready(), so proposals made meanwhile share APPENDs
         return EntryId(entry.term, entry.index)
 
     def transfer_leadership(self, to_id: int) -> None:
@@ -160,6 +161,8 @@ class RawNode:
 
     def ready(self) -> Ready:
         assert self._ready_out is None, "advance() the previous Ready first"
+        if self.role == Role.LEADER:
+            self._broadcast()  # ship what was proposed since the last one
         hard_state = self._hard_state()
         # the checkpoint is rewritten when the commit point moves, not on every append:
         # recovery reads the log's real end from the log itself
@@ -189,10 +192,12 @@ class RawNode:
         self.log.mark_persisted(ready.entries)
         if ready.committed_entries:
             self.applied_index = ready.committed_entries[-1].index
+        # applied and on disk: storage serves it from now on, if it is ever needed again
+        self.log.release_through(min(self.applied_index, self.log.persisted_end_index))
         if self.role == Role.LEADER:
-            # the leader counts towards its quorum only what is on its own disk
+            # the leader counts towards its quorum only what is on its own disk (what this
+            # commits reaches followers with the next APPEND or heartbeat)
             self._on_water_mark(self.config.node_id, self.log.persisted_end_index)
-            self._broadcast()
 
     # ---- terms and elections --------------------------------------------------------
 
@@ -213,7 +218,7 @@ class RawNode:
             if msg.type in REQUEST_TYPES:
                 # tell a deposed leader about the newer term so it steps down
                 self._send(Message(MessageType.PUSH_RESPONSE, self.config.node_id, msg.from_id,
-                                   self.term, index=msg.index, code=ResponseCode.STALE_TERM,
+                                   self.term, index=msg.last_index, code=ResponseCode.STALE_TERM,
                                    req_type=msg.type))
             elif msg.type == MessageType.PRE_VOTE:
                 self._send(Message(MessageType.PRE_VOTE_RESPONSE, self.config.node_id,

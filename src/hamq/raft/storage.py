@@ -1,7 +1,8 @@
 """The log storage interface the Raft driver persists `Ready`s into, plus an in-memory one.
 
-The core never calls storage after construction: it reads the log once to start, and
-from then on tells its driver what to write (etcd's split of `Storage` and `Ready`).
+The core never writes storage: it reads the log's terms once to start, and from then on
+tells its driver what to write (etcd's split of `Storage` and `Ready`). It reads back, with
+`entry`, only entries it was told are persisted and whose data it no longer holds.
 """
 
 from __future__ import annotations

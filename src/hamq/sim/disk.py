@@ -43,7 +43,8 @@ class SimDisk(LogStorage):
             op(self.durable)
         del self._pending[:count]
 
-    # reads see only durable state: the core reads storage only when (re)starting
+    # reads see only durable state: the core reads storage when (re)starting, and entries
+    # it released after they were persisted (the driver syncs before advancing)
     def entry(self, index: int) -> Entry:
         assert not self._pending, "reads happen only at restart, after a crash or sync"
         return self.durable.entry(index)

@@ -23,6 +23,9 @@ class FaultMix:
     heal_ms_max: int
     proposal_probability: float  # per tick, that a client proposes
     transfer_probability: float  # per tick, that the leader is asked to hand over
+    # batch-push bounds: workload entries are ~10 bytes, so 16 bytes means one or two
+    max_entries_per_push: int
+    max_push_bytes: int
 
 
 def choose_fault_mix(rng: random.Random, nodes: int | None) -> FaultMix:
@@ -39,4 +42,6 @@ def choose_fault_mix(rng: random.Random, nodes: int | None) -> FaultMix:
         heal_ms_max=rng.choice((200, 1500)),
         proposal_probability=rng.choice((0.05, 0.3, 1.0)),
         transfer_probability=rng.choice((0.0, 0.0, 0.005, 0.02)),
+        max_entries_per_push=rng.choice((1, 3, 64)),
+        max_push_bytes=rng.choice((16, 1024 * 1024)),
     )

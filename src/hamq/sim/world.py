@@ -77,7 +77,11 @@ class World:
         self.checkers = Checkers()
         member_ids = tuple(range(1, self.mix.nodes + 1))
         self.members = {i: _Member(i, SimDisk()) for i in member_ids}
-        self._configs = {i: RaftConfig(node_id=i, member_ids=member_ids) for i in member_ids}
+        self._configs = {
+            i: RaftConfig(node_id=i, member_ids=member_ids,
+                          max_entries_per_push=self.mix.max_entries_per_push,
+                          max_push_bytes=self.mix.max_push_bytes)
+            for i in member_ids}
         self.crashes = 0
         self._proposals = 0
         self._partitioned = False
