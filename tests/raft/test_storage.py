@@ -152,3 +152,21 @@ def test_corrupt_checkpoint_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "checkpoint").write_bytes(b"\x00\x00\x00\x05\x00\x00\x00\x00xx")
     with pytest.raises(CorruptLogError):
         store.load_checkpoint()
+
+
+def test_a_cut_after_an_entry_never_takes_that_entry_off_the_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RaftLog.truncate_after(i) re-emits entry i; the file store must cut after it, not
+    rewrite it: a kill between a cut at i and the rewrite would lose a committed entry."""
+    store = FileStorage(tmp_path)
+    store.append([Entry(i, 1, b"x%d" % i) for i in range(13)])
+    store.sync()
+
+    def killed(*args):
+        raise SystemExit("kill -9")
+
+    monkeypatch.setattr(os, "pwritev", killed)
+    store.append([Entry(10, 1, b"x10")])  # nothing to write: only the cut after 10
+    monkeypatch.undo()
+    reopened = FileStorage(tmp_path)
+    assert reopened.last_index() == 10 and reopened.entry(10).data == b"x10"

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from hamq import Message
 from hamq.client.message import MessageQueue
 from hamq.client.sync import Admin, Producer
 from spark_harness import StreamJob
+
+pytestmark = pytest.mark.slow  # each driver process is a cold Spark session (10-30 s)
 
 TRIGGER_LIMIT = 3_000
 

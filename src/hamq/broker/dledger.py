@@ -411,7 +411,6 @@ class DLedgerCommitLog:
 
     def _apply(self, ready: Ready) -> None:
         arrived: list[tuple[str, int]] = []
-        leader = self.is_leader
         for entry in ready.committed_entries:
             if entry.is_noop:
                 continue
@@ -420,8 +419,8 @@ class DLedgerCommitLog:
             waiting = self._completed_early.pop(entry.index, None)
             if waiting is not None:
                 _answer(waiting, results)
-            elif leader or self._pending:
-                self._results[entry.index] = results
+            elif EntryId(entry.term, entry.index) in self._pending:
+                self._results[entry.index] = results  # its completion comes later
         if arrived:
             self.store.commit()
             self.on_applied(arrived)

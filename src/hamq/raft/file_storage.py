@@ -129,8 +129,20 @@ class FileStorage(LogStorage):
         self._check_append(entries)
         if not entries:
             return
-        if entries[0].index <= self.last_index():
-            self.truncate_suffix(entries[0].index)
+        # Entries already on disk with the same term stay as they are: rewriting them would
+        # open a moment (until the rewrite lands) in which a committed entry is off the disk.
+        # RaftLog.truncate_after re-emits the entry at the cut, which ends up here.
+        last = self.last_index()
+        keep = 0
+        while keep < len(entries) and entries[keep].index <= last and \
+                self._locations[entries[keep].index].term == entries[keep].term:
+            keep += 1
+        cut = entries[keep].index if keep < len(entries) else entries[-1].index + 1
+        if cut <= last:
+            self.truncate_suffix(cut)
+        entries = entries[keep:]
+        if not entries:
+            return
         pieces: list[bytes] = []  # records for `segment`, written from `offset`
         segment = offset = -1
         for entry in entries:
