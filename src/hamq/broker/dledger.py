@@ -187,6 +187,8 @@ class DLedgerCommitLog:
         self.flush_interval_s = config.flush_interval_commitlog_ms / 1000
         self._flushed_at = time.monotonic()
         self._flush_task: asyncio.Task | None = None
+        self._pump_future: asyncio.Future | None = None
+        self._stopping = False
         self._unsaved_checkpoint: Checkpoint | None = None
         self._was_leader = False
         self._task: asyncio.Task | None = None
@@ -208,6 +210,14 @@ class DLedgerCommitLog:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        self._stopping = True
+        # a Ready cycle or a flush may be writing in a worker thread: let it finish before
+        # the storage's files are closed (a reused descriptor would take its writes)
+        await asyncio.gather(*(t for t in (self._pump_future, self._flush_task) if t),
+                             return_exceptions=True)
+        for callbacks in self._completed_early.values():
+            self._group.callbacks.extend(callbacks)
+        self._completed_early.clear()
         shutting_down = NotLeader("member shutting down; the outcome is unknown")
         for callbacks in [self._group.callbacks, *self._pending.values()]:
             for callback in callbacks:
@@ -309,11 +319,13 @@ class DLedgerCommitLog:
             await asyncio.sleep(TICK_INTERVAL_S)
 
     def _schedule_pump(self) -> None:
+        if self._stopping:
+            return
         if self._pumping:
             self._pump_again = True
         elif self._group.callbacks or self.node.has_ready():
             self._pumping = True
-            asyncio.ensure_future(self._pump())
+            self._pump_future = asyncio.ensure_future(self._pump())
 
     async def _pump(self) -> None:
         try:
