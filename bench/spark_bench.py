@@ -4,8 +4,9 @@
 
 1. fills topic SparkBench (4 queues, 1 KiB messages, via ``hamq bench produce``) up to
    ``--count`` messages;
-2. batch read: ``count(*)`` and ``sum(length(value))`` of the whole topic on ``local[2]``,
-   then the same query over the same rows written to Parquet (not timed);
+2. batch read on ``local[2]``: ``count()`` of the whole topic, then ``count(*)`` with
+   ``sum(length(value))`` (which makes Parquet read the values too), each beside the same
+   query over the same rows written to Parquet (the write is not timed);
 3. streaming write: those Parquet rows through ``writeStream.format("hamq")`` (exactly-once
    sink) into topic SparkBenchOut with Trigger.AvailableNow.
 Prints one JSON line per measurement.
@@ -67,6 +68,12 @@ def main() -> None:
         hamq_df.write.parquet(str(work / "rows"))
         parquet_df = spark.read.parquet(str(work / "rows"))
         for attempt in (1, 2):
+            count_s = timed("batch_count_hamq", hamq_df.count, rows, attempt=attempt)
+            parquet_count_s = timed("batch_count_parquet", parquet_df.count, rows,
+                                    attempt=attempt)
+            print(json.dumps({"bench": "batch_count_ratio", "attempt": attempt,
+                              "hamq_over_parquet_rows_per_s":
+                              round(parquet_count_s / count_s, 3)}), flush=True)
             hamq_s = timed("batch_read_hamq", lambda: hamq_df.selectExpr(*query).collect(),
                            rows, attempt=attempt)
             parquet_s = timed("batch_read_parquet",

@@ -31,6 +31,7 @@ def records_to_batch(data: bytes | memoryview, start: int, end: int, topic: str,
     view = memoryview(data)
     unpack = MESSAGE_HEAD.unpack_from
     bodies: list[memoryview] = []
+    append = bodies.append
     stamps = array("q")
     props: list[tuple[int, bytes]] = []  # (row, raw properties) of rows that have any
     first = -1
@@ -41,18 +42,32 @@ def records_to_batch(data: bytes | memoryview, start: int, end: int, topic: str,
         mpos = pos + h.payload_start
         offset = h.base_queue_offset
         taken = 0
-        for _ in range(h.count):
-            msg_size, props_len = unpack(view, mpos)
-            if start <= offset < end:
-                if first < 0:
-                    first = offset
+        if start <= offset and offset + h.count <= end:  # the whole record: no range checks
+            if first < 0:
+                first = offset
+            for _ in range(h.count):
+                msg_size, props_len = unpack(view, mpos)
                 body_start = mpos + MSG_HEAD_BYTES + props_len
                 if props_len:
                     props.append((len(bodies), bytes(view[mpos + MSG_HEAD_BYTES:body_start])))
-                bodies.append(view[body_start:mpos + 4 + msg_size])
-                taken += 1
-            mpos += 4 + msg_size
-            offset += 1
+                mpos += 4 + msg_size
+                append(view[body_start:mpos])
+            taken = h.count
+            offset += taken
+        else:
+            for _ in range(h.count):
+                msg_size, props_len = unpack(view, mpos)
+                if start <= offset < end:
+                    if first < 0:
+                        first = offset
+                    body_start = mpos + MSG_HEAD_BYTES + props_len
+                    if props_len:
+                        props.append((len(bodies),
+                                      bytes(view[mpos + MSG_HEAD_BYTES:body_start])))
+                    append(view[body_start:mpos + 4 + msg_size])
+                    taken += 1
+                mpos += 4 + msg_size
+                offset += 1
         stamps.extend(repeat(h.born_timestamp_ms * 1000, taken))
         pos += h.total_size
     n = len(bodies)

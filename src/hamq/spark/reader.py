@@ -3,6 +3,7 @@ pull them on executors as Arrow batches (the next pull is in flight while Spark 
 current batch)."""
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections.abc import Iterator
 
@@ -51,20 +52,30 @@ def resolve(spec: OffsetSpec, bounds: dict[str, QueueBounds],
 
 
 def read_range(options: ReadOptions, part: QueueRange) -> Iterator[pa.RecordBatch]:
-    """Pull ``[start, end)`` of one queue, one Arrow batch per pull."""
+    """Pull ``[start, end)`` of one queue, one Arrow batch per pull. Two pulls stay in
+    flight: the next one starts where the last response ended, the one after that where
+    the next is expected to end (responses are cut at the broker's byte limit, so their
+    length repeats); a guess that misses is only a pull wasted."""
     mq = MessageQueue(options.topic, part.broker, part.queue_id)
     with PullConsumer(options.pull_group, options.namesrv, options.timeout_s) as consumer:
         pull = consumer.async_client.pull_raw
-        offset = part.start
-        pending = consumer.submit(pull(mq, offset, min(PULL_BATCH, part.end - offset)))
+        pulls: dict[int, concurrent.futures.Future] = {}  # by start offset
+
+        def ensure(at: int) -> None:
+            if at < part.end and at not in pulls:
+                pulls[at] = consumer.submit(pull(mq, at, min(PULL_BATCH, part.end - at)))
+
+        offset, step = part.start, 0
         waited_since = None
+        ensure(offset)
         while offset < part.end:
-            result = pending.result()
+            result = pulls.pop(offset).result()
             batch = None
             if result.status is PullStatus.FOUND:
-                batch, offset = records_to_batch(result.records, offset, part.end,
-                                                 options.topic, part.broker, part.queue_id)
-                waited_since = None
+                batch, next_offset = records_to_batch(result.records, offset, part.end,
+                                                      options.topic, part.broker,
+                                                      part.queue_id)
+                step, offset, waited_since = next_offset - offset, next_offset, None
             elif result.status is PullStatus.OFFSET_ILLEGAL and result.min_offset > offset:
                 if options.fail_on_data_loss:
                     raise RuntimeError(
@@ -80,8 +91,11 @@ def read_range(options: ReadOptions, part: QueueRange) -> Iterator[pa.RecordBatc
                         f"serve offset {offset} (planned up to {part.end}) within "
                         f"{MISSING_DATA_RETRY_S:.0f} s")
                 time.sleep(0.05)
-            if offset < part.end:
-                pending = consumer.submit(pull(mq, offset, min(PULL_BATCH, part.end - offset)))
+            for stale in [at for at in pulls if at < offset]:
+                del pulls[stale]  # guessed wrong: its answer is not needed
+            ensure(offset)
+            if step:
+                ensure(offset + step)
             if batch is not None:
                 yield batch
 
