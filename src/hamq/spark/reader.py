@@ -1,5 +1,5 @@
 """Batch and streaming reads of a hamq topic: plan offset ranges per queue on the driver,
-pull them on executors as Arrow batches (the next pull is in flight while Spark takes the
+pull them on executors as Arrow batches (the next pulls are in flight while Spark takes the
 current batch)."""
 from __future__ import annotations
 
