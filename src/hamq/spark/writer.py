@@ -8,7 +8,7 @@ are never named in a commit, so the broker's check rolls them back (an hour late
 ``HALF_IMMUNITY_S``); consumers never see them.
 
 Streaming adds exactly once across restarts: before committing micro-batch ``B`` the
-driver appends ``(B, halves)`` to the sink's journal (``SinkJournal``), a one-queue hamq
+driver appends ``(B, halves)`` to the sink's journal (``journal.py``), a one-queue hamq
 topic keyed on the query's checkpoint and id. A micro-batch replayed after a crash finds
 itself journaled: its journaled halves are (re-)committed, which is idempotent, and the
 replay's own halves rolled back, so each row becomes visible once.
@@ -16,37 +16,33 @@ replay's own halves rolled back, so each row becomes visible once.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import os
 import threading
 import time
 import zlib
 from collections.abc import Awaitable, Callable, Iterator
-from itertools import repeat
 from dataclasses import dataclass, field
+from itertools import repeat
 
-import msgpack
 import pyarrow as pa
 from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter,
                                     WriterCommitMessage)
 
-from hamq.client.admin import AsyncAdmin
-from hamq.client.consumer import AsyncPullConsumer, PullStatus
 from hamq.client.core import MASTER_ID, ClientCore
-from hamq.client.message import Message, MessageQueue, SendResult, SendStatus
+from hamq.client.message import MessageQueue, SendResult, SendStatus
 from hamq.client.producer import AsyncProducer
 from hamq.client.sync import Producer
-from hamq.errors import HamqError, ServiceNotAvailable, TopicNotExist
+from hamq.errors import HamqError, ServiceNotAvailable
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import unpack_body
 from hamq.protocol.limits import MAX_BATCH_MESSAGES
-from hamq.protocol.message import decode_records, encode_properties
+from hamq.protocol.message import encode_properties
 from hamq.protocol.properties import (PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
                                       PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_BATCH,
                                       PROPERTY_TRANSACTION_PREPARED)
 from hamq.protocol.transaction import TransactionState
 from hamq.spark.arrow_codec import MESSAGE_HEAD, BatchEncoder, queue_for_key
+from hamq.spark.journal import Halves, JournalEntry, SinkJournal, sink_key
 from hamq.spark.options import WriteOptions
 
 CHUNK_BYTES = 1 << 20  # one half batch
@@ -58,9 +54,6 @@ CHUNK_BYTES = 1 << 20  # one half batch
 HALF_IMMUNITY_S = 3600
 HALVES_IN_FLIGHT = 8
 END_TRANSACTIONS_IN_FLIGHT = 512
-JOURNAL_TOPIC_PREFIX = "HAMQ_SINK_"
-
-Halves = dict[str, list[int]]  # broker group name -> half message offsets
 
 
 @dataclass
@@ -221,73 +214,6 @@ async def _master_of(core: ClientCore, broker: str) -> str:
         raise ServiceNotAvailable(f"broker group {broker} has no master to end the sink's "
                                   "transactions on; the micro-batch will be retried")
     return master
-
-
-@dataclass(frozen=True)
-class JournalEntry:
-    batch_id: int
-    halves: Halves
-
-
-class SinkJournal:
-    """The streaming sink's committed micro-batches, in a hamq topic of one queue per
-    sink: the last message says which batch was committed last and with which halves."""
-
-    def __init__(self, producer: AsyncProducer, sink_key: str) -> None:
-        self.producer = producer
-        self.core = producer.core
-        self.topic = JOURNAL_TOPIC_PREFIX + hashlib.sha1(sink_key.encode()).hexdigest()[:24]
-        self.consumer = AsyncPullConsumer(producer.group, core=producer.core)
-        self._mq: MessageQueue | None = None
-
-    async def queue(self) -> MessageQueue:
-        if self._mq is None:
-            try:
-                route = await self.core.route(self.topic, refresh=True)
-            except TopicNotExist:
-                admin = AsyncAdmin(self.core.namesrv, self.core.timeout_s)
-                try:
-                    await admin.create_topic(self.topic, queue_nums=1)
-                finally:
-                    await admin.close()
-                route = await self.core.route(self.topic, refresh=True)
-            self._mq = min(route.write_queues)
-        return self._mq
-
-    async def last(self) -> JournalEntry | None:
-        mq = await self.queue()
-        end = await self.consumer.max_offset(mq)
-        if end == 0:
-            return None
-        result = await self.consumer.pull_raw(mq, end - 1, 1)
-        if result.status is not PullStatus.FOUND:
-            raise ServiceNotAvailable(f"the sink journal {self.topic} did not serve offset "
-                                      f"{end - 1}")
-        body = decode_records(result.records, end - 1, lambda *a: a[-1])[0]
-        entry = msgpack.unpackb(body, raw=False)
-        return JournalEntry(entry["batch"], entry["halves"])
-
-    async def append(self, entry: JournalEntry) -> None:
-        body = msgpack.packb({"batch": entry.batch_id, "halves": entry.halves})
-        result = await self.producer.send(Message(self.topic, body), await self.queue())
-        if result.status is not SendStatus.SEND_OK:
-            raise ServiceNotAvailable(f"sink journal write ended {result.status.value}")
-
-
-def sink_key(options: WriteOptions) -> str:
-    """The query's identity: its checkpoint plus the id Spark keeps there, so a new
-    checkpoint (which restarts at batch 0) is a new sink even at the same path."""
-    location = options.checkpoint_location
-    if not location:
-        raise ValueError("the hamq streaming sink needs option checkpointLocation (it keys "
-                         "its exactly-once journal on the query's checkpoint)")
-    path = location.removeprefix("file://").removeprefix("file:")
-    try:
-        with open(os.path.join(path, "metadata")) as f:
-            query_id = json.load(f)["id"]
-    except (OSError, ValueError, KeyError):
-        query_id = ""  # not a local file system: the path alone names the query
-    return f"{location}#{query_id}"
 
 
 class Failpoint:
