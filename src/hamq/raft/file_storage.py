@@ -81,6 +81,10 @@ class FileStorage(LogStorage):
             if start != len(self._locations):
                 raise CorruptLogError(f"segment {start} does not follow index {len(self._locations) - 1}")
             self._scan_segment(start, is_last=position == len(starts) - 1)
+        # records a killed process left in the page cache are durable only once synced: a
+        # checkpoint saved later must not vouch for records a power loss could still take
+        for fd in self._fds.values():
+            os.fsync(fd)
 
     def _scan_segment(self, start: int, is_last: bool) -> None:
         path = self._dir / _segment_name(start)
