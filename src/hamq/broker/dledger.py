@@ -101,8 +101,7 @@ class _Group:
     size: int = 0
 
 
-_MESSAGE_HEAD = struct.Struct(">I")
-_COUNT = struct.Struct(">I")
+_U32 = struct.Struct(">I")  # the head's length, then the data count
 
 
 def encode_message(msg: Message) -> list:
@@ -111,25 +110,25 @@ def encode_message(msg: Message) -> list:
     follower, written by reference, not re-packed."""
     if not any(entry.data for entry in msg.entries):
         head = msg.encode()
-        return [_MESSAGE_HEAD.pack(len(head)), head]
+        return [_U32.pack(len(head)), head]
     head = msg.encode(with_data=False)
     lengths = struct.pack(f">I{len(msg.entries)}I", len(msg.entries),
                           *(len(entry.data) for entry in msg.entries))
-    return [_MESSAGE_HEAD.pack(len(head)), head, lengths, *(e.data for e in msg.entries)]
+    return [_U32.pack(len(head)), head, lengths, *(e.data for e in msg.entries)]
 
 
 def decode_message(body: bytes) -> Message:
     try:
-        (head_len,) = _MESSAGE_HEAD.unpack_from(body)
-        pos = _MESSAGE_HEAD.size + head_len
-        head = body[_MESSAGE_HEAD.size:pos]
+        (head_len,) = _U32.unpack_from(body)
+        pos = _U32.size + head_len
+        head = body[_U32.size:pos]
         if pos >= len(body):
             return Message.decode(head)
-        (count,) = _COUNT.unpack_from(body, pos)
-        lengths = struct.unpack_from(f">{count}I", body, pos + _COUNT.size)
+        (count,) = _U32.unpack_from(body, pos)
+        lengths = struct.unpack_from(f">{count}I", body, pos + _U32.size)
     except struct.error as exc:
         raise MessageDecodeError(f"raft frame: {exc}") from None
-    pos += _COUNT.size + _COUNT.size * count
+    pos += _U32.size + _U32.size * count
     if pos + sum(lengths) != len(body):
         raise MessageDecodeError("raft frame data does not match its lengths")
     data = []

@@ -123,8 +123,8 @@ class TransactionalMessageService:
             else:
                 queue_id %= config.write_queue_nums
                 if PROPERTY_TRANSACTION_BATCH in properties:
-                    self.store.put_batch(topic, queue_id, msg.body, _batch_count(properties),
-                                         zlib.crc32(msg.body), msg.born_timestamp_ms)
+                    self._put_payload(topic, queue_id, msg.body, _batch_count(properties),
+                                      msg.born_timestamp_ms)
                 else:
                     self._put(topic, queue_id, properties, msg.body, msg.born_timestamp_ms)
                 self.on_put(topic, queue_id)
@@ -140,8 +140,13 @@ class TransactionalMessageService:
 
     def _put(self, topic: str, queue_id: int, properties: dict[str, str], body: bytes,
              born_timestamp_ms: int) -> PutResult:
-        payload = encode_message(body, encode_properties(properties))
-        return self.store.put_batch(topic, queue_id, payload, 1, zlib.crc32(payload),
+        return self._put_payload(topic, queue_id,
+                                 encode_message(body, encode_properties(properties)), 1,
+                                 born_timestamp_ms)
+
+    def _put_payload(self, topic: str, queue_id: int, payload: bytes, count: int,
+                     born_timestamp_ms: int) -> PutResult:
+        return self.store.put_batch(topic, queue_id, payload, count, zlib.crc32(payload),
                                     born_timestamp_ms)
 
 

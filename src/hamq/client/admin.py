@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterable
 
 from hamq.client.core import MASTER_ID, ClientCore, TopicRoute
+from hamq.client.message import MessageQueue
 from hamq.errors import BrokerNotFound, TopicNotExist
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import unpack_body
@@ -13,8 +14,11 @@ from hamq.store.metadata import PERM_READ_WRITE
 
 
 class AsyncAdmin:
-    def __init__(self, namesrv: str | Iterable[str], timeout_s: float = 3.0) -> None:
-        self.core = ClientCore(namesrv, timeout_s)
+    """``core`` lets another client share its connections and routes."""
+
+    def __init__(self, namesrv: str | Iterable[str] = (), timeout_s: float = 3.0,
+                 core: ClientCore | None = None) -> None:
+        self.core = core or ClientCore(namesrv, timeout_s)
 
     async def close(self) -> None:
         await self.core.close()
@@ -86,16 +90,17 @@ class AsyncAdmin:
     async def topic_offsets(self, topic: str) -> list[dict]:
         """Per queue: broker, queue id, min and max offset (``topicStatus``)."""
         route = await self.topic_route(topic)
-        rows = []
-        for mq in route.read_queues:
+
+        async def row(mq: MessageQueue) -> dict:
             addr = route.read_addr(mq.broker_name)
             ext = {"topic": topic, "queue_id": mq.queue_id}
             lo, hi = await asyncio.gather(
                 self.core.invoke(addr, RequestCode.GET_MIN_OFFSET, ext),
                 self.core.invoke(addr, RequestCode.GET_MAX_OFFSET, ext))
-            rows.append({"broker_name": mq.broker_name, "queue_id": mq.queue_id,
-                         "min_offset": lo.ext["offset"], "max_offset": hi.ext["offset"]})
-        return rows
+            return {"broker_name": mq.broker_name, "queue_id": mq.queue_id,
+                    "min_offset": lo.ext["offset"], "max_offset": hi.ext["offset"]}
+
+        return list(await asyncio.gather(*(row(mq) for mq in route.read_queues)))
 
     async def consumer_progress(self, group: str) -> list[dict]:
         """Per queue the group has committed on: the broker's max offset, the group's

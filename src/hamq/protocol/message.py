@@ -22,8 +22,8 @@ from hamq.protocol.limits import (MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, MAX_MESSA
 
 T = TypeVar("T")
 
-_MSG_HEAD = struct.Struct(">IH")
-MSG_HEAD_BYTES = _MSG_HEAD.size
+MSG_HEAD = struct.Struct(">IH")
+MSG_HEAD_BYTES = MSG_HEAD.size
 
 RECORD_MAGIC = 0x48414D51  # "HAMQ"
 # magic, header_crc | total_size, payload_crc, physical_offset, base_queue_offset,
@@ -67,7 +67,13 @@ def encode_message(body: bytes, props: bytes = b"") -> bytes:
     if len(body) > MAX_MESSAGE_BYTES:
         raise MessageIllegal(f"message body is {len(body)} bytes, more than the limit of "
                              f"{MAX_MESSAGE_BYTES}")
-    return _MSG_HEAD.pack(2 + len(props) + len(body), len(props)) + props + body
+    return message_head(len(body), props) + body
+
+
+def message_head(body_len: int, props: bytes = b"") -> bytes:
+    """What goes before a body of ``body_len`` bytes: callers that hold the body in pieces
+    send it after this without joining it first."""
+    return MSG_HEAD.pack(2 + len(props) + body_len, len(props)) + props
 
 
 def encode_batch(messages: list[bytes]) -> tuple[bytes, int]:
@@ -88,7 +94,7 @@ def validate_batch(payload: bytes | memoryview, count: int, payload_crc: int,
         raise CrcMismatch("batch CRC does not match its bytes (corrupted in transit?)")
     pos = 0
     seen = 0
-    unpack = _MSG_HEAD.unpack_from
+    unpack = MSG_HEAD.unpack_from
     while pos < size:
         if size - pos < MSG_HEAD_BYTES:
             raise MessageIllegal(f"message {seen} of the batch is truncated")
@@ -175,7 +181,7 @@ def decode_records(data: bytes, min_queue_offset: int, factory: Callable[..., T]
     append = out.append
     pos = 0
     size = len(data)
-    unpack = _MSG_HEAD.unpack_from
+    unpack = MSG_HEAD.unpack_from
     while pos < size:
         h = parse_record_header(data, pos)
         mpos = pos + h.payload_start

@@ -11,12 +11,11 @@ batch (the broker does not look there).
 """
 from __future__ import annotations
 
-import struct
 
 import msgpack
 
 from hamq.errors import MessageIllegal
-from hamq.protocol.message import MSG_HEAD_BYTES, decode_properties
+from hamq.protocol.message import MSG_HEAD, MSG_HEAD_BYTES, decode_properties
 
 PROPERTY_DELAY_TIME_LEVEL = "DELAY"
 PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
@@ -48,7 +47,6 @@ DEFAULT_MAX_RECONSUME_TIMES = 16      # RocketMQ maxReconsumeTimes
 SCHEDULE_PROPERTIES = (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_TIMER_DELIVER_MS)
 HELD_BACK_PROPERTIES = (*SCHEDULE_PROPERTIES, PROPERTY_TRANSACTION_PREPARED)
 _LEADING_KEYS = tuple(msgpack.packb(name) for name in HELD_BACK_PROPERTIES)
-_MSG_HEAD = struct.Struct(">IH")  # as in protocol.message: u32 size | u16 props_len
 # Where the first key starts after a msgpack map header: fixmap, map16, map32.
 _FIRST_KEY_AT = {0xDE: 3, 0xDF: 5}
 _FIXMAP_FIRST_KEY_AT = 1
@@ -57,7 +55,7 @@ _FIXMAP_FIRST_KEY_AT = 1
 def first_message_is_held_back(payload: bytes) -> bool:
     """True if the batch's first message leads its properties with a held-back property.
     The batch must already be validated (``validate_batch``)."""
-    props_len = _MSG_HEAD.unpack_from(payload, 0)[1]
+    props_len = MSG_HEAD.unpack_from(payload, 0)[1]
     if not props_len:
         return False
     map_head = payload[MSG_HEAD_BYTES]
@@ -73,7 +71,7 @@ def leading_held_back_properties(properties: dict[str, str]) -> dict[str, str]:
 
 def decode_single_message(payload: bytes) -> tuple[dict[str, str], bytes]:
     """(properties, body) of a one-message batch payload."""
-    msg_size, props_len = _MSG_HEAD.unpack_from(payload, 0)
+    msg_size, props_len = MSG_HEAD.unpack_from(payload, 0)
     if MSG_HEAD_BYTES - 2 + msg_size != len(payload):
         raise MessageIllegal("expected exactly one message in the payload")
     body_start = MSG_HEAD_BYTES + props_len

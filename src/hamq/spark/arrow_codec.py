@@ -7,7 +7,6 @@ offsets a range; only bodies, timestamps and (when present) properties vary per 
 """
 from __future__ import annotations
 
-import struct
 import zlib
 from array import array
 from dataclasses import dataclass
@@ -17,10 +16,10 @@ import msgpack
 import pyarrow as pa
 
 from hamq.client.message import PROPERTY_KEYS, PROPERTY_TAGS
-from hamq.protocol.message import MSG_HEAD_BYTES, encode_properties, parse_record_header
+from hamq.protocol.message import (MSG_HEAD, MSG_HEAD_BYTES, encode_properties, message_head,
+                                   parse_record_header)
 from hamq.spark.schema import ARROW_SCHEMA
 
-MESSAGE_HEAD = struct.Struct(">IH")  # protocol.message's per-message head: size, props_len
 _EMPTY_STRINGS = pa.array([], pa.string())
 
 
@@ -29,7 +28,7 @@ def records_to_batch(data: bytes | memoryview, start: int, end: int, topic: str,
     """Messages with ``start <= offset < end`` from a pull's records, as one Arrow batch
     (None if there were none), and the offset after the last message seen."""
     view = memoryview(data)
-    unpack = MESSAGE_HEAD.unpack_from
+    unpack = MSG_HEAD.unpack_from
     bodies: list[memoryview] = []
     append = bodies.append
     stamps = array("q")
@@ -153,7 +152,7 @@ class BatchEncoder:
             if None in topics:
                 raise ValueError("the hamq sink got a row with a null 'topic' and no 'topic' "
                                  "option to fall back on")
-        pack = MESSAGE_HEAD.pack
+        pack = MSG_HEAD.pack
         if tags is None and props is None and (keys is None or not any(keys)):
             return EncodedRows(topics, None, [pack(len(v) + 2, 0) for v in values], values)
         heads = []
@@ -163,8 +162,7 @@ class BatchEncoder:
                 message_props[PROPERTY_KEYS] = keys[i].decode("utf-8", "surrogateescape")
             if tags is not None and tags[i] is not None:
                 message_props[PROPERTY_TAGS] = tags[i]
-            raw = encode_properties(message_props)
-            heads.append(pack(2 + len(raw) + len(values[i]), len(raw)) + raw)
+            heads.append(message_head(len(values[i]), encode_properties(message_props)))
         return EncodedRows(topics, keys, heads, values)
 
 

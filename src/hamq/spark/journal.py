@@ -50,11 +50,7 @@ class SinkJournal:
             try:
                 route = await self.core.route(self.topic, refresh=True)
             except TopicNotExist:
-                admin = AsyncAdmin(self.core.namesrv, self.core.timeout_s)
-                try:
-                    await admin.create_topic(self.topic, queue_nums=1)
-                finally:
-                    await admin.close()
+                await AsyncAdmin(core=self.core).create_topic(self.topic, queue_nums=1)
                 route = await self.core.route(self.topic, refresh=True)
             self._mq = min(route.write_queues)
         return self._mq

@@ -28,20 +28,20 @@ import pyarrow as pa
 from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter,
                                     WriterCommitMessage)
 
-from hamq.client.core import MASTER_ID, ClientCore
+from hamq.client.admin import AsyncAdmin
+from hamq.client.core import ClientCore
 from hamq.client.message import MessageQueue, SendResult, SendStatus
 from hamq.client.producer import AsyncProducer
 from hamq.client.sync import Producer
 from hamq.errors import HamqError, ServiceNotAvailable
 from hamq.protocol.codes import RequestCode
-from hamq.protocol.frame import unpack_body
 from hamq.protocol.limits import MAX_BATCH_MESSAGES
-from hamq.protocol.message import encode_properties
+from hamq.protocol.message import encode_properties, message_head
 from hamq.protocol.properties import (PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
                                       PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_BATCH,
                                       PROPERTY_TRANSACTION_PREPARED)
 from hamq.protocol.transaction import TransactionState
-from hamq.spark.arrow_codec import MESSAGE_HEAD, BatchEncoder, queue_for_key
+from hamq.spark.arrow_codec import BatchEncoder, queue_for_key
 from hamq.spark.journal import Halves, JournalEntry, SinkJournal, sink_key
 from hamq.spark.options import WriteOptions
 
@@ -59,7 +59,6 @@ END_TRANSACTIONS_IN_FLIGHT = 512
 @dataclass
 class HalvesWritten(WriterCommitMessage):
     halves: Halves = field(default_factory=dict)
-    rows: int = 0
 
 
 def merge_halves(messages: list[WriterCommitMessage | None]) -> Halves:
@@ -87,9 +86,8 @@ class HalfSender:
             PROPERTY_TRANSACTION_PREPARED: "true", PROPERTY_PRODUCER_GROUP: self._group,
             PROPERTY_TRANSACTION_BATCH: str(chunk.count),
             PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS: str(HALF_IMMUNITY_S)})
-        # the half is one message whose body is the batch (protocol.message's layout)
-        head = MESSAGE_HEAD.pack(2 + len(props) + chunk.nbytes, len(props))
-        half = b"".join([head, props, *chunk.pieces])
+        # the half is one message whose body is the batch
+        half = b"".join([message_head(chunk.nbytes, props), *chunk.pieces])
         self._slots.acquire()
         self.producer.loop.call_soon_threadsafe(
             self.producer.async_client.send_payload_async, mq.topic, half, zlib.crc32(half), 1,
@@ -166,7 +164,6 @@ class TopicChunks:
 def write_halves(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> HalvesWritten:
     """Executor side: every row into a half batch of its queue."""
     encoder = BatchEncoder(options.topic)
-    rows = 0
     with Producer(options.namesrv, options.group, options.timeout_s) as producer:
         sender = HalfSender(producer, options.group)
         topics: dict[str, TopicChunks] = {}
@@ -187,16 +184,19 @@ def write_halves(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> Ha
                 for topic, key, head, value in zip(topic_of, encoded.keys or repeat(None),
                                                    encoded.heads, encoded.values):
                     chunks_of(topic).add(key, head, value)
-            rows += batch.num_rows
         for chunks in topics.values():
             chunks.flush()
-        return HalvesWritten(sender.finish(), rows)
+        return HalvesWritten(sender.finish())
 
 
 async def end_halves(core: ClientCore, group: str, halves: Halves,
                      state: TransactionState) -> None:
     """END_TRANSACTION for every half; a half already decided is left as it is."""
-    masters = {broker: await _master_of(core, broker) for broker in halves}
+    masters = await AsyncAdmin(core=core).master_addrs()
+    missing = sorted(halves.keys() - masters.keys())
+    if missing:
+        raise ServiceNotAvailable(f"broker groups {missing} have no master to end the sink's "
+                                  "transactions on; the micro-batch will be retried")
     requests = [(masters[b], o) for b, offsets in sorted(halves.items()) for o in offsets]
     for i in range(0, len(requests), END_TRANSACTIONS_IN_FLIGHT):
         await asyncio.gather(*(
@@ -204,16 +204,6 @@ async def end_halves(core: ClientCore, group: str, halves: Halves,
                         {"group": group, "tran_state_table_offset": offset,
                          "commit_or_rollback": state.value})
             for addr, offset in requests[i:i + END_TRANSACTIONS_IN_FLIGHT]))
-
-
-async def _master_of(core: ClientCore, broker: str) -> str:
-    frame = await core.invoke_namesrv(RequestCode.GET_BROKER_CLUSTER_INFO)
-    entry = unpack_body(frame.body)["broker_addr_table"].get(broker, {})
-    master = {int(k): v for k, v in entry.get("broker_addrs", {}).items()}.get(MASTER_ID)
-    if master is None:
-        raise ServiceNotAvailable(f"broker group {broker} has no master to end the sink's "
-                                  "transactions on; the micro-batch will be retried")
-    return master
 
 
 class Failpoint:

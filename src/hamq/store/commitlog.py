@@ -126,17 +126,11 @@ class CommitLog:
             return self.flushed_offset
 
     # -- reading ------------------------------------------------------------------------
-    def read_range(self, offset: int, end: int) -> bytes:
+    def read_range(self, offset: int, end: int) -> bytearray:
         """Bytes in [offset, end), crossing segment ends."""
-        self.write_pending()
-        parts = []
-        while offset < end:
-            idx = bisect.bisect_right(self._starts, offset) - 1
-            seg = self.segments[idx]
-            n = min(end, seg.end) - offset
-            parts.append(os.pread(seg.fd, n, offset - seg.start))
-            offset += n
-        return b"".join(parts)
+        data = bytearray(end - offset)
+        self.read_into(offset, memoryview(data))
+        return data
 
     def read_into(self, offset: int, into: memoryview) -> None:
         """Fill ``into`` with the bytes from ``offset``, crossing segment ends: reads land
@@ -147,6 +141,8 @@ class CommitLog:
             idx = bisect.bisect_right(self._starts, offset) - 1
             seg = self.segments[idx]
             n = min(end - pos, seg.end - offset)
+            if n <= 0:
+                raise OSError(f"read of the commit log past its end at {offset}")
             got = os.preadv(seg.fd, [into[pos:pos + n]], offset - seg.start)
             if got != n:
                 raise OSError(f"short read of the commit log at {offset}: {got} of {n} bytes")
