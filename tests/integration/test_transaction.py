@@ -2,11 +2,14 @@
 rolled-back one never; an UNKNOW outcome is resolved by the broker checking back with a
 live producer, also after a broker restart, and rolled back after transaction_check_max
 checks; a batch half (TRAN_BATCH) commits as one batch; CHECK_IMMUNITY_TIME_IN_SECONDS
-defers checks."""
+defers checks; a restarted producer is checked rather than its transaction rolled back; a
+decision whose write failed is checked again."""
 from __future__ import annotations
 
+import resource
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -174,10 +177,64 @@ def test_a_batch_half_commits_as_one_batch_and_rolls_back_whole(cluster_factory)
 
 def test_check_immunity_keeps_a_half_from_check_and_rollback(cluster_factory):
     c = start(cluster_factory, transaction_check_max=1)
-    with hamq.Producer(c.namesrv, "pg-batch") as producer:
+    unknown = LocalTransactions({})  # a live producer of the group, never sure
+    with hamq.Producer(c.namesrv, "pg-batch") as producer, \
+            hamq.TransactionProducer(c.namesrv, "pg-batch", unknown.execute,
+                                     lambda msg: TransactionState.UNKNOW,
+                                     heartbeat_interval_s=HEARTBEAT_S):
         immune = half_batch(producer, ["kept"], immunity_s=4)
         doomed = half_batch(producer, ["lost"])
         time.sleep(2.5)  # past transaction_timeout_ms and two check rounds
         end(c, doomed, TransactionState.COMMIT_MESSAGE)  # too late: rolled back already
         end(c, immune, TransactionState.COMMIT_MESSAGE)
         assert visible(c.namesrv, wait_s=1.0) == ["kept"]
+
+
+def test_a_restarted_producer_is_checked_instead_of_rolled_back(cluster_factory):
+    """The producer dies before telling the broker its commit; while no producer of the
+    group is connected, check rounds pass without counting, and the restarted producer
+    heartbeats at start (before any transaction of its own), so it is asked and commits."""
+    c = start(cluster_factory, transaction_check_max=2)
+    crashed = LocalTransactions({"committed": TransactionState.UNKNOW})
+    with crashed.producer(c.namesrv) as producer:
+        send(producer, "committed")
+    # Past the transaction timeout and well over transaction_check_max check rounds.
+    time.sleep(FAST_CHECKS["transaction_timeout_ms"] / 1000 + 5 * 0.3)
+    restarted = LocalTransactions({}, {"committed": TransactionState.COMMIT_MESSAGE})
+    with restarted.producer(c.namesrv):
+        assert visible(c.namesrv, wait_s=5.0, until_count=1) == ["committed"]
+    assert restarted.checks == ["committed"]
+
+
+class FileLimitAfterHalf(LocalTransactions):
+    """Commits locally, but first caps the broker's file size just above its commit log,
+    so END_TRANSACTION's write fails (EFBIG, like ENOSPC) after the half was stored."""
+
+    def __init__(self, broker_pid: int, segment: Path) -> None:
+        super().__init__({}, {"first": TransactionState.COMMIT_MESSAGE})
+        self.broker_pid = broker_pid
+        self.segment = segment
+        self.size_at_decision = -1
+
+    def execute(self, msg: Message, arg) -> TransactionState:
+        self.size_at_decision = self.segment.stat().st_size
+        resource.prlimit(self.broker_pid, resource.RLIMIT_FSIZE,
+                         (self.size_at_decision + 16, resource.RLIM_INFINITY))
+        return TransactionState.COMMIT_MESSAGE
+
+
+def test_a_decision_lost_with_its_write_is_checked_again(cluster_factory):
+    """A decision counts only once its op-log write succeeded: the half whose
+    END_TRANSACTION write failed is checked again once the broker can write."""
+    c = start(cluster_factory)
+    broker = c.procs["broker"]
+    segment = next((c.root / "broker" / "commitlog").iterdir())
+    local = FileLimitAfterHalf(broker.pid, segment)
+    with local.producer(c.namesrv) as producer:
+        send(producer, "first")  # returns once END_TRANSACTION failed (connection closed)
+        assert segment.stat().st_size == local.size_at_decision  # nothing of it written
+        resource.prlimit(broker.pid, resource.RLIMIT_FSIZE,
+                         (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        assert visible(c.namesrv, wait_s=8.0, until_count=1) == ["first"]
+        assert visible(c.namesrv, wait_s=1.0) == ["first"]  # committed once
+    assert local.checks == ["first"]

@@ -80,7 +80,8 @@ class Broker:
         self.schedule = ScheduleMessageService(self.store, self.pull.message_arrived,
                                                lambda: self.processor.after_batch(),
                                                config.flush_delay_offset_interval_ms)
-        self.transactions = TransactionalMessageService(self.store, self.pull.message_arrived,
+        self.transactions = TransactionalMessageService(self.store, self.flush,
+                                                        self.pull.message_arrived,
                                                         self.is_slave)
         self.dledger = DLedgerCommitLog(config, self.store, self.topics, self._replicated,
                                         self._on_role_change) if self.dledger_mode else None

@@ -5,9 +5,12 @@ A half message (property ``TRAN_MSG``) is stored in ``RMQ_SYS_TRANS_HALF_TOPIC``
 ``REAL_TOPIC`` / ``REAL_QID``, where no consumer reads. END_TRANSACTION commits it (the
 message is re-stored in its real queue) or rolls it back; either decision is appended to
 ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` as the half message's queue offset (RocketMQ's op message),
-in the same commit-log write as the commit. On start the op log is read back,
-so a restart keeps every decision; ``TransactionalMessageCheckService`` asks producers
-about the half messages still undecided.
+in the same commit-log write as the commit. A decision counts once its op record is in
+the log: until the write of its event-loop turn succeeds it is *staged*, and a failed
+write (disk full undoes the turn's appends) leaves the half undecided, so it is checked
+again. On start the op log is read back, so a restart keeps every decision;
+``TransactionalMessageCheckService`` asks producers about the half messages still
+undecided.
 
 A half message with ``TRAN_BATCH = n`` carries a whole encoded batch as its body (hamq's
 extension for the Spark sink): committing it stores the ``n`` messages as one record, so a
@@ -19,15 +22,17 @@ import logging
 import zlib
 from collections.abc import Callable, Iterator
 
+from hamq.broker.durable import answer_when_durable
 from hamq.broker.stored_message import StoredMessage, read_message, read_messages
 from hamq.errors import InvalidArgument, NoPermission, QueryNotFound
-from hamq.net.connection import Connection, response_pieces
+from hamq.net.connection import Connection
 from hamq.protocol.frame import Frame, require
 from hamq.protocol.message import encode_message, encode_properties, validate_batch
 from hamq.protocol.properties import (PROPERTY_PRODUCER_GROUP, PROPERTY_REAL_QUEUE_ID,
                                       PROPERTY_REAL_TOPIC, PROPERTY_TRANSACTION_BATCH,
                                       PROPERTY_TRANSACTION_PREPARED)
 from hamq.protocol.transaction import TransactionState
+from hamq.store.flush import FlushService
 from hamq.store.message_store import MessageStore, PutResult
 
 log = logging.getLogger(__name__)
@@ -41,15 +46,19 @@ SCAN_BATCH = 1024
 
 
 class TransactionalMessageService:
-    def __init__(self, store: MessageStore, on_put: Callable[[str, int], None],
-                 is_slave: bool) -> None:
+    def __init__(self, store: MessageStore, flush: FlushService,
+                 on_put: Callable[[str, int], None], is_slave: bool) -> None:
         self.store = store
+        self.flush = flush
         self.max_message_bytes = store.config.max_message_size
         self.on_put = on_put  # wakes pulls held on a real queue
         self.is_slave = is_slave
         # Decided half offsets: all below ``decided_below``, and those in ``_decided``.
         self.decided_below = 0
         self._decided: set[int] = set()
+        # Decisions whose op record may not be written yet: (half offset, op queue offset,
+        # op record end in the commit log).
+        self._staged: list[tuple[int, int, int]] = []
 
     def start(self) -> None:
         """Read the op log back: every decision taken before the restart."""
@@ -75,13 +84,20 @@ class TransactionalMessageService:
         return self._put(HALF_TOPIC, HALF_QUEUE_ID, properties, body, born_timestamp_ms)
 
     def is_decided(self, half_offset: int) -> bool:
-        return half_offset < self.decided_below or half_offset in self._decided
+        """Decided, or decided earlier in this event-loop turn (so a repeated
+        END_TRANSACTION in one read does not commit twice)."""
+        self._settle()
+        return half_offset < self.decided_below or half_offset in self._decided or \
+            any(half == half_offset for half, _, _ in self._staged)
 
-    def undecided(self) -> Iterator[int]:
-        """Offsets of undecided half messages still retained, oldest first."""
-        start = max(self.decided_below, self.store.min_offset(HALF_TOPIC, HALF_QUEUE_ID))
+    def undecided(self, start: int = 0) -> Iterator[int]:
+        """Offsets of undecided half messages from ``start`` that are still retained,
+        oldest first."""
+        self._settle()
+        staged = {half for half, _, _ in self._staged}
+        start = max(start, self.decided_below, self.store.min_offset(HALF_TOPIC, HALF_QUEUE_ID))
         end = self.store.max_offset(HALF_TOPIC, HALF_QUEUE_ID)
-        return (o for o in range(start, end) if o not in self._decided)
+        return (o for o in range(start, end) if o not in self._decided and o not in staged)
 
     def half_message(self, half_offset: int) -> StoredMessage:
         msg = read_message(self.store, HALF_TOPIC, HALF_QUEUE_ID, half_offset)
@@ -100,6 +116,7 @@ class TransactionalMessageService:
         except ValueError:
             raise InvalidArgument("commit_or_rollback must be one of "
                                   f"{[s.value for s in TransactionState]}") from None
+        op = None
         if state is not TransactionState.UNKNOW and not self.is_decided(half_offset):
             msg = self.half_message(half_offset)
             group = require(ext, "group")
@@ -107,11 +124,17 @@ class TransactionalMessageService:
                 raise InvalidArgument(f"half message {half_offset} belongs to producer group "
                                       f"{msg.properties.get(PROPERTY_PRODUCER_GROUP)!r}, not "
                                       f"{group!r}")
-            self.decide(msg, state)
-        return None if frame.is_oneway else response_pieces(frame)
+            op = self.decide(msg, state)
+        if frame.is_oneway:
+            return None
+        # Under sync flush the producer learns of the commit once it is on disk, as for
+        # a send (RocketMQ's endTransaction puts the final message like a send).
+        return answer_when_durable(self.flush, conn, frame, op and op.end_offset, {},
+                                   "decision")
 
-    def decide(self, msg: StoredMessage, state: TransactionState) -> None:
-        """Commit (re-store in the real queue) or roll back, and log the decision."""
+    def decide(self, msg: StoredMessage, state: TransactionState) -> PutResult:
+        """Commit (re-store in the real queue) or roll back, and log the decision; returns
+        the op record, the last append of the decision."""
         if state is TransactionState.COMMIT_MESSAGE:
             properties = dict(msg.properties)
             topic = properties.pop(PROPERTY_REAL_TOPIC)
@@ -128,9 +151,32 @@ class TransactionalMessageService:
                 else:
                     self._put(topic, queue_id, properties, msg.body, msg.born_timestamp_ms)
                 self.on_put(topic, queue_id)
-        self._put(OP_HALF_TOPIC, OP_QUEUE_ID, {}, str(msg.queue_offset).encode(),
-                  msg.born_timestamp_ms)
-        self._mark_decided(msg.queue_offset)
+        self._settle()  # before the op queue can grow again: see _settle
+        op = self._put(OP_HALF_TOPIC, OP_QUEUE_ID, {}, str(msg.queue_offset).encode(),
+                       msg.born_timestamp_ms)
+        self._staged.append((msg.queue_offset, op.base_queue_offset, op.end_offset))
+        return op
+
+    def _settle(self) -> None:
+        """Staged decisions whose op record was written become decided; those whose op
+        record was undone by a failed write are forgotten (the half is undecided again).
+        A failed write drops the op queue's entries from its first append on, so an op
+        record is undone exactly when the queue now ends at or below it — as long as no
+        new op record was appended since, which ``decide`` ensures by settling first."""
+        if not self._staged:
+            return
+        op_end = self.store.max_offset(OP_HALF_TOPIC, OP_QUEUE_ID)
+        written = self.store.commitlog.written_offset
+        still = []
+        for half, op_offset, end in self._staged:
+            if op_offset >= op_end:
+                log.warning("decision on half message %d lost with a failed write; it will be "
+                            "checked again", half)
+            elif end <= written:
+                self._mark_decided(half)
+            else:
+                still.append((half, op_offset, end))
+        self._staged = still
 
     def _mark_decided(self, half_offset: int) -> None:
         self._decided.add(half_offset)

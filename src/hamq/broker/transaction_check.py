@@ -5,13 +5,19 @@ connection the producer's HEART_BEAT came on) about each half message older than
 undecided; the producer answers with END_TRANSACTION. After ``transaction_check_max``
 checks the half message is rolled back.
 
+Departure: only checks actually sent count. RocketMQ counts a round even when no producer
+of the group is connected, so a producer that restarts (or is down longer than
+``transaction_check_max`` rounds) finds a transaction it committed rolled back. Here a
+half message of a group with no live producer waits until one heartbeats (or until
+retention removes it). A round looks at ``MAX_CHECKS_PER_ROUND`` half messages and the
+next one continues after them, so many waiting halves never starve the younger ones.
+
 Check counts are kept in memory: after a restart counting starts again, which only means
 more checks (RocketMQ keeps them by re-storing the half message).
 """
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from collections.abc import Callable
 
@@ -43,6 +49,7 @@ class TransactionalMessageCheckService:
         self.timeout_ms = timeout_ms
         self.check_max = check_max
         self._checks: dict[int, int] = {}  # half offset -> checks sent
+        self._resume_at = 0  # the half offset the next round starts at
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -62,34 +69,42 @@ class TransactionalMessageCheckService:
     def check(self) -> None:
         store = self.transactions.store
         now = store.clock_ms()
+        for offset in [o for o in self._checks if self.transactions.is_decided(o)]:
+            del self._checks[offset]  # decided by END_TRANSACTION since its last check
         rolled_back = False
-        for offset in itertools.islice(self.transactions.undecided(), MAX_CHECKS_PER_ROUND):
+        resume_at = 0  # the next round starts from the oldest again, unless cut short
+        for looked, offset in enumerate(self.transactions.undecided(self._resume_at)):
+            if looked == MAX_CHECKS_PER_ROUND:
+                resume_at = offset
+                break
             msg = self.transactions.half_message(offset)
             age_ms = now - msg.store_timestamp_ms
             if age_ms < self.timeout_ms:
                 break  # half messages are in store order: the rest are younger
             if age_ms < _immunity_ms(msg.properties):
                 continue
-            checks = self._checks.pop(offset, 0)
-            if checks >= self.check_max:
-                log.info("half message %d undecided after %d checks: rolled back", offset, checks)
-                self.transactions.decide(msg, TransactionState.ROLLBACK_MESSAGE)
-                rolled_back = True
-                continue
-            self._checks[offset] = checks + 1
             properties = dict(msg.properties)
-            topic = properties.pop(PROPERTY_REAL_TOPIC)
-            properties.pop(PROPERTY_REAL_QUEUE_ID)
             group = properties[PROPERTY_PRODUCER_GROUP]
             channels = self.clients.producer_channels(group)
             if not channels:
                 log.debug("no live producer of group %s to check half message %d", group, offset)
+                continue  # not a check: the transaction waits for its producer
+            checks = self._checks.get(offset, 0)
+            if checks >= self.check_max:
+                log.info("half message %d undecided after %d checks: rolled back", offset, checks)
+                self.transactions.decide(msg, TransactionState.ROLLBACK_MESSAGE)
+                self._checks.pop(offset, None)
+                rolled_back = True
                 continue
+            self._checks[offset] = checks + 1
+            topic = properties.pop(PROPERTY_REAL_TOPIC)
+            properties.pop(PROPERTY_REAL_QUEUE_ID)
             channel = channels[checks % len(channels)]
             channel.conn.oneway(RequestCode.CHECK_TRANSACTION_STATE,
                                 {"group": group, "topic": topic, "tran_state_table_offset": offset,
                                  "msg_id": msg.msg_id},
                                 encode_message(msg.body, encode_properties(properties)))
+        self._resume_at = resume_at
         if rolled_back:
             self.after_put()
 

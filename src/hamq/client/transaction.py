@@ -5,6 +5,11 @@ local transaction and tells the broker its outcome (END_TRANSACTION). When the o
 UNKNOW, or the producer died before telling, the broker later asks a live producer of the
 group (CHECK_TRANSACTION_STATE on the connection its HEART_BEAT came on), and
 ``check_local_transaction`` answers.
+
+The group heartbeats to every master of the cluster from ``start`` (RocketMQ's producer
+heartbeats to all brokers it knows from start): a producer restarted after a crash must be
+reachable for the checks of the half messages its previous run left, before it sends
+anything itself.
 """
 from __future__ import annotations
 
@@ -14,11 +19,14 @@ import inspect
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from hamq.client.admin import AsyncAdmin
+from hamq.client.core import ROUTE_REFRESH_INTERVAL_S
 from hamq.client.message import PROPERTY_KEYS, PROPERTY_TAGS, Message, SendResult
 from hamq.client.producer import AsyncProducer
 from hamq.client.sync import _SyncFacade
@@ -59,13 +67,18 @@ class AsyncTransactionProducer:
         self.producer = AsyncProducer(namesrv, group, send_timeout_s)
         self.core = self.producer.core
         self.core.pool.handler = self  # brokers ask CHECK_TRANSACTION_STATE on our connections
-        self._masters: set[str] = set()  # brokers that hold our half messages
+        self._admin = AsyncAdmin(core=self.core)
+        self._masters: set[str] = set()  # brokers that may hold our half messages
+        self._masters_fetched_at = -ROUTE_REFRESH_INTERVAL_S
         self._heartbeats: asyncio.Task | None = None
         self._checks: set[asyncio.Task] = set()
 
     async def start(self) -> None:
-        """Heartbeats start with the first transaction; kept so the lifecycle reads like
-        RocketMQ's."""
+        """Heartbeat the group to every master now, then periodically, so the brokers can
+        check the half messages of an earlier run of this group at once."""
+        if self._heartbeats is None:
+            await self._heartbeat_round()
+            self._heartbeats = asyncio.create_task(self._heartbeat_loop())
 
     async def close(self) -> None:
         for task in (self._heartbeats, *self._checks):
@@ -84,7 +97,7 @@ class AsyncTransactionProducer:
             PROPERTY_PRODUCER_GROUP: self.group})
         result = await self.producer.send(half)
         master = await self._master_of(message.topic, result.queue.broker_name)
-        if master not in self._masters:
+        if master not in self._masters:  # a master that joined since the last refresh
             self._masters.add(master)
             await self._heartbeat([master])
         if self._heartbeats is None:
@@ -153,13 +166,29 @@ class AsyncTransactionProducer:
         await self.core.heart_beat(addrs, pack_body({"client_id": self.client_id,
                                                      "producer_groups": [self.group]}))
 
+    async def _heartbeat_round(self) -> None:
+        """Refresh the cluster's masters from the name server (as often as routes), then
+        heartbeat to all of them; a name server that does not answer keeps the list."""
+        if time.monotonic() - self._masters_fetched_at >= ROUTE_REFRESH_INTERVAL_S:
+            try:
+                self._masters.update((await self._admin.master_addrs()).values())
+                self._masters_fetched_at = time.monotonic()
+            except HamqError as err:
+                log.warning("listing masters for producer group %s failed: %s", self.group,
+                            err.message)
+        await self._heartbeat(list(self._masters))
+
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_interval_s)
-            await self._heartbeat(list(self._masters))
+            await self._heartbeat_round()
 
 
 class TransactionProducer(_SyncFacade):
-    """The blocking twin of ``AsyncTransactionProducer``; its callbacks run on the
-    facade's event-loop thread."""
+    """The blocking twin of ``AsyncTransactionProducer``, started on construction; its
+    callbacks run on the facade's event-loop thread."""
     _async_cls = AsyncTransactionProducer
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._run(self._async.start())
