@@ -7,8 +7,11 @@ the due time of that level's next message (a level's queue is FIFO with one dela
 times only grow); timer messages sit in an in-memory heap by due time, rebuilt from the
 queue on start. A due message is re-encoded without its schedule properties and stored in
 its real queue. Progress is a ``DelayOffsetManager`` persisted every
-``flush_delay_offset_interval_ms`` and at stop, so a restart delivers at least once.
-Slaves never deliver (their log is the master's copy).
+``flush_delay_offset_interval_ms`` and at stop, so a restart delivers at least once. It
+moves only once the delivered copies are durable under the configured flush type (under
+sync flush: after their fsync), so a power loss never leaves progress past a delivery the
+log lost; in memory, delivery goes on from what was written. Slaves never deliver (their
+log is the master's copy).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import logging
 import zlib
 from collections.abc import Callable
 
+from hamq.broker.durable import when_durable
 from hamq.broker.stored_message import StoredMessage, read_message, read_messages
 from hamq.errors import HamqError, MessageIllegal
 from hamq.net.connection import Connection, response_pieces
@@ -28,6 +32,7 @@ from hamq.protocol.properties import (DELAY_LEVELS_MS, MAX_DELAY_LEVEL,
                                       PROPERTY_REAL_TOPIC, PROPERTY_TIMER_DELIVER_MS,
                                       SCHEDULE_PROPERTIES)
 from hamq.store.delay_offset import DelayOffsetManager
+from hamq.store.flush import FlushService
 from hamq.store.message_store import MessageStore, PutResult
 
 log = logging.getLogger(__name__)
@@ -62,9 +67,11 @@ def deliver_time_of(properties: dict[str, str], now_ms: int) -> int:
 
 
 class ScheduleMessageService:
-    def __init__(self, store: MessageStore, on_put: Callable[[str, int], None],
-                 after_put: Callable[[], None], flush_interval_ms: int) -> None:
+    def __init__(self, store: MessageStore, flush: FlushService,
+                 on_put: Callable[[str, int], None], after_put: Callable[[], None],
+                 flush_interval_ms: int) -> None:
         self.store = store
+        self.flush = flush
         self.on_put = on_put        # wakes pulls held on a real queue
         self.after_put = after_put  # writes the log and ships it, as after a request
         self.flush_interval_s = flush_interval_ms / 1000
@@ -72,6 +79,8 @@ class ScheduleMessageService:
         self._timers: dict[int, asyncio.Handle] = {}  # queue id -> its armed wake-up
         self._heap: list[tuple[int, int]] = []         # (due ms, timer queue offset)
         self._timer_due = 0                            # due time the timer queue is armed for
+        self._next: dict[int, int] = {}  # level -> next offset to deliver (written before)
+        self._written_end = 0            # commit-log end of the last delivery written
         self._running = False
         self._flush_task: asyncio.Task | None = None
 
@@ -123,6 +132,8 @@ class ScheduleMessageService:
             self._arm(level_queue, 0, self._deliver_level)
 
     async def stop(self) -> None:
+        """Stop delivering; persist progress once every delivery written is durable (the
+        flush service still runs), so a clean restart delivers each message once."""
         self._running = False
         for handle in self._timers.values():
             handle.cancel()
@@ -130,6 +141,11 @@ class ScheduleMessageService:
         if self._flush_task is not None:
             self._flush_task.cancel()
             await asyncio.gather(self._flush_task, return_exceptions=True)
+        if self._written_end:
+            durable = asyncio.get_running_loop().create_future()
+            when_durable(self.flush, self._written_end,
+                         lambda ok: durable.done() or durable.set_result(ok))
+            await durable
         self.progress.persist()
 
     async def _flush_loop(self) -> None:
@@ -154,10 +170,11 @@ class ScheduleMessageService:
     def _deliver_level(self, level_queue: int) -> None:
         self._timers.pop(level_queue, None)
         level = level_queue + 1
-        offset = self.progress.delay_offset(level)
+        offset = self._next.get(level, self.progress.delay_offset(level))
         now = self.store.clock_ms()
         next_due = None
         delivered = 0
+        end = 0
         try:
             for _ in range(DELIVER_BATCH):
                 found = read_messages(self.store, SCHEDULE_TOPIC, level_queue, offset, 1)
@@ -167,19 +184,37 @@ class ScheduleMessageService:
                 if due > now:
                     next_due = due
                     break
-                self._deliver(found[0])
+                end = max(end, self._deliver(found[0]))
                 offset = found[0].queue_offset + 1
                 delivered += 1
             else:
                 next_due = now  # more are due: continue after serving requests
             if delivered:
-                self.after_put()  # progress moves only once the write succeeded
-                self.progress.set_delay_offset(level, offset, now)
+                self.after_put()  # delivery moves on only once the write succeeded
+                self._next[level] = offset
+                self._when_durable(end, lambda: self._level_durable(level, offset))
         except HamqError as err:  # disk full: progress stays, so redelivery (at least once)
             log.error("delivering delay level %d failed: %s", level, err.message)
             next_due = now + DELIVER_RETRY_MS
         if next_due is not None and self._running:
             self._arm(level_queue, next_due, self._deliver_level)
+
+    def _when_durable(self, end: int, then: Callable[[], None]) -> None:
+        """Run ``then`` once the deliveries written up to ``end`` are durable; a sync
+        flush that timed out is waited for again (the progress must not move before)."""
+        self._written_end = max(self._written_end, end)
+
+        def flushed(ok: bool) -> None:
+            if ok:
+                then()
+            elif self._running:
+                when_durable(self.flush, end, flushed)
+
+        when_durable(self.flush, end, flushed)
+
+    def _level_durable(self, level: int, offset: int) -> None:
+        if offset > self.progress.delay_offset(level):  # waits retried after a timeout
+            self.progress.set_delay_offset(level, offset, self.store.clock_ms())
 
     def _add_timer(self, due_ms: int, queue_offset: int) -> None:
         heapq.heappush(self._heap, (due_ms, queue_offset))
@@ -192,6 +227,7 @@ class ScheduleMessageService:
         now = self.store.clock_ms()
         heap = self._heap
         done: list[int] = []
+        end = 0
         retry = False
         try:
             while heap and heap[0][0] <= now and len(done) < DELIVER_BATCH:
@@ -199,13 +235,12 @@ class ScheduleMessageService:
                 if not self.progress.timer_delivered(offset):
                     msg = read_message(self.store, SCHEDULE_TOPIC, TIMER_QUEUE_ID, offset)
                     if msg is not None:  # None: removed by retention
-                        self._deliver(msg)
+                        end = max(end, self._deliver(msg))
                     done.append(offset)
                 heapq.heappop(heap)
             if done:
-                self.after_put()  # progress moves only once the write succeeded
-                for offset in done:
-                    self.progress.mark_timer_delivered(offset, now)
+                self.after_put()  # off the heap only once the write succeeded
+                self._when_durable(end, lambda: self._timers_durable(done))
         except HamqError as err:
             log.error("delivering timer messages failed: %s", err.message)
             for offset in done:  # not recorded as delivered: try them again
@@ -215,7 +250,14 @@ class ScheduleMessageService:
             self._timer_due = now + DELIVER_RETRY_MS if retry else heap[0][0]
             self._arm(TIMER_QUEUE_ID, self._timer_due, self._deliver_timers)
 
-    def _deliver(self, msg: StoredMessage) -> None:
+    def _timers_durable(self, offsets: list[int]) -> None:
+        now = self.store.clock_ms()
+        for offset in offsets:
+            self.progress.mark_timer_delivered(offset, now)
+
+    def _deliver(self, msg: StoredMessage) -> int:
+        """Store ``msg`` in its real queue; returns the commit-log end of the copy (0 if
+        its topic is gone and it was dropped)."""
         properties = dict(msg.properties)
         topic = properties.pop(PROPERTY_REAL_TOPIC)
         queue_id = int(properties.pop(PROPERTY_REAL_QUEUE_ID))
@@ -225,12 +267,13 @@ class ScheduleMessageService:
         if config is None:
             log.warning("dropping a scheduled message for topic %r, which no longer exists",
                         topic)
-            return
+            return 0
         queue_id %= config.write_queue_nums
         payload = encode_message(msg.body, encode_properties(properties))
-        self.store.put_batch(topic, queue_id, payload, 1, zlib.crc32(payload),
-                             msg.born_timestamp_ms)
+        put = self.store.put_batch(topic, queue_id, payload, 1, zlib.crc32(payload),
+                                   msg.born_timestamp_ms)
         self.on_put(topic, queue_id)
+        return put.end_offset
 
     def _rebuild_timer_heap(self) -> None:
         offset = self.progress.timer_offset

@@ -4,18 +4,21 @@ copy to be consumed again later (RocketMQ's retry and dead-letter queues).
 The copy goes to ``%RETRY%<group>`` through the delay levels (``delay_level`` 0 lets the
 broker choose ``3 + reconsume_times``); once the message was reconsumed
 ``max_reconsume_times`` times it goes to ``%DLQ%<group>`` instead, without delay. Both
-topics are created on demand with one read-write queue, as in RocketMQ.
+topics are created on demand with one read-write queue, as in RocketMQ. The consumer
+commits its offset past the message once it has this answer, so under sync flush the copy
+is fsynced before the answer (as a send would be).
 """
 from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
 
+from hamq.broker.durable import answer_when_durable
 from hamq.broker.schedule import ScheduleMessageService
 from hamq.broker.stored_message import read_message
 from hamq.broker.topics import TopicService
 from hamq.errors import QueryNotFound
-from hamq.net.connection import Connection, response_pieces
+from hamq.net.connection import Connection
 from hamq.protocol.frame import Frame, optional, require
 from hamq.protocol.message import encode_message, encode_properties
 from hamq.protocol.properties import (DEFAULT_MAX_RECONSUME_TIMES, DLQ_GROUP_TOPIC_PREFIX,
@@ -24,6 +27,7 @@ from hamq.protocol.properties import (DEFAULT_MAX_RECONSUME_TIMES, DLQ_GROUP_TOP
                                       PROPERTY_REAL_TOPIC, PROPERTY_RECONSUME_TIME,
                                       PROPERTY_RETRY_TOPIC, RETRY_GROUP_TOPIC_PREFIX,
                                       SCHEDULE_PROPERTIES)
+from hamq.store.flush import FlushService
 from hamq.store.message_store import MessageStore
 from hamq.store.metadata import PERM_READ_WRITE
 
@@ -39,13 +43,15 @@ def retry_delay_level(reconsume_times: int) -> int:
 
 class ConsumerSendMsgBackProcessor:
     def __init__(self, store: MessageStore, topics: TopicService,
-                 schedule: ScheduleMessageService, on_put: Callable[[str, int], None]) -> None:
+                 schedule: ScheduleMessageService, flush: FlushService,
+                 on_put: Callable[[str, int], None]) -> None:
         self.store = store
+        self.flush = flush
         self.on_put = on_put  # wakes pulls held on the dead-letter queue
         self.topics = topics
         self.schedule = schedule
 
-    def send_back(self, conn: Connection, frame: Frame) -> list:
+    def send_back(self, conn: Connection, frame: Frame) -> list | None:
         ext = frame.ext
         group = require(ext, "group")
         topic = require(ext, "topic")
@@ -67,13 +73,15 @@ class ConsumerSendMsgBackProcessor:
         if reconsume_times >= max_reconsume_times:
             dlq = self._ensure_topic(DLQ_GROUP_TOPIC_PREFIX + group, DLQ_QUEUE_NUMS)
             payload = encode_message(body, encode_properties(properties))
-            self.store.put_batch(dlq, 0, payload, 1, zlib.crc32(payload), born_ts)
+            put = self.store.put_batch(dlq, 0, payload, 1, zlib.crc32(payload), born_ts)
             self.on_put(dlq, 0)
-            return response_pieces(frame, ext={"topic": dlq})
+            return answer_when_durable(self.flush, conn, frame, put.end_offset,
+                                       {"topic": dlq}, "message")
         retry = self._ensure_topic(RETRY_GROUP_TOPIC_PREFIX + group, RETRY_QUEUE_NUMS)
-        self.schedule.put_delayed(retry, 0, properties, body, born_ts,
-                                  delay_level or retry_delay_level(reconsume_times))
-        return response_pieces(frame, ext={"topic": retry})
+        put = self.schedule.put_delayed(retry, 0, properties, body, born_ts,
+                                        delay_level or retry_delay_level(reconsume_times))
+        return answer_when_durable(self.flush, conn, frame, put.end_offset, {"topic": retry},
+                                   "message")
 
     def _ensure_topic(self, topic: str, queue_nums: int) -> str:
         if self.store.topics.get(topic) is None:

@@ -77,7 +77,7 @@ class Broker:
                                    config.auto_create_topic_enable,
                                    self.registration.request_register, self.is_slave)
         self.pull = PullProcessor(self.store, self.topics, config.long_polling_max_wait_ms)
-        self.schedule = ScheduleMessageService(self.store, self.pull.message_arrived,
+        self.schedule = ScheduleMessageService(self.store, self.flush, self.pull.message_arrived,
                                                lambda: self.processor.after_batch(),
                                                config.flush_delay_offset_interval_ms)
         self.transactions = TransactionalMessageService(self.store, self.flush,
@@ -105,7 +105,7 @@ class Broker:
             ClientProcessor(self.store, self.clients, self.locks), self.runtime_info,
             self.ha_master.new_data if self.ha_master else lambda: None)
         send_back = ConsumerSendMsgBackProcessor(self.store, self.topics, self.schedule,
-                                                 self.pull.message_arrived)
+                                                 self.flush, self.pull.message_arrived)
         self.processor.register({
             RequestCode.CONSUMER_SEND_MSG_BACK: send_back.send_back,
             RequestCode.GET_ALL_DELAY_OFFSET: self.schedule.get_all_delay_offset,
