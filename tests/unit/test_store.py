@@ -3,6 +3,7 @@ recovery from torn or garbage tails and lost indexes, retention, the disk guard,
 metadata, and the config loader's refusal of unknown keys and wrong types."""
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import time
@@ -13,6 +14,7 @@ import pytest
 from hamq.config import BrokerConfig, NamesrvConfig, StoreConfig, load_config
 from hamq.errors import ConfigError, DiskFull
 from hamq.protocol.message import decode_records, encode_batch, encode_message
+from hamq.store.disk import OS_DISK, Disk, OsDisk, OsFile
 from hamq.store.message_store import GetStatus, MessageStore
 from hamq.store.metadata import TopicConfig
 
@@ -24,10 +26,10 @@ def open_store(tmp_path):
     """Open (or reopen) a store under tmp_path; every store opened is closed at the end."""
     opened: list[MessageStore] = []
 
-    def make(**settings) -> MessageStore:
+    def make(disk: Disk = OS_DISK, **settings) -> MessageStore:
         cfg = StoreConfig(store_dir=str(tmp_path / "store"),
                           mapped_file_size_commitlog=SEGMENT_BYTES, **settings)
-        store = MessageStore(cfg)
+        store = MessageStore(cfg, disk=disk)
         opened.append(store)
         return store
 
@@ -282,25 +284,46 @@ def test_torn_tail_never_reuses_queue_offsets(open_store, tmp_path):
     assert read_all(store) == [(11, b"next")]
 
 
-def test_failed_write_is_undone_and_refused_until_disk_check(open_store, monkeypatch):
+class FullDisk(OsDisk):
+    """The real disk, except that while ``full`` an append writes a few bytes and then
+    fails with ENOSPC, as a file system running out of space mid-write does."""
+
+    def __init__(self) -> None:
+        self.full = False
+
+    def open(self, path: Path, create: bool = True, append: bool = False) -> OsFile:
+        file = super().open(path, create, append)
+        return _FillingFile(self, file.path, file.fd)
+
+
+class _FillingFile(OsFile):
+    __slots__ = ("disk",)
+
+    def __init__(self, disk: FullDisk, path: Path, fd: int) -> None:
+        super().__init__(path, fd)
+        self.disk = disk
+
+    def append(self, pieces) -> int:
+        if self.disk.full:
+            super().append([bytes(pieces[0])[:10]])  # a few bytes reach the file first
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().append(pieces)
+
+
+def test_failed_write_is_undone_and_refused_until_disk_check(open_store):
     """ENOSPC in the middle of a group write: the appends of that turn are undone (file
     and queue), later puts are refused with DiskFull, and writes resume after a disk
     check finds room; nothing half-written is ever readable."""
-    store = open_store()
+    disk = FullDisk()
+    store = open_store(disk=disk)
     bodies = fill(store, 3)
     end = store.commitlog.written_offset
-    real_writev = os.writev
-
-    def short_then_enospc(fd, pieces):
-        os.write(fd, bytes(pieces[0])[:10])  # a few bytes reach the file first
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr("hamq.store.commitlog.os.writev", short_then_enospc)
+    disk.full = True
     payload, crc = encode_batch([encode_message(b"lost")])
     store.put_batch("T", 0, payload, 1, crc, 0)
     with pytest.raises(DiskFull, match="No space left"):
         store.commit()
-    monkeypatch.setattr("hamq.store.commitlog.os.writev", real_writev)
+    disk.full = False
     assert store.commitlog.written_offset == end
     assert os.path.getsize(store.commitlog.segments[-1].path) == \
         end - store.commitlog.segments[-1].start

@@ -23,7 +23,7 @@ import msgpack
 
 from hamq.protocol.message import decode_records, encode_message
 from hamq.protocol.limits import MAX_PULL_BYTES
-from hamq.store.fsutil import atomic_write
+from hamq.store.disk import atomic_write
 from hamq.store.message_store import GetStatus, MessageStore, PutResult
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class ReviveLog:
     # -- revive checkpoint: the pop state as of a revive-log offset -----------------------
     def load_checkpoint(self) -> dict:
         try:
-            return json.loads(self.checkpoint_path.read_bytes())
+            return json.loads(self.store.disk.read_bytes(self.checkpoint_path))
         except FileNotFoundError:
             return {}
         except ValueError as exc:
@@ -115,7 +115,7 @@ class ReviveLog:
 
     def write_checkpoint(self, snapshot: bytes) -> None:
         with self._checkpoint_lock:
-            atomic_write(self.checkpoint_path, snapshot)
+            atomic_write(self.store.disk, self.checkpoint_path, snapshot)
 
 
 def _offset_body(header: Any, index: int, queue_offset: int, props: bytes,

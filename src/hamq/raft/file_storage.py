@@ -24,12 +24,12 @@ import msgpack
 from hamq.raft.errors import CorruptLogError, LogIndexError
 from hamq.raft.log import Checkpoint, Entry, HardState
 from hamq.raft.storage import LogStorage
+from hamq.store.disk import OS_DISK, Disk, DiskFile, atomic_write, write_all
 
 SEGMENT_MAX_BYTES = 64 * 1024 * 1024  # roll to a new segment past this size
 MAX_RECORD_BYTES = 256 * 1024 * 1024  # a larger length field can only be garbage
 _HEADER = struct.Struct(">II")  # body length, crc32 of body
 _ENTRY_HEAD = struct.Struct(">QQ?")  # index, term, is_noop; the entry's data follows
-_IOV_MAX = 1024  # pieces one pwritev may take (Linux's IOV_MAX)
 _SEGMENT_SUFFIX = ".log"
 _SEGMENT_NAME_DIGITS = 20  # zero-padded so names sort by index
 _HARD_STATE_FILE = "hardstate"
@@ -61,12 +61,13 @@ def _decode_body(body: bytes) -> Entry:
 
 class FileStorage(LogStorage):
     def __init__(self, directory: str | os.PathLike[str],
-                 segment_max_bytes: int = SEGMENT_MAX_BYTES) -> None:
+                 segment_max_bytes: int = SEGMENT_MAX_BYTES, *, disk: Disk = OS_DISK) -> None:
         self._dir = Path(directory)
-        self._dir.mkdir(parents=True, exist_ok=True)
+        self._disk = disk
+        disk.mkdir(self._dir)
         self._segment_max_bytes = segment_max_bytes
         self._locations: list[_Location] = []
-        self._fds: dict[int, int] = {}  # segment start index -> open fd
+        self._files: dict[int, DiskFile] = {}  # segment start index -> open file
         self._sizes: dict[int, int] = {}
         self._dirty: set[int] = set()
         self._dir_dirty = False
@@ -75,20 +76,20 @@ class FileStorage(LogStorage):
     # ---- recovery -------------------------------------------------------------------
 
     def _recover(self) -> None:
-        starts = sorted(int(p.name[:-len(_SEGMENT_SUFFIX)])
-                        for p in self._dir.glob("*" + _SEGMENT_SUFFIX))
+        starts = sorted(int(name[:-len(_SEGMENT_SUFFIX)]) for name in self._disk.listdir(self._dir)
+                        if name.endswith(_SEGMENT_SUFFIX))
         for position, start in enumerate(starts):
             if start != len(self._locations):
                 raise CorruptLogError(f"segment {start} does not follow index {len(self._locations) - 1}")
             self._scan_segment(start, is_last=position == len(starts) - 1)
         # records a killed process left in the page cache are durable only once synced: a
         # checkpoint saved later must not vouch for records a power loss could still take
-        for fd in self._fds.values():
-            os.fsync(fd)
+        for file in self._files.values():
+            file.fsync()
 
     def _scan_segment(self, start: int, is_last: bool) -> None:
         path = self._dir / _segment_name(start)
-        data = path.read_bytes()
+        data = self._disk.read_bytes(path)
         offset = 0
         while offset < len(data):
             record = self._valid_record(data, offset)
@@ -96,9 +97,12 @@ class FileStorage(LogStorage):
                 if not is_last:
                     raise CorruptLogError(f"bad record at {path}:{offset}")
                 # a torn tail: the crash came before this write was synced
-                with open(path, "r+b") as f:
-                    f.truncate(offset)
-                    os.fsync(f.fileno())
+                file = self._disk.open(path, create=False)
+                try:
+                    file.truncate(offset)
+                    file.fsync()
+                finally:
+                    file.close()
                 break
             entry_length, term = record
             self._locations.append(_Location(start, offset, entry_length, term))
@@ -122,10 +126,9 @@ class FileStorage(LogStorage):
         return end - offset, term
 
     def _open_segment(self, start: int) -> None:
-        path = self._dir / _segment_name(start)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        self._fds[start] = fd
-        self._sizes[start] = os.fstat(fd).st_size
+        file = self._disk.open(self._dir / _segment_name(start))
+        self._files[start] = file
+        self._sizes[start] = file.size()
 
     # ---- log ------------------------------------------------------------------------
 
@@ -162,17 +165,13 @@ class FileStorage(LogStorage):
         self._write(segment, offset, pieces)
 
     def _write(self, segment: int, offset: int, pieces: list[bytes]) -> None:
-        for first in range(0, len(pieces), _IOV_MAX):
-            chunk = pieces[first:first + _IOV_MAX]
-            size = sum(map(len, chunk))
-            if os.pwritev(self._fds[segment], chunk, offset) != size:
-                raise OSError(f"short write to raft log segment {segment}")
-            offset += size
+        if pieces:
+            write_all(self._files[segment], pieces, offset)
             self._dirty.add(segment)
 
     def _active_segment(self, next_index: int) -> int:
-        if self._fds:
-            start = max(self._fds)
+        if self._files:
+            start = max(self._files)
             if self._sizes[start] < self._segment_max_bytes:
                 return start
         self._open_segment(next_index)
@@ -185,13 +184,13 @@ class FileStorage(LogStorage):
         if from_index > self.last_index():
             return
         cut = self._locations[from_index]
-        for start in [s for s in self._fds if s > cut.segment_start]:
-            os.close(self._fds.pop(start))
+        for start in [s for s in self._files if s > cut.segment_start]:
+            self._files.pop(start).close()
             del self._sizes[start]
             self._dirty.discard(start)
-            (self._dir / _segment_name(start)).unlink()
+            self._disk.unlink(self._dir / _segment_name(start))
             self._dir_dirty = True
-        os.ftruncate(self._fds[cut.segment_start], cut.offset)
+        self._files[cut.segment_start].truncate(cut.offset)
         self._sizes[cut.segment_start] = cut.offset
         self._dirty.add(cut.segment_start)
         del self._locations[from_index:]
@@ -200,7 +199,7 @@ class FileStorage(LogStorage):
         if not 0 <= index <= self.last_index():
             raise LogIndexError(f"index {index} outside [0, {self.last_index()}]")
         loc = self._locations[index]
-        record = os.pread(self._fds[loc.segment_start], loc.length, loc.offset)
+        record = self._files[loc.segment_start].pread(loc.length, loc.offset)
         return _decode_body(memoryview(record)[_HEADER.size:])
 
     def last_index(self) -> int:
@@ -216,29 +215,29 @@ class FileStorage(LogStorage):
 
     def detach_sync(self) -> Callable[[], None]:
         """Take what `sync` would fsync as a job another thread may run while this one
-        keeps appending: the job fsyncs duplicates of the dirty segments' fds, so a
-        segment closed meanwhile (a truncation) cannot make it fsync a reused fd. Writes
-        made before the call are durable once the job returns."""
-        fds = [os.dup(self._fds[start]) for start in sorted(self._dirty)]
+        keeps appending: the job fsyncs duplicates of the dirty segments' files, so a
+        segment closed meanwhile (a truncation) cannot make it fsync a reused descriptor.
+        Writes made before the call are durable once the job returns."""
+        files = [self._files[start].dup() for start in sorted(self._dirty)]
         dir_dirty = self._dir_dirty
         self._dirty.clear()
         self._dir_dirty = False
 
         def job() -> None:
             try:
-                for fd in fds:
-                    os.fsync(fd)
+                for file in files:
+                    file.fsync()
                 if dir_dirty:
-                    self._fsync_dir()
+                    self._disk.fsync_dir(self._dir)
             finally:
-                for fd in fds:
-                    os.close(fd)
+                for file in files:
+                    file.close()
         return job
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        for file in self._files.values():
+            file.close()
+        self._files.clear()
 
     # ---- small state files ----------------------------------------------------------
 
@@ -260,19 +259,14 @@ class FileStorage(LogStorage):
     def _replace_file(self, name: str, fields: list[int]) -> None:
         """Write-then-rename, so a crash leaves the old or the new file, never half of one."""
         payload = msgpack.packb(fields)
-        tmp = self._dir / (name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(_HEADER.pack(len(payload), zlib.crc32(payload)) + payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._dir / name)
-        self._fsync_dir()
+        atomic_write(self._disk, self._dir / name,
+                     _HEADER.pack(len(payload), zlib.crc32(payload)) + payload)
 
     def _read_file(self, name: str) -> list[int] | None:
         path = self._dir / name
-        if not path.exists():
+        if not self._disk.exists(path):
             return None
-        data = path.read_bytes()
+        data = self._disk.read_bytes(path)
         if len(data) < _HEADER.size:
             raise CorruptLogError(f"{path} is truncated")
         length, crc = _HEADER.unpack_from(data)
@@ -280,10 +274,3 @@ class FileStorage(LogStorage):
         if len(payload) != length or zlib.crc32(payload) != crc:
             raise CorruptLogError(f"{path} fails its CRC")
         return msgpack.unpackb(payload)
-
-    def _fsync_dir(self) -> None:
-        fd = os.open(self._dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

@@ -8,12 +8,10 @@ spans two segments; a segment ends where its data ends, so physical offsets stay
 from __future__ import annotations
 
 import bisect
-import errno
 import logging
-import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,24 +19,25 @@ from hamq.errors import CrcMismatch
 from hamq.protocol.limits import MAX_TOPIC_LENGTH
 from hamq.protocol.message import (RECORD_HEADER_BYTES, RecordHeader, check_record_payload,
                                    parse_record_header)
-from hamq.store.fsutil import fsync_dir
+from hamq.store.disk import OS_DISK, Disk, DiskFile, write_all
 
 log = logging.getLogger(__name__)
 
 SEGMENT_NAME_DIGITS = 20
-# writev takes at most IOV_MAX pieces per call.
-_IOV_MAX = 1024
 # Recovery reads the log in chunks of this size.
 _SCAN_CHUNK_BYTES = 8 * 1024 * 1024
 _HEADER_PEEK_BYTES = RECORD_HEADER_BYTES + MAX_TOPIC_LENGTH
 
 
-@dataclass
+@dataclass(eq=False)  # one per file: compared by identity
 class Segment:
     start: int
-    path: Path
-    fd: int
+    file: DiskFile  # opened for appending
     size: int  # bytes written to the file
+
+    @property
+    def path(self) -> Path:
+        return self.file.path
 
     @property
     def end(self) -> int:
@@ -46,16 +45,21 @@ class Segment:
 
 
 class CommitLog:
-    def __init__(self, directory: str | Path, segment_bytes: int) -> None:
+    def __init__(self, directory: str | Path, segment_bytes: int, *,
+                 disk: Disk = OS_DISK) -> None:
         self.directory = Path(directory)
         self.segment_bytes = segment_bytes
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.disk = disk
+        disk.mkdir(self.directory)
         self.segments: list[Segment] = []
         self._starts: list[int] = []
         self._pending: list[bytes | memoryview] = []
         self._pending_bytes = 0
         self._rolled: list[Segment] = []  # closed-for-writing segments not yet fsynced
+        # Guards flushed_offset against a flush job finishing after a truncation: the job's
+        # target may lie past the new end, so a truncation bumps the generation.
         self._flush_lock = threading.Lock()
+        self._generation = 0
         self.flushed_offset = 0
         self._open_segments()
 
@@ -94,36 +98,44 @@ class CommitLog:
         pieces, self._pending = self._pending, []
         size, self._pending_bytes = self._pending_bytes, 0
         try:
-            for i in range(0, len(pieces), _IOV_MAX):
-                chunk = pieces[i:i + _IOV_MAX]
-                written = os.writev(active.fd, chunk)
-                rest = b"".join(chunk)[written:] if written != sum(map(len, chunk)) else b""
-                while rest:  # a short write; ENOSPC surfaces as OSError on the next call
-                    rest = rest[os.write(active.fd, rest):]
+            write_all(active.file, pieces)
         except OSError:
-            os.ftruncate(active.fd, active.size)  # nothing half-written stays behind
+            active.file.truncate(active.size)  # nothing half-written stays behind
             raise
         active.size += size
 
     # -- durability ---------------------------------------------------------------------
     def flush(self) -> int:
-        """fsync everything handed to the OS; returns the durable offset. Runs in a worker
-        thread while the event loop appends: the offset is read before the files are
-        synced, and a segment rolled meanwhile is either ours to sync or in ``_rolled``."""
-        with self._flush_lock:
-            target = self.written_offset
-            active = self.segments[-1]
-            if target == self.flushed_offset and not self._rolled:
-                return target
-            rolled, self._rolled = self._rolled, []
-            for seg in rolled + [active]:
-                try:
-                    os.fdatasync(seg.fd)
-                except OSError as exc:
-                    if exc.errno != errno.EBADF:  # EBADF: removed by retention meanwhile
-                        raise
-            self.flushed_offset = max(self.flushed_offset, target)
-            return self.flushed_offset
+        """fsync everything handed to the OS; returns the durable offset."""
+        return self.detach_flush()()
+
+    def detach_flush(self) -> Callable[[], int]:
+        """Take what ``flush`` would fsync as a job a worker thread may run while the event
+        loop appends: the offset is read now, and the job fsyncs duplicates of the files
+        written up to it, so a segment that retention or a truncation closes meanwhile
+        cannot make it fsync a reused descriptor. The job returns the durable offset."""
+        target = self.written_offset
+        rolled, self._rolled = self._rolled, []
+        if target <= self.flushed_offset and not rolled:
+            return self._durable
+        files = [seg.file.dup() for seg in rolled + [self.segments[-1]]]
+        generation = self._generation
+
+        def job() -> int:
+            try:
+                for file in files:
+                    file.fsync()
+            finally:
+                for file in files:
+                    file.close()
+            with self._flush_lock:
+                if generation == self._generation:
+                    self.flushed_offset = max(self.flushed_offset, target)
+                return self.flushed_offset
+        return job
+
+    def _durable(self) -> int:
+        return self.flushed_offset
 
     # -- reading ------------------------------------------------------------------------
     def read_range(self, offset: int, end: int) -> bytearray:
@@ -143,7 +155,7 @@ class CommitLog:
             n = min(end - pos, seg.end - offset)
             if n <= 0:
                 raise OSError(f"read of the commit log past its end at {offset}")
-            got = os.preadv(seg.fd, [into[pos:pos + n]], offset - seg.start)
+            got = seg.file.pread_into(into[pos:pos + n], offset - seg.start)
             if got != n:
                 raise OSError(f"short read of the commit log at {offset}: {got} of {n} bytes")
             pos += n
@@ -179,39 +191,38 @@ class CommitLog:
         """Drop everything at and after ``offset`` (a torn tail, or a diverged suffix)."""
         self.write_pending()
         while len(self.segments) > 1 and self.segments[-1].start >= offset:
-            seg = self.segments.pop()
             self._starts.pop()
-            os.close(seg.fd)
-            seg.path.unlink()
+            self._remove(self.segments.pop())
         seg = self.segments[-1]
         keep = max(0, offset - seg.start)
         if keep < seg.size:
-            os.ftruncate(seg.fd, keep)
-            os.fsync(seg.fd)
+            seg.file.truncate(keep)
+            seg.file.fsync()
             seg.size = keep
         if seg.start > offset:  # the whole log is gone: restart at offset
             seg.start = offset
-        self._rolled = [s for s in self._rolled if s in self.segments]
-        self.flushed_offset = min(self.flushed_offset, self.written_offset)
+        with self._flush_lock:
+            self._generation += 1
+            self.flushed_offset = min(self.flushed_offset, self.written_offset)
 
     def reset(self, start: int) -> None:
         """Drop every segment and restart the log, empty, at ``start``."""
-        self._pending, self._pending_bytes, self._rolled = [], 0, []
+        self._pending, self._pending_bytes = [], 0
         for seg in self.segments:
-            os.close(seg.fd)
-            seg.path.unlink()
+            self._remove(seg)
         self.segments, self._starts = [], []
         self._roll(start)
-        self.flushed_offset = start
+        with self._flush_lock:
+            self._generation += 1
+            self.flushed_offset = start
 
     def delete_segments_before(self, mtime_s: float) -> int:
         """Retention: remove whole segments last written before ``mtime_s`` (never the
         active one); returns the new minimum offset."""
-        while len(self.segments) > 1 and self.segments[0].path.stat().st_mtime < mtime_s:
-            seg = self.segments.pop(0)
+        while len(self.segments) > 1 and self.disk.mtime(self.segments[0].path) < mtime_s:
             self._starts.pop(0)
-            os.close(seg.fd)
-            seg.path.unlink()
+            seg = self.segments.pop(0)
+            self._remove(seg)
             log.info("retention removed segment %s", seg.path.name)
         return self.min_offset
 
@@ -219,20 +230,20 @@ class CommitLog:
         self.write_pending()
         self.flush()
         for seg in self.segments:
-            os.close(seg.fd)
+            seg.file.close()
         self.segments = []
         self._starts = []
 
     # -- internals ----------------------------------------------------------------------
     def _open_segments(self) -> None:
-        names = sorted(p for p in self.directory.iterdir()
-                       if p.name.isdigit() and len(p.name) == SEGMENT_NAME_DIGITS)
-        for path in names:
-            fd = os.open(path, os.O_RDWR | os.O_APPEND)
-            seg = Segment(int(path.name), path, fd, os.fstat(fd).st_size)
+        names = [name for name in self.disk.listdir(self.directory)
+                 if name.isdigit() and len(name) == SEGMENT_NAME_DIGITS]
+        for name in names:
+            file = self.disk.open(self.directory / name, create=False, append=True)
+            seg = Segment(int(name), file, file.size())
             if self.segments and self.segments[-1].end != seg.start:
-                log.warning("gap in commit log before %s; later segments are dropped", path.name)
-                os.close(fd)
+                log.warning("gap in commit log before %s; later segments are dropped", name)
+                file.close()
                 break
             self.segments.append(seg)
             self._starts.append(seg.start)
@@ -241,13 +252,19 @@ class CommitLog:
         self.flushed_offset = self.written_offset
 
     def _roll(self, start: int) -> None:
-        path = self.directory / f"{start:0{SEGMENT_NAME_DIGITS}d}"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        fsync_dir(self.directory)
+        file = self.disk.open(self.directory / f"{start:0{SEGMENT_NAME_DIGITS}d}", append=True)
+        self.disk.fsync_dir(self.directory)
         if self.segments:
             self._rolled.append(self.segments[-1])
-        self.segments.append(Segment(start, path, fd, 0))
+        self.segments.append(Segment(start, file, 0))
         self._starts.append(start)
+
+    def _remove(self, seg: Segment) -> None:
+        """Close and delete a segment already taken out of ``segments``."""
+        if seg in self._rolled:
+            self._rolled.remove(seg)
+        seg.file.close()
+        self.disk.unlink(seg.path)
 
 
 class _Window:
@@ -260,7 +277,7 @@ class _Window:
 
     def get(self, pos: int, size: int) -> tuple[bytes, int]:
         if pos < self.start or pos + size > self.start + len(self.buf):
-            self.buf = os.pread(self.seg.fd, max(size, _SCAN_CHUNK_BYTES), pos - self.seg.start)
+            self.buf = self.seg.file.pread(max(size, _SCAN_CHUNK_BYTES), pos - self.seg.start)
             self.start = pos
         return self.buf, pos - self.start
 

@@ -12,15 +12,16 @@ import struct
 from array import array
 from pathlib import Path
 
-from hamq.store.fsutil import atomic_write
+from hamq.store.disk import OS_DISK, Disk, atomic_write, write_all
 
 ENTRY = struct.Struct(">qiqiq")  # physical_offset, size, base_queue_offset, count, store_ts_ms
 ENTRY_BYTES = ENTRY.size
 
 
 class ConsumeQueue:
-    def __init__(self, path: Path, topic: str, queue_id: int) -> None:
+    def __init__(self, path: Path, topic: str, queue_id: int, *, disk: Disk = OS_DISK) -> None:
         self.path = path
+        self.disk = disk
         self.topic = topic
         self.queue_id = queue_id
         self.phys = array("q")
@@ -62,8 +63,11 @@ class ConsumeQueue:
         off the event loop)."""
         if not self._unwritten:
             return False
-        with open(self.path, "ab") as fh:
-            fh.write(self._unwritten)
+        file = self.disk.open(self.path, append=True)
+        try:
+            write_all(file, [self._unwritten])
+        finally:
+            file.close()
         self._unwritten.clear()
         return True
 
@@ -97,11 +101,11 @@ class ConsumeQueue:
     def _load(self) -> None:
         self._empty_offset = 0
         meta = self.path.with_suffix(".min")
-        if meta.exists():
-            self._empty_offset = int(meta.read_text() or 0)
-        if not self.path.exists():
+        if self.disk.exists(meta):
+            self._empty_offset = int(self.disk.read_bytes(meta) or 0)
+        if not self.disk.exists(self.path):
             return
-        raw = self.path.read_bytes()
+        raw = self.disk.read_bytes(self.path)
         whole = len(raw) - len(raw) % ENTRY_BYTES  # a torn last entry is rebuilt by recovery
         for phys, size, base, count, ts in ENTRY.iter_unpack(raw[:whole]):
             self.phys.append(phys)
@@ -120,7 +124,7 @@ class ConsumeQueue:
 
     def _rewrite(self) -> None:
         self._unwritten.clear()
-        atomic_write(self.path, b"".join(
+        atomic_write(self.disk, self.path, b"".join(
             ENTRY.pack(*e) for e in zip(self.phys, self.size, self.base, self.count,
                                         self.store_ts)))
-        atomic_write(self.path.with_suffix(".min"), str(self._empty_offset).encode())
+        atomic_write(self.disk, self.path.with_suffix(".min"), str(self._empty_offset).encode())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hamq.store.disk import OS_DISK, Disk
 from hamq.store.metadata import DataVersion, VersionedTable
 
 _DELAY = "delay_offsets"
@@ -18,8 +19,8 @@ _TIMER_DELIVERED = "timer_delivered"
 
 
 class DelayOffsetManager:
-    def __init__(self, directory: Path, now_ms: int) -> None:
-        self._t = VersionedTable(directory / "delay_offsets.json", now_ms)
+    def __init__(self, directory: Path, now_ms: int, *, disk: Disk = OS_DISK) -> None:
+        self._t = VersionedTable(directory / "delay_offsets.json", now_ms, disk=disk)
         self._t.table.setdefault(_DELAY, {})
         self._t.table.setdefault(_TIMER_OFFSET, 0)
         self._delivered: set[int] = set(self._t.table.get(_TIMER_DELIVERED, []))

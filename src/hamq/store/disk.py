@@ -50,8 +50,9 @@ class DiskFile(Protocol):
 
 class Disk(Protocol):
     def open(self, path: Path, create: bool = True, append: bool = False) -> DiskFile:
-        """Open read-write. ``append``: every ``append`` call writes at the end (O_APPEND);
-        such a file takes no ``pwrite`` (Linux would append those too)."""
+        """Open read-write (``FileNotFoundError`` when missing and not ``create``).
+        ``append``: every ``append`` call writes at the end (O_APPEND); such a file takes
+        no ``pwrite`` (Linux would append those too)."""
 
     def exists(self, path: Path) -> bool: ...
 
@@ -65,7 +66,8 @@ class Disk(Protocol):
 
     def unlink(self, path: Path) -> None: ...
 
-    def rmtree(self, path: Path) -> None: ...
+    def rmtree(self, path: Path) -> None:
+        """Remove a directory and everything in it (no error if it is gone)."""
 
     def replace(self, src: Path, dst: Path) -> None: ...
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -72,7 +71,7 @@ class FlushService:
             await self._wake.wait()
             self._wake.clear()
             commitlog.write_pending()
-            flushed = await asyncio.to_thread(commitlog.flush)
+            flushed = await asyncio.to_thread(commitlog.detach_flush())
             waiters = self._waiters
             while waiters and waiters[0][0] <= flushed:
                 waiters.popleft()[2](True)
@@ -81,11 +80,11 @@ class FlushService:
 
 
     async def _flush_commitlog(self) -> None:
-        await asyncio.to_thread(self.store.commitlog.flush)
+        await asyncio.to_thread(self.store.commitlog.detach_flush())
 
     async def _checkpoint(self) -> None:
         paths = self.store.write_consume_queues()
-        await asyncio.to_thread(_fsync_paths, paths)
+        await asyncio.to_thread(self.store.sync_files, paths)
         await asyncio.to_thread(self.store.write_checkpoint)
 
     def _delete_expired(self) -> None:
@@ -106,14 +105,3 @@ class FlushService:
         while waiters and waiters[0][1] <= now:
             waiters.popleft()[2](False)
 
-
-def _fsync_paths(paths: list) -> None:
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:  # topic deleted meanwhile
-            continue
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -23,7 +20,7 @@ from hamq.protocol.message import (RECORD_HEADER_BYTES, check_record_payload, en
                                    parse_record_header, peek_record_size, validate_topic)
 from hamq.store.commitlog import CommitLog, now_ms
 from hamq.store.consume_queue import ConsumeQueue
-from hamq.store.fsutil import atomic_write
+from hamq.store.disk import OS_DISK, Disk, atomic_write
 from hamq.store.metadata import ConsumerOffsetManager, TopicConfigManager
 
 log = logging.getLogger(__name__)
@@ -55,16 +52,19 @@ class GetResult:
 
 
 class MessageStore:
-    def __init__(self, config: StoreConfig, clock_ms: Callable[[], int] = now_ms) -> None:
+    def __init__(self, config: StoreConfig, clock_ms: Callable[[], int] = now_ms, *,
+                 disk: Disk = OS_DISK) -> None:
         self.config = config
         self.clock_ms = clock_ms
+        self.disk = disk
         self.root = Path(config.store_dir)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.commitlog = CommitLog(self.root / "commitlog", config.mapped_file_size_commitlog)
+        disk.mkdir(self.root)
+        self.commitlog = CommitLog(self.root / "commitlog", config.mapped_file_size_commitlog,
+                                   disk=disk)
         self.cq_root = self.root / "consumequeue"
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
-        self.topics = TopicConfigManager(self.root, clock_ms())
-        self.offsets = ConsumerOffsetManager(self.root, clock_ms())
+        self.topics = TopicConfigManager(self.root, clock_ms(), disk=disk)
+        self.offsets = ConsumerOffsetManager(self.root, clock_ms(), disk=disk)
         self._touched: list[ConsumeQueue] = []
         self._checkpoint_candidate: dict = {}
         # Extra state to record with each checkpoint, read at the same instant as the log
@@ -82,11 +82,10 @@ class MessageStore:
         """Load consume queues, then re-dispatch and validate the commit log from the last
         checkpoint: a torn or corrupt tail is truncated, missing queue entries rebuilt."""
         checkpoint = self.read_checkpoint()
-        if self.cq_root.exists():
-            for topic_dir in self.cq_root.iterdir():
-                for qfile in topic_dir.iterdir():
-                    if qfile.name.isdigit():
-                        self._queue(topic_dir.name, int(qfile.name))
+        for topic in self.disk.listdir(self.cq_root):
+            for name in self.disk.listdir(self.cq_root / topic):
+                if name.isdigit():
+                    self._queue(topic, int(name))
         # Queue files are trusted up to "dispatched", the log's bytes up to "flushed".
         start = min(checkpoint.get("dispatched", 0), checkpoint.get("flushed", 0))
         start = max(start, self.commitlog.min_offset)
@@ -274,7 +273,7 @@ class MessageStore:
         self.flush_consume_queues()
         for key in [k for k in self.queues if k[0] == topic]:
             del self.queues[key]
-        shutil.rmtree(self.cq_root / topic, ignore_errors=True)
+        self.disk.rmtree(self.cq_root / topic)
         self.offsets.delete_topic(topic, self.clock_ms())
         self.offsets.persist()
 
@@ -289,32 +288,40 @@ class MessageStore:
         return [cq.path for cq in self.queues.values() if cq.write_unwritten()]
 
     def write_checkpoint(self) -> None:
-        atomic_write(self.root / "checkpoint", json.dumps(
+        atomic_write(self.disk, self.root / "checkpoint", json.dumps(
             {**self._checkpoint_candidate, "timestamp_ms": self.clock_ms()}).encode())
+
+    def sync_files(self, paths: list[Path]) -> None:
+        """fsync the queue files ``write_consume_queues`` returned; a file whose topic was
+        deleted meanwhile is skipped. May run in a worker thread."""
+        for path in paths:
+            try:
+                file = self.disk.open(path, create=False)
+            except FileNotFoundError:
+                continue
+            try:
+                file.fsync()
+            finally:
+                file.close()
 
     def flush_consume_queues(self) -> None:
         """Synchronous ``write_consume_queues`` + fsync + ``write_checkpoint``."""
-        for path in self.write_consume_queues():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        self.sync_files(self.write_consume_queues())
         self.write_checkpoint()
 
     def delete_expired(self) -> None:
-        cutoff_s = time.time() - self.config.file_reserved_hours * 3600
+        cutoff_s = self.clock_ms() / 1000 - self.config.file_reserved_hours * 3600
         new_min = self.commitlog.delete_segments_before(cutoff_s)
         for cq in self.queues.values():
             cq.drop_below_physical(new_min)
 
     def check_disk(self) -> None:
-        usage = shutil.disk_usage(self.root)
-        self._free_bytes_at_check = usage.free
+        total, free = self.disk.usage(self.root)
+        self._free_bytes_at_check = free
         self._written_since_disk_check = 0
-        ratio = (usage.total - usage.free) / usage.total if usage.total else 0.0
-        if usage.free < self.config.disk_min_free_bytes:
-            self._disk_refusal = (f"disk nearly full: {usage.free // (1024 * 1024)} MiB free at "
+        ratio = (total - free) / total if total else 0.0
+        if free < self.config.disk_min_free_bytes:
+            self._disk_refusal = (f"disk nearly full: {free // (1024 * 1024)} MiB free at "
                                   f"{self.root}, below disk_min_free_bytes="
                                   f"{self.config.disk_min_free_bytes}; writes refused")
         elif ratio > self.config.disk_max_used_space_ratio:
@@ -342,8 +349,8 @@ class MessageStore:
         cq = self.queues.get((topic, queue_id))
         if cq is None:
             directory = self.cq_root / topic
-            directory.mkdir(parents=True, exist_ok=True)
-            cq = ConsumeQueue(directory / str(queue_id), topic, queue_id)
+            self.disk.mkdir(directory)
+            cq = ConsumeQueue(directory / str(queue_id), topic, queue_id, disk=self.disk)
             self.queues[(topic, queue_id)] = cq
         return cq
 
@@ -355,8 +362,7 @@ class MessageStore:
             cq.drop_from_physical(offset)
 
     def read_checkpoint(self) -> dict:
-        path = self.root / "checkpoint"
         try:
-            return json.loads(path.read_bytes())
+            return json.loads(self.disk.read_bytes(self.root / "checkpoint"))
         except (OSError, ValueError):
             return {}

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hamq.store.fsutil import atomic_write
+from hamq.store.disk import OS_DISK, Disk, atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -42,20 +42,21 @@ class TopicConfig:
 class VersionedTable:
     """A dict persisted as ``{"data_version": ..., "table": {...}}``."""
 
-    def __init__(self, path: Path, now_ms: int) -> None:
+    def __init__(self, path: Path, now_ms: int, *, disk: Disk = OS_DISK) -> None:
         self.path = path
+        self.disk = disk
         self.table: dict[str, Any] = {}
         self.data_version = DataVersion(now_ms, 0, now_ms)
         self.dirty = False
-        if path.exists():
+        if disk.exists(path):
             try:
-                raw = json.loads(path.read_text())
+                raw = json.loads(disk.read_bytes(path))
                 self.table = raw["table"]
                 self.data_version = DataVersion(**raw["data_version"])
             except (ValueError, KeyError, TypeError) as exc:
                 # Written by rename, so a broken file means outside damage: keep a copy.
                 broken = path.with_suffix(".corrupt")
-                path.replace(broken)
+                disk.replace(path, broken)
                 log.error("metadata %s unreadable (%s); moved to %s", path, exc, broken)
 
     def touch(self, now_ms: int) -> None:
@@ -77,12 +78,12 @@ class VersionedTable:
         return json.dumps(payload, sort_keys=True).encode()
 
     def write(self, snapshot: bytes) -> None:
-        atomic_write(self.path, snapshot)
+        atomic_write(self.disk, self.path, snapshot)
 
 
 class TopicConfigManager:
-    def __init__(self, directory: Path, now_ms: int) -> None:
-        self._t = VersionedTable(directory / "topics.json", now_ms)
+    def __init__(self, directory: Path, now_ms: int, *, disk: Disk = OS_DISK) -> None:
+        self._t = VersionedTable(directory / "topics.json", now_ms, disk=disk)
         self.topics: dict[str, TopicConfig] = {
             name: TopicConfig(**cfg) for name, cfg in self._t.table.items()}
 
@@ -113,8 +114,8 @@ class ConsumerOffsetManager:
     shutdown (RocketMQ: flushConsumerOffsetInterval), as losing the last seconds of commits
     only means redelivery."""
 
-    def __init__(self, directory: Path, now_ms: int) -> None:
-        self._t = VersionedTable(directory / "consumer_offsets.json", now_ms)
+    def __init__(self, directory: Path, now_ms: int, *, disk: Disk = OS_DISK) -> None:
+        self._t = VersionedTable(directory / "consumer_offsets.json", now_ms, disk=disk)
 
     @property
     def data_version(self) -> DataVersion:
