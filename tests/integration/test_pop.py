@@ -1,17 +1,21 @@
 """Pop consumption on real processes: invisibility, redelivery with reconsume_times + 1,
 acks that never come back, change_invisible_duration, sharing within a group, and the
-revive log across SIGTERM and kill -9 restarts."""
+revive log across SIGTERM and kill -9 restarts; idle long-polling pops cost no CPU."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 import hamq
 from hamq import Message
 from hamq.errors import InvalidArgument
+from hamq.protocol.codes import RequestCode, ResponseCode
+from helpers import wait_for
 
 INVISIBLE_S = 1.0
 
@@ -231,3 +235,33 @@ def test_deleted_topic_takes_its_pop_state_with_it(cluster, pop_topic):
         got = receive_all(consumer, 3, 30.0, timeout_s=5.0)
     assert sorted(m.body for m in got) == [b"new0", b"new1", b"new2"]
     assert all(m.reconsume_times == 0 for m in got)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_idle_long_polling_pops_cost_no_cpu_and_a_write_wakes_one(cluster):
+    """400 held pops on an idle 8-queue topic: the broker does no work for them (only
+    their own queues' writes, due redeliveries or poll ends wake them); a message sent
+    then is handed to exactly one of them at once."""
+    topic, held = "PopIdle", 400
+    with hamq.Admin(cluster.namesrv) as admin:
+        admin.create_topic(topic, 8)
+        ext = {"group": "g-idle", "topic": topic, "queue_id": -1, "invisible_time_ms": 60_000,
+               "max_msgs": 1, "poll_time_ms": 15_000}
+        pops = [admin.submit(admin.core.invoke(
+            cluster.broker_addr(), RequestCode.POP_MESSAGE, ext, timeout_s=30.0,
+            ok=(ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND))) for _ in range(held)]
+        pid = cluster.procs["broker"].pid
+        time.sleep(1.0)  # the pops arrive and are held
+        before, started = cpu_seconds(pid), time.monotonic()
+        time.sleep(3.0)  # the measurement window
+        busy = (cpu_seconds(pid) - before) / (time.monotonic() - started)
+        assert busy < 0.05, f"idle held pops cost {busy:.0%} of a core"
+        assert not any(p.done() for p in pops)  # all still held
+        produce(cluster.namesrv, topic, [b"wake"])
+        answered = wait_for(lambda: [p for p in pops if p.done()], 3.0, "a pop woken")
+        assert len(answered) == 1 and answered[0].result().code == ResponseCode.SUCCESS

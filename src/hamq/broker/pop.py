@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from hamq.broker.pop_state import AckResult, PopQueueState
@@ -54,6 +54,9 @@ StateKey = tuple[str, str, int]  # group, topic, queue id
 class HeldPop:
     conn: Connection
     frame: Frame
+    group: str
+    topic: str
+    queue_id: int  # -1: any queue of the topic
     expires_ms: int
 
 
@@ -73,7 +76,10 @@ class PopService:
         self.on_written = on_written  # ships new log bytes to slaves
         self.states: dict[StateKey, PopQueueState] = {}
         self._rotation: dict[tuple[str, str], int] = {}
-        self._held: list[HeldPop] = []
+        # Held pops by topic, oldest first. The pull service tells ``serve_arrivals`` of
+        # writes to these topics (a live view), so an idle pop costs nothing per write.
+        self.held: dict[str, list[HeldPop]] = {}
+        self._acked_topics: set[str] = set()  # acks may lift the in-flight threshold
         self._tasks: list[asyncio.Task] = []
         self._checkpointed_at = -1  # revive offset of the last checkpoint written
         if not is_slave and store.topics.get(REVIVE_LOG_TOPIC) is None:
@@ -116,8 +122,8 @@ class PopService:
 
     async def stop(self) -> None:
         await cancel_all(self._tasks)
-        held, self._held = self._held, []
-        for h in held:
+        held, self.held = self.held, {}
+        for h in (h for pops in held.values() for h in pops):
             h.conn.reply(response_pieces(h.frame, ResponseCode.PULL_NOT_FOUND))
         snapshot = self._snapshot()
         if snapshot is not None:
@@ -168,7 +174,7 @@ class PopService:
         ext = frame.ext
         if self.is_slave:
             raise NoPermission("this broker is a slave: pop from the group's master")
-        require(ext, "group")
+        group = require(ext, "group")
         topic = require(ext, "topic")
         queue_id = ext.get("queue_id", -1)
         if not isinstance(queue_id, int):
@@ -189,7 +195,8 @@ class PopService:
         poll_ms = min(poll_ms, self.max_wait_ms)
         pieces = self._answer(frame, hold=poll_ms > 0)
         if pieces is None:
-            self._held.append(HeldPop(conn, frame, self.store.clock_ms() + poll_ms))
+            self.held.setdefault(topic, []).append(
+                HeldPop(conn, frame, group, topic, queue_id, self.store.clock_ms() + poll_ms))
         return pieces
 
     def _answer(self, frame: Frame, hold: bool) -> list | None:
@@ -281,31 +288,74 @@ class PopService:
             times.append(reconsume_times)
 
     # -- long polling ---------------------------------------------------------------------
-    def serve_arrivals(self) -> None:
-        """After each read's commit-log write: answer held pops that now find messages."""
-        if self._held:
-            self._retry_held(expire=False)
+    def serve_arrivals(self, arrived: set[tuple[str, int]]) -> None:
+        """After a commit-log write put messages into ``arrived`` queues: retry only the
+        held pops of those queues (RocketMQ's PopLongPollingService notifies per queue)."""
+        by_topic: dict[str, set[int]] = {}
+        for topic, qid in arrived:
+            if topic in self.held:
+                by_topic.setdefault(topic, set()).add(qid)
+        if by_topic:
+            self._retry_held(by_topic, lambda h: h.queue_id < 0 or h.queue_id in by_topic[h.topic],
+                             self.store.clock_ms())
 
     def _sweep(self) -> None:
-        if self._held:
-            self._retry_held(expire=True)
-
-    def _retry_held(self, expire: bool) -> None:
+        """Every ``HOLD_SWEEP_INTERVAL_S``: answer held pops whose poll time ran out, and
+        retry those of a group with a redelivery now due, or whose topic had acks (which may
+        lift the in-flight threshold). Nothing is read for a pop with nothing to find."""
+        if not self.held:
+            self._acked_topics.clear()
+            return
         now = self.store.clock_ms()
+        acked, self._acked_topics = self._acked_topics, set()
+        due: dict[tuple[str, str], bool] = {}
+
+        def wanted(h: HeldPop) -> bool:
+            if h.expires_ms <= now or h.topic in acked:
+                return True
+            key = (h.group, h.topic)
+            if key not in due:
+                due[key] = self._redelivery_due(h.group, h.topic, now)
+            return due[key]
+
+        self._retry_held(self.held, wanted, now)
+
+    def _redelivery_due(self, group: str, topic: str, now: int) -> bool:
+        config = self.store.topics.get(topic)
+        if config is None:
+            return False
+        for qid in range(config.read_queue_nums):
+            state = self.states.get((group, topic, qid))
+            deadline = state.next_deadline_ms() if state is not None else None
+            if deadline is not None and deadline <= now:
+                return True
+        return False
+
+    def _retry_held(self, topics: Iterable[str], wanted: Callable[[HeldPop], bool],
+                    now: int) -> None:
+        """Answer again the held pops of ``topics`` that are ``wanted``; those past their
+        poll time are answered even if they find nothing."""
         replies: list[tuple[Connection, list]] = []
-        still: list[HeldPop] = []
-        for h in self._held:
-            if h.conn.is_closed:
-                continue
-            try:
-                pieces = self._answer(h.frame, hold=not (expire and now >= h.expires_ms))
-            except HamqError as err:
-                pieces = error_pieces(h.frame, err)
-            if pieces is None:
-                still.append(h)
+        for topic in list(topics):
+            still: list[HeldPop] = []
+            for h in self.held.get(topic, ()):
+                if h.conn.is_closed:
+                    continue
+                if not wanted(h):
+                    still.append(h)
+                    continue
+                try:
+                    pieces = self._answer(h.frame, hold=now < h.expires_ms)
+                except HamqError as err:
+                    pieces = error_pieces(h.frame, err)
+                if pieces is None:
+                    still.append(h)
+                else:
+                    replies.append((h.conn, pieces))
+            if still:
+                self.held[topic] = still
             else:
-                replies.append((h.conn, pieces))
-        self._held = still
+                self.held.pop(topic, None)
         if replies:
             self.store.commit()  # the CKs of these answers reach the log before they leave
             self.on_written()
@@ -352,6 +402,8 @@ class PopService:
                 stale.append(i)
         if not accepted:
             return stale, None
+        if self.held:
+            self._acked_topics.update(topic for topic, _, _, _ in accepted)
         self._commit_offsets(group, accepted)
         return stale, self.revive.append_ack(group, accepted)
 

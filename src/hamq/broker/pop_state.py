@@ -64,6 +64,11 @@ class PopQueueState:
         due.sort()
         return due
 
+    def next_deadline_ms(self) -> int | None:
+        """The earliest invisible time that runs out (possibly of an entry acked since, so
+        a caller may wake for nothing once), or None if nothing is in flight."""
+        return self._deadlines[0][0] if self._deadlines else None
+
     def restore_deadlines(self) -> None:
         self._deadlines = [(d, o, ck) for o, (d, _, ck) in self.inflight.items()]
         heapq.heapify(self._deadlines)

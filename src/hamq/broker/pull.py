@@ -7,6 +7,7 @@ write, so a woken pull always sees the bytes it is told about.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 
 from hamq.broker.topics import TopicService
@@ -36,6 +37,15 @@ class PullProcessor:
         self.max_wait_ms = max_wait_ms
         self._held: dict[tuple[str, int], list[HeldPull]] = {}
         self._arrived: set[tuple[str, int]] = set()
+        self._watched: Container[str] = ()
+        self._on_arrivals: Callable[[set[tuple[str, int]]], None] | None = None
+
+    def watch_arrivals(self, topics: Container[str],
+                       on_arrivals: Callable[[set[tuple[str, int]]], None]) -> None:
+        """Another long-polling service (pop) holds requests on ``topics`` (a live view):
+        after each write it is told which of their queues got messages."""
+        self._watched = topics
+        self._on_arrivals = on_arrivals
 
     def pull(self, conn: Connection, frame: Frame) -> list | None:
         ext = frame.ext
@@ -59,7 +69,7 @@ class PullProcessor:
 
     def message_arrived(self, topic: str, queue_id: int) -> None:
         key = (topic, queue_id)
-        if key in self._held:
+        if key in self._held or topic in self._watched:
             self._arrived.add(key)
 
     def serve_arrivals(self) -> None:
@@ -72,6 +82,8 @@ class PullProcessor:
                 held.timer.cancel()
                 pieces = self._answer(held.frame, hold=False)
                 held.conn.reply(pieces)
+        if self._on_arrivals is not None:
+            self._on_arrivals(arrived)
 
     def _expire(self, key: tuple[str, int], held: HeldPull) -> None:
         waiting = self._held.get(key)
