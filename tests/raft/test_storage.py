@@ -1,4 +1,5 @@
-"""Both stores against one contract, plus the file store's recovery from torn writes."""
+"""Both stores against one contract, plus the file store's recovery from torn writes: cut
+past the checkpoint's committed index (never fsynced), refused at or below it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from hamq.raft import (
     LogStorage,
     MemoryStorage,
 )
+from hamq.store.disk import OsDisk, OsFile
 
 
 def entries(start: int, stop: int, term: int = 1) -> list[Entry]:
@@ -133,17 +135,132 @@ def test_flipped_byte_in_last_record_is_a_torn_tail(tmp_path: Path) -> None:
     assert FileStorage(tmp_path).last_index() == 1
 
 
-def test_corruption_before_the_tail_is_an_error(tmp_path: Path) -> None:
-    store = FileStorage(tmp_path, segment_max_bytes=32)
-    store.append(entries(0, 6))
+def _written(tmp_path: Path, count: int, committed: int, term: int = 1) -> list[Path]:
+    """A log of ``count`` entries in 3-record segments, fsynced, with a checkpoint saying
+    ``committed``; returns its segment files."""
+    store = FileStorage(tmp_path, segment_max_bytes=64)
+    store.append(entries(0, count, term))
     store.sync()
+    store.save_checkpoint(Checkpoint(count - 1, committed))
     store.close()
-    first = sorted(tmp_path.glob("*.log"))[0]
-    data = bytearray(first.read_bytes())
-    data[-1] ^= 0xFF
-    first.write_bytes(bytes(data))
-    with pytest.raises(CorruptLogError):
-        FileStorage(tmp_path, segment_max_bytes=32)
+    return sorted(tmp_path.glob("*.log"))
+
+
+def test_torn_record_in_an_older_segment_past_the_commit_point_is_cut(tmp_path: Path) -> None:
+    """A power loss during a Ready that rolled a segment: the older segment's tail is torn
+    and the newer one holds records. Past the committed index nothing was fsynced, so the
+    log is cut at the tear and the later segments go."""
+    segments = _written(tmp_path, 9, committed=1)
+    assert [p.name[:-4].lstrip("0") or "0" for p in segments] == ["0", "3", "6"]
+    os.truncate(segments[0], segments[0].stat().st_size - 5)  # index 2 torn
+    reopened = FileStorage(tmp_path, segment_max_bytes=64)
+    assert reopened.entries_from(0) == entries(0, 2)
+    assert sorted(tmp_path.glob("*.log")) == segments[:1]
+    reopened.append(entries(2, 5, term=2))
+    reopened.sync()
+    reopened.close()
+    assert [e.term for e in FileStorage(tmp_path, segment_max_bytes=64).entries_from(0)] == \
+        [1, 1, 2, 2, 2]
+
+
+def test_bad_record_at_or_below_the_commit_point_refuses_to_start(tmp_path: Path) -> None:
+    """Index 7 was committed and fsynced (the checkpoint says so): a bad record there is
+    damage, not a torn write, even at the end of the last segment."""
+    segments = _written(tmp_path, 9, committed=7)
+    data = bytearray(segments[-1].read_bytes())
+    data[40] ^= 0xFF  # inside index 7, the second record of the last segment
+    segments[-1].write_bytes(bytes(data))
+    with pytest.raises(CorruptLogError, match=rf"{segments[-1].name} offset 27 \(index 7\): "
+                                              r"record fails its CRC.*up to 7"):
+        FileStorage(tmp_path, segment_max_bytes=64)
+    assert segments[-1].read_bytes() == bytes(data), "nothing is cut when refusing"
+
+
+def test_log_ending_before_the_commit_point_refuses_to_start(tmp_path: Path) -> None:
+    segments = _written(tmp_path, 9, committed=8)
+    segments[-1].unlink()
+    with pytest.raises(CorruptLogError, match=r"ends at index 5.*up to 8"):
+        FileStorage(tmp_path, segment_max_bytes=64)
+
+
+def _torn_rewrite(tmp_path: Path, committed: int) -> None:
+    """Entries 0-2 (term 1) and 3-5 (term 2) were on disk; a new leader's entries 3-4
+    (term 3) were written over 3-5, and a power loss kept the new records but not the
+    cut, so the old record 5 follows them, intact."""
+    store = FileStorage(tmp_path)
+    store.append(entries(0, 3) + entries(3, 6, term=2))
+    store.sync()
+    old = _last_segment(tmp_path).read_bytes()
+    store.truncate_suffix(3)
+    store.append(entries(3, 5, term=3))
+    store.save_checkpoint(Checkpoint(4, committed))
+    store.close()
+    new = _last_segment(tmp_path).read_bytes()
+    _last_segment(tmp_path).write_bytes(new + old[len(new):])
+
+
+def test_older_term_after_newer_past_the_commit_point_is_cut(tmp_path: Path) -> None:
+    _torn_rewrite(tmp_path, committed=2)
+    reopened = FileStorage(tmp_path)
+    assert [e.term for e in reopened.entries_from(0)] == [1, 1, 1, 3, 3]
+
+
+def test_older_term_after_newer_at_the_commit_point_refuses_to_start(tmp_path: Path) -> None:
+    _torn_rewrite(tmp_path, committed=5)
+    with pytest.raises(CorruptLogError, match=r"\(index 5\): term 2 after term 3"):
+        FileStorage(tmp_path)
+
+
+class _RecordingDisk(OsDisk):
+    """The real disk, noting each truncate, fsync and write of a log segment in order."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def open(self, path: Path, create: bool = True, append: bool = False) -> OsFile:
+        file = super().open(path, create, append)
+        return _RecordingFile(self.events, file.path, file.fd)
+
+    def fsync_dir(self, path: Path) -> None:
+        self.events.append(("fsync_dir", ""))
+        super().fsync_dir(path)
+
+
+class _RecordingFile(OsFile):
+    __slots__ = ("events",)
+
+    def __init__(self, events: list[tuple[str, str]], path: Path, fd: int) -> None:
+        super().__init__(path, fd)
+        self.events = events
+
+    def truncate(self, size: int) -> None:
+        self.events.append(("truncate", self.path.name))
+        super().truncate(size)
+
+    def fsync(self) -> None:
+        self.events.append(("fsync", self.path.name))
+        super().fsync()
+
+    def pwrite(self, pieces, offset: int) -> int:
+        self.events.append(("pwrite", self.path.name))
+        return super().pwrite(pieces, offset)
+
+    def dup(self) -> OsFile:
+        return _RecordingFile(self.events, self.path, os.dup(self.fd))
+
+
+def test_truncate_suffix_is_durable_before_the_rewrite(tmp_path: Path) -> None:
+    """The cut reaches the disk (file fsynced, removed segments' directory fsynced) before
+    a record is written again at the same offsets."""
+    disk = _RecordingDisk()
+    store = FileStorage(tmp_path, segment_max_bytes=64, disk=disk)
+    store.append(entries(0, 9))
+    store.sync()
+    disk.events.clear()
+    store.append(entries(4, 6, term=2))  # cuts at 4, in the second segment
+    first = "00000000000000000003.log"
+    assert disk.events == [("truncate", first), ("fsync", first), ("fsync_dir", ""),
+                           ("pwrite", first)]
 
 
 def test_corrupt_checkpoint_is_an_error(tmp_path: Path) -> None:

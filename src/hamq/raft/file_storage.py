@@ -3,15 +3,29 @@
 Record layout: u32 body length | u32 crc32(body) | body, where the body is u64 index |
 u64 term | u8 is_noop | data. The data is never copied into the record: a Ready's records
 go to disk with one pwritev per segment. The index of (segment, offset) per entry is rebuilt
-by scanning on open; a record cut short or failing its CRC at the end of the last segment
-is a torn write from a crash and is cut off, anywhere else it is `CorruptLogError`.
-Hard state and checkpoint are small files replaced by write-then-rename. `entry` may run on
-the event loop while a worker thread appends: it reads only persisted records, and the
-list and dict lookups it shares with `append` are atomic under the GIL.
+by scanning on open. Hard state and checkpoint are small files replaced by
+write-then-rename. `entry` may run on the event loop while a worker thread appends: it
+reads only persisted records, and the list and dict lookups it shares with `append` are
+atomic under the GIL.
+
+Recovery after a power loss. The durable point is the checkpoint's `committed_index` on
+disk: a checkpoint is saved only after the log it describes was fsynced, and committed
+entries are never cut or rewritten, so every record up to that index is bytes an fsync
+made durable. (Its `ledger_end_index` is no such bound: entries past the commit point may
+have been cut and rewritten since.) The scan stops at the first bad place — a record torn
+or failing its CRC, a record for the wrong index, a term lower than the one before it
+(an older record left behind a rewrite that was only partly written), a segment that does
+not start where the previous one ends. Past the durable point that can only be data that
+was never fsynced: the log is cut there and later segments are removed. At or before it,
+or when the log ends before it, the disk lost data it had confirmed: `CorruptLogError`
+names the file, offset and index, and the member does not start. `truncate_suffix` fsyncs
+the cut before anything is written again at the same offsets, so old records can never
+survive behind new ones.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import zlib
@@ -25,6 +39,8 @@ from hamq.raft.errors import CorruptLogError, LogIndexError
 from hamq.raft.log import Checkpoint, Entry, HardState
 from hamq.raft.storage import LogStorage
 from hamq.store.disk import OS_DISK, Disk, DiskFile, atomic_write, write_all
+
+log = logging.getLogger(__name__)
 
 SEGMENT_MAX_BYTES = 64 * 1024 * 1024  # roll to a new segment past this size
 MAX_RECORD_BYTES = 256 * 1024 * 1024  # a larger length field can only be garbage
@@ -54,6 +70,22 @@ def _record_pieces(entry: Entry) -> list[bytes]:
     return [_HEADER.pack(len(head) + len(entry.data), crc), head, entry.data]
 
 
+def _parse_record(data: bytes, offset: int) -> tuple[int, int, int] | str:
+    """(record length, index, term) of a whole, intact record at `offset`, else what is
+    wrong with it."""
+    if len(data) - offset < _HEADER.size:
+        return "record header cut short"
+    length, crc = _HEADER.unpack_from(data, offset)
+    end = offset + _HEADER.size + length
+    if length > MAX_RECORD_BYTES or end > len(data):
+        return f"record of {length} bytes cut short"
+    body = memoryview(data)[offset + _HEADER.size:end]
+    if zlib.crc32(body) != crc or length < _ENTRY_HEAD.size:
+        return "record fails its CRC"
+    index, term, _ = _ENTRY_HEAD.unpack_from(body)
+    return end - offset, index, term
+
+
 def _decode_body(body: bytes) -> Entry:
     index, term, is_noop = _ENTRY_HEAD.unpack_from(body)
     return Entry(index, term, bytes(body[_ENTRY_HEAD.size:]), is_noop)
@@ -76,54 +108,65 @@ class FileStorage(LogStorage):
     # ---- recovery -------------------------------------------------------------------
 
     def _recover(self) -> None:
+        durable = self.load_checkpoint().committed_index
         starts = sorted(int(name[:-len(_SEGMENT_SUFFIX)]) for name in self._disk.listdir(self._dir)
                         if name.endswith(_SEGMENT_SUFFIX))
         for position, start in enumerate(starts):
             if start != len(self._locations):
-                raise CorruptLogError(f"segment {start} does not follow index {len(self._locations) - 1}")
-            self._scan_segment(start, is_last=position == len(starts) - 1)
+                self._cut(durable, start, 0, f"segment starts at index {start}", starts[position:])
+                break
+            self._open_segment(start)
+            bad = self._scan_segment(start)
+            if bad is not None:
+                self._cut(durable, start, *bad, starts[position + 1:])
+                break
+        if self.last_index() < durable:
+            raise CorruptLogError(
+                f"Raft log in {self._dir} ends at index {self.last_index()}, but the checkpoint "
+                f"says entries up to {durable} were committed and fsynced: refusing to start")
         # records a killed process left in the page cache are durable only once synced: a
         # checkpoint saved later must not vouch for records a power loss could still take
         for file in self._files.values():
             file.fsync()
 
-    def _scan_segment(self, start: int, is_last: bool) -> None:
-        path = self._dir / _segment_name(start)
-        data = self._disk.read_bytes(path)
+    def _scan_segment(self, start: int) -> tuple[int, str] | None:
+        """Index the records of one segment; (offset, what is wrong) of the first bad one."""
+        data = self._disk.read_bytes(self._dir / _segment_name(start))
         offset = 0
         while offset < len(data):
-            record = self._valid_record(data, offset)
-            if record is None:
-                if not is_last:
-                    raise CorruptLogError(f"bad record at {path}:{offset}")
-                # a torn tail: the crash came before this write was synced
-                file = self._disk.open(path, create=False)
-                try:
-                    file.truncate(offset)
-                    file.fsync()
-                finally:
-                    file.close()
-                break
-            entry_length, term = record
-            self._locations.append(_Location(start, offset, entry_length, term))
-            offset += entry_length
-        self._open_segment(start)
+            record = _parse_record(data, offset)
+            if isinstance(record, str):
+                return offset, record
+            length, index, term = record
+            if index != len(self._locations):
+                return offset, f"record for index {index}"
+            if self._locations and term < self._locations[-1].term:
+                return offset, f"term {term} after term {self._locations[-1].term}"
+            self._locations.append(_Location(start, offset, length, term))
+            offset += length
+        return None
 
-    def _valid_record(self, data: bytes, offset: int) -> tuple[int, int] | None:
-        """(record length, entry term) of a whole, intact record at `offset`."""
-        if len(data) - offset < _HEADER.size:
-            return None
-        length, crc = _HEADER.unpack_from(data, offset)
-        end = offset + _HEADER.size + length
-        if length > MAX_RECORD_BYTES or end > len(data):
-            return None
-        body = memoryview(data)[offset + _HEADER.size:end]
-        if zlib.crc32(body) != crc or length < _ENTRY_HEAD.size:
-            return None
-        index, term, _ = _ENTRY_HEAD.unpack_from(body)
-        if index != len(self._locations):
-            raise CorruptLogError(f"record for index {index} where {len(self._locations)} belongs")
-        return end - offset, term
+    def _cut(self, durable: int, segment: int, offset: int, problem: str,
+             later: list[int]) -> None:
+        """Cut the log at a bad place found by recovery: at ``offset`` of ``segment`` (kept if
+        open), removing the segments in ``later``; refused at or below ``durable``."""
+        index = len(self._locations)
+        where = f"{self._dir / _segment_name(segment)} offset {offset} (index {index})"
+        if index <= durable:
+            raise CorruptLogError(
+                f"bad Raft log record at {where}: {problem}; the checkpoint says entries up to "
+                f"{durable} were committed and fsynced, so this is lost or damaged data, not "
+                f"a torn write: refusing to start")
+        log.warning("Raft log cut at %s: %s (past committed index %d, never fsynced)",
+                    where, problem, durable)
+        if segment in self._files:
+            self._files[segment].truncate(offset)
+            self._files[segment].fsync()
+            self._sizes[segment] = offset
+        for start in later:
+            self._disk.unlink(self._dir / _segment_name(start))
+        if later:
+            self._disk.fsync_dir(self._dir)
 
     def _open_segment(self, start: int) -> None:
         file = self._disk.open(self._dir / _segment_name(start))
@@ -184,15 +227,20 @@ class FileStorage(LogStorage):
         if from_index > self.last_index():
             return
         cut = self._locations[from_index]
-        for start in [s for s in self._files if s > cut.segment_start]:
+        removed = [s for s in self._files if s > cut.segment_start]
+        for start in removed:
             self._files.pop(start).close()
             del self._sizes[start]
             self._dirty.discard(start)
             self._disk.unlink(self._dir / _segment_name(start))
-            self._dir_dirty = True
-        self._files[cut.segment_start].truncate(cut.offset)
+        # durable before anything is written again at these offsets: a power loss must not
+        # leave old records behind new ones that were only partly written
+        file = self._files[cut.segment_start]
+        file.truncate(cut.offset)
+        file.fsync()
+        if removed:
+            self._disk.fsync_dir(self._dir)
         self._sizes[cut.segment_start] = cut.offset
-        self._dirty.add(cut.segment_start)
         del self._locations[from_index:]
 
     def entry(self, index: int) -> Entry:

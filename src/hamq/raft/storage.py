@@ -115,14 +115,17 @@ class MemoryStorage(LogStorage):
 def persist(storage: LogStorage, ready: Ready, *, checkpoint: bool = True,
             sync: bool = True) -> None:
     """The first step of the Ready contract: save the hard state, append the entries (they
-    replace the stored suffix), save the checkpoint, then sync — before any of the Ready's
+    replace the stored suffix), sync, then save the checkpoint — before any of the Ready's
     messages leave. A driver may skip the checkpoint (a recovery hint) or, when it accepts
-    page-cache durability for entries, the sync of a Ready without a hard state."""
+    page-cache durability for entries, the sync of a Ready without a hard state. A
+    checkpoint is never saved before the log it describes is synced: recovery trusts every
+    record up to its committed index (see `FileStorage`)."""
     if ready.hard_state is not None:
         storage.save_hard_state(ready.hard_state)
     if ready.entries:
         storage.append(ready.entries)
-    if checkpoint and ready.checkpoint is not None:
-        storage.save_checkpoint(ready.checkpoint)
-    if sync or ready.hard_state is not None:
+    saves_checkpoint = checkpoint and ready.checkpoint is not None
+    if sync or saves_checkpoint or ready.hard_state is not None:
         storage.sync()
+    if saves_checkpoint:
+        storage.save_checkpoint(ready.checkpoint)
