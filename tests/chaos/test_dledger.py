@@ -12,6 +12,7 @@ import hamq
 from hamq import Message, SendStatus
 from hamq.client.consumer import PullStatus
 from hamq.errors import HamqError
+from hamq.protocol.codes import RequestCode
 
 from helpers import free_port, wait_for
 
@@ -21,33 +22,38 @@ MEMBERS = (1, 2, 3)
 
 
 class Group:
-    """Three members whose Raft links all go through their own FaultProxy."""
+    """Members (three by default) whose Raft links all go through their own FaultProxy."""
 
-    def __init__(self, cluster_factory) -> None:
+    def __init__(self, cluster_factory, members: tuple[int, ...] = MEMBERS,
+                 **settings) -> None:
         self.c = cluster_factory()
+        self.members = members
         self.c.start_namesrv(scan_not_active_broker_interval_ms=500,
                              broker_not_active_timeout_ms=3000)
-        raft = {m: f"127.0.0.1:{free_port()}" for m in MEMBERS}
-        self.proxies = {(a, b): FaultProxy(raft[b]) for a in MEMBERS for b in MEMBERS if a != b}
-        for m in MEMBERS:
+        raft = {m: f"127.0.0.1:{free_port()}" for m in members}
+        self.proxies = {(a, b): FaultProxy(raft[b]) for a in members for b in members if a != b}
+        for m in members:
             peers = [f"{p}@{raft[p] if p == m else self.proxies[(m, p)].address}"
-                     for p in MEMBERS]
+                     for p in members]
             self.c.start_broker(f"m{m}", broker_name="dl", broker_id=m,
                                 replication_mode="dledger", dledger_self_id=m,
-                                dledger_peers=peers)
+                                dledger_peers=peers, **settings)
         self.admin = hamq.Admin(self.c.namesrv)
         self.leader()  # an election happened, and the leader is routed as brokerId 0:
         wait_for(lambda: "dl" in self.admin.master_addrs(), 15, "the leader's registration")
         self.admin.create_topic("Raft", 2)
 
+    def info(self, m: int) -> dict:
+        return self.admin.broker_runtime_info(self.c.broker_addr(f"m{m}"))
+
     def leader(self, timeout_s: float = 15.0) -> int:
         def find():
-            for m in MEMBERS:
+            for m in self.members:
                 proc = self.c.procs[f"m{m}"]
                 if not proc.alive():
                     continue
                 try:
-                    ha = self.admin.broker_runtime_info(self.c.broker_addr(f"m{m}"))["ha"]
+                    ha = self.info(m)["ha"]
                 except HamqError:
                     continue
                 if ha["is_leader"]:
@@ -59,6 +65,10 @@ class Group:
         for (a, b), proxy in self.proxies.items():
             if m in (a, b):
                 proxy.block()
+
+    def heal(self) -> None:
+        for proxy in self.proxies.values():
+            proxy.unblock()
 
     def close(self) -> None:
         self.admin.close()
@@ -157,8 +167,7 @@ def test_leader_cut_off_from_both_followers_acknowledges_nothing(group):
     new = group.leader(timeout_s=20)
     assert new != old
     # Healed, the old leader follows the new one and catches up.
-    for proxy in group.proxies.values():
-        proxy.unblock()
+    group.heal()
     with hamq.Producer(group.c.namesrv) as producer:
         wait_for(lambda: _send_ok(producer), 20, "sends through the new leader")
 
@@ -183,12 +192,65 @@ def test_admin_elect_moves_leadership_and_logs_stay_identical(group):
         wait_for(lambda: _send_ok(producer), 20, "sends through the elected leader")
         for i in range(100):
             producer.send(Message("Raft", b"n%d" % i))
+    assert_identical_logs(group)
+
+
+def assert_identical_logs(group: Group) -> None:
+    """Every member applies the same log; stopped, their commit logs are equal byte for byte."""
     def logs_equal():
-        ends = {m: group.admin.broker_runtime_info(group.c.broker_addr(f"m{m}"))[
-            "commitlog_max_offset"] for m in MEMBERS}
+        ends = {m: group.info(m)["commitlog_max_offset"] for m in group.members}
         return len(set(ends.values())) == 1 and ends
     wait_for(logs_equal, 20, "every member to apply the same log")
     group.c.stop_all()
     logs = {m: b"".join(p.read_bytes() for p in sorted(
-        Path(group.c.root / f"m{m}" / "commitlog").iterdir())) for m in MEMBERS}
-    assert logs[1] == logs[2] == logs[3], "members' commit logs differ"
+        Path(group.c.root / f"m{m}" / "commitlog").iterdir())) for m in group.members}
+    assert len(set(logs.values())) == 1, "members' commit logs differ"
+
+
+def _invoke(group: Group, m: int, code: RequestCode, ext: dict) -> dict:
+    frame = group.admin.submit(group.admin.async_client.core.invoke(
+        group.c.broker_addr(f"m{m}"), code, ext)).result(10)
+    return frame.ext
+
+
+def _probe_offset(group: Group, m: int) -> int | None:
+    try:
+        return _invoke(group, m, RequestCode.QUERY_CONSUMER_OFFSET,
+                       {"group": "probe", "topic": "Raft", "queue_id": 0})["offset"]
+    except HamqError:
+        return None
+
+
+@pytest.mark.slow
+def test_topic_deleted_and_recreated_while_a_follower_lags_leaves_logs_identical(
+        cluster_factory):
+    """Issue 10, defect 4: a lagging follower must take the delete from the log, not copy
+    the leader's topic table over SlaveSynchronize (it then skipped the delete, and its
+    queue offsets continued from the old topic once the topic was created again)."""
+    group = Group(cluster_factory, slave_sync_interval_ms=300)
+    try:
+        group.admin.create_topic("Again", 1)
+        with hamq.Producer(group.c.namesrv) as producer:
+            for i in range(20):
+                assert producer.send(Message("Again", b"old-%d" % i)).status is SendStatus.SEND_OK
+        leader = group.leader()
+        lagging = next(m for m in group.members if m != leader)
+        wait_for(lambda: group.info(lagging)["ha"]["applied_index"]
+                 == group.info(leader)["ha"]["applied_index"], 15, "the follower applying all")
+        group.isolate(lagging)
+        _invoke(group, leader, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "Again"})
+        # committed after the delete: once the lagging member holds it, its slave sync has
+        # run since the delete
+        _invoke(group, leader, RequestCode.UPDATE_CONSUMER_OFFSET,
+                {"group": "probe", "topic": "Raft", "queue_id": 0, "offset": 7})
+        wait_for(lambda: _probe_offset(group, lagging) == 7, 15, "the lagging member's sync")
+        group.heal()  # it applies the delete now, before the topic exists again
+        wait_for(lambda: group.info(lagging)["ha"]["applied_index"]
+                 == group.info(leader)["ha"]["applied_index"], 15, "the follower catching up")
+        group.admin.create_topic("Again", 1)
+        with hamq.Producer(group.c.namesrv) as producer:
+            for i in range(10):
+                assert producer.send(Message("Again", b"new-%d" % i)).status is SendStatus.SEND_OK
+        assert_identical_logs(group)
+    finally:
+        group.close()

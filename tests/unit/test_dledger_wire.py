@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hamq.broker.dledger import decode_message, encode_message
+from hamq.broker.dledger.wire import decode_message, encode_message
 from hamq.raft import Entry, Message, MessageDecodeError, MessageType
 
 

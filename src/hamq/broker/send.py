@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hamq.broker.dledger import DLedgerCommitLog, encode_entry
+from hamq.broker.dledger.driver import DLedgerCommitLog
+from hamq.broker.dledger.wire import encode_entry
 from hamq.broker.ha import HAMaster
 from hamq.broker.topics import TopicService
 from hamq.errors import HamqError, MessageIllegal
@@ -116,5 +117,5 @@ class SendProcessor:
                     "msg_id": offset_msg_id(result.physical_offset, 0), "queue_id": queue_id,
                     "queue_offset": result.base_queue_offset}))
 
-        self.dledger.propose(entry, committed)
+        self.dledger.propose_send(topic, entry, committed)
         return None

@@ -10,7 +10,7 @@ from wsgiref.simple_server import WSGIServer
 
 from hamq.broker.client_processor import ClientProcessor
 from hamq.broker.clients import ClientManager
-from hamq.broker.dledger import DLedgerCommitLog
+from hamq.broker.dledger.driver import DLedgerCommitLog
 from hamq.broker.ha import HAMaster, HASlave
 from hamq.broker.held_back import HeldBackPut
 from hamq.broker.locks import RebalanceLockManager
@@ -91,7 +91,9 @@ class Broker:
                 HASlave(config, self.store, self.members, self._replicated)
             self.slave_sync = SlaveSynchronize(self.store, self.topics, self.members, self.pool,
                                                config.slave_sync_interval_ms,
-                                               self.schedule.progress)
+                                               self.schedule.progress,
+                                               # DLedger: topics come only from the log
+                                               sync_topics=not self.dledger_mode)
         else:
             self.ha_master = HAMaster(config, self.store, self.members)
             self.ha_slave = self.slave_sync = None
@@ -139,7 +141,7 @@ class Broker:
         topics = self.store.topics.topics
         for topic, queue_id in arrived:
             self.pull.message_arrived(topic, queue_id)
-            if topic not in topics and self.is_slave:
+            if topic not in topics and self.is_slave and not self.dledger_mode:
                 self.slave_sync.request_sync()  # a new topic: fetch its config now
         self.pull.serve_arrivals()
 

@@ -1,6 +1,10 @@
 """RocketMQ's SlaveSynchronize: a slave copies its master's topic table, consumer offsets
 and delay offsets every ``slave_sync_interval_ms``, so it can serve reads (and resume
-consumers at their committed offsets) when the master is gone."""
+consumers at their committed offsets) when the master is gone.
+
+A DLedger member takes no topics this way: topics (and their deletion) are Raft commands,
+applied only from the log in log order; a table copied from a leader ahead of it would
+make it skip a delete it later applies, and its queues would then differ from the others'."""
 from __future__ import annotations
 
 import asyncio
@@ -23,10 +27,11 @@ log = logging.getLogger(__name__)
 class SlaveSynchronize:
     def __init__(self, store: MessageStore, topics: TopicService, members: MemberGroup,
                  pool: ConnectionPool, interval_ms: int,
-                 delay_offsets: DelayOffsetManager) -> None:
+                 delay_offsets: DelayOffsetManager, *, sync_topics: bool = True) -> None:
         self.store = store
         self.delay_offsets = delay_offsets
         self.topics = topics
+        self.sync_topics = sync_topics
         self.members = members
         self.pool = pool
         self.interval_s = interval_ms / 1000
@@ -48,13 +53,14 @@ class SlaveSynchronize:
             return False
         try:
             conn = await self.pool.get(master)
-            topics = await conn.request(RequestCode.GET_ALL_TOPIC_CONFIG, timeout_s=3.0)
+            topics = await conn.request(RequestCode.GET_ALL_TOPIC_CONFIG, timeout_s=3.0) \
+                if self.sync_topics else None
             offsets = await conn.request(RequestCode.GET_ALL_CONSUMER_OFFSET, timeout_s=3.0)
             delay = await conn.request(RequestCode.GET_ALL_DELAY_OFFSET, timeout_s=3.0)
         except HamqError as err:
             log.debug("slave sync from %s failed: %s", master, err.message)
             return False
-        if topics.code == 0:
+        if topics is not None and topics.code == 0:
             self.topics.replace_all({name: TopicConfig(name, **cfg)
                                      for name, cfg in (unpack_body(topics.body) or {}).items()})
         if offsets.code == 0:

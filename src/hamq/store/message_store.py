@@ -15,7 +15,7 @@ from typing import NamedTuple
 from pathlib import Path
 
 from hamq.config import StoreConfig
-from hamq.errors import CrcMismatch, DiskFull, QueueNotExist
+from hamq.errors import BrokerSystemError, CrcMismatch, DiskFull, QueueNotExist
 from hamq.protocol.message import (RECORD_HEADER_BYTES, check_record_payload, encode_record_header,
                                    parse_record_header, peek_record_size, validate_topic)
 from hamq.store.commitlog import CommitLog, now_ms
@@ -24,6 +24,8 @@ from hamq.store.disk import OS_DISK, Disk, atomic_write
 from hamq.store.metadata import ConsumerOffsetManager, TopicConfigManager
 
 log = logging.getLogger(__name__)
+
+_OWN_FIELDS = ("dispatched", "flushed", "timestamp_ms")  # the store's checkpoint fields
 
 
 class GetStatus(Enum):
@@ -70,6 +72,7 @@ class MessageStore:
         # Extra state to record with each checkpoint, read at the same instant as the log
         # offsets (DLedger: the Raft index applied up to that offset).
         self.checkpoint_extra: Callable[[], dict] | None = None
+        self._carried_extra: dict = {}
         self._replica_tail = b""
         self._disk_refusal = ""  # why writes are refused right now, "" when they are not
         self._written_since_disk_check = 0
@@ -82,6 +85,10 @@ class MessageStore:
         """Load consume queues, then re-dispatch and validate the commit log from the last
         checkpoint: a torn or corrupt tail is truncated, missing queue entries rebuilt."""
         checkpoint = self.read_checkpoint()
+        # What others claimed in it (DLedger's applied pair) stays claimed by the
+        # checkpoints this recovery writes, until its owner installs checkpoint_extra:
+        # otherwise a restart would forget how far the store had applied.
+        self._carried_extra = {k: v for k, v in checkpoint.items() if k not in _OWN_FIELDS}
         for topic in self.disk.listdir(self.cq_root):
             for name in self.disk.listdir(self.cq_root / topic):
                 if name.isdigit():
@@ -284,7 +291,8 @@ class MessageStore:
         self.commitlog.write_pending()
         self._checkpoint_candidate = {"dispatched": self.commitlog.written_offset,
                                       "flushed": self.commitlog.flushed_offset,
-                                      **(self.checkpoint_extra() if self.checkpoint_extra else {})}
+                                      **(self.checkpoint_extra() if self.checkpoint_extra
+                                         else self._carried_extra)}
         return [cq.path for cq in self.queues.values() if cq.write_unwritten()]
 
     def write_checkpoint(self) -> None:
@@ -356,7 +364,11 @@ class MessageStore:
 
     def truncate_to(self, offset: int) -> None:
         """Forget everything stored at and after ``offset`` (DLedger: state past the last
-        checkpoint is rebuilt by applying the committed log again)."""
+        checkpoint is rebuilt by applying the committed log again). Refused below the
+        log's first retained byte: the records between would be gone from both."""
+        if offset < self.commitlog.min_offset:
+            raise BrokerSystemError(f"cannot cut the commit log back to {offset}: retention "
+                                    f"already removed everything below {self.commitlog.min_offset}")
         self.commitlog.truncate(offset)
         for cq in self.queues.values():
             cq.drop_from_physical(offset)

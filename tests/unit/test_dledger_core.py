@@ -1,0 +1,149 @@
+"""The synchronous DLedger core on real files: a failed apply pauses the member and resumes
+from the same command once the cause clears (no entry skipped or applied twice), and a
+clean restart re-applies nothing."""
+from __future__ import annotations
+
+import dataclasses
+import errno
+import random
+from pathlib import Path
+
+import pytest
+
+from hamq.broker.dledger.core import APPLY_RETRY_MS, DLedgerCore
+from hamq.broker.dledger.wire import KIND_TOPIC, encode_command, encode_entry
+from hamq.broker.topics import TopicService
+from hamq.config import StoreConfig
+from hamq.errors import NotLeader
+from hamq.protocol.message import decode_records, encode_batch, encode_message
+from hamq.raft import FileStorage, RaftConfig
+from hamq.store.message_store import GetStatus, MessageStore
+
+TICK_MS = 10
+ROOMY = dict(disk_min_free_bytes=0, disk_max_used_space_ratio=1.0)
+
+
+class Member:
+    """A one-member group on `root`, driven by hand with a virtual clock."""
+
+    def __init__(self, root: Path, **store_settings) -> None:
+        self.config = StoreConfig(store_dir=str(root / "store"), mapped_file_size_commitlog=1 << 20,
+                                  **{**ROOMY, **store_settings})
+        self.store = MessageStore(self.config)
+        self.storage = FileStorage(root / "raft")
+        self.now_ms = 0
+        self.core = DLedgerCore(
+            RaftConfig(1, (1,)), self.storage, self.store,
+            TopicService(self.store, 4, False, lambda: None, is_slave=True),
+            random.Random(1), self.now_ms, sync_appends=False, send=lambda msgs: None,
+            on_applied=lambda arrived: None, not_leader=NotLeader)
+        self.answers: list[tuple[int, object]] = []  # (send number, result or error)
+
+    def run(self, ms: int) -> None:
+        for _ in range(ms // TICK_MS):
+            self.now_ms += TICK_MS
+            self.core.tick(self.now_ms)
+            while self.core.run_cycle(self.now_ms):
+                pass
+
+    def elect(self) -> None:
+        for _ in range(50):
+            if self.core.is_leader:
+                return
+            self.run(100)
+        raise AssertionError("a one-member group did not elect itself")
+
+    def send(self, number: int) -> None:
+        payload, crc = encode_batch([encode_message(b"m%d" % number)])
+        self.core.propose(encode_entry("T", 0, 1, crc, 0, 0, payload),
+                          lambda result, err: self.answers.append((number, result or err)))
+
+    def bodies(self) -> list[tuple[int, bytes]]:
+        r = self.store.get_messages("T", 0, 0, 1000, 1 << 24)
+        if r.status is not GetStatus.FOUND:
+            return []
+        return decode_records(r.records, 0, lambda h, index, off, props, body: (off, body))
+
+    def set_store(self, **settings) -> None:
+        self.store.config = dataclasses.replace(self.config, **settings)
+        self.store.check_disk()
+
+    def close(self) -> None:
+        job = self.core.begin_flush()
+        self.core.run_flush(job)
+        self.core.flush_done(job)
+        self.storage.close()
+        self.store.close()
+
+
+@pytest.fixture
+def member(tmp_path):
+    m = Member(tmp_path)
+    m.elect()
+    yield m
+    m.close()
+
+
+def test_a_refused_write_pauses_applying_and_a_retry_resumes_at_the_same_entry(member):
+    for i in range(3):
+        member.send(i)
+    member.run(50)
+    member.set_store(disk_min_free_bytes=1 << 62)  # the disk guard refuses every write
+    for i in range(3, 8):
+        member.send(i)
+        member.run(TICK_MS)
+    status = member.core.status()
+    assert "disk nearly full" in status["apply_error"]
+    assert status["applied_index"] < status["committed_index"]
+    assert [n for n, _ in member.answers] == [0, 1, 2]  # the rest wait for their apply
+    member.run(APPLY_RETRY_MS * 2)  # retries while the cause persists change nothing
+    assert len(member.bodies()) == 3 and member.core.status()["apply_error"]
+
+    member.set_store(**ROOMY)
+    member.run(APPLY_RETRY_MS + TICK_MS)
+    assert member.core.status()["apply_error"] == ""
+    assert member.bodies() == [(i, b"m%d" % i) for i in range(8)]
+    assert sorted(n for n, _ in member.answers) == list(range(8))  # each answered once
+    assert [r.base_queue_offset for _, r in sorted(member.answers)] == list(range(8))
+
+
+def test_a_failed_log_write_is_undone_and_applied_again_from_the_last_commit(member):
+    member.send(0)
+    member.run(50)
+    real_write = member.store.commitlog.write_pending
+    failures = []
+
+    def fail_once() -> None:
+        if not failures:
+            failures.append(1)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write()
+
+    member.store.commitlog.write_pending = fail_once
+    # one entry: a send, a topic change, a send — the failure hits the last write
+    member.core.propose(encode_command([KIND_TOPIC, "U", 1, 1, 6]),
+                        lambda result, err: member.answers.append((-1, err)))
+    member.send(1)
+    member.run(TICK_MS)
+    assert failures and member.core.status()["apply_error"]
+    member.store.check_disk()  # the store refuses writes until its next disk check
+    member.run(APPLY_RETRY_MS + TICK_MS)
+    assert member.core.status()["apply_error"] == ""
+    assert member.bodies() == [(0, b"m0"), (1, b"m1")]
+    assert sorted(n for n, _ in member.answers) == [-1, 0, 1]
+    assert "U" in member.store.topics.topics
+
+
+def test_a_clean_restart_reapplies_nothing(tmp_path):
+    m = Member(tmp_path)
+    m.elect()
+    for i in range(20):
+        m.send(i)
+        m.run(TICK_MS)
+    applied = m.core.applied_index
+    m.close()
+    again = Member(tmp_path)
+    assert again.core.recovery.applied_index == applied
+    assert again.core.recovery.cut_bytes == 0
+    assert again.bodies() == [(i, b"m%d" % i) for i in range(20)]
+    again.close()
