@@ -109,14 +109,15 @@ def describe_message(msg: Message) -> str:
         tail = " granted" if msg.code == ResponseCode.SUCCESS else " rejected"
     elif t == MessageType.APPEND:
         entries = ", ".join(map(describe_entry, msg.entries))
-        tail = f" prev_term={msg.log_term} entries=[{entries}] commit={msg.committed_index}"
+        tail = (f" prev_term={msg.log_term} entries=[{entries}] commit={msg.committed_index}"
+                f" water_mark={msg.water_mark}")
     elif t == MessageType.TRUNCATE:
         tail = (f" prev_term={msg.log_term} entry={describe_entry(msg.entries[0])}"
                 f" commit={msg.committed_index} next_term={msg.next_term}")
     elif t == MessageType.COMPARE:
         tail = f" entry={describe_entry(msg.entries[0])}"
     elif t == MessageType.COMMIT:
-        tail = f" commit={msg.committed_index}"
+        tail = f" commit={msg.committed_index} water_mark={msg.water_mark}"
     elif t == MessageType.PUSH_RESPONSE:
         assert msg.req_type is not None
         tail = (f" {msg.req_type.name}({msg.index}) {msg.code.name}"
@@ -174,10 +175,19 @@ class Harness:
 
     def cmd_crash(self, cmd: Command) -> None:
         """Everything handed over in a Ready is durable here, so a crash loses only
-        the member's memory and the messages still queued for it."""
+        the member's memory and the messages still queued for it. `lose_from=N` also
+        drops its stored entries from index N on (a power loss took what async flush had
+        left in the page cache, after the member acknowledged it); `wipe=true` loses its
+        whole disk (a member rebuilt with an empty one)."""
+        lose_from = cmd.kwargs.get("lose_from")
+        wipe = cmd.kwargs.get("wipe") == "true"
         for node_id in map(int, cmd.args):
             self.nodes[node_id] = None
             self.queue = [m for m in self.queue if m.to_id != node_id]
+            if wipe:
+                self.storages[node_id] = MemoryStorage()
+            elif lose_from is not None:
+                self.storages[node_id].truncate_suffix(int(lose_from))
 
     def cmd_restart(self, cmd: Command) -> None:
         for node_id in map(int, cmd.args):

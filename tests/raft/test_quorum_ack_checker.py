@@ -31,9 +31,22 @@ def test_new_term_cleans_stale_terms() -> None:
     assert checker.water_mark(4, 2) == -1
 
 
-def test_watermarks_only_rise() -> None:
+def test_acks_only_raise_watermarks() -> None:
     checker = QuorumAckChecker([1, 2])
     checker.start_term(1)
     assert checker.update_water_mark(1, 2, 5)
     assert not checker.update_water_mark(1, 2, 3)
     assert checker.water_mark(1, 2) == 5
+
+
+def test_a_member_that_lost_entries_is_lowered_and_counts_again_through_acks() -> None:
+    checker = QuorumAckChecker([1, 2, 3])
+    checker.start_term(1)
+    for member in (1, 2, 3):
+        checker.update_water_mark(1, member, 5)
+    checker.lower_water_mark(1, 3, 2)  # 3 reported its log ends at 2
+    assert checker.quorum_index(1) == 5  # 1 and 2 still hold 5
+    checker.lower_water_mark(1, 2, -1)  # 2 was rebuilt with an empty disk
+    assert checker.quorum_index(1) == 2
+    assert checker.update_water_mark(1, 2, 4)
+    assert checker.quorum_index(1) == 4

@@ -4,6 +4,10 @@ COMPARE walks back from the leader's ledger_end_index to the last index the foll
 holds with the same term; TRUNCATE cuts the follower's log there; APPEND then streams
 entries from `write_index`, several per message, with `pending_map` remembering when
 each APPEND was sent, by the last index it carries (the index its answer names).
+
+Every APPEND and heartbeat carries the follower's watermark, so a follower that lost
+entries it had acknowledged answers INCONSISTENT_STATE at once (see handler.py); the
+leader then lowers that watermark (node.py says why that is safe) and COMPAREs again.
 """
 
 from __future__ import annotations
@@ -93,7 +97,8 @@ class EntryDispatcher:
             last = entries[-1].index
             out.append(Message(MessageType.APPEND, self.leader_id, self.peer_id, self.term,
                                index=index, log_term=log.term(index - 1),
-                               entries=entries, committed_index=committed_index))
+                               entries=entries, committed_index=committed_index,
+                               water_mark=water_mark))
             self.pending_map[last] = now_ms
             self.write_index = last + 1
         # The committed index rides on every APPEND; a COMMIT goes only to an idle
@@ -102,7 +107,8 @@ class EntryDispatcher:
         if not out and now_ms - self.last_send_ms >= self.config.heartbeat_interval_ms:
             # only what this follower is known to hold may be declared committed to it
             out.append(Message(MessageType.COMMIT, self.leader_id, self.peer_id, self.term,
-                               committed_index=min(committed_index, water_mark)))
+                               committed_index=min(committed_index, water_mark),
+                               water_mark=water_mark))
         if out:
             self.last_send_ms = now_ms
         return out
@@ -133,6 +139,12 @@ class EntryDispatcher:
             if self.push_type == PushType.TRUNCATE and msg.index == self.truncate_index:
                 return self._on_truncate_response(msg)
         return None
+
+    def on_lost_entries(self) -> None:
+        """The follower's log ends before its watermark: find where the logs agree again
+        (a COMPARE round already under way finds it by itself)."""
+        if self.push_type == PushType.APPEND:
+            self._change_to_compare()
 
     def _on_append_response(self, msg: Message) -> int | None:
         if msg.code == ResponseCode.SUCCESS:

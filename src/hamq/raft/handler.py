@@ -3,6 +3,16 @@
 Every request names the entry before the first one it carries (`log_term` of
 `index - 1`), so a reordered or duplicated request can never splice entries onto the wrong
 prefix. An APPEND carries a run of entries and is answered once, for its last index.
+
+An APPEND past a gap is one of two things. If our log still reaches the leader's
+watermark for us (`water_mark`, what we acknowledged in this term), the gap is reordering:
+the APPEND is held until the gap fills, unanswered (answering sent the leader back to
+COMPARE on every reordering, and the group never caught up: bug 1 in
+tests/sim/regression_seeds.txt), and a truly lost APPEND is resent after the leader's push
+timeout. If our log ends before the watermark, we lost entries we acknowledged (a power
+loss under async flush, a disk rebuilt empty): no resend from the watermark can continue
+our log, so we answer INCONSISTENT_STATE with our real end at once, to APPENDs and to the
+heartbeat alike, and the leader COMPAREs.
 """
 
 from __future__ import annotations
@@ -36,14 +46,21 @@ class EntryHandler:
 
     def handle(self, msg: Message, committed_index: int) -> HandlerResult:
         result = HandlerResult(committed_index)
+        end = self._log.ledger_end_index
+        lost_acknowledged = end < msg.water_mark
         if msg.type == MessageType.COMMIT:
-            # the leader caps the value at what we acked, so our log holds it
+            # capped at our end: what we still hold of what the leader declares committed
             result.committed_index = self._advance_commit(
-                committed_index, msg.committed_index, self._log.ledger_end_index)
+                committed_index, msg.committed_index, end)
             # answered so the leader knows a majority still hears it (check quorum)
-            result.responses.append(self._response(msg, ResponseCode.SUCCESS))
+            code = (ResponseCode.INCONSISTENT_STATE if lost_acknowledged
+                    else ResponseCode.SUCCESS)
+            result.responses.append(self._response(msg, code))
             return result
-        if msg.type == MessageType.APPEND and msg.index - 1 > self._log.ledger_end_index:
+        if msg.type == MessageType.APPEND and lost_acknowledged:
+            result.responses.append(self._response(msg, ResponseCode.INCONSISTENT_STATE))
+            return result
+        if msg.type == MessageType.APPEND and msg.index - 1 > end:
             if len(self._buffered) < MAX_BUFFERED_APPENDS:
                 self._buffered[msg.index] = msg  # reordered: the gap may fill soon
                 return result

@@ -40,7 +40,7 @@ REQUEST_TYPES = frozenset(
     {MessageType.APPEND, MessageType.COMPARE, MessageType.TRUNCATE, MessageType.COMMIT}
 )
 VOTE_REQUEST_TYPES = frozenset({MessageType.PRE_VOTE, MessageType.VOTE})
-_FIELD_COUNT = 14
+_FIELD_COUNT = 15
 # decode looks codes up here: calling an IntEnum for every field costs microseconds each
 _MESSAGE_TYPES = {int(t): t for t in MessageType}
 _RESPONSE_CODES = {int(c): c for c in ResponseCode}
@@ -56,7 +56,9 @@ class Message:
     message, one answer for a run of entries), exactly one for COMPARE/TRUNCATE; `log_term`
     is the term just before `index` for APPEND/TRUNCATE and the candidate's last term for
     votes; `next_term` is the leader's term at `index + 1` for TRUNCATE so a duplicated
-    truncate cannot cut entries written since.
+    truncate cannot cut entries written since; `water_mark` in APPEND and COMMIT is the
+    index the leader knows the follower holds (it acknowledged it in this term), so a
+    follower whose log ends before it knows it lost acknowledged entries and says so.
     """
 
     type: MessageType
@@ -73,6 +75,7 @@ class Message:
     end_index: int = EMPTY_INDEX
     next_term: int = NO_TERM
     force: bool = False  # a transfer campaign: voters ignore their leader lease
+    water_mark: int = EMPTY_INDEX
 
     @property
     def last_index(self) -> int:
@@ -90,6 +93,7 @@ class Message:
                 self.log_term, packed_entries, self.committed_index, int(self.code),
                 None if self.req_type is None else int(self.req_type),
                 self.begin_index, self.end_index, self.next_term, self.force,
+                self.water_mark,
             ],
             use_bin_type=True,
         )
@@ -102,7 +106,7 @@ class Message:
             if not isinstance(fields, list) or len(fields) != _FIELD_COUNT:
                 raise MessageDecodeError(f"expected a {_FIELD_COUNT}-field array")
             (mtype, from_id, to_id, term, index, log_term, packed_entries, committed,
-             code, req_type, begin, end, next_term, force) = fields
+             code, req_type, begin, end, next_term, force, water_mark) = fields
             if entry_data is None:
                 entry_data = [bytes(e[2]) for e in packed_entries]
             elif len(entry_data) != len(packed_entries):
@@ -114,7 +118,7 @@ class Message:
                 _MESSAGE_TYPES[mtype], int(from_id), int(to_id), int(term), int(index),
                 int(log_term), entries, int(committed), _RESPONSE_CODES[code],
                 None if req_type is None else _MESSAGE_TYPES[req_type],
-                int(begin), int(end), int(next_term), bool(force),
+                int(begin), int(end), int(next_term), bool(force), int(water_mark),
             )
         except MessageDecodeError:
             raise

@@ -355,9 +355,38 @@ class RawNode:
         if self.role != Role.LEADER or msg.term != self.term:
             return
         self._peer_contact_ms[msg.from_id] = self._now_ms
+        if (msg.code == ResponseCode.INCONSISTENT_STATE
+                and msg.end_index < self._quorum.water_mark(self.term, msg.from_id)):
+            self._on_lost_entries(msg.from_id, msg.end_index)
         matched = self._dispatchers[msg.from_id].handle_response(msg, self.log)
         if matched is not None:
             self._on_water_mark(msg.from_id, matched)
+
+    def _on_lost_entries(self, member_id: int, end_index: int) -> None:
+        """`member_id` answered that its log ends at `end_index`, before entries it had
+        acknowledged in this term (a power loss under async flush, a disk rebuilt empty).
+        Only an INCONSISTENT_STATE says so: a SUCCESS with an old end is an answer
+        overtaken by a later ack, and changes nothing.
+
+        Lowering its watermark is safe:
+        - nothing is un-committed: a lower mark lowers only the quorum index, and
+          `committed_index` is never set back to it (`_on_water_mark` only moves it
+          forwards), so answered proposals stay answered, and a follower is only ever
+          told an index is committed up to what it is known to hold;
+        - nothing is committed on a false count: a lower mark takes a vote away and never
+          adds one, the other members' marks are untouched, and this follower counts
+          again only through acks (one sent before the loss and delivered late can raise
+          the mark again, but the next APPEND or heartbeat carries the mark and is
+          answered the same way);
+        - committed entries are not lost by it: each was on a majority when it
+          committed, and that majority still includes the leader, which never truncates
+          its own log and counts itself only for what it persisted; it sends them again
+          to this follower from the lowered mark. The window in which an entry has one
+          copy fewer than was counted is the price of acknowledging before fsync (or of
+          replacing a disk); answering at once closes it in a few round trips instead
+          of leaving it open until traffic or a restart happens to close it."""
+        self._quorum.lower_water_mark(self.term, member_id, end_index)
+        self._dispatchers[member_id].on_lost_entries()
 
     def _on_water_mark(self, member_id: int, index: int) -> None:
         if not self._quorum.update_water_mark(self.term, member_id, index):

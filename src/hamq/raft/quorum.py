@@ -47,12 +47,20 @@ class QuorumAckChecker:
         return self.peer_water_marks_by_term[term][member_id]
 
     def update_water_mark(self, term: int, member_id: int, index: int) -> bool:
-        """Raise a member's watermark (never lower it: acks are facts). True if it rose."""
+        """Raise a member's watermark (an ack never lowers it: a late ack is still a
+        fact). True if it rose."""
         marks = self.peer_water_marks_by_term[term]
         if index <= marks[member_id]:
             return False
         marks[member_id] = index
         return True
+
+    def lower_water_mark(self, term: int, member_id: int, index: int) -> None:
+        """A member reported that its log ends at `index`, before its watermark: it lost
+        entries it had acknowledged (node.py says why lowering is safe)."""
+        marks = self.peer_water_marks_by_term[term]
+        assert index < marks[member_id], "lowering only ever lowers"
+        marks[member_id] = index
 
     def quorum_index(self, term: int) -> int:
         return quorum_index(self.peer_water_marks_by_term[term].values())
