@@ -1,11 +1,31 @@
 """What a broker knows about its own group: alive members (for RIP-34's
 ``aliveReplicaNumInGroup``) and the master's HA address (for slaves). Kept fresh by a
-periodic GET_BROKER_MEMBER_GROUP and by the name server's reverse notification."""
+periodic GET_BROKER_MEMBER_GROUP to every name server and by their reverse notification.
+
+Name servers share no state, and one that restarted knows nobody until the members
+register again: it answers with an empty group, or one without us. Taking that answer
+lowered the alive count (auto-degradation then lowered needAckNums) and cleared the
+master's HA address (slaves then closed their sessions). So, as RocketMQ counts itself
+and ignores empty answers:
+
+- an answer that does not hold this member (its broker id at its own address) is ignored,
+  and logged: its name server does not know the group yet;
+- the group is the union of the latest answers of the name servers that know us, so a
+  member is alive while any of them holds it: one restarted name server cannot lower the
+  count, and a dead member drops out once each of them has dropped it (each does after
+  ``broker_not_active_timeout_ms``). Where two give one broker id different addresses, the
+  first in ``namesrv`` order wins;
+- an answer counts until its name server's next poll: one that does not answer is left
+  out, so a dead name server cannot keep a dead member alive;
+- until some name server knows us, nothing changes (before the first answer, the
+  configured ``total_replicas`` counts).
+"""
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from hamq.config import BrokerConfig
 from hamq.errors import HamqError
@@ -18,6 +38,20 @@ from hamq.protocol.frame import Frame, unpack_body
 log = logging.getLogger(__name__)
 
 MASTER_ID = 0
+MEMBER_GROUP_TIMEOUT_S = 2.0  # one name server's answer; the others are asked meanwhile
+
+
+@dataclass(frozen=True, slots=True)
+class GroupAnswer:
+    """One name server's view of the group: broker id -> address, and -> HA address."""
+
+    broker_addrs: dict[int, str]
+    ha_addrs: dict[int, str]
+
+    @classmethod
+    def parse(cls, group: dict) -> GroupAnswer:
+        return cls({int(k): v for k, v in (group.get("broker_addrs") or {}).items()},
+                   {int(k): v for k, v in (group.get("ha_addrs") or {}).items()})
 
 
 class MemberGroup:
@@ -28,11 +62,17 @@ class MemberGroup:
         self.ha_addrs: dict[int, str] = {}
         self.synced = False
         self.on_change: list[Callable[[], None]] = []
+        # name server -> its latest answer that holds us
+        self._answers: dict[str, GroupAnswer] = {}
+        self._ignoring: set[str] = set()  # name servers whose answers lack us (logged once)
         self._task: asyncio.Task | None = None
+        # a DLedger member registers as the master while it leads, as its member id else
+        self._own_ids = ({MASTER_ID, config.dledger_self_id}
+                         if config.replication_mode == "dledger" else {config.broker_id})
 
     @property
     def alive_replicas(self) -> int:
-        """Members the name server holds alive; before the first answer, the configured
+        """Members the name servers hold alive; before the first answer, the configured
         ``total_replicas`` (not lowered on a guess)."""
         return max(1, len(self.broker_addrs)) if self.synced else self.config.total_replicas
 
@@ -48,32 +88,71 @@ class MemberGroup:
 
     def handle_notification(self, conn: Connection, frame: Frame) -> list | None:
         """NOTIFY_MIN_BROKER_ID_CHANGE from a name server: the group changed."""
-        self._apply(unpack_body(frame.body) or {})
+        self._take(self._namesrv_of(conn), unpack_body(frame.body) or {})
+        self._reconcile()
         return None if frame.is_oneway else response_pieces(frame)
 
     async def sync_once(self) -> None:
+        namesrv = self.config.namesrv
+        groups = await asyncio.gather(*(self._ask(addr) for addr in namesrv))
+        for addr, group in zip(namesrv, groups):
+            if group is None:
+                self._answers.pop(addr, None)
+            else:
+                self._take(addr, group)
+        self._reconcile()
+
+    async def _ask(self, addr: str) -> dict | None:
         c = self.config
-        for addr in c.namesrv:
-            try:
-                conn = await self.pool.get(addr)
-                frame = await conn.request(RequestCode.GET_BROKER_MEMBER_GROUP,
-                                           {"cluster_name": c.cluster_name,
-                                            "broker_name": c.broker_name}, timeout_s=2.0)
-            except HamqError as err:
-                log.debug("member group from %s: %s", addr, err.message)
-                continue
-            if frame.code == 0:
-                self._apply(unpack_body(frame.body) or {})
-                return
+        try:
+            conn = await self.pool.get(addr)
+            frame = await conn.request(RequestCode.GET_BROKER_MEMBER_GROUP,
+                                       {"cluster_name": c.cluster_name,
+                                        "broker_name": c.broker_name},
+                                       timeout_s=MEMBER_GROUP_TIMEOUT_S)
+        except HamqError as err:
+            log.debug("member group from %s: %s", addr, err.message)
+            return None
+        if frame.code != 0:
+            return None
+        return unpack_body(frame.body) or {}
 
     async def _sync_loop(self) -> None:
         while True:
             await self.sync_once()
             await asyncio.sleep(self.config.sync_broker_member_group_period_ms / 1000)
 
-    def _apply(self, group: dict) -> None:
-        addrs = {int(k): v for k, v in (group.get("broker_addrs") or {}).items()}
-        ha = {int(k): v for k, v in (group.get("ha_addrs") or {}).items()}
+    def _namesrv_of(self, conn: Connection) -> str:
+        """The configured name server a notification came from (on the connection this
+        broker opened to it)."""
+        return next((a for a in self.config.namesrv if self.pool.get_ready(a) is conn),
+                    conn.peer)
+
+    def _take(self, source: str, group: dict) -> None:
+        answer = GroupAnswer.parse(group)
+        if any(answer.broker_addrs.get(i) == self.config.listen for i in self._own_ids):
+            self._answers[source] = answer
+            self._ignoring.discard(source)
+            return
+        self._answers.pop(source, None)
+        if source not in self._ignoring:
+            self._ignoring.add(source)
+            log.warning("ignoring name server %s's member group of %s: it does not hold this "
+                        "broker (%s) yet, e.g. it restarted: %s", source,
+                        self.config.broker_name, self.config.listen, answer.broker_addrs)
+
+    def _reconcile(self) -> None:
+        if not self._answers:
+            return  # no name server knows us: keep what we had
+        order = {addr: i for i, addr in enumerate(self.config.namesrv)}
+        addrs: dict[int, str] = {}
+        ha: dict[int, str] = {}
+        for source in sorted(self._answers, key=lambda a: order.get(a, len(order))):
+            answer = self._answers[source]
+            for broker_id, addr in answer.broker_addrs.items():
+                addrs.setdefault(broker_id, addr)
+            for broker_id, addr in answer.ha_addrs.items():
+                ha.setdefault(broker_id, addr)
         changed = addrs != self.broker_addrs or ha != self.ha_addrs or not self.synced
         self.broker_addrs, self.ha_addrs, self.synced = addrs, ha, True
         if changed:
