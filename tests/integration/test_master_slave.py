@@ -4,8 +4,10 @@ slave, kill -9 for a dead master."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
+import tomllib
 
 import pytest
 
@@ -14,6 +16,8 @@ from hamq import Message, SendStatus
 from hamq.client.consumer import PullStatus
 from hamq.config import StoreConfig
 from hamq.errors import InSyncReplicasNotEnough
+from hamq.protocol.codes import RequestCode
+from hamq.protocol.frame import encode_frame_bytes
 from hamq.protocol.message import decode_records
 from hamq.store.message_store import MessageStore
 
@@ -79,13 +83,7 @@ def test_killed_master_loses_no_acknowledged_message(cluster_factory):
             acked[(result.queue.queue_id, result.queue_offset)] = body
     c.procs["master"].kill9()  # right after the last acknowledgement
     # Consumers keep reading: the route falls over to a slave (slave read).
-    with hamq.PullConsumer("after-failover", c.namesrv) as consumer:
-        seen = {}
-        for mq in consumer.fetch_message_queues("Rep"):
-            offset = 0
-            while (r := consumer.pull(mq, offset, 100)).status is PullStatus.FOUND:
-                seen.update({(mq.queue_id, m.queue_offset): m.body for m in r.messages})
-                offset = r.next_begin_offset
+    seen = _pull_all(c.namesrv, "after-failover")
     assert seen, "nothing readable from the slaves"
     for name in ("slave1", "slave2"):
         c.procs[name].stop()
@@ -174,21 +172,109 @@ def test_slave_restarted_after_missing_100mb_catches_up_and_rejoins(cluster_fact
         assert behind < 256 * 1024
 
 
-def test_slave_ahead_of_its_master_refuses_to_continue(cluster_factory):
-    """A slave holding bytes its master never had (the master's disk was replaced) must not
-    be silently overwritten or extended: it suspends and says why."""
+def _pull_all(namesrv: str, group: str) -> dict[tuple[int, int], bytes]:
+    """Every message of topic Rep the group's readable members serve."""
+    with hamq.PullConsumer(group, namesrv) as consumer:
+        seen = {}
+        for mq in consumer.fetch_message_queues("Rep"):
+            offset = 0
+            while (r := consumer.pull(mq, offset, 100)).status is PullStatus.FOUND:
+                seen.update({(mq.queue_id, m.queue_offset): m.body for m in r.messages})
+                offset = r.next_begin_offset
+    return seen
+
+
+def _commit_log(path) -> bytes:
+    store = MessageStore(StoreConfig(store_dir=str(path), disk_min_free_bytes=1))
+    try:
+        log = store.commitlog
+        return bytes(log.read_range(log.min_offset, log.max_offset))
+    finally:
+        store.close()
+
+
+def _lose_tail(path, keep_records: int) -> int:
+    """What a power loss does to a master with async flush: its commit log (and the
+    checkpoint and queues that vouch for it) back to an earlier record boundary."""
+    store = MessageStore(StoreConfig(store_dir=str(path), disk_min_free_bytes=1))
+    try:
+        cut = sorted(p for cq in store.queues.values() for p in cq.phys)[keep_records]
+        store.truncate_to(cut)
+        return cut
+    finally:
+        store.close()
+
+
+def _caught_up(admin, c) -> bool:
+    ha = _ha(admin, c)
+    return [(s["state"], s["behind_bytes"]) for s in ha["slaves"]] == [("TRANSFER", 0)]
+
+
+def test_slave_holding_a_tail_its_master_lost_takes_the_masters_records(cluster_factory):
+    """Defect 2 of issue 10: the slave kept its copy of the tail the master lost and, once
+    the master had written past it, continued at its own end: different messages at the
+    same offsets, counted in sync. It must cut back to where both logs agree."""
+    c = start_group(cluster_factory, slaves=1, broker_role="async_master")
+    with hamq.Producer(c.namesrv) as producer, hamq.Admin(c.namesrv) as admin:
+        for i in range(100):
+            producer.send(Message("Rep", b"before-%03d" % i))
+        wait_for(lambda: _caught_up(admin, c), 15, "slave caught up")
+        slave_end = _ha(admin, c)["slaves"][0]["ack_offset"]
+        c.procs["master"].stop()
+        cut = _lose_tail(c.root / "master", keep_records=60)
+        c.procs["master"].start()
+        # Other messages at the lost offsets and past the slave's end; the same sizes, so
+        # the slave's end is also a record boundary of the master's new log.
+        for i in range(100):
+            producer.send(Message("Rep", b"after--%03d" % i))
+        wait_for(lambda: _caught_up(admin, c), 30, "slave caught up with the new master log")
+        slave_ha = admin.broker_runtime_info(c.broker_addr("slave1"))["ha"]
+    c.procs["master"].stop()
+    on_master = read_store(c.root / "master")
+    served = _pull_all(c.namesrv, "read-from-the-slave")  # the master is down: slave reads
+    assert served == on_master
+    c.procs["slave1"].stop()
+    master_log, slave_log = _commit_log(c.root / "master"), _commit_log(c.root / "slave1")
+    assert len(master_log) > slave_end
+    assert slave_log == master_log
+    assert slave_ha.get("last_cut") == {"offset": cut, "bytes": slave_end - cut}
+    assert "cutting" in (c.root / "slave1.log").read_text()
+
+
+def test_slave_ahead_of_a_master_that_lost_its_disk_follows_the_master(cluster_factory):
+    """A slave holding bytes its master no longer has (the master's disk was replaced) cuts
+    them, loudly, instead of keeping different records at offsets the master reuses."""
     c = start_group(cluster_factory, slaves=1, in_sync_replicas=1)
-    with hamq.Producer(c.namesrv) as producer:
+    with hamq.Producer(c.namesrv) as producer, hamq.Admin(c.namesrv) as admin:
         for i in range(50):
             producer.send(Message("Rep", b"old%d" % i))
-    with hamq.Admin(c.namesrv) as admin:
-        wait_for(lambda: _ha(admin, c)["slaves"][0]["behind_bytes"] == 0, 10, "slave caught up")
+        wait_for(lambda: _caught_up(admin, c), 10, "slave caught up")
         c.procs["master"].stop()
-        import shutil
         shutil.rmtree(c.root / "master")  # a master that lost its disk comes back empty
         c.procs["master"].start()
-        slave = c.broker_addr("slave1")
-        ha = wait_for(lambda: (lambda h: h if h["state"] == "SUSPEND" else None)(
-            admin.broker_runtime_info(slave)["ha"]), 15, "the slave to suspend")
-    assert "diverged" in ha["diverged"]
-    assert ha["replica_offset"] > 0  # its data is kept, not truncated
+        admin.create_topic("Rep", 2)
+        for i in range(5):
+            producer.send(Message("Rep", b"new%d" % i))
+        wait_for(lambda: _caught_up(admin, c), 15, "slave following the new log")
+        slave_ha = admin.broker_runtime_info(c.broker_addr("slave1"))["ha"]
+    assert slave_ha["last_cut"]["offset"] == 0
+    for name in ("master", "slave1"):
+        c.procs[name].stop()
+    assert _commit_log(c.root / "slave1") == _commit_log(c.root / "master")
+
+
+def test_a_stale_session_of_a_slave_is_closed_when_it_handshakes_again(cluster_factory,
+                                                                        raw_conn):
+    """Defect 7 of issue 10: a half-open session (the slave crashed, its old connection not
+    yet noticed) stayed next to the new one and counted as a second in-sync replica."""
+    c = start_group(cluster_factory, slaves=1, in_sync_replicas=2)
+    ha_addr = tomllib.loads((c.root / "master.toml").read_text())["ha_listen"]
+    stale = raw_conn(ha_addr)  # poses as slave 1 with an empty log
+    stale.send(encode_frame_bytes(RequestCode.HA_HANDSHAKE, 1,
+                                  ext={"broker_id": 1, "attach": 0, "proof": None}))
+    assert stale.read_frame().ext == {"start_offset": 0}
+    # The real slave 1 reconnects (its session was the one replaced) and replaces ours.
+    assert stale.closed_by_server()
+    with hamq.Admin(c.namesrv) as admin:
+        wait_for(lambda: _caught_up(admin, c), 10, "slave 1 back")
+        assert _ha(admin, c)["in_sync_slaves"] == 1

@@ -1,13 +1,30 @@
-"""The sans-IO master HA core: handshake, divergence, flow control, in-sync counting and
+"""The sans-IO master HA core: sessions, flow control, in-sync counting and
 every status a waiting send can end with."""
 from __future__ import annotations
 
 import pytest
 
-from hamq.replication.master import Diverged, MasterReplication, ReplicaStatus
+from hamq.broker.ha import StoreRecords
+from hamq.config import StoreConfig
+from hamq.replication.master import MasterReplication, ReplicaStatus
 from hamq.replication.quorum import QuorumConfig
+from hamq.store.message_store import MessageStore
 
 KB = 1024
+
+
+@pytest.fixture
+def empty_log(tmp_path) -> StoreRecords:
+    """A real, empty message store: every slave attaches at offset 0."""
+    return StoreRecords(MessageStore(StoreConfig(store_dir=str(tmp_path),
+                                                 disk_min_free_bytes=1)))
+
+
+@pytest.fixture
+def attach(empty_log):
+    def attach_(m: MasterReplication, key, broker_id: int, now_ms: int = 0):
+        return m.attach(key, broker_id, 0, None, empty_log, now_ms)
+    return attach_
 
 
 def core(**quorum) -> MasterReplication:
@@ -20,23 +37,9 @@ def run(done):
         callback(status)
 
 
-def test_slave_ahead_of_master_is_refused_clearly():
+def test_flow_control_window_bounds_unacked_bytes(attach):
     m = core()
-    with pytest.raises(Diverged, match="diverged"):
-        m.handshake("s1", 1, slave_max_offset=500, master_min_offset=0, master_max_offset=400,
-                    now_ms=0)
-    assert m.slaves == {}
-
-
-def test_transfer_starts_at_slave_offset_or_master_minimum():
-    m = core()
-    assert m.handshake("s1", 1, 100, 0, 1000, 0) == 100
-    assert m.handshake("s2", 2, 0, 300, 1000, 0) == 300  # master retained nothing below 300
-
-
-def test_flow_control_window_bounds_unacked_bytes():
-    m = core()
-    m.handshake("s1", 1, 0, 0, 10 * 64 * KB, 0)
+    attach(m, "s1", 1, 0)
     sent = []
     while (span := m.next_transfer("s1", 10 * 64 * KB)) is not None:
         sent.append(span)
@@ -46,10 +49,10 @@ def test_flow_control_window_bounds_unacked_bytes():
     assert m.next_transfer("s1", 10 * 64 * KB) == (64 * KB, 80 * KB)
 
 
-def test_in_sync_counts_only_slaves_within_the_gap():
+def test_in_sync_counts_only_slaves_within_the_gap(attach):
     m = core(ha_max_gap_not_in_sync=256 * KB)
-    m.handshake("s1", 1, 0, 0, 0, 0)
-    m.handshake("s2", 2, 0, 0, 0, 0)
+    attach(m, "s1", 1, 0)
+    attach(m, "s2", 2, 0)
     run(m.on_ack("s1", 1000 * KB, 1))
     run(m.on_ack("s2", 700 * KB, 1))
     assert m.in_sync_slave_nums(1000 * KB) == 1
@@ -57,10 +60,10 @@ def test_in_sync_counts_only_slaves_within_the_gap():
     assert m.decide(alive_replicas_in_group=3, master_offset=1000 * KB).in_sync_replicas == 2
 
 
-def test_waiters_complete_in_offset_order_when_enough_slaves_ack():
+def test_waiters_complete_in_offset_order_when_enough_slaves_ack(attach):
     m = core(total_replicas=3, in_sync_replicas=3)
-    m.handshake("s1", 1, 0, 0, 0, 0)
-    m.handshake("s2", 2, 0, 0, 0, 0)
+    attach(m, "s1", 1, 0)
+    attach(m, "s2", 2, 0)
     results = []
     m.wait_for_acks(100, 3, 0, 1000, lambda s: results.append(("a", s)))
     m.wait_for_acks(200, 3, 0, 1000, lambda s: results.append(("b", s)))
@@ -72,9 +75,9 @@ def test_waiters_complete_in_offset_order_when_enough_slaves_ack():
     assert results == [("a", ReplicaStatus.PUT_OK), ("b", ReplicaStatus.PUT_OK)]
 
 
-def test_waiter_past_its_deadline_is_flush_slave_timeout():
+def test_waiter_past_its_deadline_is_flush_slave_timeout(attach):
     m = core()
-    m.handshake("s1", 1, 0, 0, 0, 0)
+    attach(m, "s1", 1, 0)
     results = []
     m.wait_for_acks(100, 2, now_ms=0, timeout_ms=50, callback=results.append)
     run(m.expire_waiters(49))
@@ -83,10 +86,10 @@ def test_waiter_past_its_deadline_is_flush_slave_timeout():
     assert results == [ReplicaStatus.FLUSH_SLAVE_TIMEOUT]
 
 
-def test_losing_the_slaves_a_waiter_needs_is_slave_not_available():
+def test_losing_the_slaves_a_waiter_needs_is_slave_not_available(attach):
     m = core()
-    m.handshake("s1", 1, 0, 0, 0, 0)
-    m.handshake("s2", 2, 0, 0, 0, 0)
+    attach(m, "s1", 1, 0)
+    attach(m, "s2", 2, 0)
     results = []
     m.wait_for_acks(100, 3, 0, 1000, lambda s: results.append(("need3", s)))
     m.wait_for_acks(100, 2, 0, 1000, lambda s: results.append(("need2", s)))
@@ -96,9 +99,62 @@ def test_losing_the_slaves_a_waiter_needs_is_slave_not_available():
     assert results[-1] == ("need2", ReplicaStatus.PUT_OK)
 
 
-def test_silent_slaves_are_reported_for_housekeeping():
+def test_silent_slaves_are_reported_for_housekeeping(attach):
     m = core()
-    m.handshake("s1", 1, 0, 0, 0, now_ms=0)
-    m.handshake("s2", 2, 0, 0, 0, now_ms=0)
+    attach(m, "s1", 1, 0)
+    attach(m, "s2", 2, 0)
     run(m.on_ack("s2", 0, now_ms=15_000))
     assert m.expire_silent(now_ms=20_001, timeout_ms=20_000) == ["s1"]
+
+
+def test_a_waiter_needing_more_acks_does_not_hold_back_one_needing_fewer(attach):
+    """Defect 7: one deque for all needs made a satisfied need-2 waiter wait behind an
+    unsatisfied need-3 one at the head, and time out (FLUSH_SLAVE_TIMEOUT)."""
+    m = core(total_replicas=3, in_sync_replicas=3)
+    attach(m, "s1", 1)
+    attach(m, "s2", 2)
+    results = []
+    m.wait_for_acks(100, 3, 0, 1000, lambda s: results.append(("need3", s)))
+    m.wait_for_acks(200, 2, 0, 1000, lambda s: results.append(("need2", s)))
+    m.wait_for_acks(300, 2, 0, 1000, lambda s: results.append(("need2 later", s)))
+    run(m.on_ack("s1", 250, 1))
+    assert results == [("need2", ReplicaStatus.PUT_OK)]
+    run(m.expire_waiters(999))
+    run(m.on_ack("s2", 300, 2))
+    assert results[1:] == [("need3", ReplicaStatus.PUT_OK), ("need2 later", ReplicaStatus.PUT_OK)]
+    run(m.expire_waiters(1000))
+    assert len(results) == 3
+
+
+def test_a_reconnecting_slave_replaces_its_stale_session(attach):
+    """Defect 7: a half-open session of a slave that crashed and came back counted as a
+    second in-sync replica, and acked sends the slave no longer had."""
+    m = core(total_replicas=3, in_sync_replicas=3)
+    attach(m, "old", 1)
+    run(m.on_ack("old", 500, 1))
+    attached = attach(m, "new", 1, now_ms=2)
+    assert attached.replaced == ["old"]  # the shell closes that connection
+    assert list(m.slaves) == ["new"]
+    assert m.in_sync_slave_nums(500) == 1
+    results = []
+    m.wait_for_acks(500, 2, 2, 1000, results.append)
+    assert results == []  # the new session has acked nothing yet
+    run(m.on_ack("old", 500, 3))  # late frames of the old session count for nothing
+    assert results == []
+    run(m.disconnect("old"))  # its close, once the shell sees it, changes nothing
+    assert list(m.slaves) == ["new"] and results == []
+    run(m.on_ack("new", 500, 4))
+    assert results == [ReplicaStatus.PUT_OK]
+
+
+def test_in_sync_counts_broker_ids_not_sessions(attach):
+    m = core(total_replicas=3, in_sync_replicas=3)
+    attach(m, "a", 1)
+    attach(m, "b", 2)
+    run(m.on_ack("a", 100, 1))
+    run(m.on_ack("b", 100, 1))
+    assert m.in_sync_slave_nums(100) == 2
+    attach(m, "c", 2)
+    run(m.on_ack("c", 100, 2))
+    assert m.in_sync_slave_nums(100) == 2
+    assert m.decide(alive_replicas_in_group=3, master_offset=100).in_sync_replicas == 3

@@ -1,35 +1,46 @@
-"""Master–slave HA transport (seed 000), the asyncio shell around ``replication.master``.
+"""Master–slave HA transport (seed 000): the store-side steps of both roles, and the
+asyncio shells around them.
 
-The master listens on its HA port; a slave connects, says how much commit log it has
-(HA_HANDSHAKE) and then receives raw log ranges (HA_TRANSFER, one-way frames) which it
-appends unchanged, answering each write with its ack offset (HA_ACK, also sent as a
-heartbeat every ``ha_send_heartbeat_interval_ms``). Sync-master sends wait on the acks
-through the core's ordered waiters; no task per message.
+The master listens on its HA port; a slave connects and handshakes (HA_HANDSHAKE, one or
+more rounds, see ``replication/slave.py``) until both agree where their logs stop being
+identical; the slave cuts its log there and then receives raw log ranges (HA_TRANSFER,
+one-way frames) which it appends unchanged, answering each write with its ack offset
+(HA_ACK, also sent as a heartbeat every ``ha_send_heartbeat_interval_ms``). Sync-master
+sends wait on the acks through the core's ordered waiters; no task per message.
+
+``MasterLink`` and ``SlaveLink`` are everything HA does to a store, with no sockets, tasks
+or clocks: ``HAMaster`` / ``HASlave`` drive them over TCP, the simulator
+(``sim/master_slave.py``) over its virtual network.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+import zlib
+from bisect import bisect_left
+from collections.abc import Callable, Hashable, Iterator, Sequence
 
 from hamq.broker.member_group import MemberGroup
 from hamq.config import BrokerConfig
-from hamq.errors import HamqError, InSyncReplicasNotEnough
+from hamq.errors import CrcMismatch, HamqError, InSyncReplicasNotEnough
 from hamq.net.connection import Connection, connect, response_pieces
 from hamq.net.server import Server
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, require
-from hamq.replication.master import (AckCallback, Diverged, HAConnectionState,
-                                     MasterReplication, ReplicaStatus)
+from hamq.protocol.limits import MAX_TOPIC_LENGTH
+from hamq.protocol.message import RECORD_HEADER_BYTES, parse_record_header
+from hamq.replication.master import (AckCallback, HAConnectionState, MasterReplication, Probe,
+                                     ReplicaStatus, SlaveAttached)
 from hamq.replication.quorum import QuorumConfig
+from hamq.replication.slave import Attached, CompareRequest, SlaveHandshake, parse_request
 from hamq.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
 
 _WAITER_SWEEP_S = 0.02
+_HEADER_PEEK_BYTES = RECORD_HEADER_BYTES + MAX_TOPIC_LENGTH
 SLAVE_RECONNECT_DELAY_S = 0.5
-DIVERGED_RETRY_DELAY_S = 10.0
 
 
 def _now_ms() -> int:
@@ -42,6 +53,138 @@ def quorum_of(config: BrokerConfig) -> QuorumConfig:
                         config.ha_max_gap_not_in_sync)
 
 
+class StoreRecords:
+    """The ``RecordLog`` the HA cores compare: record boundaries from the consume queues
+    (in memory), record headers read from the commit log."""
+
+    def __init__(self, store: MessageStore) -> None:
+        self.store = store
+
+    @property
+    def min_offset(self) -> int:
+        return self.store.commitlog.min_offset
+
+    @property
+    def max_offset(self) -> int:
+        return self.store.commitlog.max_offset
+
+    def probe(self, offset: int) -> Probe | None:
+        commitlog = self.store.commitlog
+        end = commitlog.max_offset
+        if offset < commitlog.min_offset or offset + RECORD_HEADER_BYTES > end:
+            return None
+        head = commitlog.read_range(offset, min(end, offset + _HEADER_PEEK_BYTES))
+        try:
+            h = parse_record_header(head)
+        except CrcMismatch:
+            return None
+        if h.physical_offset != offset or offset + h.total_size > end:
+            return None
+        return Probe(offset, offset + h.total_size, zlib.crc32(head[:h.payload_start]))
+
+    def record_starts(self, lo: int, hi: int) -> Sequence[int]:
+        starts: list[int] = []
+        for cq in self.store.queues.values():
+            phys = cq.phys
+            starts += phys[bisect_left(phys, lo):bisect_left(phys, hi)]
+        starts.sort()
+        return starts
+
+    def last_record_start(self) -> int | None:
+        return max((cq.phys[-1] for cq in self.store.queues.values() if len(cq)), default=None)
+
+
+class MasterLink:
+    """The master's HA steps over its store: handshake rounds, what to ship, acks."""
+
+    def __init__(self, core: MasterReplication, store: MessageStore) -> None:
+        self.core = core
+        self.store = store
+        self.records = StoreRecords(store)
+
+    def handshake(self, key: Hashable, ext: dict, now_ms: int
+                  ) -> tuple[dict, SlaveAttached | None]:
+        """Answer one handshake round; ``SlaveAttached`` once the slave is registered."""
+        broker_id = require(ext, "broker_id", int)
+        request = parse_request(ext)
+        if isinstance(request, CompareRequest):
+            return {"matches": self.core.compare(self.records, request.probes)}, None
+        attached = self.core.attach(key, broker_id, request.offset, request.proof,
+                                    self.records, now_ms)
+        return {"start_offset": attached.start if attached else None}, attached
+
+    def transfers(self, key: Hashable) -> Iterator[tuple[int, bytearray]]:
+        """The log ranges a slave may receive now (its window), as (offset, bytes)."""
+        commitlog = self.store.commitlog
+        while (span := self.core.next_transfer(key, commitlog.written_offset)) is not None:
+            yield span[0], commitlog.read_range(*span)
+
+    def on_ack(self, key: Hashable, ext: dict, now_ms: int
+               ) -> list[tuple[AckCallback, ReplicaStatus]]:
+        return self.core.on_ack(key, require(ext, "ack_offset", int), now_ms)
+
+
+class SlaveLink:
+    """The slave's HA steps over its store: the handshake, the cut it decides, the appends.
+    Bytes are accepted only once a handshake attached, so the log never extends a range
+    the master did not vouch for."""
+
+    def __init__(self, store: MessageStore, broker_id: int) -> None:
+        self.store = store
+        self.broker_id = broker_id
+        self.records = StoreRecords(store)
+        self.attached = False
+        self.last_cut: dict | None = None  # offset and bytes of the last diverged suffix cut
+        self._handshake: SlaveHandshake | None = None
+
+    @property
+    def ack_offset(self) -> int:
+        return self.store.commitlog.max_offset
+
+    def begin(self) -> dict:
+        """The first handshake request of a new session."""
+        self.attached = False
+        self._handshake = SlaveHandshake(self.records)
+        return self._request(self._handshake.first())
+
+    def on_handshake_reply(self, ext: dict) -> dict | None:
+        """The next handshake request, or None once attached (the log cut to match)."""
+        if self._handshake is None:
+            raise HamqError("handshake reply without a handshake in progress")
+        if "matches" in ext:
+            step = self._handshake.on_compare_reply(ext["matches"])
+        else:
+            step = self._handshake.on_attach_reply(ext.get("start_offset"))
+        if not isinstance(step, Attached):
+            return self._request(step)
+        self._handshake = None
+        self._cut(step)
+        self.attached = True
+        return None
+
+    def on_transfer(self, offset: int, data: bytes | memoryview) -> list[tuple[str, int]]:
+        """Append shipped bytes; raises ``HamqError`` on a gap or a corrupt record."""
+        if not self.attached:
+            raise HamqError("log bytes arrived before the handshake attached")
+        return self.store.append_replicated(offset, data)
+
+    def _request(self, step) -> dict:
+        return {"broker_id": self.broker_id, **step.to_wire()}
+
+    def _cut(self, attached: Attached) -> None:
+        end = self.store.replica_offset
+        if attached.start != attached.agreed:
+            log.warning("master keeps no data before %d; restarting this slave's log there "
+                        "(%d bytes dropped)", attached.start, end - self.store.commitlog.min_offset)
+        elif attached.agreed < self.store.commitlog.max_offset:
+            cut = self.store.commitlog.max_offset - attached.agreed
+            self.last_cut = {"offset": attached.agreed, "bytes": cut}
+            log.error("this slave's commit log differs from its master's after offset %d: "
+                      "cutting %d bytes of commit log and their consume-queue entries",
+                      attached.agreed, cut)
+        self.store.reset_log(attached.start)
+
+
 class HAMaster:
     def __init__(self, config: BrokerConfig, store: MessageStore, members: MemberGroup) -> None:
         self.config = config
@@ -49,10 +192,11 @@ class HAMaster:
         self.members = members
         self.core = MasterReplication(quorum_of(config), config.ha_window_bytes,
                                       config.ha_transfer_batch_bytes)
+        self.link = MasterLink(self.core, store)
         self.sync = config.broker_role == "sync_master"
         self.server = Server(self)
         self.server.on_connection_closed.append(self._closed)
-        self._conns: dict[Connection, int] = {}
+        self._conns: dict[Connection, int] = {}  # attached sessions -> broker id
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:
@@ -95,7 +239,7 @@ class HAMaster:
     # -- RequestHandler (the HA port) -------------------------------------------------------
     def handle(self, conn: Connection, frame: Frame) -> list | None:
         if frame.code == RequestCode.HA_ACK:
-            _run(self.core.on_ack(conn, require(frame.ext, "ack_offset", int), _now_ms()))
+            _run(self.link.on_ack(conn, frame.ext, _now_ms()))
             self._pump(conn)
             return None
         if frame.code == RequestCode.HA_HANDSHAKE:
@@ -106,18 +250,19 @@ class HAMaster:
         pass
 
     def _handshake(self, conn: Connection, frame: Frame) -> list:
-        broker_id = require(frame.ext, "broker_id", int)
-        log_ = self.store.commitlog
-        try:
-            start = self.core.handshake(conn, broker_id, require(frame.ext, "max_offset", int),
-                                        log_.min_offset, log_.max_offset, _now_ms())
-        except Diverged as err:
-            log.error("refusing slave %d: %s", broker_id, err)
-            return response_pieces(frame, ResponseCode.SLAVE_DIVERGED, remark=str(err))
-        log.info("slave %d from %s replicates from offset %d", broker_id, conn.peer, start)
-        self._conns[conn] = broker_id
-        asyncio.get_running_loop().call_soon(self._pump, conn)
-        return response_pieces(frame, ext={"start_offset": start})
+        reply, attached = self.link.handshake(conn, frame.ext, _now_ms())
+        if attached is not None:
+            broker_id = self.core.slaves[conn].broker_id
+            for stale in attached.replaced:  # a half-open session of a slave that came back
+                log.warning("slave %d reconnected from %s; closing its older session from %s",
+                            broker_id, conn.peer, stale.peer)
+                self._conns.pop(stale, None)
+                stale.close()
+            log.info("slave %d from %s replicates from offset %d", broker_id, conn.peer,
+                     attached.start)
+            self._conns[conn] = broker_id
+            asyncio.get_running_loop().call_soon(self._pump, conn)
+        return response_pieces(frame, ext=reply)
 
     def _closed(self, conn: Connection) -> None:
         if self._conns.pop(conn, None) is not None:
@@ -125,13 +270,10 @@ class HAMaster:
         _run(self.core.disconnect(conn))
 
     def _pump(self, conn: Connection) -> None:
-        log_ = self.store.commitlog
-        while not conn.is_closed:
-            span = self.core.next_transfer(conn, log_.written_offset)
-            if span is None:
+        for offset, data in self.link.transfers(conn):
+            if conn.is_closed:
                 return
-            start, end = span
-            conn.oneway(RequestCode.HA_TRANSFER, {"offset": start}, log_.read_range(start, end))
+            conn.oneway(RequestCode.HA_TRANSFER, {"offset": offset}, data)
 
     async def _housekeeping(self) -> None:
         housekeeping_ms = self.config.ha_housekeeping_interval_ms
@@ -160,9 +302,9 @@ class HASlave:
         self.store = store
         self.members = members
         self.on_arrival = on_arrival
+        self.link = SlaveLink(store, config.broker_id)
         self.state = HAConnectionState.READY
         self.master_addr: str | None = None
-        self.diverged_reason = ""
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -178,14 +320,14 @@ class HASlave:
         if frame.code != RequestCode.HA_TRANSFER:
             raise HamqError(f"slave HA connection does not serve request code {frame.code}")
         try:
-            arrived = self.store.append_replicated(require(frame.ext, "offset", int), frame.body)
-        except HamqError as err:  # a gap or a corrupt record: start over from the log end
+            arrived = self.link.on_transfer(require(frame.ext, "offset", int), frame.body)
+        except HamqError as err:  # a gap or a corrupt record: handshake again
             log.error("replication stream from %s rejected: %s; reconnecting", conn.peer,
                       err.message)
             conn.close()
             return None
         self.on_arrival(arrived)
-        conn.oneway(RequestCode.HA_ACK, {"ack_offset": self.store.commitlog.max_offset})
+        conn.oneway(RequestCode.HA_ACK, {"ack_offset": self.link.ack_offset})
         return None
 
     def after_batch(self) -> None:
@@ -202,9 +344,7 @@ class HASlave:
                 await self._session(addr)
             except HamqError as err:
                 log.warning("HA session with master %s ended: %s", addr, err.message)
-            if self.state is HAConnectionState.SUSPEND:
-                await asyncio.sleep(DIVERGED_RETRY_DELAY_S)
-            elif self.state is not HAConnectionState.SHUTDOWN:
+            if self.state is not HAConnectionState.SHUTDOWN:
                 self.state = HAConnectionState.READY
                 await asyncio.sleep(SLAVE_RECONNECT_DELAY_S)
 
@@ -213,25 +353,11 @@ class HASlave:
         try:
             self.state = HAConnectionState.HANDSHAKE
             self.master_addr = addr
-            frame = await conn.request(RequestCode.HA_HANDSHAKE, {
-                "broker_id": self.config.broker_id, "max_offset": self.store.replica_offset})
-            if frame.code == ResponseCode.SLAVE_DIVERGED:
-                self.state = HAConnectionState.SUSPEND
-                self.diverged_reason = frame.remark
-                log.error("master %s refused this slave: %s", addr, frame.remark)
-                return
-            if frame.code != ResponseCode.SUCCESS:
-                raise HamqError.for_code(frame.code, frame.remark)
-            start = frame.ext["start_offset"]
-            if start > self.store.replica_offset:
-                log.warning("master keeps no data before %d; restarting this slave's log there",
-                            start)
-                self.store.reset_log(start)
-            self.state = HAConnectionState.TRANSFER
-            self.diverged_reason = ""
+            self._ask(conn, self.link.begin())
             interval_s = self.config.ha_send_heartbeat_interval_ms / 1000
             while not conn.is_closed and self.members.master_ha_addr == addr:
-                conn.oneway(RequestCode.HA_ACK, {"ack_offset": self.store.commitlog.max_offset})
+                if self.state is HAConnectionState.TRANSFER:
+                    conn.oneway(RequestCode.HA_ACK, {"ack_offset": self.link.ack_offset})
                 try:
                     await asyncio.wait_for(asyncio.shield(conn.closed), interval_s)
                 except asyncio.TimeoutError:
@@ -239,10 +365,33 @@ class HASlave:
         finally:
             conn.close()
 
+    def _ask(self, conn: Connection, ext: dict) -> None:
+        # Replies are handled in the callback, before any frame that follows them on the
+        # connection: the log is cut before the first shipped bytes are appended.
+        conn.request_cb(RequestCode.HA_HANDSHAKE,
+                        lambda frame, err: self._answered(conn, frame, err), ext)
+
+    def _answered(self, conn: Connection, frame: Frame | None, err: HamqError | None) -> None:
+        if err is None and frame.code != ResponseCode.SUCCESS:
+            err = HamqError.for_code(frame.code, frame.remark)
+        if err is None:
+            try:
+                following = self.link.on_handshake_reply(frame.ext)
+            except HamqError as exc:
+                err = exc
+        if err is not None:
+            log.warning("handshake with master %s failed: %s", conn.peer, err.message)
+            conn.close()
+        elif following is not None:
+            self._ask(conn, following)
+        else:
+            self.state = HAConnectionState.TRANSFER
+            log.info("attached to master %s at offset %d", conn.peer, self.link.ack_offset)
+            conn.oneway(RequestCode.HA_ACK, {"ack_offset": self.link.ack_offset})
+
     def status(self) -> dict:
         return {"role": "slave", "state": self.state.name, "master_ha_addr": self.master_addr,
-                "replica_offset": self.store.replica_offset,
-                "diverged": self.diverged_reason or None}
+                "replica_offset": self.store.replica_offset, "last_cut": self.link.last_cut}
 
 
 def _run(done: list[tuple[AckCallback, ReplicaStatus]]) -> None:

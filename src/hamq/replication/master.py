@@ -1,17 +1,20 @@
-"""The master's side of master–slave HA, sans-IO: slave progress, the in-sync count, flow
-control, and the group-commit waiters of sync replication.
+"""The master's side of master–slave HA, sans-IO: the consistency check at the handshake,
+slave progress, the in-sync count, flow control, and the group-commit waiters of sync
+replication.
 
 Time comes in as ``now_ms``; outputs are return values (what to send, which waiters
-finished). The asyncio shell (``broker/ha.py``) does the I/O; the simulator can drive the
-same object.
+finished); the commit log is read through a ``RecordLog``. The asyncio shell
+(``broker/ha.py``) and the simulator (``sim/master_slave.py``) drive the same object.
 """
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from enum import Enum, IntEnum
+from typing import Protocol
 
+from hamq.errors import InvalidArgument
 from hamq.replication.quorum import AckDecision, QuorumConfig, decide, is_in_sync
 
 
@@ -31,8 +34,59 @@ class ReplicaStatus(Enum):
     SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
 
 
-class Diverged(Exception):
-    """The slave holds bytes the master never had; continuing would corrupt it."""
+# Records compared per handshake round: finding where two logs part takes
+# log_(MAX_PROBES + 1)(records) rounds (four for a million records).
+MAX_PROBES = 64
+
+
+class HandshakeError(InvalidArgument):
+    """A handshake request no slave core would send (the peer broke the protocol)."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One record as two members compare it: where it starts and ends, and the CRC of its
+    header. The header covers the payload CRC, the offsets and the store time, so equal
+    probes mean equal records, and a record written again after a master lost its tail
+    (a later store time) differs from the one a slave kept."""
+    offset: int
+    end: int
+    fingerprint: int
+
+    def to_wire(self) -> list[int]:
+        return [self.offset, self.end, self.fingerprint]
+
+    @classmethod
+    def from_wire(cls, raw: object) -> Probe:
+        if not (isinstance(raw, list) and len(raw) == 3 and all(type(v) is int for v in raw)
+                and 0 <= raw[0] < raw[1]):
+            raise HandshakeError(f"malformed record probe {raw!r}")
+        return cls(*raw)
+
+
+class RecordLog(Protocol):
+    """What the HA cores read of a member's commit log (``broker/ha.py`` adapts the store)."""
+
+    @property
+    def min_offset(self) -> int: ...
+
+    @property
+    def max_offset(self) -> int: ...
+
+    def probe(self, offset: int) -> Probe | None:
+        """The whole, valid record starting at ``offset``, or None."""
+
+    def record_starts(self, lo: int, hi: int) -> Sequence[int]:
+        """Start offsets of the records known to begin in [lo, hi), ascending."""
+
+    def last_record_start(self) -> int | None:
+        """Start of the log's last record, or None for an empty log."""
+
+
+@dataclass(frozen=True)
+class SlaveAttached:
+    start: int                  # where transfer starts: the slave cuts or restarts its log here
+    replaced: list[Hashable]    # older sessions of the same broker id, dropped: close them
 
 
 @dataclass
@@ -63,21 +117,39 @@ class MasterReplication:
         self.window_bytes = window_bytes
         self.transfer_batch_bytes = transfer_batch_bytes
         self.slaves: dict[Hashable, SlaveProgress] = {}
-        self.waiters: deque[AckWaiter] = deque()
+        # Group commit per distinct need: each deque is ordered by offset and deadline, so a
+        # waiter needing more acks never holds back a later one needing fewer.
+        self.waiters: dict[int, deque[AckWaiter]] = {}
 
     # -- slave lifecycle --------------------------------------------------------------------
-    def handshake(self, key: Hashable, broker_id: int, slave_max_offset: int,
-                  master_min_offset: int, master_max_offset: int, now_ms: int) -> int:
-        """Register a slave that reports ``slave_max_offset``; returns where transfer
-        starts. Raises ``Diverged`` for a slave ahead of its master."""
-        if slave_max_offset > master_max_offset:
-            raise Diverged(f"slave {broker_id} has {slave_max_offset} bytes of commit log but "
-                           f"the master only {master_max_offset}: the slave diverged (it holds "
-                           "messages the master never had) and must be rebuilt or truncated")
-        start = max(slave_max_offset, master_min_offset)
+    def compare(self, log: RecordLog, probes: Sequence[Probe]) -> list[bool]:
+        """Which of a slave's records this master holds identically (a handshake round)."""
+        if len(probes) > MAX_PROBES:
+            raise HandshakeError(f"{len(probes)} probes in one handshake round; at most "
+                                 f"{MAX_PROBES}")
+        return [log.probe(p.offset) == p for p in probes]
+
+    def attach(self, key: Hashable, broker_id: int, offset: int, proof: Probe | None,
+               log: RecordLog, now_ms: int) -> SlaveAttached | None:
+        """Register a slave whose log agrees with ours up to ``offset``: ``proof`` is its
+        record ending there, or None when ``offset`` is its log's start. None if the proof
+        does not match our record (the slave then looks further back). A slave's older
+        session (half-open after a crash) is replaced, so each broker id counts once."""
+        if proof is not None:
+            if proof.end != offset or log.probe(proof.offset) != proof:
+                return None
+            start = max(offset, log.min_offset)
+        elif log.min_offset < offset and (offset == log.max_offset or
+                                          log.probe(offset) is not None):
+            start = offset  # an empty slave log starting at one of our record boundaries
+        else:
+            start = log.min_offset  # nothing agrees: the slave restarts from our first byte
+        replaced = [k for k, s in self.slaves.items() if s.broker_id == broker_id and k != key]
+        for k in replaced:
+            self.slaves.pop(k).state = HAConnectionState.SHUTDOWN
         self.slaves[key] = SlaveProgress(key, broker_id, HAConnectionState.TRANSFER, start,
                                          start, now_ms)
-        return start
+        return SlaveAttached(start, replaced)
 
     def disconnect(self, key: Hashable) -> list[tuple[AckCallback, ReplicaStatus]]:
         """A slave went away; waiters that can no longer be satisfied end now."""
@@ -116,55 +188,54 @@ class MasterReplication:
     # -- quorum -------------------------------------------------------------------------------
     def in_sync_slave_nums(self, master_offset: int) -> int:
         gap = self.quorum.ha_max_gap_not_in_sync
-        return sum(1 for s in self.slaves.values()
-                   if s.state is HAConnectionState.TRANSFER
-                   and is_in_sync(master_offset, s.ack_offset, gap))
+        return len({s.broker_id for s in self.slaves.values()
+                    if s.state is HAConnectionState.TRANSFER
+                    and is_in_sync(master_offset, s.ack_offset, gap)})
 
     def decide(self, alive_replicas_in_group: int, master_offset: int) -> AckDecision:
         return decide(self.quorum, alive_replicas_in_group, self.in_sync_slave_nums(master_offset))
 
     def wait_for_acks(self, offset: int, need_ack_nums: int, now_ms: int, timeout_ms: int,
                       callback: AckCallback) -> None:
-        """Group commit: one ordered structure of waiters, woken as ack offsets advance."""
+        """Group commit: ordered waiters, woken as ack offsets advance."""
         waiter = AckWaiter(offset, need_ack_nums - 1, now_ms + timeout_ms, callback)
         if self._acked_by(offset) >= waiter.need_slaves:
             callback(ReplicaStatus.PUT_OK)
         else:
-            self.waiters.append(waiter)
+            self.waiters.setdefault(waiter.need_slaves, deque()).append(waiter)
 
     def expire_waiters(self, now_ms: int) -> list[tuple[AckCallback, ReplicaStatus]]:
         done = []
-        waiters = self.waiters
-        # One timeout for all, so deadlines grow with offsets: expired waiters are a prefix.
-        while waiters and waiters[0].deadline_ms <= now_ms:
-            done.append((waiters.popleft().callback, ReplicaStatus.FLUSH_SLAVE_TIMEOUT))
+        for waiters in self.waiters.values():
+            # One timeout for all, so deadlines grow with offsets: expired waiters are a prefix.
+            while waiters and waiters[0].deadline_ms <= now_ms:
+                done.append((waiters.popleft().callback, ReplicaStatus.FLUSH_SLAVE_TIMEOUT))
         return done
 
     def fail_all(self) -> list[tuple[AckCallback, ReplicaStatus]]:
-        done = [(w.callback, ReplicaStatus.SLAVE_NOT_AVAILABLE) for w in self.waiters]
+        done = [(w.callback, ReplicaStatus.SLAVE_NOT_AVAILABLE)
+                for waiters in self.waiters.values() for w in waiters]
         self.waiters.clear()
         return done
 
     # -- internals ----------------------------------------------------------------------------
     def _acked_by(self, offset: int) -> int:
-        return sum(1 for s in self.slaves.values()
-                   if s.state is HAConnectionState.TRANSFER and s.ack_offset >= offset)
+        return len({s.broker_id for s in self.slaves.values()
+                    if s.state is HAConnectionState.TRANSFER and s.ack_offset >= offset})
 
     def _complete_satisfied(self) -> list[tuple[AckCallback, ReplicaStatus]]:
         done = []
-        waiters = self.waiters
-        while waiters and self._acked_by(waiters[0].offset) >= waiters[0].need_slaves:
-            done.append((waiters.popleft().callback, ReplicaStatus.PUT_OK))
+        for need, waiters in self.waiters.items():
+            while waiters and self._acked_by(waiters[0].offset) >= need:
+                done.append((waiters.popleft().callback, ReplicaStatus.PUT_OK))
         return done
 
     def _fail_unreachable(self) -> list[tuple[AckCallback, ReplicaStatus]]:
-        connected = sum(1 for s in self.slaves.values() if s.state is HAConnectionState.TRANSFER)
+        connected = len({s.broker_id for s in self.slaves.values()
+                         if s.state is HAConnectionState.TRANSFER})
         done = []
-        kept: deque[AckWaiter] = deque()
-        for w in self.waiters:
-            if w.need_slaves > connected:
-                done.append((w.callback, ReplicaStatus.SLAVE_NOT_AVAILABLE))
-            else:
-                kept.append(w)
-        self.waiters = kept
+        for need, waiters in self.waiters.items():
+            if need > connected:
+                done += [(w.callback, ReplicaStatus.SLAVE_NOT_AVAILABLE) for w in waiters]
+                waiters.clear()
         return done + self._complete_satisfied()

@@ -16,7 +16,7 @@ import heapq
 import random
 from dataclasses import dataclass, field
 
-from hamq.replication.master import MasterReplication, ReplicaStatus
+from hamq.replication.master import MasterReplication, Probe, ReplicaStatus
 from hamq.replication.quorum import QuorumConfig
 
 TICK_MS = 10
@@ -31,6 +31,16 @@ LIVENESS_BOUND_MS = 3000
 
 class InvariantViolation(AssertionError):
     pass
+
+
+@dataclass
+class _OffsetsOnly:
+    """The master's log as offsets without records: every slave end is a boundary."""
+    max_offset: int
+    min_offset: int = 0
+
+    def probe(self, offset: int) -> Probe | None:
+        return Probe(offset, offset + 1, 0) if offset < self.max_offset else None
 
 
 @dataclass
@@ -106,9 +116,9 @@ class MasterSlaveWorld:
     # -- the world -------------------------------------------------------------------------
     def _connect(self, s: _Slave) -> None:
         s.session += 1
-        start = self.core.handshake((s.member_id, s.session), s.member_id, s.log_end, 0,
-                                    self.master_end, self.now)
-        assert start == s.log_end
+        attached = self.core.attach((s.member_id, s.session), s.member_id, s.log_end, None,
+                                    _OffsetsOnly(self.master_end), self.now)
+        assert attached.start == s.log_end
         self._pump()
 
     def _alive_replicas(self) -> int:

@@ -197,12 +197,22 @@ class MessageStore:
         return arrived
 
     def reset_log(self, start: int) -> None:
-        """Slave whose log ends before the master's first retained byte: its data cannot be
-        continued, so the log restarts empty at ``start``."""
-        self.commitlog.reset(start)
+        """Slave attaching to its master at ``start`` (see ``replication/slave.py``): what
+        follows it differs from the master's log and is cut, with its queue entries; a
+        ``start`` outside the log (the master keeps nothing older) restarts it empty there.
+        A partial record held in memory is dropped either way."""
         self._replica_tail = b""
-        for cq in self.queues.values():
-            cq.drop_from_physical(0)
+        if self.commitlog.min_offset <= start <= self.commitlog.max_offset:
+            if start == self.commitlog.max_offset:
+                return
+            self.truncate_to(start)
+        else:
+            self.commitlog.reset(start)
+            for cq in self.queues.values():
+                cq.drop_from_physical(0)
+        # The checkpoint must not vouch for offsets past the cut: new, different records
+        # will be written there.
+        self.flush_consume_queues()
 
     # -- reading ------------------------------------------------------------------------
     def get_messages(self, topic: str, queue_id: int, offset: int, max_messages: int,

@@ -1,0 +1,171 @@
+"""The master–slave handshake over real message stores (``MasterLink`` / ``SlaveLink``, the
+steps the broker and the simulator run): a slave attaches only where both logs agree,
+cuts what follows and then holds exactly the master's bytes (defect 2 of issue 10)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hamq.broker.ha import MasterLink, SlaveLink
+from hamq.config import StoreConfig
+from hamq.errors import HamqError
+from hamq.replication.master import MAX_PROBES, MasterReplication
+from hamq.replication.quorum import QuorumConfig
+from hamq.protocol.message import encode_batch, encode_message
+from hamq.store.message_store import MessageStore
+
+KEY = "session"
+ROUNDS_MAX = 10
+
+
+def open_store(path) -> MessageStore:
+    return MessageStore(StoreConfig(store_dir=str(path), disk_min_free_bytes=1,
+                                    mapped_file_size_commitlog=64 * 1024))
+
+
+@pytest.fixture
+def stores(tmp_path):
+    opened = [open_store(tmp_path / "master"), open_store(tmp_path / "slave")]
+    yield opened
+    for store in opened:
+        store.close()
+
+
+def put(store: MessageStore, tag: str, n: int, queues: int = 3) -> None:
+    for i in range(n):
+        payload, crc = encode_batch([encode_message(f"{tag}-{i}".encode() * 3)])
+        store.put_batch("T", i % queues, payload, 1, crc, born_timestamp_ms=i)
+    store.commit()
+
+
+def boundaries(store: MessageStore) -> list[int]:
+    return sorted(p for cq in store.queues.values() for p in cq.phys)
+
+
+def log_bytes(store: MessageStore) -> bytes:
+    log = store.commitlog
+    return bytes(log.read_range(log.min_offset, log.max_offset))
+
+
+def replicate(master: MessageStore, slave: MessageStore) -> tuple[SlaveLink, int]:
+    """Handshake, then ship until the slave has everything; returns the link and the
+    number of handshake rounds."""
+    core = MasterReplication(QuorumConfig(), 64 * 1024, 16 * 1024)
+    m, s = MasterLink(core, master), SlaveLink(slave, broker_id=1)
+    request, rounds = s.begin(), 0
+    while request is not None:
+        rounds += 1
+        assert rounds <= ROUNDS_MAX
+        reply, _ = m.handshake(KEY, request, now_ms=0)
+        request = s.on_handshake_reply(reply)
+    while core.slaves[KEY].ack_offset < master.commitlog.max_offset:
+        for offset, data in m.transfers(KEY):
+            s.on_transfer(offset, data)
+        m.on_ack(KEY, {"ack_offset": s.ack_offset}, now_ms=0)
+    return s, rounds
+
+
+def test_an_empty_slave_copies_the_whole_log(stores):
+    master, slave = stores
+    put(master, "a", 200)
+    _, rounds = replicate(master, slave)
+    assert rounds == 1
+    assert log_bytes(slave) == log_bytes(master)
+    assert boundaries(slave) == boundaries(master)
+
+
+def test_a_caught_up_slave_reattaches_in_one_round_without_cutting(stores):
+    master, slave = stores
+    put(master, "a", 50)
+    replicate(master, slave)
+    put(master, "b", 50)
+    link, rounds = replicate(master, slave)
+    assert rounds == 1 and link.last_cut is None
+    assert log_bytes(slave) == log_bytes(master)
+
+
+def test_slave_holding_a_tail_the_master_lost_cuts_it_and_takes_the_new_records(stores):
+    """The defect: the master (async flush) lost a tail the slave had, wrote other records
+    at those offsets and grew past the slave's end; the slave must not continue at its own
+    end with its old records in place."""
+    master, slave = stores
+    put(master, "a", 100)
+    replicate(master, slave)
+    lost_from = boundaries(master)[80]
+    slave_end = slave.commitlog.max_offset
+    master.truncate_to(lost_from)
+    put(master, "rewritten", 60)
+    assert master.commitlog.max_offset > slave_end
+    link, rounds = replicate(master, slave)
+    assert link.last_cut == {"offset": lost_from, "bytes": slave_end - lost_from}
+    assert rounds <= 4  # an attach, two bisection rounds over 99 records, the attach
+    assert log_bytes(slave) == log_bytes(master)
+    for key, cq in master.queues.items():  # queue offsets agree too
+        assert list(slave.queues[key].base) == list(cq.base)
+        assert list(slave.queues[key].phys) == list(cq.phys)
+
+
+def test_slave_ahead_of_a_master_that_lost_everything_is_cut_back(stores, tmp_path):
+    master, slave = stores
+    put(master, "a", 40)
+    replicate(master, slave)
+    fresh = open_store(tmp_path / "new-master")  # the master came back with an empty disk
+    try:
+        put(fresh, "b", 10)
+        link, _ = replicate(fresh, slave)
+        assert link.last_cut["offset"] == 0
+        assert log_bytes(slave) == log_bytes(fresh)
+    finally:
+        fresh.close()
+
+
+def test_divergence_deep_in_a_long_log_is_found_in_few_rounds(stores):
+    master, slave = stores
+    put(master, "a", 5000, queues=8)
+    replicate(master, slave)
+    lost_from = boundaries(master)[1234]
+    master.truncate_to(lost_from)
+    put(master, "b", 4000, queues=8)
+    link, rounds = replicate(master, slave)
+    assert link.last_cut["offset"] == lost_from
+    assert rounds <= 5  # an attach, three bisection rounds over 4999 records, the attach
+    assert log_bytes(slave) == log_bytes(master)
+
+
+def test_bisection_probes_are_bounded(stores):
+    master, slave = stores
+    put(master, "a", 3 * MAX_PROBES)
+    replicate(master, slave)
+    master.truncate_to(boundaries(master)[1])
+    put(master, "b", 3 * MAX_PROBES)
+    core = MasterReplication(QuorumConfig(), 64 * 1024, 16 * 1024)
+    m, s = MasterLink(core, master), SlaveLink(slave, broker_id=1)
+    request = s.begin()
+    while request is not None:
+        assert len(request.get("probes", ())) <= MAX_PROBES
+        reply, _ = m.handshake(KEY, request, now_ms=0)
+        request = s.on_handshake_reply(reply)
+    assert s.last_cut["offset"] == boundaries(master)[1]
+
+
+def test_bytes_before_the_handshake_attached_are_refused(stores):
+    master, slave = stores
+    put(master, "a", 5)
+    link = SlaveLink(slave, broker_id=1)
+    link.begin()
+    with pytest.raises(HamqError, match="before the handshake"):
+        link.on_transfer(0, log_bytes(master))
+    assert slave.commitlog.max_offset == 0
+
+
+def test_a_slave_below_the_masters_retained_log_restarts_at_its_start(stores):
+    master, slave = stores
+    put(master, "a", 2000)  # several 64 KiB segments
+    new_min = master.commitlog.delete_segments_before(time.time() + 60)  # retention
+    for cq in master.queues.values():
+        cq.drop_below_physical(new_min)
+    assert new_min > 0
+    replicate(master, slave)
+    assert slave.commitlog.min_offset == new_min
+    assert log_bytes(slave) == log_bytes(master)
