@@ -18,7 +18,7 @@ from hamq.raft import (
     LogStorage,
     MemoryStorage,
 )
-from hamq.store.disk import OsDisk, OsFile
+from disk_faults import RecordingDisk
 
 
 def entries(start: int, stop: int, term: int = 1) -> list[Entry]:
@@ -211,56 +211,18 @@ def test_older_term_after_newer_at_the_commit_point_refuses_to_start(tmp_path: P
         FileStorage(tmp_path)
 
 
-class _RecordingDisk(OsDisk):
-    """The real disk, noting each truncate, fsync and write of a log segment in order."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, str]] = []
-
-    def open(self, path: Path, create: bool = True, append: bool = False) -> OsFile:
-        file = super().open(path, create, append)
-        return _RecordingFile(self.events, file.path, file.fd)
-
-    def fsync_dir(self, path: Path) -> None:
-        self.events.append(("fsync_dir", ""))
-        super().fsync_dir(path)
-
-
-class _RecordingFile(OsFile):
-    __slots__ = ("events",)
-
-    def __init__(self, events: list[tuple[str, str]], path: Path, fd: int) -> None:
-        super().__init__(path, fd)
-        self.events = events
-
-    def truncate(self, size: int) -> None:
-        self.events.append(("truncate", self.path.name))
-        super().truncate(size)
-
-    def fsync(self) -> None:
-        self.events.append(("fsync", self.path.name))
-        super().fsync()
-
-    def pwrite(self, pieces, offset: int) -> int:
-        self.events.append(("pwrite", self.path.name))
-        return super().pwrite(pieces, offset)
-
-    def dup(self) -> OsFile:
-        return _RecordingFile(self.events, self.path, os.dup(self.fd))
-
-
 def test_truncate_suffix_is_durable_before_the_rewrite(tmp_path: Path) -> None:
     """The cut reaches the disk (file fsynced, removed segments' directory fsynced) before
     a record is written again at the same offsets."""
-    disk = _RecordingDisk()
+    disk = RecordingDisk()
     store = FileStorage(tmp_path, segment_max_bytes=64, disk=disk)
     store.append(entries(0, 9))
     store.sync()
     disk.events.clear()
     store.append(entries(4, 6, term=2))  # cuts at 4, in the second segment
-    first = "00000000000000000003.log"
-    assert disk.events == [("truncate", first), ("fsync", first), ("fsync_dir", ""),
-                           ("pwrite", first)]
+    kept = "00000000000000000003.log"
+    assert disk.events == [("unlink", "00000000000000000006.log"), ("truncate", kept),
+                           ("fsync", kept), ("fsync_dir", tmp_path.name), ("pwrite", kept)]
 
 
 def test_corrupt_checkpoint_is_an_error(tmp_path: Path) -> None:

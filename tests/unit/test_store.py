@@ -3,7 +3,8 @@ recovery from torn or garbage tails and lost indexes, retention, the disk guard,
 metadata, and the config loader's refusal of unknown keys and wrong types."""
 from __future__ import annotations
 
-import errno
+import asyncio
+import json
 import os
 import shutil
 import time
@@ -12,11 +13,14 @@ from pathlib import Path
 import pytest
 
 from hamq.config import BrokerConfig, NamesrvConfig, StoreConfig, load_config
-from hamq.errors import ConfigError, DiskFull
+from hamq.errors import BrokerSystemError, ConfigError, DiskFull
 from hamq.protocol.message import decode_records, encode_batch, encode_message
-from hamq.store.disk import OS_DISK, Disk, OsDisk, OsFile
+from hamq.store.disk import OS_DISK, Disk
+from hamq.store.flush import FlushService
 from hamq.store.message_store import GetStatus, MessageStore
 from hamq.store.metadata import TopicConfig
+
+from disk_faults import RecordingDisk
 
 SEGMENT_BYTES = 4096
 
@@ -284,37 +288,11 @@ def test_torn_tail_never_reuses_queue_offsets(open_store, tmp_path):
     assert read_all(store) == [(11, b"next")]
 
 
-class FullDisk(OsDisk):
-    """The real disk, except that while ``full`` an append writes a few bytes and then
-    fails with ENOSPC, as a file system running out of space mid-write does."""
-
-    def __init__(self) -> None:
-        self.full = False
-
-    def open(self, path: Path, create: bool = True, append: bool = False) -> OsFile:
-        file = super().open(path, create, append)
-        return _FillingFile(self, file.path, file.fd)
-
-
-class _FillingFile(OsFile):
-    __slots__ = ("disk",)
-
-    def __init__(self, disk: FullDisk, path: Path, fd: int) -> None:
-        super().__init__(path, fd)
-        self.disk = disk
-
-    def append(self, pieces) -> int:
-        if self.disk.full:
-            super().append([bytes(pieces[0])[:10]])  # a few bytes reach the file first
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return super().append(pieces)
-
-
 def test_failed_write_is_undone_and_refused_until_disk_check(open_store):
     """ENOSPC in the middle of a group write: the appends of that turn are undone (file
     and queue), later puts are refused with DiskFull, and writes resume after a disk
     check finds room; nothing half-written is ever readable."""
-    disk = FullDisk()
+    disk = RecordingDisk()
     store = open_store(disk=disk)
     bodies = fill(store, 3)
     end = store.commitlog.written_offset
@@ -344,3 +322,82 @@ def test_unreadable_metadata_is_set_aside(open_store, tmp_path):
     store = open_store()
     assert store.topics.topics == {}
     assert (tmp_path / "store" / "topics.corrupt").read_text() == "{not json"
+
+
+def test_open_fsyncs_every_segment_before_claiming_it_flushed(open_store, tmp_path):
+    """A killed broker leaves its writes in the page cache: the reopened log fsyncs them
+    before ``flushed_offset`` (and so the next checkpoint) vouches for them."""
+    store = open_store()
+    fill(store, 40)
+    end = store.commitlog.written_offset
+    store.commitlog.write_pending()  # no close: the process dies here
+    names = sorted(p.name for p in (tmp_path / "store" / "commitlog").iterdir())
+    disk = RecordingDisk()
+    reopened = open_store(disk=disk)
+    assert reopened.commitlog.flushed_offset == reopened.durable_offset == end
+    assert set(names) <= set(disk.names("fsync"))
+
+
+def _tear_middle_segment(tmp_path: Path, store: MessageStore, flushed: int) -> int:
+    """Cut the tail of the last-but-one segment, as a power loss that kept the last one
+    does, and set the checkpoint's fsynced offset; returns where the torn segment ends."""
+    middle = store.commitlog.segments[-2]
+    close(store)
+    os.truncate(middle.path, middle.size - 100)
+    checkpoint = tmp_path / "store" / "checkpoint"
+    checkpoint.write_text(json.dumps({**json.loads(checkpoint.read_text()),
+                                      "dispatched": flushed, "flushed": flushed}))
+    return middle.end - 100
+
+
+def test_segments_after_a_gap_past_the_fsynced_offset_are_removed(open_store, tmp_path):
+    """The checkpoint was saved when the log was fsynced up to the middle segment's start:
+    everything after the gap was never fsynced and goes (the file too, so no later roll
+    appends to it); the torn record goes; the log continues and survives a restart."""
+    store = open_store()
+    bodies = fill(store, 40)
+    last = store.commitlog.segments[-1].path
+    torn_end = _tear_middle_segment(tmp_path, store, store.commitlog.segments[-2].start)
+    store = open_store()
+    assert not last.exists()
+    kept = read_all(store)
+    assert kept == list(enumerate(bodies))[:len(kept)]
+    assert store.commitlog.written_offset <= torn_end
+    assert put(store, "T", 0, [b"after"]) == len(kept)
+    close(store)
+    assert read_all(open_store()) == kept + [(len(kept), b"after")]
+
+
+def test_a_gap_below_the_fsynced_offset_refuses_to_start(open_store, tmp_path):
+    """The checkpoint says the whole log was fsynced: a gap is lost data, not a torn
+    write, and nothing is dropped."""
+    store = open_store()
+    fill(store, 40)
+    end = store.commitlog.written_offset
+    last = store.commitlog.segments[-1].path
+    torn_end = _tear_middle_segment(tmp_path, store, end)
+    with pytest.raises(BrokerSystemError, match=rf"{last.name} starts at {int(last.name)}, but "
+                                               rf"the log before it ends at {torn_end}.*{end}"):
+        open_store()
+    assert last.exists()
+
+
+def test_sync_flush_fsyncs_writes_nobody_waits_for(open_store):
+    """A slave's or a DLedger member's writes under sync flush have no waiter: the group
+    commit still fsyncs them within a few of its periods."""
+    store = open_store(flush_disk_type="sync")
+    log = store.commitlog
+
+    async def write_and_wait() -> None:
+        service = FlushService(store)
+        service.start()
+        try:
+            fill(store, 5)
+            deadline = time.monotonic() + 5
+            while log.flushed_offset < log.written_offset and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+        finally:
+            await service.stop()
+
+    asyncio.run(write_and_wait())
+    assert log.flushed_offset == log.written_offset > 0

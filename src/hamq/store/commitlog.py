@@ -4,6 +4,14 @@ start offset (``00000000000000000000``, ...).
 Appends go to an in-memory list and reach the file in one ``writev`` per event-loop read
 (``write_pending``), so a pipelined burst of sends costs one system call. A record never
 spans two segments; a segment ends where its data ends, so physical offsets stay dense.
+
+Opening after a crash: every segment is fsynced before ``flushed_offset`` claims it (a
+killed process leaves its writes in the page cache, where a later power loss could still
+take them). A segment that does not start where the one before it ends means the earlier
+one lost its tail: if that tail lies below ``checkpoint_flushed`` (what the store's
+checkpoint says was fsynced) the disk lost confirmed data and opening is refused;
+otherwise the later segments can only hold bytes that were never fsynced (a flush syncs a
+rolled segment before the one after it counts) and are removed.
 """
 from __future__ import annotations
 
@@ -15,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from hamq.errors import CrcMismatch
+from hamq.errors import BrokerSystemError, CrcMismatch
 from hamq.protocol.limits import MAX_TOPIC_LENGTH
 from hamq.protocol.message import (RECORD_HEADER_BYTES, RecordHeader, check_record_payload,
                                    parse_record_header)
@@ -45,8 +53,8 @@ class Segment:
 
 
 class CommitLog:
-    def __init__(self, directory: str | Path, segment_bytes: int, *,
-                 disk: Disk = OS_DISK) -> None:
+    def __init__(self, directory: str | Path, segment_bytes: int, *, disk: Disk = OS_DISK,
+                 checkpoint_flushed: int = 0) -> None:
         self.directory = Path(directory)
         self.segment_bytes = segment_bytes
         self.disk = disk
@@ -61,7 +69,7 @@ class CommitLog:
         self._flush_lock = threading.Lock()
         self._generation = 0
         self.flushed_offset = 0
-        self._open_segments()
+        self._open_segments(checkpoint_flushed)
 
     # -- offsets ------------------------------------------------------------------------
     @property
@@ -76,6 +84,11 @@ class CommitLog:
     def max_offset(self) -> int:
         """End of the log including appends not yet handed to the OS."""
         return self.written_offset + self._pending_bytes
+
+    @property
+    def unflushed(self) -> bool:
+        """Whether bytes handed to the OS wait for an fsync."""
+        return self.written_offset > self.flushed_offset or bool(self._rolled)
 
     # -- appending ----------------------------------------------------------------------
     def reserve(self, size: int) -> int:
@@ -188,19 +201,26 @@ class CommitLog:
 
     # -- shrinking ----------------------------------------------------------------------
     def truncate(self, offset: int) -> None:
-        """Drop everything at and after ``offset`` (a torn tail, or a diverged suffix)."""
+        """Drop everything at and after ``offset`` (a torn tail, or a diverged suffix); the
+        cut is durable before anything is written again at those offsets. Refused below
+        ``min_offset``: retention removed the bytes before the cut, and no segment may start
+        anywhere but where its name says (use ``reset`` to restart the log elsewhere)."""
+        if offset < self.min_offset:
+            raise BrokerSystemError(f"cannot cut the commit log back to {offset}: retention "
+                                    f"already removed everything below {self.min_offset}")
         self.write_pending()
+        removed = False
         while len(self.segments) > 1 and self.segments[-1].start >= offset:
             self._starts.pop()
             self._remove(self.segments.pop())
+            removed = True
+        if removed:  # a removed segment must not come back after a power loss
+            self.disk.fsync_dir(self.directory)
         seg = self.segments[-1]
-        keep = max(0, offset - seg.start)
-        if keep < seg.size:
-            seg.file.truncate(keep)
+        if offset - seg.start < seg.size:
+            seg.file.truncate(offset - seg.start)
             seg.file.fsync()
-            seg.size = keep
-        if seg.start > offset:  # the whole log is gone: restart at offset
-            seg.start = offset
+            seg.size = offset - seg.start
         with self._flush_lock:
             self._generation += 1
             self.flushed_offset = min(self.flushed_offset, self.written_offset)
@@ -235,21 +255,37 @@ class CommitLog:
         self._starts = []
 
     # -- internals ----------------------------------------------------------------------
-    def _open_segments(self) -> None:
+    def _open_segments(self, checkpoint_flushed: int) -> None:
         names = [name for name in self.disk.listdir(self.directory)
                  if name.isdigit() and len(name) == SEGMENT_NAME_DIGITS]
-        for name in names:
+        for position, name in enumerate(names):
             file = self.disk.open(self.directory / name, create=False, append=True)
             seg = Segment(int(name), file, file.size())
             if self.segments and self.segments[-1].end != seg.start:
-                log.warning("gap in commit log before %s; later segments are dropped", name)
                 file.close()
+                self._drop_after_gap(names[position:], checkpoint_flushed)
                 break
             self.segments.append(seg)
             self._starts.append(seg.start)
         if not self.segments:
             self._roll(0)
+        for seg in self.segments:
+            seg.file.fsync()
         self.flushed_offset = self.written_offset
+
+    def _drop_after_gap(self, names: list[str], checkpoint_flushed: int) -> None:
+        end = self.segments[-1].end
+        where = (f"commit log segment {self.directory / names[0]} starts at {int(names[0])}, "
+                 f"but the log before it ends at {end}")
+        if end < checkpoint_flushed:
+            raise BrokerSystemError(
+                f"{where}, below offset {checkpoint_flushed} that the checkpoint says was "
+                f"fsynced: the disk lost confirmed data; refusing to start")
+        log.warning("%s, past the fsynced offset %d: removing %d segment(s) never fsynced",
+                    where, checkpoint_flushed, len(names))
+        for name in names:
+            self.disk.unlink(self.directory / name)
+        self.disk.fsync_dir(self.directory)
 
     def _roll(self, start: int) -> None:
         file = self.disk.open(self.directory / f"{start:0{SEGMENT_NAME_DIGITS}d}", append=True)

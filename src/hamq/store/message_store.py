@@ -15,7 +15,7 @@ from typing import NamedTuple
 from pathlib import Path
 
 from hamq.config import StoreConfig
-from hamq.errors import BrokerSystemError, CrcMismatch, DiskFull, QueueNotExist
+from hamq.errors import CrcMismatch, DiskFull, QueueNotExist
 from hamq.protocol.message import (RECORD_HEADER_BYTES, check_record_payload, encode_record_header,
                                    parse_record_header, peek_record_size, validate_topic)
 from hamq.store.commitlog import CommitLog, now_ms
@@ -62,7 +62,8 @@ class MessageStore:
         self.root = Path(config.store_dir)
         disk.mkdir(self.root)
         self.commitlog = CommitLog(self.root / "commitlog", config.mapped_file_size_commitlog,
-                                   disk=disk)
+                                   disk=disk,
+                                   checkpoint_flushed=self.read_checkpoint().get("flushed", 0))
         self.cq_root = self.root / "consumequeue"
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self.topics = TopicConfigManager(self.root, clock_ms(), disk=disk)
@@ -158,6 +159,11 @@ class MessageStore:
         if self._free_bytes_at_check - self._written_since_disk_check < \
                 self.config.disk_min_free_bytes:
             self.check_disk()
+
+    @property
+    def durable_offset(self) -> int:
+        """Commit-log offset up to which every byte is fsynced (what a power loss keeps)."""
+        return self.commitlog.flushed_offset
 
     # -- replication (slave side) ----------------------------------------------------------
     @property
@@ -374,14 +380,15 @@ class MessageStore:
 
     def truncate_to(self, offset: int) -> None:
         """Forget everything stored at and after ``offset`` (DLedger: state past the last
-        checkpoint is rebuilt by applying the committed log again). Refused below the
-        log's first retained byte: the records between would be gone from both."""
-        if offset < self.commitlog.min_offset:
-            raise BrokerSystemError(f"cannot cut the commit log back to {offset}: retention "
-                                    f"already removed everything below {self.commitlog.min_offset}")
+        checkpoint is rebuilt by applying the committed log again). Refused (by
+        ``CommitLog.truncate``, before anything changes) below the log's first retained
+        byte: the records between would be gone, and the queue offsets they had with them.
+        The checkpoint is rewritten at once: its fsynced offset must not vouch for the
+        different records that will be written past the cut."""
         self.commitlog.truncate(offset)
         for cq in self.queues.values():
             cq.drop_from_physical(offset)
+        self.flush_consume_queues()
 
     def read_checkpoint(self) -> dict:
         try:
