@@ -401,3 +401,46 @@ def test_sync_flush_fsyncs_writes_nobody_waits_for(open_store):
 
     asyncio.run(write_and_wait())
     assert log.flushed_offset == log.written_offset > 0
+
+
+
+def _names_agree(store: MessageStore) -> bool:
+    return all(int(seg.path.name) == seg.start for seg in store.commitlog.segments)
+
+
+def test_truncate_below_the_retained_minimum_is_refused(open_store, tmp_path):
+    """After retention, a cut below the first retained byte is refused before anything
+    changes (the records and their queue offsets are gone); a cut at or above it leaves
+    every segment named by its start, reaches the checkpoint at once, and reads, restarts
+    and appends go on."""
+    store = open_store(file_reserved_hours=1.0)
+    bodies = fill(store, 40)
+    old = time.time() - 2 * 3600
+    for seg in store.commitlog.segments[:2]:
+        os.utime(seg.path, (old, old))
+    store.delete_expired()
+    low = store.commitlog.min_offset
+    assert low > 0 and len(store.commitlog.segments) >= 2
+    retained = read_all(store)
+    with pytest.raises(BrokerSystemError, match=f"cannot cut the commit log back to 0.*"
+                                                f"below {low}"):
+        store.truncate_to(0)
+    assert read_all(store) == retained and _names_agree(store)
+
+    cut = store.queue("T", 0).phys[-8]  # a record boundary in an earlier segment
+    store.truncate_to(cut)
+    kept = retained[:-8]
+    assert read_all(store) == kept and _names_agree(store)
+    assert json.loads((tmp_path / "store" / "checkpoint").read_text())["flushed"] <= cut
+    close(store)
+    store = open_store(file_reserved_hours=1.0)
+    assert read_all(store) == kept and _names_agree(store)
+    assert put(store, "T", 0, [b"next"]) == len(bodies) - 8
+
+    store.truncate_to(low)  # everything retained goes; the log restarts at its minimum
+    assert read_all(store) == [] and _names_agree(store)
+    close(store)
+    store = open_store(file_reserved_hours=1.0)
+    assert store.commitlog.min_offset == store.commitlog.written_offset == low
+    assert put(store, "T", 0, [b"again"]) == kept[0][0]
+    assert read_all(store) == [(kept[0][0], b"again")]
