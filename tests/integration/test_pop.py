@@ -265,3 +265,36 @@ def test_idle_long_polling_pops_cost_no_cpu_and_a_write_wakes_one(cluster):
         produce(cluster.namesrv, topic, [b"wake"])
         answered = wait_for(lambda: [p for p in pops if p.done()], 3.0, "a pop woken")
         assert len(answered) == 1 and answered[0].result().code == ResponseCode.SUCCESS
+
+
+def test_a_poison_message_goes_to_the_dlq_after_max_reconsume_times(cluster):
+    """A message never acked is redelivered with reconsume_times 0..16 (RocketMQ's default
+    retryMaxTimes), then stored in %DLQ%<group> and acked, so the queue's consume offset
+    moves past it and the acks behind it."""
+    topic = "PopPoison"
+    with hamq.Admin(cluster.namesrv) as admin:
+        admin.create_topic(topic, 1)
+    produce(cluster.namesrv, topic, [b"poison"] + [b"ok%d" % i for i in range(20)])
+    deliveries: list[int] = []
+    deadline = time.monotonic() + 30.0
+    with hamq.SimpleConsumer("g-poison", cluster.namesrv, {topic: "*"},
+                             await_duration_s=0.5) as consumer:
+        while time.monotonic() < deadline:
+            for m in consumer.receive(32, 0.1):
+                if m.body == b"poison":
+                    deliveries.append(m.reconsume_times)
+                else:
+                    consumer.ack(m)
+            if len(deliveries) > 16:
+                time.sleep(0.3)  # past its last invisible time: due, and dead-lettered
+                assert consumer.receive(32, 0.1) == []
+                break
+    assert deliveries == list(range(17))
+    with hamq.PullConsumer("g-poison", cluster.namesrv) as pull:
+        dlq = wait_for(lambda: pull.pull(pull.fetch_message_queues("%DLQ%g-poison")[0], 0, 32,
+                                         suspend_timeout_ms=500).messages, 5.0, "the DLQ copy")
+        assert [m.body for m in dlq] == [b"poison"]
+        assert dlq[0].reconsume_times == 17
+        assert dlq[0].properties["RETRY_TOPIC"] == topic
+        mq = pull.fetch_message_queues(topic)[0]
+        assert wait_for(lambda: pull.fetch_offset(mq) == 21, 5.0, "the offset past it")

@@ -23,7 +23,7 @@ def open_broker(root, broker_name: str = "broker-a") -> tuple[MessageStore, PopS
     if store.topics.get(TOPIC) is None:
         topics.create(TOPIC, 2, 2, 6, notify=False)
     pop = PopService(store, topics, FlushService(store), broker_name, 1000, 10_000, 1000,
-                     False, lambda: None)
+                     False, lambda: None, lambda topic, queue_id: None)
     return store, pop
 
 
@@ -34,12 +34,13 @@ def put(store: MessageStore, n: int, queue_id: int = 0) -> None:
     store.commit()
 
 
-def pop(service: PopService, max_msgs: int, invisible_ms: int = 60_000) -> dict:
-    frame = Frame(200050, 1, ext={"group": "g", "topic": TOPIC, "queue_id": 0,
+def pop(service: PopService, max_msgs: int, invisible_ms: int = 60_000,
+        queue_id: int = 0) -> dict:
+    frame = Frame(200050, 1, ext={"group": "g", "topic": TOPIC, "queue_id": queue_id,
                                   "max_msgs": max_msgs, "invisible_time_ms": invisible_ms})
     service._answer(frame, hold=False)
     service.store.commit()
-    return {o: ck for o, (_, _, ck) in service.states[("g", TOPIC, 0)].inflight.items()}
+    return {o: ck for o, (_, _, ck) in service.states[("g", TOPIC, queue_id)].inflight.items()}
 
 
 def state_of(service: PopService) -> list:
@@ -64,7 +65,7 @@ def test_checkpoint_plus_tail_replay(tmp_path):
     store, service = open_broker(tmp_path)
     put(store, 10)
     handles = pop(service, 4)
-    service.revive.write_checkpoint(service._snapshot())
+    service._write_checkpoint(service._snapshot())
     service._ack("g", [[TOPIC, 0, o, handles[o]] for o in (0, 2)])
     more = pop(service, 4)
     service._ack("g", [[TOPIC, 0, 5, more[5]]])
@@ -87,3 +88,19 @@ def test_records_of_another_broker_name_are_ignored(tmp_path):
     store2, service2 = open_broker(tmp_path)
     assert ("g", TOPIC, 0) not in service2.states
     store2.close()
+
+
+def test_a_checkpoint_encodes_only_the_queues_that_changed(tmp_path):
+    store, service = open_broker(tmp_path)
+    put(store, 4, queue_id=0)
+    put(store, 4, queue_id=1)
+    handles = pop(service, 4, queue_id=0)
+    pop(service, 4, queue_id=1)
+    first = {(g, t, q): wire for g, t, q, wire in service._snapshot()["queues"]}
+    service._ack("g", [[TOPIC, 0, 0, handles[0]]])
+    store.commit()
+    second = {(g, t, q): wire for g, t, q, wire in service._snapshot()["queues"]}
+    assert second[("g", TOPIC, 1)] is first[("g", TOPIC, 1)]  # untouched: not re-encoded
+    assert second[("g", TOPIC, 0)] is not first[("g", TOPIC, 0)]
+    assert second[("g", TOPIC, 0)][0] == 1  # the ack moved its consume offset
+    store.close()

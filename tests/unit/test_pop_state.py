@@ -1,6 +1,6 @@
 """PopQueueState: in-flight bookkeeping, the acked prefix, redelivery order and stale
 receipt handles."""
-from hamq.broker.pop_state import AckResult, PopQueueState
+from hamq.broker.pop_state import AckedRanges, AckResult, PopQueueState
 
 
 def test_acked_prefix_advances_over_out_of_order_acks():
@@ -11,7 +11,7 @@ def test_acked_prefix_advances_over_out_of_order_acks():
     assert s.ack(11, 1) is AckResult.ACKED
     assert s.consume_offset == 10
     assert s.ack(10, 1) is AckResult.ACKED
-    assert s.consume_offset == 13 and s.acked == set()
+    assert s.consume_offset == 13 and not s.acked
     assert s.ack(10, 1) is AckResult.ALREADY_ACKED
     assert s.ack(99, 1) is AckResult.STALE  # never popped
 
@@ -65,8 +65,8 @@ def test_wire_round_trip():
     s.check_out(range(3, 8), [0, 1, 2, 0, 0], deadline_ms=100, ck=9)
     s.ack(5, 9)
     t = PopQueueState.from_wire(s.to_wire())
-    assert (t.consume_offset, t.pop_offset, t.inflight, t.acked) == \
-        (s.consume_offset, s.pop_offset, s.inflight, s.acked)
+    assert (t.consume_offset, t.pop_offset, t.inflight, t.acked.ranges()) == \
+        (s.consume_offset, s.pop_offset, s.inflight, s.acked.ranges())
     assert t.take_expired(100, 10) == s.take_expired(100, 10)
 
 
@@ -75,4 +75,35 @@ def test_truncate_to_a_shorter_queue_forgets_offsets_past_its_end():
     s.check_out(range(0, 6), [0] * 6, deadline_ms=100, ck=1)
     s.ack(4, 1)
     s.truncate_to(3)
-    assert (s.consume_offset, s.pop_offset, sorted(s.inflight), s.acked) == (0, 3, [0, 1, 2], set())
+    assert (s.consume_offset, s.pop_offset, sorted(s.inflight), len(s.acked)) == (0, 3, [0, 1, 2], 0)
+
+
+def test_acks_behind_a_poison_message_stay_one_range():
+    """A message never acked pins the prefix; the acks after it cost one range, not one
+    entry each, and the deadline heap does not keep their stale entries."""
+    s = PopQueueState(0)
+    for start in range(0, 100_000, 1000):
+        s.check_out(range(start, start + 1000), [0] * 1000, deadline_ms=100, ck=start)
+        for offset in range(max(start, 1), start + 1000):
+            assert s.ack(offset, start) is AckResult.ACKED
+    assert s.consume_offset == 0 and s.acked.ranges() == [(1, 100_000)]
+    assert len(s._deadlines) <= 2 * len(s.inflight) + 1024
+    assert s.ack(0, 0) is AckResult.ACKED
+    assert s.consume_offset == 100_000 and not s.acked
+
+
+def test_acked_ranges_merge_split_and_keep():
+    r = AckedRanges()
+    for offset in (5, 7, 6, 10, 9, 2):
+        r.add(offset)
+    assert r.ranges() == [(2, 3), (5, 8), (9, 11)]
+    assert 6 in r and 8 not in r and 1 not in r
+    assert r.take_prefix(2) == 3 and r.take_prefix(4) == 4
+    r.keep(6, 10)
+    assert r.ranges() == [(6, 8), (9, 10)]
+
+
+def test_an_older_checkpoint_with_single_acked_offsets_loads_as_ranges():
+    s = PopQueueState.from_wire([0, 5, [[0, 100, 0, 1]], [1, 2, 3, 4]])
+    assert s.acked.ranges() == [(1, 5)]
+    assert s.ack(0, 1) is AckResult.ACKED and s.consume_offset == 5

@@ -8,6 +8,11 @@ nothing here (CK/ACK records already make the in-flight state durable) and would
 bytes written per unacked message; in place, a redelivery is a read of the original record
 and one small CK. The group's consumer offset is the end of the acked prefix of each queue.
 
+A message due again after ``max_reconsume_times`` redeliveries (a field of the pop, 16 by
+default, as RocketMQ's retryMaxTimes) is not handed out: a copy goes to ``%DLQ%<group>``
+and it is acked (RocketMQ 5's pop filter: TO_DLQ, then ack), so a poison message stops
+pinning its queue's consume offset.
+
 Popped messages are answered from the store as raw records (like a pull) together with, per
 record run, the offsets handed out and their reconsume times; the receipt handle is
 (queue, offset, ck) where ck is the revive-log offset of the checkpoint that handed the
@@ -23,6 +28,8 @@ from dataclasses import dataclass
 
 from hamq.broker.pop_state import AckResult, PopQueueState
 from hamq.broker.revive_log import KIND_CK, REVIVE_LOG_TOPIC, AckEntry, CkEntry, ReviveLog
+from hamq.broker.send_back import copy_properties, put_dead_letter
+from hamq.broker.stored_message import read_message
 from hamq.broker.topics import TopicService
 from hamq.errors import HamqError, InvalidArgument, NoPermission
 from hamq.net.connection import Connection, error_pieces, response_pieces
@@ -30,6 +37,7 @@ from hamq.net.tasks import cancel_all, every
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, require, unpack_body
 from hamq.protocol.limits import MAX_PULL_BYTES
+from hamq.protocol.properties import DEFAULT_MAX_RECONSUME_TIMES
 from hamq.store.flush import FlushService
 from hamq.store.message_store import GetStatus, MessageStore, PutResult
 from hamq.store.metadata import PERM_READ
@@ -64,7 +72,7 @@ class PopService:
     def __init__(self, store: MessageStore, topics: TopicService, flush: FlushService,
                  broker_name: str, max_wait_ms: int, inflight_threshold: int,
                  checkpoint_interval_ms: int, is_slave: bool,
-                 on_written: Callable[[], None]) -> None:
+                 on_written: Callable[[], None], on_put: Callable[[str, int], None]) -> None:
         self.store = store
         self.topics = topics
         self.flush = flush
@@ -74,6 +82,7 @@ class PopService:
         self.checkpoint_interval_s = checkpoint_interval_ms / 1000
         self.is_slave = is_slave
         self.on_written = on_written  # ships new log bytes to slaves
+        self.on_put = on_put  # wakes pulls held on a dead-letter queue
         self.states: dict[StateKey, PopQueueState] = {}
         self._rotation: dict[tuple[str, str], int] = {}
         # Held pops by topic, oldest first. The pull service tells ``serve_arrivals`` of
@@ -82,6 +91,9 @@ class PopService:
         self._acked_topics: set[str] = set()  # acks may lift the in-flight threshold
         self._tasks: list[asyncio.Task] = []
         self._checkpointed_at = -1  # revive offset of the last checkpoint written
+        # Each queue's state as last encoded for a checkpoint, with the state object and
+        # its version then: a checkpoint re-encodes only the queues that changed.
+        self._encoded: dict[StateKey, tuple[PopQueueState, int, list]] = {}
         if not is_slave and store.topics.get(REVIVE_LOG_TOPIC) is None:
             topics.create(REVIVE_LOG_TOPIC, 1, 1, PERM_READ, notify=False)
         self._recover()
@@ -127,23 +139,34 @@ class PopService:
             h.conn.reply(response_pieces(h.frame, ResponseCode.PULL_NOT_FOUND))
         snapshot = self._snapshot()
         if snapshot is not None:
-            self.revive.write_checkpoint(snapshot)
+            self._write_checkpoint(snapshot)
 
-
-    def _snapshot(self) -> bytes | None:
+    def _snapshot(self) -> dict | None:
         """The state and the revive offset it covers, taken between event-loop turns (so
-        every record below that offset is applied and nothing above it)."""
+        every record below that offset is applied and nothing above it). Only queues
+        changed since the last checkpoint are encoded here; the encoded lists are never
+        changed afterwards, so the JSON is written in a worker thread."""
         end = self.revive.end_offset
         if end == self._checkpointed_at:
             return None
         self._checkpointed_at = end
-        return json.dumps({"revive_offset": end, "queues": [
-            [g, t, q, s.to_wire()] for (g, t, q), s in self.states.items()]}).encode()
+        encoded = {}
+        for key, state in self.states.items():
+            cached = self._encoded.get(key)
+            if cached is None or cached[0] is not state or cached[1] != state.version:
+                cached = (state, state.version, state.to_wire())
+            encoded[key] = cached
+        self._encoded = encoded
+        return {"revive_offset": end,
+                "queues": [[g, t, q, wire] for (g, t, q), (_, _, wire) in encoded.items()]}
+
+    def _write_checkpoint(self, snapshot: dict) -> None:
+        self.revive.write_checkpoint(json.dumps(snapshot).encode())
 
     async def _checkpoint(self) -> None:
         snapshot = self._snapshot()
         if snapshot is not None:
-            await asyncio.to_thread(self.revive.write_checkpoint, snapshot)
+            await asyncio.to_thread(self._write_checkpoint, snapshot)
 
     # -- state ----------------------------------------------------------------------------
     def _state(self, group: str, topic: str, queue_id: int, init_mode: str) -> PopQueueState:
@@ -193,6 +216,10 @@ class PopService:
         if not isinstance(poll_ms, int) or poll_ms < 0:
             raise InvalidArgument(f"poll_time_ms must be an integer >= 0, got {poll_ms!r}")
         poll_ms = min(poll_ms, self.max_wait_ms)
+        max_reconsume_times = ext.get("max_reconsume_times", DEFAULT_MAX_RECONSUME_TIMES)
+        if not isinstance(max_reconsume_times, int) or max_reconsume_times < 0:
+            raise InvalidArgument("max_reconsume_times must be an integer >= 0, got "
+                                  f"{max_reconsume_times!r}")
         pieces = self._answer(frame, hold=poll_ms > 0)
         if pieces is None:
             self.held.setdefault(topic, []).append(
@@ -205,6 +232,7 @@ class PopService:
         queue_id = ext.get("queue_id", -1)
         remaining = ext.get("max_msgs", DEFAULT_POP_BATCH)
         init_mode = ext.get("init_mode", INIT_MODE_MIN)
+        max_reconsume_times = ext.get("max_reconsume_times", DEFAULT_MAX_RECONSUME_TIMES)
         config = self.store.topics.get(topic)
         if queue_id >= 0:
             queue_ids = [queue_id]
@@ -232,6 +260,8 @@ class PopService:
             due = state.take_expired(now, remaining)
             if due:
                 taken.append(state)
+                due = self._dead_letter(group, topic, qid, state, due, max_reconsume_times)
+            if due:
                 self._read_redeliveries(topic, qid, due, offsets, times, chunks, bodies)
             if len(offsets) < remaining and len(state.inflight) < self.inflight_threshold:
                 self._read_new(topic, qid, state.pop_offset, remaining - len(offsets),
@@ -256,6 +286,31 @@ class PopService:
             self.states[(group, topic, qid)].check_out(offsets, times, deadline, ck)
         return response_pieces(frame, ext={"ck": ck, "pop_time_ms": now, "deadline_ms": deadline,
                                            "chunks": chunks}, body=b"".join(bodies))
+
+    def _dead_letter(self, group: str, topic: str, qid: int, state: PopQueueState,
+                     due: list[tuple[int, int]], max_reconsume_times: int
+                     ) -> list[tuple[int, int]]:
+        """Due redeliveries past ``max_reconsume_times`` go to the group's DLQ and are
+        acked (an ACK record, so a restart agrees); returns the others."""
+        redeliver = [d for d in due if d[1] <= max_reconsume_times]
+        if len(redeliver) == len(due):
+            return due
+        acks: list[AckEntry] = []
+        for offset, times in due:
+            if times <= max_reconsume_times:
+                continue
+            original = read_message(self.store, topic, qid, offset)
+            if original is not None:  # None: removed by retention meanwhile
+                put_dead_letter(self.store, self.topics, group, original,
+                                copy_properties(original, topic, times), self.on_put)
+            acks.append((topic, qid, offset, state.inflight[offset][2]))
+        self.revive.append_ack(group, acks)
+        for _, _, offset, ck in acks:
+            state.ack(offset, ck)
+        self._commit_offsets(group, acks)
+        log.info("%s:%d: %d messages of group %s past %d redeliveries sent to its DLQ", topic,
+                 qid, len(acks), group, max_reconsume_times)
+        return redeliver
 
     def _read_new(self, topic: str, qid: int, start: int, limit: int, offsets: list[int],
                   times: list[int], chunks: list[list], bodies: list[bytes]) -> None:

@@ -7,10 +7,17 @@ is the end of the contiguous acked prefix: it is what the group's consumer offse
 The revive log (``revive_log.py``) records each change as a checkpoint (CK: offsets handed
 out with a deadline) or an ACK, and replaying those records through ``check_out`` and
 ``ack`` rebuilds exactly this state: both are deterministic given the records' order.
+
+The state stays small whatever is acked: acked offsets above the prefix are kept as ranges
+(a message never acked — a poison message until it goes to the DLQ — leaves every later
+ack in one range, not a set of millions), and the deadline heap is rebuilt once acked
+entries outnumber the live ones. ``version`` counts changes, so a checkpoint re-encodes
+only the queues that changed.
 """
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections.abc import Iterable
 from enum import IntEnum
 
@@ -25,16 +32,76 @@ class AckResult(IntEnum):
     STALE = 2  # in flight under another receipt handle (redelivered since), or never popped
 
 
+# Stale deadline-heap entries tolerated beyond the live ones before the heap is rebuilt.
+DEADLINE_SLACK = 1024
+
+
+class AckedRanges:
+    """Offsets as sorted, disjoint ``[start, end)`` ranges. Acks arrive mostly in order, so
+    they extend one range; memory follows the gaps between acked offsets, not their count."""
+    __slots__ = ("starts", "ends")
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def __contains__(self, offset: int) -> bool:
+        i = bisect_right(self.starts, offset) - 1
+        return i >= 0 and offset < self.ends[i]
+
+    def __len__(self) -> int:
+        """The number of ranges (not of offsets)."""
+        return len(self.starts)
+
+    def ranges(self) -> list[tuple[int, int]]:
+        return list(zip(self.starts, self.ends))
+
+    def add(self, offset: int) -> None:
+        starts, ends = self.starts, self.ends
+        i = bisect_right(starts, offset) - 1  # the range starting at or before ``offset``
+        if i >= 0 and offset < ends[i]:
+            return
+        joins_left = i >= 0 and ends[i] == offset
+        joins_right = i + 1 < len(starts) and starts[i + 1] == offset + 1
+        if joins_left and joins_right:
+            ends[i] = ends[i + 1]
+            del starts[i + 1], ends[i + 1]
+        elif joins_left:
+            ends[i] = offset + 1
+        elif joins_right:
+            starts[i + 1] = offset
+        else:
+            starts.insert(i + 1, offset)
+            ends.insert(i + 1, offset + 1)
+
+    def take_prefix(self, offset: int) -> int:
+        """Remove the range starting at ``offset``, if any; returns where the contiguous
+        run from ``offset`` ends."""
+        if self.starts and self.starts[0] == offset:
+            del self.starts[0]
+            return self.ends.pop(0)
+        return offset
+
+    def keep(self, low: int, high: int) -> None:
+        """Forget offsets outside ``[low, high)``."""
+        kept = [(max(s, low), min(e, high)) for s, e in zip(self.starts, self.ends)
+                if e > low and s < high]
+        self.starts = [s for s, _ in kept]
+        self.ends = [e for _, e in kept]
+
+
 class PopQueueState:
-    __slots__ = ("consume_offset", "pop_offset", "inflight", "acked", "_deadlines")
+    __slots__ = ("consume_offset", "pop_offset", "inflight", "acked", "version", "_deadlines")
 
     def __init__(self, consume_offset: int) -> None:
         self.consume_offset = consume_offset
         self.pop_offset = consume_offset
         self.inflight: dict[int, InFlight] = {}
-        self.acked: set[int] = set()
+        self.acked = AckedRanges()
+        self.version = 0  # bumped by every change of what ``to_wire`` encodes
         # Min-heap of (deadline_ms, offset, ck); entries that no longer match ``inflight``
-        # (acked, or handed out again) are dropped lazily.
+        # (acked, or handed out again) are dropped lazily, or all at once past
+        # ``DEADLINE_SLACK`` of them.
         self._deadlines: list[InFlight] = []
 
     def check_out(self, offsets: Iterable[int], reconsume_times: Iterable[int],
@@ -50,6 +117,7 @@ class PopQueueState:
             inflight[offset] = (deadline_ms, times, ck)
             push(heap, (deadline_ms, offset, ck))
         self.pop_offset = top
+        self.version += 1
 
     def take_expired(self, now_ms: int, limit: int) -> list[tuple[int, int]]:
         """Up to ``limit`` (offset, reconsume_times + 1) whose invisible time is over. The
@@ -87,14 +155,12 @@ class PopQueueState:
             return AckResult.STALE
         del self.inflight[offset]
         if offset == self.consume_offset:
-            offset += 1
-            acked = self.acked
-            while offset in acked:
-                acked.remove(offset)
-                offset += 1
-            self.consume_offset = offset
+            self.consume_offset = self.acked.take_prefix(offset + 1)
         else:
             self.acked.add(offset)
+        self.version += 1
+        if len(self._deadlines) > 2 * len(self.inflight) + DEADLINE_SLACK:
+            self.restore_deadlines()
         return AckResult.ACKED
 
     def forget_below(self, min_offset: int) -> None:
@@ -103,12 +169,10 @@ class PopQueueState:
         if self.consume_offset >= min_offset:
             return
         self.inflight = {o: e for o, e in self.inflight.items() if o >= min_offset}
-        self.acked = {o for o in self.acked if o >= min_offset}
-        self.consume_offset = min_offset
+        self.acked.keep(min_offset, self.pop_offset)
         self.pop_offset = max(self.pop_offset, min_offset)
-        while self.consume_offset in self.acked:
-            self.acked.remove(self.consume_offset)
-            self.consume_offset += 1
+        self.consume_offset = self.acked.take_prefix(min_offset)
+        self.version += 1
         self.restore_deadlines()
 
     def truncate_to(self, max_offset: int) -> None:
@@ -117,15 +181,17 @@ class PopQueueState:
         if self.pop_offset <= max_offset:
             return
         self.inflight = {o: e for o, e in self.inflight.items() if o < max_offset}
-        self.acked = {o for o in self.acked if o < max_offset}
+        self.acked.keep(0, max_offset)
         self.pop_offset = max_offset
         self.consume_offset = min(self.consume_offset, max_offset)
+        self.version += 1
         self.restore_deadlines()
 
     # -- snapshot (the revive checkpoint) ---------------------------------------------
     def to_wire(self) -> list:
         return [self.consume_offset, self.pop_offset,
-                [[o, d, r, ck] for o, (d, r, ck) in self.inflight.items()], sorted(self.acked)]
+                [[o, d, r, ck] for o, (d, r, ck) in self.inflight.items()],
+                [[s, e] for s, e in self.acked.ranges()]]
 
     @staticmethod
     def from_wire(data: list) -> "PopQueueState":
@@ -133,6 +199,11 @@ class PopQueueState:
         state = PopQueueState(consume_offset)
         state.pop_offset = pop_offset
         state.inflight = {o: (d, r, ck) for o, d, r, ck in inflight}
-        state.acked = set(acked)
+        for entry in acked:  # [start, end] ranges; single offsets in older checkpoints
+            if isinstance(entry, int):
+                state.acked.add(entry)
+            else:
+                state.acked.starts.append(entry[0])
+                state.acked.ends.append(entry[1])
         state.restore_deadlines()
         return state

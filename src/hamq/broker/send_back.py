@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from hamq.broker.durable import answer_when_durable
 from hamq.broker.schedule import ScheduleMessageService
-from hamq.broker.stored_message import read_message
+from hamq.broker.stored_message import StoredMessage, read_message
 from hamq.broker.topics import TopicService
 from hamq.errors import QueryNotFound
 from hamq.net.connection import Connection
@@ -28,7 +28,7 @@ from hamq.protocol.properties import (DEFAULT_MAX_RECONSUME_TIMES, DLQ_GROUP_TOP
                                       PROPERTY_RETRY_TOPIC, RETRY_GROUP_TOPIC_PREFIX,
                                       SCHEDULE_PROPERTIES)
 from hamq.store.flush import FlushService
-from hamq.store.message_store import MessageStore
+from hamq.store.message_store import MessageStore, PutResult
 from hamq.store.metadata import PERM_READ_WRITE
 
 RETRY_QUEUE_NUMS = 1  # RocketMQ retryQueueNums
@@ -63,27 +63,46 @@ class ConsumerSendMsgBackProcessor:
         original = read_message(self.store, topic, queue_id, queue_offset)
         if original is None:
             raise QueryNotFound(f"no message at offset {queue_offset} of {topic}:{queue_id}")
-        properties, body, born_ts = original.properties, original.body, original.born_timestamp_ms
-        reconsume_times = int(properties.get(PROPERTY_RECONSUME_TIME, 0))
-        for name in (*SCHEDULE_PROPERTIES, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID):
-            properties.pop(name, None)
-        properties.setdefault(PROPERTY_RETRY_TOPIC, topic)
-        properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, original.msg_id)
-        properties[PROPERTY_RECONSUME_TIME] = str(reconsume_times + 1)
+        reconsume_times = int(original.properties.get(PROPERTY_RECONSUME_TIME, 0))
+        properties = copy_properties(original, topic, reconsume_times + 1)
         if reconsume_times >= max_reconsume_times:
-            dlq = self._ensure_topic(DLQ_GROUP_TOPIC_PREFIX + group, DLQ_QUEUE_NUMS)
-            payload = encode_message(body, encode_properties(properties))
-            put = self.store.put_batch(dlq, 0, payload, 1, zlib.crc32(payload), born_ts)
-            self.on_put(dlq, 0)
+            dlq, put = put_dead_letter(self.store, self.topics, group, original, properties,
+                                       self.on_put)
             return answer_when_durable(self.flush, conn, frame, put.end_offset,
                                        {"topic": dlq}, "message")
-        retry = self._ensure_topic(RETRY_GROUP_TOPIC_PREFIX + group, RETRY_QUEUE_NUMS)
-        put = self.schedule.put_delayed(retry, 0, properties, body, born_ts,
+        retry = ensure_topic(self.topics, RETRY_GROUP_TOPIC_PREFIX + group, RETRY_QUEUE_NUMS)
+        put = self.schedule.put_delayed(retry, 0, properties, original.body,
+                                        original.born_timestamp_ms,
                                         delay_level or retry_delay_level(reconsume_times))
         return answer_when_durable(self.flush, conn, frame, put.end_offset, {"topic": retry},
                                    "message")
 
-    def _ensure_topic(self, topic: str, queue_nums: int) -> str:
-        if self.store.topics.get(topic) is None:
-            self.topics.create(topic, queue_nums, queue_nums, PERM_READ_WRITE)
-        return topic
+
+def copy_properties(original: StoredMessage, topic: str, reconsume_times: int) -> dict[str, str]:
+    """The properties of a copy of ``original`` (read from ``topic``) to be consumed again or
+    dead-lettered: marked with the topic and id it was first stored under, and
+    ``reconsume_times``; without the schedule and real-queue properties of its last trip."""
+    properties = dict(original.properties)
+    for name in (*SCHEDULE_PROPERTIES, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID):
+        properties.pop(name, None)
+    properties.setdefault(PROPERTY_RETRY_TOPIC, topic)
+    properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, original.msg_id)
+    properties[PROPERTY_RECONSUME_TIME] = str(reconsume_times)
+    return properties
+
+
+def put_dead_letter(store: MessageStore, topics: TopicService, group: str,
+                    original: StoredMessage, properties: dict[str, str],
+                    on_put: Callable[[str, int], None]) -> tuple[str, PutResult]:
+    """Store a copy of ``original`` in ``%DLQ%<group>`` (created on demand, no delay)."""
+    dlq = ensure_topic(topics, DLQ_GROUP_TOPIC_PREFIX + group, DLQ_QUEUE_NUMS)
+    payload = encode_message(original.body, encode_properties(properties))
+    put = store.put_batch(dlq, 0, payload, 1, zlib.crc32(payload), original.born_timestamp_ms)
+    on_put(dlq, 0)
+    return dlq, put
+
+
+def ensure_topic(topics: TopicService, topic: str, queue_nums: int) -> str:
+    if topics.store.topics.get(topic) is None:
+        topics.create(topic, queue_nums, queue_nums, PERM_READ_WRITE)
+    return topic
