@@ -217,6 +217,8 @@ class CommitLog:
         if removed:  # a removed segment must not come back after a power loss
             self.disk.fsync_dir(self.directory)
         seg = self.segments[-1]
+        if seg in self._rolled:  # active again: a flush syncs it as such
+            self._rolled.remove(seg)
         if offset - seg.start < seg.size:
             seg.file.truncate(offset - seg.start)
             seg.file.fsync()
