@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import socket
 import time
+import urllib.request
+
+import hamq
 
 
 def free_port() -> int:
@@ -21,3 +24,19 @@ def wait_for(predicate, timeout_s: float, what: str):
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def send_and_pull(namesrv: str, topic: str) -> None:
+    """A real producer and consumer still work end to end (after a server faced abuse)."""
+    with hamq.Producer(namesrv) as producer:
+        result = producer.send(hamq.Message(topic, b"still served"))
+    with hamq.PullConsumer("g-check", namesrv) as consumer:
+        pulled = consumer.pull(result.queue, result.queue_offset, 1)
+    assert [m.body for m in pulled.messages] == [b"still served"]
+
+
+def scrape_metrics(addr: str) -> dict[str, float]:
+    """The samples a server's ``metrics_listen`` serves, by name."""
+    text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=5).read().decode()
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+            if line and not line.startswith("#")}

@@ -25,6 +25,24 @@ REPLICATION_MODES = ("master-slave", "dledger")
 
 
 @dataclass(frozen=True)
+class ServerConfig:
+    """Limits of every port a server process listens on (client, HA and Raft ports), so a
+    client that opens, trickles or never reads cannot exhaust its memory."""
+    max_connections: int = 4096                    # per listening port; more are closed at once
+    max_connections_per_address: int = 512         # per client IP address, per port
+    connection_idle_timeout_ms: int = 120_000      # serverChannelMaxIdleTimeSeconds: nothing read
+    #   and nothing written for this long closes the connection
+    frame_read_timeout_ms: int = 30_000            # a frame begun must be complete within this
+    max_pending_response_bytes: int = 16 * 1024 * 1024  # answers not yet read by the peer, per
+    #   connection, past which its requests are not read until it catches up
+
+    def check_server_limits(self) -> None:
+        _positive(self, "max_connections", "max_connections_per_address",
+                  "connection_idle_timeout_ms", "frame_read_timeout_ms",
+                  "max_pending_response_bytes")
+
+
+@dataclass(frozen=True)
 class StoreConfig:
     store_dir: str = "./store"                     # storePathRootDir
     flush_disk_type: str = "async"                 # flushDiskType (ASYNC_FLUSH / SYNC_FLUSH)
@@ -47,7 +65,7 @@ class StoreConfig:
 
 
 @dataclass(frozen=True)
-class BrokerConfig(StoreConfig):
+class BrokerConfig(StoreConfig, ServerConfig):
     cluster_name: str = "DefaultCluster"           # brokerClusterName
     broker_name: str = "broker-a"                  # brokerName
     broker_id: int = 0                             # brokerId (0 = master)
@@ -92,6 +110,7 @@ class BrokerConfig(StoreConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self.check_server_limits()
         _one_of("broker_role", self.broker_role, BROKER_ROLES)
         _address("listen", self.listen)
         for addr in self.namesrv:
@@ -143,7 +162,7 @@ class BrokerConfig(StoreConfig):
 
 
 @dataclass(frozen=True)
-class NamesrvConfig:
+class NamesrvConfig(ServerConfig):
     listen: str = "127.0.0.1:9876"                       # listenPort
     data_dir: str = "./namesrv"                          # kvConfigPath's directory
     scan_not_active_broker_interval_ms: int = 5000       # scanNotActiveBrokerInterval
@@ -151,6 +170,7 @@ class NamesrvConfig:
     metrics_listen: str = ""                             # HOST:PORT of /metrics, "" = off
 
     def __post_init__(self) -> None:
+        self.check_server_limits()
         _positive(self, "scan_not_active_broker_interval_ms", "broker_not_active_timeout_ms")
         _address("listen", self.listen)
 

@@ -19,6 +19,8 @@ from hamq.protocol.frame import encode_frame_bytes, pack_body
 from hamq.protocol.limits import MAX_MESSAGE_BYTES
 from hamq.protocol.message import encode_batch, encode_message
 
+from helpers import send_and_pull
+
 GARBAGE = {
     "http request": b"GET / HTTP/1.1\r\nHost: hamq\r\n\r\n",
     "header not msgpack": struct.pack(">II", 12, 5) + b"\xc1" * 5 + b"abc",
@@ -33,15 +35,6 @@ PROBE = {"broker": RequestCode.GET_BROKER_RUNTIME_INFO,
 
 def address(cluster, server: str) -> str:
     return cluster.broker_addr() if server == "broker" else cluster.namesrv_addrs[0]
-
-
-def send_and_pull(cluster, topic: str) -> None:
-    """A real producer and consumer still work end to end."""
-    with hamq.Producer(cluster.namesrv) as producer:
-        result = producer.send(Message(topic, b"still served"))
-    with hamq.PullConsumer("g-check", cluster.namesrv) as consumer:
-        pulled = consumer.pull(result.queue, result.queue_offset, 1)
-    assert [m.body for m in pulled.messages] == [b"still served"]
 
 
 @pytest.mark.parametrize("server", ["broker", "namesrv"])
@@ -64,7 +57,7 @@ def test_broken_framing_gets_error_and_close_server_keeps_serving(cluster, raw_c
     bystander.send(encode_frame_bytes(PROBE[server], 5))
     answer = bystander.read_frame()
     assert (answer.code, answer.opaque) == (ResponseCode.SUCCESS, 5)
-    send_and_pull(cluster, "Bad")
+    send_and_pull(cluster.namesrv, "Bad")
 
 
 @pytest.mark.parametrize("server", ["broker", "namesrv"])

@@ -101,3 +101,23 @@ def test_prefix_split_across_feeds():
     decoder = FrameDecoder()
     assert decoder.feed(data[:PREFIX_BYTES - 3]) == []
     assert [f.opaque for f in decoder.feed(data[PREFIX_BYTES - 3:])] == [3]
+
+
+def test_buffer_grows_with_what_arrives_not_with_what_is_declared():
+    """A frame declaring the maximum size with one byte sent costs a small buffer; as its
+    bytes arrive the buffer grows to at most twice what arrived, and the frame still comes
+    out whole."""
+    body = bytes(range(256)) * (MAX_FRAME_BYTES // 512)
+    data = encode_frame_bytes(10, 9, body=body)
+    decoder = FrameDecoder()
+    assert decoder.feed(data[:PREFIX_BYTES + 1]) == []
+    assert len(decoder.get_buffer(65536)) <= 64 * 1024
+    sent, frames = PREFIX_BYTES + 1, []
+    while sent < len(data):
+        target = decoder.get_buffer()
+        assert len(target) <= max(2 * sent, 64 * 1024), "offered more than twice what arrived"
+        n = min(len(target), len(data) - sent)
+        target[:n] = data[sent:sent + n]
+        sent += n
+        frames += decoder.buffer_updated(n)
+    assert [(f.opaque, f.body) for f in frames] == [(9, body)]

@@ -1,10 +1,12 @@
 """``RouteInfoManager`` (the name server's registry) driven with explicit times: routes
 appear on registration, heartbeats keep members alive, silent members expire exactly after
-their timeout, and a master coming back on a new address replaces its old entry."""
+their timeout, a master coming back on a new address replaces its old entry once that one
+has expired, and nobody else takes over a live member's id."""
 from __future__ import annotations
 
 import pytest
 
+from hamq.errors import NoPermission
 from hamq.namesrv.routes import AUTO_CREATE_TOPIC_KEY_TOPIC, RouteInfoManager
 
 TIMEOUT_MS = 10_000
@@ -91,16 +93,36 @@ def test_member_group(routes):
 
 
 def test_master_reregistering_on_new_address(routes):
-    """The old address stops counting as alive: its expiry must not remove the new one."""
+    """A member on a new address replaces its old entry once the old one is silent past
+    its timeout; the old address's expiry must not remove the new one."""
     new = "10.0.0.9:10911"
-    routes.register_broker("C", "broker-a", 0, new, topics("T", "OnlyA"), {}, 5000)
+    routes.register_broker("C", "broker-a", 0, new, topics("T", "OnlyA"), {}, 1001 + TIMEOUT_MS)
     assert routes.get_broker_member_group("C", "broker-a")["broker_addrs"] == {0: new, 1: A1}
-    assert not routes.broker_heartbeat(A0, 5001)
-    routes.broker_heartbeat(A1, 5000)
-    routes.broker_heartbeat(B0, 5000)
+    assert not routes.broker_heartbeat(A0, 11_002)
+    routes.broker_heartbeat(A1, 11_000)
+    routes.broker_heartbeat(B0, 11_000)
     assert routes.scan_not_active_broker(14_000) == []
     assert routes.get_route("T")["broker_datas"][0]["broker_addrs"] == {0: new, 1: A1}
 
+
+def test_registration_taking_a_live_members_id_is_refused(routes):
+    """Without authentication a stranger cannot take over a live member's broker id or move
+    its group to another cluster: refused, and nothing of the registration is kept."""
+    before = routes.cluster_info()
+    with pytest.raises(NoPermission, match="broker-a/0 is registered by live member"):
+        routes.register_broker("C", "broker-a", 0, "6.6.6.6:1", topics("Evil"), {}, 5000)
+    with pytest.raises(NoPermission, match="belongs to cluster C"):
+        routes.register_broker("Other", "broker-a", 7, "6.6.6.6:1", {}, {}, 5000)
+    assert routes.cluster_info() == before
+    assert routes.get_route("Evil") is None and "6.6.6.6:1" not in routes.live
+
+
+def test_live_member_of_the_group_may_take_the_master_id(routes):
+    """DLedger elects a follower that is already a live member: it registers as id 0 while
+    the old leader's entry has not expired yet, and takes it over."""
+    routes.register_broker("C", "broker-a", 0, A1, topics("T"), {}, 2000)
+    assert routes.get_broker_member_group("C", "broker-a")["broker_addrs"] == {0: A1}
+    assert A0 not in routes.live
 
 def test_unregister_last_member_forgets_group(routes):
     routes.unregister_broker("broker-b", 0, B0)

@@ -194,7 +194,7 @@ class HAMaster:
                                       config.ha_transfer_batch_bytes)
         self.link = MasterLink(self.core, store)
         self.sync = config.broker_role == "sync_master"
-        self.server = Server(self)
+        self.server = Server(self, config)
         self.server.on_connection_closed.append(self._closed)
         self._conns: dict[Connection, int] = {}  # attached sessions -> broker id
         self._tasks: list[asyncio.Task] = []

@@ -6,11 +6,12 @@ from collections.abc import Callable
 from hamq.broker.client_processor import ClientProcessor
 from hamq.broker.pull import PullProcessor
 from hamq.broker.send import SendProcessor
-from hamq.broker.topics import TopicService, topic_args
-from hamq.errors import InvalidArgument, QueryNotFound, RequestCodeNotSupported
+from hamq.broker.topics import TopicService, client_topic, topic_args
+from hamq.errors import QueryNotFound, RequestCodeNotSupported
 from hamq.net.connection import Connection, response_pieces
 from hamq.protocol.codes import RequestCode
-from hamq.protocol.frame import Frame, pack_body, require
+from hamq.protocol.frame import Frame, pack_body, require, require_int, require_name
+from hamq.protocol.limits import MAX_QUEUE_NUMS
 from hamq.store.message_store import MessageStore
 
 Handler = Callable[[Connection, Frame], "list | None"]
@@ -72,13 +73,13 @@ class BrokerProcessor:
     # -- offsets ------------------------------------------------------------------------
     def _queue_args(self, frame: Frame) -> tuple[str, int]:
         topic = require(frame.ext, "topic")
-        queue_id = require(frame.ext, "queue_id", int)
+        queue_id = require_int(frame.ext, "queue_id", 0, MAX_QUEUE_NUMS - 1)
         self.topics.for_read(topic, queue_id)
         return topic, queue_id
 
     def _query_consumer_offset(self, conn: Connection, frame: Frame) -> list:
         topic, queue_id = self._queue_args(frame)
-        group = require(frame.ext, "group")
+        group = require_name(frame.ext, "group")
         offset = self.store.offsets.query(group, topic, queue_id)
         if offset is None:
             raise QueryNotFound(f"group {group!r} has no committed offset for {topic}:{queue_id}")
@@ -86,10 +87,8 @@ class BrokerProcessor:
 
     def _update_consumer_offset(self, conn: Connection, frame: Frame) -> list | None:
         topic, queue_id = self._queue_args(frame)
-        offset = require(frame.ext, "offset", int)
-        if offset < 0:
-            raise InvalidArgument(f"consumer offset must be >= 0, got {offset}")
-        self.store.offsets.commit(require(frame.ext, "group"), topic, queue_id, offset,
+        offset = require_int(frame.ext, "offset")
+        self.store.offsets.commit(require_name(frame.ext, "group"), topic, queue_id, offset,
                                   self.store.clock_ms())
         return None if frame.is_oneway else response_pieces(frame)
 
@@ -102,7 +101,7 @@ class BrokerProcessor:
     def _search_offset_by_timestamp(self, conn: Connection, frame: Frame) -> list:
         topic, queue_id = self._queue_args(frame)
         offset = self.store.offset_by_timestamp(topic, queue_id,
-                                                require(frame.ext, "timestamp_ms", int))
+                                                require_int(frame.ext, "timestamp_ms"))
         return response_pieces(frame, ext={"offset": offset})
 
     def _get_earliest_msg_storetime(self, conn: Connection, frame: Frame) -> list:
@@ -117,7 +116,7 @@ class BrokerProcessor:
                                            "write_queue_nums": config.write_queue_nums})
 
     def _delete_topic(self, conn: Connection, frame: Frame) -> list:
-        self.topics.delete(require(frame.ext, "topic"))
+        self.topics.delete(client_topic(frame.ext.get("topic")))
         return response_pieces(frame)
 
     def _get_all_topic_config(self, conn: Connection, frame: Frame) -> list:

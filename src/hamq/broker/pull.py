@@ -7,6 +7,7 @@ write, so a woken pull always sees the bytes it is told about.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Container
 from dataclasses import dataclass
 
@@ -80,8 +81,7 @@ class PullProcessor:
         for key in arrived:
             for held in self._held.pop(key, []):
                 held.timer.cancel()
-                pieces = self._answer(held.frame, hold=False)
-                held.conn.reply(pieces)
+                held.conn.reply_when_drained(functools.partial(self._answer, held.frame, False))
         if self._on_arrivals is not None:
             self._on_arrivals(arrived)
 
@@ -91,7 +91,7 @@ class PullProcessor:
             waiting.remove(held)
             if not waiting:
                 del self._held[key]
-            held.conn.reply(self._answer(held.frame, hold=False))
+            held.conn.reply_when_drained(functools.partial(self._answer, held.frame, False))
 
     def _answer(self, frame: Frame, hold: bool) -> list | None:
         ext = frame.ext

@@ -5,12 +5,15 @@ server is told independently (RocketMQ's model: they never talk to each other)."
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from dataclasses import asdict
 
 from hamq.config import BrokerConfig
 from hamq.errors import HamqError
+from hamq.net.counts import COUNTS
 from hamq.net.pool import ConnectionPool
+from hamq.net.tasks import every
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import pack_body
 from hamq.store.metadata import TopicConfigManager
@@ -59,15 +62,20 @@ class NamesrvRegistration:
             except asyncio.TimeoutError:
                 pass
             self._register_now.clear()
-            await asyncio.gather(*(self._register(addr) for addr in self.config.namesrv))
+            try:
+                await asyncio.gather(*(self._register(addr) for addr in self.config.namesrv))
+            except Exception:  # a bug must not stop registering for good
+                COUNTS.internal_errors += 1
+                log.exception("registration with the name servers failed")
 
     async def _heartbeat_loop(self, addr: str) -> None:
-        interval_s = self.config.broker_heartbeat_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval_s)
-            code = await self._call(addr, RequestCode.BROKER_HEARTBEAT, self.identity)
-            if code == ResponseCode.BROKER_NOT_FOUND:  # name server restarted or expired us
-                await self._register(addr)
+        await every(self.config.broker_heartbeat_interval_ms / 1000,
+                    functools.partial(self._heartbeat, addr))
+
+    async def _heartbeat(self, addr: str) -> None:
+        code = await self._call(addr, RequestCode.BROKER_HEARTBEAT, self.identity)
+        if code == ResponseCode.BROKER_NOT_FOUND:  # name server restarted or expired us
+            await self._register(addr)
 
     async def _register(self, addr: str) -> None:
         ext = dict(self.identity, ha_addr=self.config.ha_address)
@@ -81,12 +89,17 @@ class NamesrvRegistration:
         await self._call(addr, RequestCode.REGISTER_BROKER, ext, body)
 
     async def _call(self, addr: str, code: int, ext: dict, body: bytes = b"") -> int | None:
+        """The response code, or None; never raises, so the loops keep running."""
         try:
             conn = await self.pool.get(addr)
             frame = await conn.request(code, ext, body, timeout_s=3.0)
-            return frame.code
         except HamqError as err:
             log.warning("name server %s: %s", addr, err.message)
             return None
+        if frame.code not in (ResponseCode.SUCCESS, ResponseCode.BROKER_NOT_FOUND):
+            # e.g. another live member holds this broker id: the name server refuses us
+            log.warning("name server %s refused %s: %s", addr, RequestCode(code).name,
+                        frame.remark)
+        return frame.code
 
 

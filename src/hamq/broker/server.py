@@ -132,7 +132,7 @@ class Broker:
                 RequestCode.UPDATE_AND_CREATE_TOPIC: self.dledger.create_topic,
                 RequestCode.DELETE_TOPIC_IN_BROKER: self.dledger.delete_topic,
                 **{code: _not_in_dledger for code in DLEDGER_UNSUPPORTED}})
-        self.server = Server(self.processor)
+        self.server = Server(self.processor, config)
         self.server.on_connection_closed.append(self.clients.connection_closed)
         self.clients.on_client_gone.append(self.locks.unlock_client)
         self._housekeeping: asyncio.Task | None = None

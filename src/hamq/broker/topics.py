@@ -3,19 +3,41 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from hamq.broker.revive_log import REVIVE_LOG_TOPIC
+from hamq.broker.schedule import SCHEDULE_TOPIC
+from hamq.broker.transaction import HALF_TOPIC, OP_HALF_TOPIC
 from hamq.errors import InvalidArgument, NoPermission, QueueNotExist, TopicNotExist
 from hamq.namesrv.routes import AUTO_CREATE_TOPIC_KEY_TOPIC
-from hamq.protocol.frame import optional, require
+from hamq.protocol.frame import optional
+from hamq.protocol.limits import MAX_QUEUE_NUMS
 from hamq.protocol.message import validate_topic
 from hamq.store.message_store import MessageStore
 from hamq.store.metadata import PERM_READ, PERM_READ_WRITE, PERM_WRITE, TopicConfig
 
-MAX_QUEUE_NUMS = 1024
+# Topics the broker writes and reads itself: a record a client put there could stop a
+# restart or a service (RocketMQ's TopicValidator.isSystemTopic, by name and by prefix).
+SYSTEM_TOPICS = frozenset({AUTO_CREATE_TOPIC_KEY_TOPIC, SCHEDULE_TOPIC, HALF_TOPIC,
+                           OP_HALF_TOPIC, REVIVE_LOG_TOPIC})
+SYSTEM_TOPIC_PREFIXES = ("rmq_sys_", "RMQ_SYS_")
+
+
+def is_system_topic(topic: str) -> bool:
+    return topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIXES)
+
+
+def client_topic(topic: object) -> str:
+    """A topic a client asks to create, change, delete or write: a valid name that is not
+    a system topic (refused with NO_PERMISSION, as RocketMQ does)."""
+    validate_topic(topic)
+    if is_system_topic(topic):
+        raise NoPermission(f"topic {topic!r} is a system topic: clients cannot create, "
+                           "change, delete or write it")
+    return topic
 
 
 def topic_args(ext: dict, default_queue_nums: int) -> tuple[str, int, int, int]:
     """The fields of an UPDATE_AND_CREATE_TOPIC request, checked."""
-    return (require(ext, "topic"),
+    return (client_topic(ext.get("topic")),
             optional(ext, "read_queue_nums", default_queue_nums, 1, MAX_QUEUE_NUMS),
             optional(ext, "write_queue_nums", default_queue_nums, 1, MAX_QUEUE_NUMS),
             optional(ext, "perm", PERM_READ_WRITE, 0, PERM_READ_WRITE))
@@ -76,11 +98,14 @@ class TopicService:
         self.on_change()
 
     def for_write(self, topic: str, queue_id: int) -> TopicConfig:
+        """A client's send: the topic must exist (or be auto-created), be writable and not
+        be a system topic."""
         if self.is_slave:
             raise NoPermission("this broker is a slave and does not accept writes; send to "
                                "the group's master")
         config = self.store.topics.get(topic)
-        if config is None:
+        if config is None or is_system_topic(topic):
+            client_topic(topic)
             if not self.auto_create:
                 raise TopicNotExist(f"topic {topic!r} does not exist (create it first, or "
                                     "enable auto_create_topic_enable on the broker)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hamq.errors import NoPermission
 from hamq.store.metadata import PERM_READ_WRITE
 
 # RocketMQ's TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC: brokers that auto-create topics
@@ -44,7 +45,9 @@ class RouteInfoManager:
     def register_broker(self, cluster_name: str, broker_name: str, broker_id: int, addr: str,
                         topic_configs: dict[str, dict[str, int]], data_version: dict[str, int],
                         now_ms: int, timeout_ms: int | None = None, ha_addr: str = "") -> bool:
-        """Returns whether the group's membership changed (members are then notified)."""
+        """Returns whether the group's membership changed (members are then notified).
+        ``NoPermission`` if it conflicts with a live member (nothing is changed then)."""
+        self._check_conflict(cluster_name, broker_name, broker_id, addr, now_ms)
         before = dict(self.broker_addr_table.get(broker_name, {}))
         self.cluster_addr_table.setdefault(cluster_name, set()).add(broker_name)
         members = self.broker_addr_table.setdefault(broker_name, {})
@@ -52,7 +55,8 @@ class RouteInfoManager:
         # keeps one entry, as in RocketMQ.
         for other_id in [i for i, a in members.items() if a == addr and i != broker_id]:
             del members[other_id]
-        # A member that came back on a new address replaces its old registration.
+        # A member that came back on a new address (its old one silent past its timeout,
+        # or promoted from another id) replaces its old registration.
         old = members.get(broker_id)
         if old is not None and old != addr:
             self.live.pop(old, None)
@@ -132,6 +136,28 @@ class RouteInfoManager:
         return sorted(t for t in self.topic_queue_table if t != AUTO_CREATE_TOPIC_KEY_TOPIC)
 
     # -- internals ----------------------------------------------------------------------
+    def _is_live(self, addr: str, now_ms: int) -> bool:
+        info = self.live.get(addr)
+        return info is not None and now_ms - info.last_update_ms <= info.timeout_ms
+
+    def _check_conflict(self, cluster_name: str, broker_name: str, broker_id: int, addr: str,
+                        now_ms: int) -> None:
+        """Without authentication, a registration may not take over what a live member
+        holds: its broker id (unless the address is already a live member of the group,
+        as when DLedger elects a follower) or its group's cluster."""
+        holder = self.broker_addr_table.get(broker_name, {}).get(broker_id)
+        if holder is not None and holder != addr and self._is_live(holder, now_ms):
+            promoted = self.live.get(addr)
+            if not (promoted is not None and promoted.broker_name == broker_name
+                    and self._is_live(addr, now_ms)):
+                raise NoPermission(f"broker {broker_name}/{broker_id} is registered by live "
+                                   f"member {holder}; refused for {addr}")
+        cluster = self.broker_cluster.get(broker_name)
+        if cluster is not None and cluster != cluster_name and any(
+                self._is_live(a, now_ms) for a in self.broker_addr_table.get(broker_name, {}).values()):
+            raise NoPermission(f"broker group {broker_name} belongs to cluster {cluster} with "
+                               f"live members; refused in cluster {cluster_name} for {addr}")
+
     def _replace_topics_of(self, broker_name: str,
                            topic_configs: dict[str, dict[str, int]]) -> None:
         for topic, queues in list(self.topic_queue_table.items()):

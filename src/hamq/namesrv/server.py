@@ -9,13 +9,16 @@ import time
 from pathlib import Path
 
 from hamq.config import NamesrvConfig
-from hamq.errors import InvalidArgument, RequestCodeNotSupported, TopicNotExist
+from hamq.errors import NoPermission, RequestCodeNotSupported, TopicNotExist
 from hamq.net.connection import Connection, response_pieces
 from hamq.net.metrics import gauge, serve_metrics
 from hamq.net.server import Server
+from hamq.net.tasks import cancel_all, every
+from hamq.namesrv.requests import address, member, registration
 from hamq.namesrv.routes import RouteInfoManager
 from hamq.protocol.codes import RequestCode, ResponseCode
-from hamq.protocol.frame import Frame, pack_body, require, unpack_body
+from hamq.protocol.frame import Frame, pack_body, require_name
+from hamq.protocol.message import validate_topic
 
 log = logging.getLogger(__name__)
 
@@ -52,29 +55,22 @@ class NamesrvProcessor:
         pass
 
     def _register_broker(self, conn: Connection, frame: Frame) -> list:
-        ext = frame.ext
-        identity = (require(ext, "cluster_name"), require(ext, "broker_name"),
-                    require(ext, "broker_id", int), require(ext, "broker_addr"))
-        timeout_ms = ext.get("heartbeat_timeout_ms")
-        if timeout_ms is not None and (not isinstance(timeout_ms, int)
-                                       or isinstance(timeout_ms, bool) or timeout_ms <= 0):
-            raise InvalidArgument("request field 'heartbeat_timeout_ms' must be a positive int")
-        body = unpack_body(frame.body) or {}
-        if not isinstance(body, dict):
-            raise InvalidArgument("register body must be a map")
-        # Checked in full before anything is applied: a bad registration changes nothing.
-        topic_configs = _topic_configs(body.get("topic_configs") or {})
-        data_version = body.get("data_version") or {}
-        if not isinstance(data_version, dict):
-            raise InvalidArgument("register body 'data_version' must be a map")
-        self.broker_conns[identity[3]] = conn
-        if self.routes.register_broker(*identity, topic_configs, data_version, _now_ms(),
-                                       timeout_ms, ext.get("ha_addr") or ""):
-            self.notify_member_group(identity[0], identity[1])
+        reg = registration(frame)  # checked in full: a bad registration changes nothing
+        who = reg.member
+        try:
+            changed = self.routes.register_broker(
+                reg.cluster_name, who.broker_name, who.broker_id, who.broker_addr,
+                reg.topic_configs, reg.data_version, _now_ms(), reg.timeout_ms, reg.ha_addr)
+        except NoPermission as err:
+            log.warning("registration from %s refused: %s", conn.peer, err.message)
+            raise
+        self.broker_conns[who.broker_addr] = conn
+        if changed:
+            self.notify_member_group(reg.cluster_name, who.broker_name)
         return response_pieces(frame)
 
     def _broker_heartbeat(self, conn: Connection, frame: Frame) -> list | None:
-        addr = require(frame.ext, "broker_addr")
+        addr = address(frame.ext.get("broker_addr"), "broker_addr")
         known = self.routes.broker_heartbeat(addr, _now_ms())
         if known:
             self.broker_conns[addr] = conn
@@ -85,12 +81,10 @@ class NamesrvProcessor:
                                remark="" if known else "unknown broker: register first")
 
     def _unregister_broker(self, conn: Connection, frame: Frame) -> list:
-        ext = frame.ext
-        addr = require(ext, "broker_addr")
-        info = self.routes.live.get(addr)
-        self.routes.unregister_broker(require(ext, "broker_name"), require(ext, "broker_id", int),
-                                      addr)
-        self.broker_conns.pop(addr, None)
+        who = member(frame.ext)
+        info = self.routes.live.get(who.broker_addr)
+        self.routes.unregister_broker(who.broker_name, who.broker_id, who.broker_addr)
+        self.broker_conns.pop(who.broker_addr, None)
         if info is not None:
             self.notify_member_group(info.cluster_name, info.broker_name)
         return response_pieces(frame)
@@ -118,15 +112,15 @@ class NamesrvProcessor:
                             {"broker_name": broker_name}, body)
 
     def _get_route(self, conn: Connection, frame: Frame) -> list:
-        topic = require(frame.ext, "topic")
+        topic = validate_topic(frame.ext.get("topic")).decode()
         route = self.routes.get_route(topic)
         if route is None:
             raise TopicNotExist(f"no route info of topic {topic!r} on this name server")
         return response_pieces(frame, body=pack_body(route))
 
     def _get_member_group(self, conn: Connection, frame: Frame) -> list:
-        group = self.routes.get_broker_member_group(require(frame.ext, "cluster_name"),
-                                                    require(frame.ext, "broker_name"))
+        group = self.routes.get_broker_member_group(require_name(frame.ext, "cluster_name"),
+                                                    require_name(frame.ext, "broker_name"))
         return response_pieces(frame, body=pack_body(group))
 
     def _cluster_info(self, conn: Connection, frame: Frame) -> list:
@@ -136,31 +130,14 @@ class NamesrvProcessor:
         return response_pieces(frame, body=pack_body(self.routes.topic_list()))
 
     def _delete_topic(self, conn: Connection, frame: Frame) -> list:
-        self.routes.delete_topic(require(frame.ext, "topic"))
+        self.routes.delete_topic(validate_topic(frame.ext.get("topic")).decode())
         return response_pieces(frame)
-
-
-_TOPIC_CONFIG_KEYS = ("read_queue_nums", "write_queue_nums", "perm")
-
-
-def _topic_configs(raw: object) -> dict[str, dict[str, int]]:
-    """``{topic: {read_queue_nums, write_queue_nums, perm}}`` with int values, or
-    ``InvalidArgument``."""
-    if not isinstance(raw, dict):
-        raise InvalidArgument("register body 'topic_configs' must be a map")
-    for topic, cfg in raw.items():
-        if not isinstance(topic, str) or not isinstance(cfg, dict) or not all(
-                isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool)
-                for k in _TOPIC_CONFIG_KEYS):
-            raise InvalidArgument(f"register body: topic config of {topic!r} must map "
-                                  f"{', '.join(_TOPIC_CONFIG_KEYS)} to integers")
-    return raw
 
 
 async def serve_namesrv(config: NamesrvConfig, stop: asyncio.Event) -> None:
     Path(config.data_dir).mkdir(parents=True, exist_ok=True)
     processor = NamesrvProcessor(config)
-    server = Server(processor)
+    server = Server(processor, config)
     await server.start(config.listen)
     metrics = serve_metrics(config.metrics_listen)
     if metrics is not None:
@@ -170,12 +147,10 @@ async def serve_namesrv(config: NamesrvConfig, stop: asyncio.Event) -> None:
               lambda: len(processor.routes.topic_queue_table))
     log.info("name server listening on %s", config.listen)
     print(json.dumps({"event": "ready", "role": "namesrv", "listen": config.listen}), flush=True)
-    interval_s = config.scan_not_active_broker_interval_ms / 1000
-    while not stop.is_set():
-        try:
-            await asyncio.wait_for(stop.wait(), interval_s)
-        except asyncio.TimeoutError:
-            processor.scan_not_active_broker()
+    scan = asyncio.create_task(every(config.scan_not_active_broker_interval_ms / 1000,
+                                     processor.scan_not_active_broker))
+    await stop.wait()
+    await cancel_all([scan])
     await server.close()
     if metrics is not None:
         metrics.shutdown()

@@ -5,6 +5,12 @@ pieces at once, or ``None`` and answers later through ``reply``. Responses produ
 handling one read are written together after the handler's ``after_batch`` hook (the broker
 appends every send of that read in one write there), so a pipelined client gets group
 writes for free and no coroutine or future is created per request on the server.
+
+A server connection bounds what its peer has not read yet (``max_pending_bytes``): once
+the answers waiting in the transport reach it, the rest of a read's requests wait and the
+socket is not read until the peer catches up, so a client that never reads costs at most
+the bound plus one answer (held requests answered later wait the same way, see
+``reply_when_drained``).
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from hamq.errors import BadFrame, ConnectionLost, HamqError, RequestTimeout
+from hamq.net.counts import COUNTS
 from hamq.protocol.codes import Flag, ResponseCode
 from hamq.protocol.frame import Frame, FrameDecoder, encode_frame
 
@@ -45,11 +52,15 @@ def error_pieces(request: Frame, err: HamqError) -> list:
 
 class Connection(asyncio.BufferedProtocol):
     def __init__(self, handler: RequestHandler | None = None,
-                 on_close: Callable[["Connection"], None] | None = None) -> None:
+                 on_close: Callable[["Connection"], None] | None = None,
+                 on_open: Callable[["Connection"], bool] | None = None,
+                 max_pending_bytes: int | None = None) -> None:
         self.handler = handler
         self.on_close = on_close
+        self.on_open = on_open  # a server's admission check; False: refused and closed
         self.transport: asyncio.Transport | None = None
         self.peer = ""
+        self.peer_host = ""
         self.closed = asyncio.get_running_loop().create_future()
         self._decoder = FrameDecoder()
         self._next_opaque = 1
@@ -60,6 +71,19 @@ class Connection(asyncio.BufferedProtocol):
         self._drain_waiters: list[asyncio.Future] = []
         # Requests written in one event-loop turn leave in one system call.
         self._outbox: list = []
+        # Back-pressure on a peer that does not read (server side; None: unbounded).
+        self._max_pending_bytes = max_pending_bytes
+        self._deferred: list[Frame] = []  # requests read but not handled yet
+        self._late: list[Callable[[], list]] = []  # held answers waiting for the peer
+        self._reading_paused = False
+        self._drain_scheduled = False
+        # Activity seen by the server's timeout sweep (see timed_out).
+        self.reads = 0
+        self.frames_in = 0
+        self._activity: tuple[int, int] = (-1, -1)
+        self._active_at = 0.0
+        self._frames_mark = -1
+        self._frame_started_at = 0.0
 
     # -- asyncio.BufferedProtocol -------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -69,36 +93,61 @@ class Connection(asyncio.BufferedProtocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.peer_host = peer[0] if peer else "?"
+        if self.on_open is not None and not self.on_open(self):
+            return
+        self._active_at = self._frame_started_at = asyncio.get_running_loop().time()
+        if self._max_pending_bytes is not None:
+            # Writing pauses (and resume_writing serves what waited) before the bound is
+            # reached, so a connection over its bound is always one the transport paused.
+            low, high = transport.get_write_buffer_limits()
+            high = min(high, self._max_pending_bytes // 2)
+            transport.set_write_buffer_limits(high=high, low=min(low, high // 4))
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._decoder.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
+        self.reads += 1
         try:
             frames = self._decoder.buffer_updated(nbytes)
         except BadFrame as err:
             self._reject(err)
             return
+        if frames:
+            self.frames_in += len(frames)
+            self._serve(frames)
+
+    def _serve(self, frames: list[Frame]) -> None:
         out: list = []
         handler = self.handler
         pending = self._pending
-        for frame in frames:
+        budget = self._budget()
+        for i, frame in enumerate(frames):
             if frame.flags & Flag.RESPONSE:
                 entry = pending.pop(frame.opaque, None)
                 if entry is not None:
                     entry[1](frame, None)
             elif handler is None:
                 out += error_pieces(frame, HamqError("this endpoint serves no requests"))
+            elif budget is not None and budget <= 0:
+                # The peer has not read what it was sent: the rest waits for it to catch up.
+                self._deferred = frames[i:]
+                self._update_reading()
+                break
             else:
                 try:
                     pieces = handler.handle(self, frame)
                 except HamqError as err:
                     pieces = None if frame.flags & Flag.ONEWAY else error_pieces(frame, err)
                 except Exception as exc:  # a bug must not take the connection down
+                    COUNTS.internal_errors += 1
                     log.exception("handler failed on %r", frame)
                     pieces = error_pieces(frame, HamqError(f"internal error: {exc!r}"))
                 if pieces:
                     out += pieces
+                    if budget is not None:
+                        budget -= sum(map(len, pieces))
         if handler is not None and frames:
             try:
                 handler.after_batch()
@@ -110,6 +159,8 @@ class Connection(asyncio.BufferedProtocol):
                 return
         if out and self.transport is not None:
             self.transport.writelines(out)
+        if self._deferred:
+            self._schedule_drained()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._sweeper is not None:
@@ -129,17 +180,85 @@ class Connection(asyncio.BufferedProtocol):
     def pause_writing(self) -> None:
         # A peer that does not read its responses stops being read from: bounded memory.
         self._paused = True
-        if self.handler is not None and self.transport is not None:
-            self.transport.pause_reading()
+        self._update_reading()
 
     def resume_writing(self) -> None:
         self._paused = False
-        if self.handler is not None and self.transport is not None:
-            self.transport.resume_reading()
+        if self._deferred or self._late:
+            self._schedule_drained()
+        else:
+            self._update_reading()
         waiters, self._drain_waiters = self._drain_waiters, []
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
+
+    # -- back-pressure (server side) ------------------------------------------------------
+    def _budget(self) -> int | None:
+        """Bytes of answers that may still be queued before the peer must read some."""
+        if self._max_pending_bytes is None or self.transport is None:
+            return None
+        return self._max_pending_bytes - self.transport.get_write_buffer_size()
+
+    def _update_reading(self) -> None:
+        """Read the socket unless the peer is behind on its answers (server side only)."""
+        if self.handler is None or self.is_closed:
+            return
+        paused = self._paused or bool(self._deferred) or bool(self._late)
+        if paused != self._reading_paused:
+            self._reading_paused = paused
+            if paused:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
+
+    def _schedule_drained(self) -> None:
+        if not self._drain_scheduled and not self.is_closed:
+            self._drain_scheduled = True
+            asyncio.get_running_loop().call_soon(self._drained)
+
+    def _drained(self) -> None:
+        """The peer read some answers: serve what waited for it, oldest first."""
+        self._drain_scheduled = False
+        if self._paused or self.is_closed:
+            return  # resume_writing comes back here
+        while self._late and self._budget() > 0:
+            self.reply(self._late.pop(0)())
+        if self._deferred and not self._late and self._budget() > 0:
+            frames, self._deferred = self._deferred, []
+            self._serve(frames)  # may defer again, and schedules the next round then
+        self._update_reading()
+        if (self._late or self._deferred) and not self._paused:
+            self._schedule_drained()
+
+    def reply_when_drained(self, make_pieces: Callable[[], list]) -> None:
+        """Answer a held request (a long-polling pull) now, or — when its peer has not read
+        ``max_pending_bytes`` of earlier answers — once it has: ``make_pieces`` runs then,
+        so the answer is not built while it would only wait in memory."""
+        if self._late or (self._max_pending_bytes is not None and self._budget() <= 0):
+            self._late.append(make_pieces)
+            self._update_reading()
+            if not self._paused:
+                self._schedule_drained()
+        else:
+            self.reply(make_pieces())
+
+    def timed_out(self, now: float, idle_s: float, frame_s: float) -> str:
+        """Why the server should close this connection now, "" if it should not: nothing
+        read or written for ``idle_s``, or a frame begun ``frame_s`` ago still unfinished
+        while the connection was being read (the server's sweep calls this)."""
+        activity = (self.reads, self.transport.get_write_buffer_size() if self.transport else 0)
+        if activity != self._activity:
+            self._activity, self._active_at = activity, now
+        elif now - self._active_at > idle_s:
+            return f"idle for {idle_s:g} s"
+        if not self._decoder.pending_bytes or self._reading_paused:
+            self._frames_mark = -1
+        elif self._frames_mark != self.frames_in:
+            self._frames_mark, self._frame_started_at = self.frames_in, now
+        elif now - self._frame_started_at > frame_s:
+            return f"a frame begun {frame_s:g} s ago is still unfinished"
+        return ""
 
     # -- sending ----------------------------------------------------------------------
     @property

@@ -1,7 +1,7 @@
 """Prometheus metrics of a server process, served on ``metrics_listen`` (empty = off).
 
-The hot path only adds to plain integers (``COUNTS``); they are turned into Prometheus
-counters when scraped, by a collector — a prometheus_client ``Counter`` takes a lock per
+The hot path only adds to plain integers (``COUNTS``, ``net/counts.py``); they are turned
+into Prometheus counters when scraped, by a collector — a prometheus_client ``Counter`` takes a lock per
 increment, which cost a quarter of the single-message send rate.
 """
 from __future__ import annotations
@@ -14,23 +14,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from hamq.net.connection import split_address
+from hamq.net.counts import COUNTS
 
-
-class Counts:
-    """Request, message and byte counts since the process started."""
-
-    __slots__ = ("send_requests", "messages_in", "bytes_in", "pull_requests")
-
-    def __init__(self) -> None:
-        self.send_requests = self.messages_in = self.bytes_in = self.pull_requests = 0
-
-
-COUNTS = Counts()
 _COUNTER_HELP = {
     "send_requests": "Send requests stored (one per batch)",
     "messages_in": "Messages stored by send requests",
     "bytes_in": "Message bytes stored by send requests",
     "pull_requests": "Pull requests answered",
+    "internal_errors": "Requests that failed on a bug (answered SYSTEM_ERROR, logged)",
+    "connections_refused": "Connections closed at once: over max_connections(_per_address)",
+    "connections_timed_out": "Connections closed idle or with a frame unfinished in time",
 }
 
 

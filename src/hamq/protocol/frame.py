@@ -14,16 +14,20 @@ import msgpack
 
 from hamq.errors import BadFrame, InvalidArgument
 from hamq.protocol.codes import Flag
-from hamq.protocol.limits import MAX_FRAME_BYTES, MAX_HEADER_BYTES
+from hamq.protocol.limits import (INT64_MAX, MAX_FRAME_BYTES, MAX_HEADER_BYTES,
+                                  MAX_NAME_LENGTH)
+from hamq.protocol.message import validate_name
 
 _PREFIX = struct.Struct(">II")
 PREFIX_BYTES = _PREFIX.size
 _packb = msgpack.Packer(use_bin_type=True).pack
-# Reads ask for at least this much free buffer (more when a frame's size is known) in a
-# buffer of at least the initial size; a buffer grown past the shrink size for a large frame
-# is dropped once it is empty.
-_MIN_READ_BYTES = 64 * 1024
-_INITIAL_BUFFER_BYTES = 128 * 1024
+# The read buffer grows with what actually arrives, never with what a frame declares (a
+# peer declaring 16 MiB and sending one byte must not cost 16 MiB): reads are offered at
+# least _MIN_READ_BYTES, doubling while reads fill what they are offered (a busy pipelined
+# connection reads up to _MAX_READ_BYTES at once); an unfinished frame may at most double
+# the buffer per step. A buffer grown past the shrink size is dropped once it is empty.
+_MIN_READ_BYTES = 16 * 1024
+_MAX_READ_BYTES = 1024 * 1024
 _SHRINK_ABOVE_BYTES = 8 * 1024 * 1024  # a full pull response (4 MiB) keeps its buffer
 
 
@@ -80,11 +84,17 @@ class FrameDecoder:
     """
 
     def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
-        self._buf = bytearray(_INITIAL_BUFFER_BYTES)
+        self._buf = bytearray(_MIN_READ_BYTES)
         self._start = 0  # first unparsed byte
         self._end = 0    # end of received bytes
+        self._read_bytes = _MIN_READ_BYTES  # free space offered to the next read
         self._max_frame_bytes = max_frame_bytes
         self.last_opaque: int | None = None  # of the last frame whose header was readable
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of a frame received only in part."""
+        return self._end - self._start
 
     def feed(self, data: bytes) -> list[Frame]:
         frames: list[Frame] = []
@@ -98,21 +108,22 @@ class FrameDecoder:
         return frames
 
     def get_buffer(self, size_hint: int = -1) -> memoryview:
-        """Free space at the end of the buffer, at least ``_MIN_READ_BYTES`` (and room
-        for the whole frame being received, once its size is known)."""
-        want = max(size_hint, _MIN_READ_BYTES)
+        """Free space at the end of the buffer: what the last reads suggest, and for a frame
+        received in part at most as much again as has arrived of it (``size_hint`` is the
+        event loop's default read size, not a need, so it is ignored)."""
+        want = self._read_bytes
         pending = self._end - self._start
         if pending >= PREFIX_BYTES:
             total = _PREFIX.unpack_from(self._buf, self._start)[0]
             if total <= self._max_frame_bytes:
-                want = max(want, 4 + total - pending)
+                want = max(want, min(4 + total - pending, pending))
         if len(self._buf) - self._end < want:
             if len(self._buf) - pending >= want:
                 # Room enough once the unparsed tail moves to the front: a same-length
                 # slice assignment, which never resizes (the loop may hold an old view).
                 self._buf[:pending] = self._buf[self._start:self._end]
             else:  # a bigger buffer; allocating (and zeroing) it is the rare case
-                fresh = bytearray(max(2 * len(self._buf), pending + want))
+                fresh = bytearray(pending + want)
                 fresh[:pending] = self._buf[self._start:self._end]
                 self._buf = fresh
             self._start, self._end = 0, pending
@@ -120,11 +131,14 @@ class FrameDecoder:
 
     def buffer_updated(self, nbytes: int) -> list[Frame]:
         self._end += nbytes
+        if self._end == len(self._buf) and self._read_bytes < _MAX_READ_BYTES:
+            self._read_bytes *= 2  # the read filled all it was offered: more is waiting
         frames, pos = self._parse(self._buf, self._start, self._end)
         if pos == self._end:
             self._start = self._end = 0
             if len(self._buf) > _SHRINK_ABOVE_BYTES:  # one huge frame must not pin memory
-                self._buf = bytearray(_INITIAL_BUFFER_BYTES)
+                self._buf = bytearray(_MIN_READ_BYTES)
+                self._read_bytes = _MIN_READ_BYTES
         else:
             self._start = pos
         return frames
@@ -186,17 +200,26 @@ def unpack_body(body: bytes) -> Any:
 
 
 def optional(ext: dict[str, Any], name: str, default: int, low: int = 0,
-             high: int | None = None) -> int:
+             high: int = INT64_MAX) -> int:
     """An optional integer request field, checked: a wrong type or a value out of range is
     an ``InvalidArgument`` naming the field, never a server-side crash."""
-    value = ext.get(name, default)
-    if value is None:
-        return default
+    value = ext.get(name)
+    return default if value is None else check_int(name, value, low, high)
+
+
+def require_int(ext: dict[str, Any], name: str, low: int = 0, high: int = INT64_MAX) -> int:
+    """A required integer request field in ``low..high``."""
+    if name not in ext:
+        raise InvalidArgument(f"request field {name!r} missing")
+    return check_int(name, ext[name], low, high)
+
+
+def check_int(name: str, value: Any, low: int = 0, high: int = INT64_MAX) -> int:
+    """``value`` (of the request field ``name``) is an integer in ``low..high``."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidArgument(f"request field {name!r} must be an integer, got {value!r}")
-    if value < low or (high is not None and value > high):
-        raise InvalidArgument(f"request field {name!r} must be in {low}.."
-                              f"{'' if high is None else high}, got {value}")
+    if not low <= value <= high:
+        raise InvalidArgument(f"request field {name!r} must be in {low}..{high}, got {value}")
     return value
 
 
@@ -206,3 +229,8 @@ def require(ext: dict[str, Any], name: str, kind: type = str) -> Any:
     if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
         raise InvalidArgument(f"request field {name!r} missing or not {kind.__name__}")
     return value
+
+
+def require_name(ext: dict[str, Any], name: str, max_length: int = MAX_NAME_LENGTH) -> str:
+    """A group, broker or cluster name field: a safe name (see ``validate_name``)."""
+    return validate_name(ext.get(name), f"request field {name!r}", max_length)

@@ -16,6 +16,18 @@ MAX_BATCH_MESSAGES = 4096
 MAX_PROPERTIES_BYTES = 32 * 1024
 # Topic names as in RocketMQ (TopicValidator: 127 characters).
 MAX_TOPIC_LENGTH = 127
+# Group, broker and cluster names (RocketMQ's Validators.CHARACTER_MAX_LENGTH).
+MAX_NAME_LENGTH = 255
+# HOST:PORT strings a peer hands us (a DNS name is at most 253 characters).
+MAX_ADDRESS_LENGTH = 255
+# Queues per topic and broker group; more is a typo or an attack (a client allocates one
+# queue object per queue it sees in a route).
+MAX_QUEUE_NUMS = 1024
+# Broker ids are small (0 = master, slaves and DLedger members count up from 1).
+MAX_BROKER_ID = 1023
+# Offsets and timestamps on the wire are signed 64-bit, as in RocketMQ; bigger values
+# could not be stored in a record header or a consume queue entry.
+INT64_MAX = 2**63 - 1
 # Pull responses stop adding batches past this many bytes.
 MAX_PULL_BYTES = 4 * 1024 * 1024
 # Requests a client keeps outstanding on one connection before send() waits.

@@ -9,6 +9,7 @@ batch of 64 messages costs one header, one CRC and one consume-queue entry.
 """
 from __future__ import annotations
 
+import string
 import struct
 import zlib
 from collections.abc import Callable
@@ -16,9 +17,9 @@ from typing import Any, NamedTuple, TypeVar
 
 import msgpack
 
-from hamq.errors import CrcMismatch, MessageIllegal
+from hamq.errors import CrcMismatch, HamqError, InvalidArgument, MessageIllegal
 from hamq.protocol.limits import (MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, MAX_MESSAGE_BYTES,
-                                  MAX_PROPERTIES_BYTES, MAX_TOPIC_LENGTH)
+                                  MAX_NAME_LENGTH, MAX_PROPERTIES_BYTES, MAX_TOPIC_LENGTH)
 
 T = TypeVar("T")
 
@@ -111,12 +112,35 @@ def validate_batch(payload: bytes | memoryview, count: int, payload_crc: int,
         raise MessageIllegal(f"batch declares {count} messages but holds {seen}")
 
 
-def validate_topic(topic: str) -> bytes:
-    raw = topic.encode()
-    if not raw or len(raw) > MAX_TOPIC_LENGTH or any(c in topic for c in " \t\r\n/\\"):
-        raise MessageIllegal(f"invalid topic name {topic!r}: 1..{MAX_TOPIC_LENGTH} bytes, "
-                             "no whitespace or slashes")
-    return raw
+# Characters of topic, group, broker and cluster names: RocketMQ's TopicValidator set
+# (``^[%|a-zA-Z0-9_-]+$``) plus '.'. A topic name becomes a directory of the store, so no
+# separator, NUL or control character may reach it; '.' and '..' are refused by name.
+_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "%|_-.")
+_NAME_CHARS_TEXT = "letters, digits and % | _ - ."
+
+
+def validate_name(value: object, field: str, max_length: int = MAX_NAME_LENGTH,
+                  error: type[HamqError] = InvalidArgument) -> str:
+    """A name a peer sent (topic, group, broker, cluster), checked so that it is safe as a
+    path component and in logs; ``error`` names the field and what is wrong."""
+    if not isinstance(value, str):
+        raise error(f"{field} must be a string, got {type(value).__name__}")
+    if not value:
+        raise error(f"{field} must not be empty")
+    if len(value) > max_length:
+        raise error(f"{field} is {len(value)} characters, more than the limit of {max_length}")
+    if not _NAME_CHARS.issuperset(value):
+        bad = next(c for c in value if c not in _NAME_CHARS)
+        what = "NUL" if bad == "\0" else repr(bad)
+        raise error(f"{field} {value!r} contains {what}; allowed: {_NAME_CHARS_TEXT}")
+    if value in (".", ".."):
+        raise error(f"{field} {value!r} is a directory reference, not a name")
+    return value
+
+
+def validate_topic(topic: object) -> bytes:
+    """A topic name as the bytes stored in record headers; ``MessageIllegal`` if unsafe."""
+    return validate_name(topic, "topic", MAX_TOPIC_LENGTH, MessageIllegal).encode()
 
 
 def encode_record_header(topic: bytes, queue_id: int, payload_len: int, payload_crc: int,

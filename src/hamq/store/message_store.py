@@ -296,7 +296,7 @@ class MessageStore:
         self.flush_consume_queues()
         for key in [k for k in self.queues if k[0] == topic]:
             del self.queues[key]
-        self.disk.rmtree(self.cq_root / topic)
+        self.disk.rmtree(self.cq_root / validate_topic(topic).decode())  # never outside it
         self.offsets.delete_topic(topic, self.clock_ms())
         self.offsets.persist()
 
@@ -372,7 +372,7 @@ class MessageStore:
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         cq = self.queues.get((topic, queue_id))
         if cq is None:
-            directory = self.cq_root / topic
+            directory = self.cq_root / validate_topic(topic).decode()  # no name leaves it
             self.disk.mkdir(directory)
             cq = ConsumeQueue(directory / str(queue_id), topic, queue_id, disk=self.disk)
             self.queues[(topic, queue_id)] = cq

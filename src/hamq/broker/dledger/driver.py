@@ -68,7 +68,7 @@ class DLedgerCommitLog:
                                 sync_appends=config.flush_disk_type == "sync",
                                 send=self._send_all, on_applied=on_applied,
                                 not_leader=self.not_leader)
-        self.server = Server(self)
+        self.server = Server(self, config)
         self.pool = ConnectionPool()
         self._pumping = False
         self._pump_again = False
