@@ -202,7 +202,10 @@ class MasterReplication:
         if self._acked_by(offset) >= waiter.need_slaves:
             callback(ReplicaStatus.PUT_OK)
         else:
-            self.waiters.setdefault(waiter.need_slaves, deque()).append(waiter)
+            waiters = self.waiters.get(waiter.need_slaves)
+            if waiters is None:
+                waiters = self.waiters[waiter.need_slaves] = deque()
+            waiters.append(waiter)
 
     def expire_waiters(self, now_ms: int) -> list[tuple[AckCallback, ReplicaStatus]]:
         done = []
