@@ -107,6 +107,9 @@ class BrokerConfig(StoreConfig, ServerConfig):
     # -- pop consumption ----------------------------------------------------------------
     pop_inflight_message_threshold: int = 10_000   # popInflightMessageThreshold (per queue)
     revive_interval_ms: int = 1000                 # reviveInterval: pop state checkpoint
+    # -- ordered consumption ------------------------------------------------------------
+    rebalance_lock_max_live_time_ms: int = 60_000  # rocketmq.broker.rebalance.lockMaxLiveTime
+    #   must outlive the clients' own lease (30 s by default)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -132,7 +135,7 @@ class BrokerConfig(StoreConfig, ServerConfig):
                   "in_sync_replicas", "min_in_sync_replicas", "ha_max_gap_not_in_sync",
                   "flush_delay_offset_interval_ms", "pop_inflight_message_threshold",
                   "revive_interval_ms", "transaction_check_interval_ms",
-                  "transaction_check_max")
+                  "transaction_check_max", "rebalance_lock_max_live_time_ms")
         if self.ha_transfer_batch_bytes > self.ha_window_bytes:
             raise ConfigError("ha_transfer_batch_bytes must not exceed ha_window_bytes")
         if not self.min_in_sync_replicas <= self.in_sync_replicas <= self.total_replicas:

@@ -19,7 +19,8 @@ def main() -> None:
 
     consumer = hamq.PushConsumer(group, namesrv, consume_from_where="first",
                                  heartbeat_interval_s=1.0, rebalance_interval_s=1.0,
-                                 lock_renew_interval_s=1.0, persist_offset_interval_s=0.5,
+                                 lock_renew_interval_s=1.0, lock_max_live_s=2.5,
+                                 persist_offset_interval_s=0.5,
                                  pull_suspend_ms=500)
     consumer.subscribe(topic, "*")
     consumer.register_message_listener(listener, orderly=True)

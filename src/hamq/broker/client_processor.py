@@ -1,19 +1,29 @@
 """HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, LOCK_BATCH_MQ and
-UNLOCK_BATCH_MQ: the requests through which clients tell the broker who they are."""
+UNLOCK_BATCH_MQ: the requests through which clients tell the broker who they are.
+
+A clustering consumer's heartbeat creates its group's retry topic on a master (RocketMQ's
+``createTopicInSendMessageBackMethod`` in ClientManageProcessor.heartBeat): every broker
+group the consumer reads from can then take a retry copy the client re-sends itself when
+the group it consumed from cannot take it back (``client/retry.py``)."""
 from __future__ import annotations
 
 from hamq.broker.clients import ClientManager
 from hamq.broker.locks import RebalanceLockManager
+from hamq.broker.send_back import RETRY_QUEUE_NUMS
+from hamq.broker.topics import TopicService
 from hamq.errors import InvalidArgument
 from hamq.net.connection import Connection, response_pieces
 from hamq.protocol.frame import Frame, pack_body, require, unpack_body
+from hamq.protocol.properties import RETRY_GROUP_TOPIC_PREFIX
 from hamq.store.message_store import MessageStore
+from hamq.store.metadata import PERM_READ_WRITE
 
 
 class ClientProcessor:
-    def __init__(self, store: MessageStore, clients: ClientManager,
+    def __init__(self, store: MessageStore, topics: TopicService, clients: ClientManager,
                  locks: RebalanceLockManager) -> None:
         self.store = store
+        self.topics = topics
         self.clients = clients
         self.locks = locks
 
@@ -22,7 +32,15 @@ class ClientProcessor:
         if not isinstance(body, dict):
             raise InvalidArgument("HEART_BEAT body must be a map")
         self.clients.heart_beat(conn, body, self.store.clock_ms())
+        if not self.topics.is_slave:  # slaves copy topics; DLedger replicates them first
+            for entry in body.get("consumer_groups") or []:
+                if entry.get("message_model", "clustering") == "clustering":
+                    self._ensure_retry_topic(RETRY_GROUP_TOPIC_PREFIX + entry["group"])
         return None if frame.is_oneway else response_pieces(frame)
+
+    def _ensure_retry_topic(self, topic: str) -> None:
+        if self.store.topics.get(topic) is None:
+            self.topics.create(topic, RETRY_QUEUE_NUMS, RETRY_QUEUE_NUMS, PERM_READ_WRITE)
 
     def unregister_client(self, conn: Connection, frame: Frame) -> list | None:
         self.clients.unregister(require(frame.ext, "client_id"))

@@ -31,8 +31,6 @@ class ClientManager:
     def __init__(self) -> None:
         self.producers: dict[str, dict[str, ClientChannel]] = {}
         self.consumers: dict[str, dict[str, ClientChannel]] = {}
-        # Called with a client id once none of its channels is left (its queue locks go).
-        self.on_client_gone: list[Callable[[str], None]] = []
 
     def heart_beat(self, conn: Connection, heartbeat: dict, now_ms: int) -> None:
         client_id = heartbeat.get("client_id")
@@ -70,23 +68,17 @@ class ClientManager:
         return [ch for ch in self.producers.get(group, {}).values() if not ch.conn.is_closed]
 
     def _drop(self, doomed: Callable[[ClientChannel], bool]) -> None:
-        dropped: set[str] = set()
+        """Forget channels; a client's queue locks stay (see broker/locks.py)."""
         for table in (self.producers, self.consumers):
             for group, members in list(table.items()):
                 gone = [cid for cid, ch in members.items() if doomed(ch)]
                 for cid in gone:
                     del members[cid]
-                dropped.update(gone)
                 if not members:
                     del table[group]
                 if gone and table is self.consumers:
                     log.info("consumers %s left group %s", gone, group)
                     self._notify(group)
-        remaining = {cid for table in (self.producers, self.consumers)
-                     for members in table.values() for cid in members}
-        for cid in dropped - remaining:
-            for callback in self.on_client_gone:
-                callback(cid)
 
     def _notify(self, group: str) -> None:
         for ch in self.consumers.get(group, {}).values():

@@ -1,6 +1,10 @@
 """Broker-side queue locks for ordered consumption (RocketMQ's RebalanceLockManager): a
 queue of a consumer group is locked by at most one client at a time; a lock lapses if not
-renewed within ``REBALANCE_LOCK_MAX_LIVE_TIME_MS``."""
+renewed within ``REBALANCE_LOCK_MAX_LIVE_TIME_MS``.
+
+A lock is never released because a connection closed (RocketMQ does not either): the client
+trusts its lock for its own, shorter lease (30 s against 60 s) and may still be working
+through the batch in hand, reconnecting meanwhile. Only an unlock or the lapse frees it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,12 +43,6 @@ class RebalanceLockManager:
         for key in queues:
             entry = table.get(key)
             if entry is not None and entry.client_id == client_id:
-                del table[key]
-
-    def unlock_client(self, client_id: str) -> None:
-        """A client with no connection left cannot consume: its locks need not lapse first."""
-        for table in self._locks.values():
-            for key in [k for k, e in table.items() if e.client_id == client_id]:
                 del table[key]
 
     def owner(self, group: str, key: QueueKey, now_ms: int) -> str | None:

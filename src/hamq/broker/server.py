@@ -101,10 +101,10 @@ class Broker:
                              self.ha_master, HeldBackPut(self.schedule, self.transactions),
                              self.dledger)
         self.clients = ClientManager()
-        self.locks = RebalanceLockManager()
+        self.locks = RebalanceLockManager(config.rebalance_lock_max_live_time_ms)
         self.processor = BrokerProcessor(
             self.store, self.topics, send, self.pull,
-            ClientProcessor(self.store, self.clients, self.locks), self.runtime_info,
+            ClientProcessor(self.store, self.topics, self.clients, self.locks), self.runtime_info,
             self.ha_master.new_data if self.ha_master else lambda: None)
         send_back = ConsumerSendMsgBackProcessor(self.store, self.topics, self.schedule,
                                                  self.flush, self.pull.message_arrived)
@@ -134,7 +134,6 @@ class Broker:
                 **{code: _not_in_dledger for code in DLEDGER_UNSUPPORTED}})
         self.server = Server(self.processor, config)
         self.server.on_connection_closed.append(self.clients.connection_closed)
-        self.clients.on_client_gone.append(self.locks.unlock_client)
         self._housekeeping: asyncio.Task | None = None
         self.metrics: WSGIServer | None = None
 

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hamq.client.message import MessageQueue
 from hamq.errors import BrokerNotFound, ConnectionLost, HamqError, RequestTimeout, TopicNotExist
@@ -68,9 +68,11 @@ def namesrv_list(namesrv: str | Iterable[str]) -> list[str]:
 
 
 class ClientCore:
-    def __init__(self, namesrv: str | Iterable[str], timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, namesrv: str | Iterable[str], timeout_s: float = DEFAULT_TIMEOUT_S,
+                 route_refresh_interval_s: float = ROUTE_REFRESH_INTERVAL_S) -> None:
         self.namesrv = namesrv_list(namesrv)
         self.timeout_s = timeout_s
+        self.route_refresh_interval_s = route_refresh_interval_s
         self.pool = ConnectionPool(connect_timeout_s=timeout_s)
         self.routes: dict[str, TopicRoute] = {}
         self._namesrv_index = 0
@@ -100,29 +102,44 @@ class ClientCore:
         return frame
 
     async def invoke_namesrv(self, code: int, ext: dict | None = None) -> Frame:
-        """Ask the name servers in turn until one answers (they are independent)."""
+        """Ask the name servers in turn until one answers (they are independent). One that
+        is down or hung (no answer in time) is skipped, and later lookups start after it."""
         last: HamqError = ConnectionLost("no name server reachable")
+        start = self._namesrv_index
         for i in range(len(self.namesrv)):
-            addr = self.namesrv[(self._namesrv_index + i) % len(self.namesrv)]
+            addr = self.namesrv[(start + i) % len(self.namesrv)]
             try:
                 return await self.invoke(addr, code, ext)
-            except ConnectionLost as err:
+            except (ConnectionLost, RequestTimeout) as err:
                 last = ConnectionLost(f"name server {addr} unreachable: {err.message}")
-                self._namesrv_index += 1
             except asyncio.TimeoutError:
                 last = ConnectionLost(f"name server {addr} did not answer")
+            self._namesrv_index = start + i + 1
         raise last
 
     async def route(self, topic: str, refresh: bool = False) -> TopicRoute:
+        """The topic's route, from the name servers when the cached one is older than
+        ``route_refresh_interval_s`` (or ``refresh``). When no name server answers, the
+        cached route is kept (RocketMQ keeps its topic route table): the brokers may well
+        be healthy, and a client must not stop because its name servers are down."""
         cached = self.routes.get(topic)
         if cached is not None and not refresh and \
-                time.monotonic() - cached.fetched_at < ROUTE_REFRESH_INTERVAL_S:
+                time.monotonic() - cached.fetched_at < self.route_refresh_interval_s:
             return cached
         try:
             frame = await self.invoke_namesrv(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
         except TopicNotExist:
             self.routes.pop(topic, None)
             raise
+        except HamqError as err:
+            if cached is None:
+                raise
+            log.warning("route of %s not refreshed, keeping the cached one: %s", topic,
+                        err.message)
+            # Next attempt after another interval, so requests do not each wait on a
+            # name server that is down.
+            cached = self.routes[topic] = replace(cached, fetched_at=time.monotonic())
+            return cached
         route = TopicRoute.from_wire(topic, unpack_body(frame.body))
         self.routes[topic] = route
         return route

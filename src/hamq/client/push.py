@@ -5,12 +5,16 @@ listener; progress is committed periodically and at shutdown.
 - Rebalance is client-side, RocketMQ's average allocation over the ids the brokers report
   (GET_CONSUMER_LIST_BY_GROUP), every ``rebalance_interval_s`` and at once when a broker
   says the group changed (NOTIFY_CONSUMER_IDS_CHANGED).
-- Concurrent listeners may answer RECONSUME_LATER: the message goes back to the broker
-  (CONSUMER_SEND_MSG_BACK → ``%RETRY%<group>``, later ``%DLQ%<group>``) and the consumer
-  moves on. The group's retry topic is subscribed automatically in clustering mode.
+- Concurrent listeners may answer RECONSUME_LATER (or raise): in clustering mode the message
+  goes back for a retry (``client/retry.py``) and the consumer moves on; a message that
+  could not be handed back is kept and consumed again here, and the committed offset stays
+  below it. The group's retry topic is subscribed automatically in clustering mode.
+  Broadcasting members drop failures with a warning, as RocketMQ does: a retry topic is
+  shared by the group, so no other member would read it for them.
 - Orderly listeners consume a queue only while holding its broker-side lock
   (LOCK_BATCH_MQ, renewed every ``lock_renew_interval_s``), one batch at a time; a
-  failing batch is retried in place (SUSPEND_CURRENT_QUEUE_A_MOMENT), never skipped.
+  failing batch is retried in place (SUSPEND_CURRENT_QUEUE_A_MOMENT), never skipped. A
+  queue is unlocked only after its listener returned.
 
 Sync listeners run in a thread pool (one hop per pulled batch), async ones on the loop.
 """
@@ -31,23 +35,30 @@ from enum import Enum
 from pathlib import Path
 
 from hamq.client.consumer import AsyncPullConsumer, PullStatus
-from hamq.client.core import ClientCore
+from hamq.client.core import ROUTE_REFRESH_INTERVAL_S, ClientCore
 from hamq.client.message import MessageExt, MessageQueue
 from hamq.client.rebalance import allocate_averagely, parse_tag_expression
+from hamq.client.retry import SendBack
 from hamq.errors import ConnectionLost, HamqError, InvalidArgument, TopicNotExist
 from hamq.net.connection import Connection
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import Frame, pack_body, unpack_body
+from hamq.protocol.properties import (DEFAULT_MAX_RECONSUME_TIMES, PROPERTY_RECONSUME_TIME,
+                                      RETRY_GROUP_TOPIC_PREFIX)
 
 log = logging.getLogger(__name__)
 
-RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 PULL_ERROR_BACKOFF_S = 1.0           # RocketMQ pullTimeDelayMillsWhenException is 3 s
 SUSPEND_CURRENT_QUEUE_S = 1.0        # suspendCurrentQueueTimeMillis
 LOCAL_LOCK_MAX_LIVE_S = 30.0         # REBALANCE_LOCK_MAX_LIVE_TIME on the client
 CONSUME_THREADS = 20                 # consumeThreadMax
-CONSUME_DRAIN_TIMEOUT_S = 10.0       # how long a dropped queue waits for its listener
-LOCK_RETRY_S = 1.0                   # orderly: rebalance again soon when a lock was refused
+CONSUME_DRAIN_TIMEOUT_S = 10.0       # how long a dropped concurrent queue waits for its listener
+AWAIT_TERMINATION_S = 30.0           # awaitTerminationMillisWhenShutdown
+LOCK_RETRY_S = 1.0                   # orderly: ask again for a lock that was refused
+RECONSUME_KEPT_S = 5.0               # submitConsumeRequestLater: retry of a kept message
+KEPT_MAX = 1000                      # pullThresholdForQueue: no pulls while this many wait
+CONSUME_TIMESTAMP_AGO_MS = 30 * 60_000  # consumeTimestamp: half an hour before start
+DEFAULT_INSTANCE_NAME = "DEFAULT"    # RocketMQ's instanceName default
 
 
 class ConsumeConcurrentlyStatus(Enum):
@@ -67,18 +78,31 @@ Listener = Callable[[list[MessageExt]], object]
 class ProcessQueue:
     """One assigned queue: where consumption stands and the task pulling it."""
     mq: MessageQueue
-    offset: int
-    committed: int
+    offset: int                 # next offset to pull
+    committed: int | None       # last offset committed (None: the group has none yet)
     task: asyncio.Task | None = None
     locked_until: float = 0.0   # orderly: monotonic time the broker lock is trusted until
-    dropped: bool = False
+    dropped: bool = False       # no longer ours: finish the batch in hand, then release
     abandoned: bool = False     # orderly: the batch in hand went stale (lock lost)
+    # Messages whose hand-back failed: consumed again here at ``retry_at``; the
+    # committed offset stays below the first of them.
+    kept: list[MessageExt] = field(default_factory=list)
+    retry_at: float = 0.0
     # Set while no listener call is running: a dropped queue waits for it before its
     # offset is committed and its lock released, so no other member overlaps it.
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         self.idle.set()
+
+    @property
+    def consumed(self) -> int:
+        """The offset that may be committed: below every message not yet done with."""
+        return min(self.kept[0].queue_offset, self.offset) if self.kept else self.offset
+
+    async def wait_idle(self) -> None:
+        while not self.idle.is_set():
+            await self.idle.wait()
 
 
 @dataclass
@@ -90,18 +114,28 @@ class _Subscription:
 class AsyncPushConsumer:
     def __init__(self, group: str, namesrv: str | Iterable[str],
                  message_model: str = "clustering", consume_from_where: str = "last",
+                 consume_timestamp_ms: int | None = None,
                  pull_batch_size: int = 32, consume_message_batch_max_size: int = 1,
-                 max_reconsume_times: int = 16, heartbeat_interval_s: float = 30.0,
+                 max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES,
+                 heartbeat_interval_s: float = 30.0,
                  rebalance_interval_s: float = 20.0, persist_offset_interval_s: float = 5.0,
-                 lock_renew_interval_s: float = 20.0, pull_suspend_ms: int = 15_000,
-                 offset_store_dir: str | None = None, client_id: str | None = None) -> None:
+                 lock_renew_interval_s: float = 20.0,
+                 lock_max_live_s: float = LOCAL_LOCK_MAX_LIVE_S, pull_suspend_ms: int = 15_000,
+                 poll_name_server_interval_s: float = ROUTE_REFRESH_INTERVAL_S,
+                 await_termination_s: float = AWAIT_TERMINATION_S,
+                 offset_store_dir: str | None = None, instance_name: str = DEFAULT_INSTANCE_NAME,
+                 client_id: str | None = None) -> None:
         if message_model not in ("clustering", "broadcasting"):
             raise InvalidArgument("message_model must be 'clustering' or 'broadcasting'")
-        if consume_from_where not in ("last", "first"):
-            raise InvalidArgument("consume_from_where must be 'last' or 'first'")
+        if consume_from_where not in ("last", "first", "timestamp"):
+            raise InvalidArgument("consume_from_where must be 'last', 'first' or 'timestamp'")
+        if not instance_name or "/" in instance_name or instance_name.startswith("."):
+            raise InvalidArgument(f"instance_name {instance_name!r} must be a plain file name")
         self.group = group
         self.message_model = message_model
         self.consume_from_where = consume_from_where
+        self.consume_timestamp_ms = consume_timestamp_ms if consume_timestamp_ms is not None \
+            else int(time.time() * 1000) - CONSUME_TIMESTAMP_AGO_MS
         self.pull_batch_size = pull_batch_size
         self.consume_message_batch_max_size = consume_message_batch_max_size
         self.max_reconsume_times = max_reconsume_times
@@ -109,20 +143,30 @@ class AsyncPushConsumer:
         self.rebalance_interval_s = rebalance_interval_s
         self.persist_offset_interval_s = persist_offset_interval_s
         self.lock_renew_interval_s = lock_renew_interval_s
+        self.lock_max_live_s = lock_max_live_s
         self.pull_suspend_ms = pull_suspend_ms
+        self.await_termination_s = await_termination_s
         self.client_id = client_id or f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
-        self.core = ClientCore(namesrv)
+        self.core = ClientCore(namesrv, route_refresh_interval_s=poll_name_server_interval_s)
         self.core.pool.handler = self  # brokers notify us of group changes
         self.puller = AsyncPullConsumer(group, core=self.core)
+        self.send_back = SendBack(self.puller, self.core.namesrv, max_reconsume_times)
         self.subscriptions: dict[str, _Subscription] = {}
+        # Assigned queues, and dropped ones until they are released.
         self.process_queues: dict[MessageQueue, ProcessQueue] = {}
         self.listener: Listener | None = None
         self.orderly = False
+        # Broadcasting progress is local; the file is named after the instance, not the
+        # process, so a restarted member continues where it stopped (RocketMQ's
+        # LocalFileOffsetStore: <dir>/<clientId = host@instanceName>/<group>).
         self.offset_file = Path(offset_store_dir or Path.home() / ".hamq" / "offsets") / \
-            f"{self.client_id.replace('@', '_')}-{group}.json" \
-            if message_model == "broadcasting" else None
+            instance_name / f"{group}.json" if message_model == "broadcasting" else None
+        self._refused: set[MessageQueue] = set()  # orderly: wanted, but locked by another
+        self._releases: set[asyncio.Task] = set()
         self._rebalance_now = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        self._lock_task: asyncio.Task | None = None
+        self._adding: set[MessageQueue] = set()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._running = False
         self._suspended = False
@@ -133,7 +177,8 @@ class AsyncPushConsumer:
 
     def register_message_listener(self, listener: Listener, orderly: bool = False) -> None:
         """``listener(messages)`` returns a ConsumeConcurrentlyStatus (or, with
-        ``orderly``, a ConsumeOrderlyStatus); it may be a coroutine function."""
+        ``orderly``, a ConsumeOrderlyStatus); it may be a coroutine function. A listener
+        that raises is answered as RECONSUME_LATER / SUSPEND_CURRENT_QUEUE_A_MOMENT."""
         self.listener = listener
         self.orderly = orderly
 
@@ -153,7 +198,8 @@ class AsyncPushConsumer:
                        asyncio.create_task(self._rebalance_loop()),
                        asyncio.create_task(self._persist_loop())]
         if self.orderly:
-            self._tasks.append(asyncio.create_task(self._lock_loop()))
+            self._tasks.append(asyncio.create_task(self._take_refused_loop()))
+            self._lock_task = asyncio.create_task(self._lock_loop())
 
     def suspend(self) -> None:
         """Stop handing messages to the listener (RocketMQ's ``suspend()``): the batch in
@@ -164,17 +210,35 @@ class AsyncPushConsumer:
         self._suspended = False
 
     async def shutdown(self) -> None:
-        """Stop pulling, commit progress, release locks, leave the group."""
+        """Stop pulling, let the listeners finish (their failures are still handed back),
+        commit progress, release locks, leave the group. A queue whose listener is still
+        running after ``await_termination_s`` is neither committed nor unlocked: its lock
+        lapses on the broker, never under a running listener."""
         self._running = False
-        for task in self._tasks:
+        for task in self._tasks:  # not the lock loop: locks stay renewed while listeners finish
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
         for pq in list(self.process_queues.values()):
-            await self._drop(pq)
-        await self._persist_offsets()
+            self._release_later(pq)
+        abandoned = False
+        if self._releases:
+            _, pending = await asyncio.wait(self._releases, timeout=self.await_termination_s)
+            for task in pending:
+                abandoned = True
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        for pq in self.process_queues.values():
+            log.warning("listener still busy on %s at shutdown: left uncommitted and locked",
+                        pq.mq)
+            if pq.task is not None:
+                pq.task.cancel()
+        if self._lock_task is not None:
+            self._tasks.append(self._lock_task)
+            self._lock_task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._unregister()
         if self._executor is not None:
-            self._executor.shutdown(wait=True)
+            self._executor.shutdown(wait=not abandoned, cancel_futures=abandoned)
+        await self.send_back.close()
         await self.core.close()
 
     close = shutdown
@@ -230,7 +294,10 @@ class AsyncPushConsumer:
                 pass
             self._rebalance_now.clear()
             await self._send_heartbeats()  # new brokers of the topic learn about us too
-            await self._rebalance()
+            try:
+                await self._rebalance()
+            except HamqError as err:  # the next round tries again
+                log.warning("rebalance of %s failed: %s", self.group, err.message)
 
     async def _rebalance(self) -> None:
         wanted: set[MessageQueue] = set()
@@ -247,18 +314,19 @@ class AsyncPushConsumer:
             if self.message_model == "broadcasting":
                 wanted.update(queues)
                 continue
-            ids = await self._consumer_ids(topic)
+            ids = await self._consumer_ids(route)
             if ids is None:
                 wanted.update(mq for mq in self.process_queues if mq.topic == topic)
                 continue
             wanted.update(allocate_averagely(queues, ids, self.client_id))
-        for mq in [mq for mq in self.process_queues if mq not in wanted]:
-            await self._drop(self.process_queues[mq])
+        self._refused &= wanted
+        for mq, pq in list(self.process_queues.items()):
+            if mq not in wanted and not pq.dropped:
+                self._release_later(pq)
         for mq in sorted(wanted - set(self.process_queues)):
             await self._add(mq)
 
-    async def _consumer_ids(self, topic: str) -> list[str] | None:
-        route = await self.core.route(topic)
+    async def _consumer_ids(self, route) -> list[str] | None:
         for addr in sorted(a for members in route.brokers.values() for a in members.values()):
             try:
                 frame = await self.core.invoke(addr, RequestCode.GET_CONSUMER_LIST_BY_GROUP,
@@ -272,16 +340,28 @@ class AsyncPushConsumer:
         return None
 
     async def _add(self, mq: MessageQueue) -> None:
-        pq = ProcessQueue(mq, 0, 0)
+        if mq in self._adding:  # a rebalance and a lock retry may both want it
+            return
+        self._adding.add(mq)
+        try:
+            await self._take(mq)
+        finally:
+            self._adding.discard(mq)
+
+    async def _take(self, mq: MessageQueue) -> None:
+        pq = ProcessQueue(mq, 0, None)
         if self.orderly:
             # RocketMQ: an orderly queue is taken only once its lock is ours, and its offset
             # read after that, so the previous owner's last commit is seen.
             await self._lock([pq])
             if pq.locked_until < time.monotonic():
-                asyncio.get_running_loop().call_later(LOCK_RETRY_S, self._rebalance_now.set)
+                self._refused.add(mq)  # asked again by _take_refused_loop, not a rebalance
                 return
+            self._refused.discard(mq)
         try:
-            pq.offset = pq.committed = await self._start_offset(mq)
+            pq.committed = await self._committed_offset(mq)
+            pq.offset = pq.committed if pq.committed is not None else \
+                await self._first_offset(mq)
         except HamqError as err:
             log.warning("cannot start %s: %s", mq, err.message)
             if self.orderly:
@@ -291,11 +371,21 @@ class AsyncPushConsumer:
         pq.task = asyncio.create_task(self._pull_loop(pq))
         log.info("%s now consumes %s from offset %d", self.client_id, mq, pq.offset)
 
-    async def _drop(self, pq: ProcessQueue) -> None:
+    def _release_later(self, pq: ProcessQueue) -> None:
         pq.dropped = True
-        self.process_queues.pop(pq.mq, None)
+        task = asyncio.create_task(self._release(pq))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _release(self, pq: ProcessQueue) -> None:
+        """A dropped queue: wait for the listener (an orderly one as long as it runs, its
+        lock renewed meanwhile — RocketMQ keeps the lock when ``tryLock`` of the consume
+        lock fails), stop pulling, commit, unlock, forget the queue."""
         try:
-            await asyncio.wait_for(pq.idle.wait(), CONSUME_DRAIN_TIMEOUT_S)
+            if self.orderly:
+                await pq.wait_idle()
+            else:  # the offset never passes the batch in hand: committing is safe anyway
+                await asyncio.wait_for(pq.wait_idle(), CONSUME_DRAIN_TIMEOUT_S)
         except asyncio.TimeoutError:
             log.warning("listener still busy on %s after %s s; dropping it anyway", pq.mq,
                         CONSUME_DRAIN_TIMEOUT_S)
@@ -305,18 +395,23 @@ class AsyncPushConsumer:
         await self._commit(pq)
         if self.orderly:
             await self._unlock([pq])
+        if self.process_queues.get(pq.mq) is pq:
+            del self.process_queues[pq.mq]
+        if self._running:
+            self._rebalance_now.set()  # the queue may be wanted again meanwhile
 
-    async def _start_offset(self, mq: MessageQueue) -> int:
+    async def _committed_offset(self, mq: MessageQueue) -> int | None:
         if self.offset_file is not None:
-            stored = self._local_offsets().get(str(mq))
-            if stored is not None:
-                return stored
-        else:
-            committed = await self.puller.fetch_offset(mq)
-            if committed is not None:
-                return committed
+            return self._local_offsets().get(str(mq))
+        return await self.puller.fetch_offset(mq)
+
+    async def _first_offset(self, mq: MessageQueue) -> int:
+        """Where a group without a committed offset starts (consume_from_where); the first
+        commit of the queue records it, so a restart or a new owner starts there too."""
         if self.consume_from_where == "first" or mq.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
             return await self.puller.min_offset(mq)
+        if self.consume_from_where == "timestamp":
+            return await self.puller.search_offset(mq, self.consume_timestamp_ms)
         return await self.puller.max_offset(mq)
 
     # -- pulling and consuming ----------------------------------------------------------------
@@ -329,9 +424,16 @@ class AsyncPushConsumer:
             if self.orderly and not await self._ensure_locked(pq):
                 await asyncio.sleep(SUSPEND_CURRENT_QUEUE_S)
                 continue
+            wait_s = pq.retry_at - time.monotonic()
+            if pq.kept and (wait_s <= 0 or len(pq.kept) >= KEPT_MAX):
+                await asyncio.sleep(max(wait_s, 0))
+                await self._consume_batch(pq, self._reconsume_kept, pq)
+                continue
+            suspend_ms = self.pull_suspend_ms if not pq.kept else \
+                min(self.pull_suspend_ms, int(wait_s * 1000))
             try:
                 result = await self.puller.pull(pq.mq, pq.offset, self.pull_batch_size,
-                                                self.pull_suspend_ms)
+                                                suspend_ms)
             except HamqError as err:
                 log.debug("pull %s failed: %s", pq.mq, err.message)
                 if isinstance(err, ConnectionLost):
@@ -341,49 +443,89 @@ class AsyncPushConsumer:
             if result.status is PullStatus.OFFSET_ILLEGAL:
                 pq.offset = result.next_begin_offset
                 continue
-            if result.status is not PullStatus.FOUND:
+            if result.status is not PullStatus.FOUND or pq.dropped or not self._running:
                 continue
             messages = result.messages
             if sub.tags is not None:
                 messages = [m for m in messages if m.tags in sub.tags]
-            pq.idle.clear()
-            try:
-                if messages:
-                    await self._consume(pq, messages)
-                if not pq.dropped and not pq.abandoned:
-                    pq.offset = result.next_begin_offset  # past filtered-out messages too
-                pq.abandoned = False
-            finally:
-                pq.idle.set()
+            await self._consume_batch(pq, self._consume_pulled, pq, messages,
+                                      result.next_begin_offset)
+
+    async def _consume_batch(self, pq: ProcessQueue, consume, *args) -> None:
+        pq.idle.clear()
+        try:
+            await consume(*args)
+        finally:
+            pq.idle.set()
+
+    async def _consume_pulled(self, pq: ProcessQueue, messages: list[MessageExt],
+                              next_offset: int) -> None:
+        if messages:
+            await self._consume(pq, messages)
+        if not pq.abandoned:
+            pq.offset = next_offset  # past filtered-out messages too
+        pq.abandoned = False
 
     async def _consume(self, pq: ProcessQueue, messages: list[MessageExt]) -> None:
         size = self.consume_message_batch_max_size
         chunks = [messages[i:i + size] for i in range(0, len(messages), size)]
         if self.orderly:
-            for chunk in chunks:
-                while True:
-                    position = pq.offset
-                    if self._suspended or not await self._ensure_locked(pq) \
-                            or pq.offset != position:
-                        pq.abandoned = True  # suspended, or the lock was lost: re-pull later
-                        return
-                    (status,) = await self._call_listener([chunk])
-                    if status is ConsumeOrderlyStatus.SUCCESS:
-                        break
-                    if pq.dropped:
-                        return
-                    await asyncio.sleep(SUSPEND_CURRENT_QUEUE_S)  # retry in place
-                pq.offset = chunk[-1].queue_offset + 1
+            await self._consume_orderly(pq, chunks)
             return
         statuses = await self._call_listener(chunks)  # shorter if suspended meanwhile
         for chunk, status in zip(chunks, statuses):
             if status is not ConsumeConcurrentlyStatus.CONSUME_SUCCESS:
-                for msg in chunk:
-                    await self._send_back(msg)
+                await self._failed(pq, chunk)
         if statuses:
             pq.offset = chunks[len(statuses) - 1][-1].queue_offset + 1
         if len(statuses) < len(chunks):
             pq.abandoned = True  # the rest is pulled again when consumption resumes
+
+    async def _consume_orderly(self, pq: ProcessQueue, chunks: list[list[MessageExt]]) -> None:
+        for chunk in chunks:
+            while True:
+                position = pq.offset
+                if pq.dropped or self._suspended or not await self._ensure_locked(pq) \
+                        or pq.offset != position:
+                    pq.abandoned = True  # dropped, suspended or the lock lost: re-pull later
+                    return
+                (status,) = await self._call_listener([chunk])
+                if status is ConsumeOrderlyStatus.SUCCESS:
+                    break
+                _count_reconsume(chunk)  # RocketMQ: each in-place retry is a reconsume
+                if pq.dropped:
+                    pq.abandoned = True
+                    return
+                await asyncio.sleep(SUSPEND_CURRENT_QUEUE_S)  # retry in place
+            # Committed before the lock is given up (the queue is released only after
+            # this returns), so the next owner does not repeat a batch that succeeded.
+            pq.offset = chunk[-1].queue_offset + 1
+
+    async def _failed(self, pq: ProcessQueue, chunk: list[MessageExt]) -> None:
+        """A concurrent listener failed on ``chunk``. Clustering: hand each message back,
+        keep here what could not be; broadcasting: drop them (RocketMQ logs and drops)."""
+        if self.message_model == "broadcasting":
+            log.warning("broadcasting: %d message(s) of %s failed and are dropped",
+                        len(chunk), pq.mq)
+            return
+        for msg in chunk:
+            if not await self.send_back(msg):
+                _count_reconsume([msg])
+                if not pq.kept:
+                    pq.retry_at = time.monotonic() + RECONSUME_KEPT_S
+                pq.kept.append(msg)
+
+    async def _reconsume_kept(self, pq: ProcessQueue) -> None:
+        kept, pq.kept = pq.kept, []
+        size = self.consume_message_batch_max_size
+        chunks = [kept[i:i + size] for i in range(0, len(kept), size)]
+        statuses = await self._call_listener(chunks)
+        for i, chunk in enumerate(chunks):
+            if i >= len(statuses):
+                pq.kept += chunk  # suspended meanwhile
+            elif statuses[i] is not ConsumeConcurrentlyStatus.CONSUME_SUCCESS:
+                await self._failed(pq, chunk)
+        pq.retry_at = time.monotonic() + RECONSUME_KEPT_S
 
     async def _ensure_locked(self, pq: ProcessQueue) -> bool:
         """Orderly: hold the queue's broker lock. A lock that lapsed and is won back may have
@@ -403,13 +545,19 @@ class AsyncPushConsumer:
         return True
 
     async def _call_listener(self, chunks: list[list[MessageExt]]) -> list[object]:
+        """The listener's answer per chunk (fewer if suspended meanwhile); a listener that
+        raised answers None, which every caller treats as a failure to retry."""
         listener = self.listener
         if self._executor is None:
             out = []
             for chunk in chunks:
                 if self._suspended:
                     break
-                out.append(await listener(chunk))
+                try:
+                    out.append(await listener(chunk))
+                except Exception:
+                    log.exception("listener failed on %d message(s)", len(chunk))
+                    out.append(None)
             return out
 
         def run_all() -> list[object]:
@@ -419,21 +567,12 @@ class AsyncPushConsumer:
                     break
                 try:
                     out.append(listener(chunk))
-                except Exception:  # a throwing listener means "try again later"
+                except Exception:
                     log.exception("listener failed on %d message(s)", len(chunk))
                     out.append(None)
             return out
 
         return await asyncio.get_running_loop().run_in_executor(self._executor, run_all)
-
-    async def _send_back(self, msg: MessageExt) -> None:
-        while self._running:
-            try:
-                await self.puller.send_back(msg, 0, self.max_reconsume_times)
-                return
-            except HamqError as err:  # keep the message here and try again
-                log.warning("send back of %s failed: %s", msg.msg_id, err.message)
-                await asyncio.sleep(PULL_ERROR_BACKOFF_S)
 
     # -- orderly locks ------------------------------------------------------------------------
     async def _lock_loop(self) -> None:
@@ -441,8 +580,16 @@ class AsyncPushConsumer:
             await asyncio.sleep(self.lock_renew_interval_s)
             await self._lock(list(self.process_queues.values()))
 
+    async def _take_refused_loop(self) -> None:
+        """A refused lock is asked for again on its own, not by a whole rebalance (which
+        would also heartbeat every broker and refresh every route each second)."""
+        while True:
+            await asyncio.sleep(LOCK_RETRY_S)
+            for mq in sorted(self._refused - set(self.process_queues)):
+                await self._add(mq)
+
     async def _lock(self, pqs: list[ProcessQueue]) -> None:
-        until = time.monotonic() + LOCAL_LOCK_MAX_LIVE_S
+        until = time.monotonic() + self.lock_max_live_s
         async for group, frame in self._lock_requests(RequestCode.LOCK_BATCH_MQ, pqs):
             held = {tuple(k) for k in unpack_body(frame.body) or []} if frame else set()
             for pq in group:
@@ -474,26 +621,31 @@ class AsyncPushConsumer:
     async def _persist_loop(self) -> None:
         while True:
             await asyncio.sleep(self.persist_offset_interval_s)
-            await self._persist_offsets()
+            await self._persist_offsets(list(self.process_queues.values()))
 
-    async def _persist_offsets(self) -> None:
-        if self.offset_file is not None:
-            stored = self._local_offsets()
-            stored.update({str(pq.mq): pq.offset for pq in self.process_queues.values()})
-            self.offset_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.offset_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(stored, sort_keys=True))
-            tmp.replace(self.offset_file)
+    async def _persist_offsets(self, pqs: list[ProcessQueue]) -> None:
+        if self.offset_file is None:
+            for pq in pqs:
+                await self._commit(pq)
             return
-        for pq in list(self.process_queues.values()):
-            await self._commit(pq)
+        stored = self._local_offsets()
+        stored.update({str(pq.mq): pq.consumed for pq in pqs})
+        self.offset_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.offset_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(stored, sort_keys=True))
+        tmp.replace(self.offset_file)
 
     async def _commit(self, pq: ProcessQueue) -> None:
-        if self.offset_file is not None or pq.offset == pq.committed:
+        offset = pq.consumed
+        if offset == pq.committed:
+            return
+        if self.offset_file is not None:
+            await self._persist_offsets([pq])
+            pq.committed = offset
             return
         try:
-            await self.puller.commit_offset(pq.mq, pq.offset)
-            pq.committed = pq.offset
+            await self.puller.commit_offset(pq.mq, offset)
+            pq.committed = offset
         except HamqError as err:
             log.warning("commit of %s failed: %s", pq.mq, err.message)
 
@@ -502,6 +654,12 @@ class AsyncPushConsumer:
             return json.loads(self.offset_file.read_text())
         except (OSError, ValueError):
             return {}
+
+
+def _count_reconsume(messages: list[MessageExt]) -> None:
+    """One more reconsume time, on the local copies (RocketMQ's setReconsumeTimes)."""
+    for msg in messages:
+        msg.properties[PROPERTY_RECONSUME_TIME] = str(msg.reconsume_times + 1)
 
 
 def _by_broker(pqs: list[ProcessQueue]) -> dict[str, list[ProcessQueue]]:

@@ -1,0 +1,426 @@
+"""Consumer defects of issue 11, each reproduced against real name servers and brokers:
+messages skipped or lost around shutdown, restarts and failed hand-backs; one orderly
+queue consumed by two members at once; consumers stopped by a name server that is down
+or hung, or by a listener that raised."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import hamq
+from hamq import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, Message, MessageQueue
+from hamq.client.core import ClientCore
+from hamq.errors import TopicNotExist
+from hamq.protocol.codes import RequestCode
+from hamq.protocol.frame import pack_body, unpack_body
+
+from helpers import wait_for
+from push_consumers import FAST, start_consumer
+
+OK = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+LATER = ConsumeConcurrentlyStatus.RECONSUME_LATER
+# A hand-back is delivered through the retry topic after delay level 3 (10 s).
+RETRY_WAIT_S = 30
+
+
+class Deliveries:
+    """What listeners were given, as (body, reconsume_times), from any thread."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.got: list[tuple[bytes, int]] = []
+
+    def add(self, messages) -> None:
+        with self.lock:
+            self.got += [(m.body, m.reconsume_times) for m in messages]
+
+    def bodies(self) -> list[bytes]:
+        with self.lock:
+            return [b for b, _ in self.got]
+
+
+def create_topic(cluster, topic: str, queues: int = 1) -> None:
+    with hamq.Admin(cluster.namesrv) as admin:  # "ready" may come before registration
+        wait_for(admin.master_addrs, 10, "the broker to register")
+        admin.create_topic(topic, queues)
+
+
+def send(cluster, topic: str, *bodies: bytes) -> None:
+    with hamq.Producer(cluster.namesrv) as producer:
+        for body in bodies:
+            producer.send(Message(topic, body))
+
+
+# -- 1: a RECONSUME_LATER answered during shutdown ------------------------------------------
+def test_reconsume_later_answered_during_shutdown_is_handed_back(cluster):
+    create_topic(cluster, "Late")
+    send(cluster, "Late", b"m0")
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_failure(messages):
+        entered.set()
+        release.wait(20)
+        return LATER
+
+    first = start_consumer(cluster.namesrv, "late", "Late", slow_failure)
+    assert entered.wait(20)
+    stopping = threading.Thread(target=first.shutdown)
+    stopping.start()
+    wait_for(lambda: not first._async._running, 10, "shutdown to begin")
+    release.set()  # the listener answers RECONSUME_LATER while the consumer shuts down
+    stopping.join(30)
+    got = Deliveries()
+
+    def succeed(messages):
+        got.add(messages)
+        return OK
+
+    second = start_consumer(cluster.namesrv, "late", "Late", succeed)
+    try:  # neither committed past nor dropped: it comes back (through the retry topic)
+        wait_for(lambda: b"m0" in got.bodies(), RETRY_WAIT_S, "m0 to be consumed again")
+    finally:
+        second.shutdown()
+
+
+# -- 2: a new group's start offset ----------------------------------------------------------
+def test_new_group_from_last_keeps_its_start_across_a_restart(cluster):
+    create_topic(cluster, "Fresh")
+    send(cluster, "Fresh", b"old0", b"old1")
+    got = Deliveries()
+
+    def listener(messages):
+        got.add(messages)
+        return OK
+
+    first = start_consumer(cluster.namesrv, "fresh", "Fresh", listener, consume_from_where="last")
+    wait_for(lambda: any(mq.topic == "Fresh" for mq in first._async.process_queues), 10,
+             "the queue to be taken")
+    first.shutdown()
+    send(cluster, "Fresh", b"new0", b"new1")  # while no member runs
+    second = start_consumer(cluster.namesrv, "fresh", "Fresh", listener,
+                            consume_from_where="last")
+    try:
+        wait_for(lambda: got.bodies() == [b"new0", b"new1"], 15,
+                 "what arrived while the group was down")
+    finally:
+        second.shutdown()
+
+
+# -- 3: broadcasting offsets across a restart -----------------------------------------------
+def test_broadcasting_member_restarts_where_it_stopped(cluster, tmp_path):
+    create_topic(cluster, "BcastRestart", 2)
+    got = Deliveries()
+
+    def listener(messages):
+        got.add(messages)
+        return OK
+
+    def member():  # no periodic save during the test: only shutdown may persist
+        return start_consumer(cluster.namesrv, "bcast-restart", "BcastRestart", listener,
+                              message_model="broadcasting", offset_store_dir=str(tmp_path),
+                              persist_offset_interval_s=600)
+
+    first = member()
+    old = [b"old%d" % i for i in range(10)]
+    send(cluster, "BcastRestart", *old)
+    wait_for(lambda: sorted(got.bodies()) == old, 15, "the first ten")
+    first.shutdown()
+    new = [b"new%d" % i for i in range(5)]
+    send(cluster, "BcastRestart", *new)
+    second = member()
+    try:
+        wait_for(lambda: set(got.bodies()) >= set(new), 15, "the five sent while stopped")
+        assert sorted(got.bodies()) == sorted(old + new), "redelivered after a clean restart"
+    finally:
+        second.shutdown()
+
+
+# -- 6: a slow orderly listener keeps its lock ----------------------------------------------
+def test_slow_orderly_listener_is_never_overlapped_by_the_next_owner(cluster):
+    create_topic(cluster, "Slow")
+    with hamq.Producer(cluster.namesrv) as producer:
+        for i in range(5):
+            producer.send_orderly(Message("Slow", b"s%d" % i), "k")
+    guard = threading.Lock()
+    running, overlaps, order = [0], [0], []
+    entered = threading.Event()
+
+    def listener_for(name: str, hold_s: float):
+        def listener(messages):
+            with guard:
+                running[0] += 1
+                overlaps[0] += running[0] > 1
+            if name == "slow" and not entered.is_set():
+                entered.set()
+                time.sleep(hold_s)  # longer than a dropped queue used to wait
+            with guard:
+                running[0] -= 1
+                order.extend(m.body for m in messages)
+            return ConsumeOrderlyStatus.SUCCESS
+        return listener
+
+    orderly = dict(lock_renew_interval_s=0.5)
+    slow = hamq.PushConsumer("slow", cluster.namesrv, client_id="z-slow", **FAST, **orderly)
+    slow.subscribe("Slow")
+    slow.register_message_listener(listener_for("slow", 14), orderly=True)
+    slow.start()
+    assert entered.wait(20)
+    # The newcomer sorts first, so the rebalance gives it the queue the slow one is in.
+    fast = hamq.PushConsumer("slow", cluster.namesrv, client_id="a-fast", **FAST, **orderly)
+    fast.subscribe("Slow")
+    fast.register_message_listener(listener_for("fast", 0), orderly=True)
+    fast.start()
+    try:
+        wait_for(lambda: len(order) >= 5, 40, "all five consumed")
+        assert overlaps[0] == 0, "two members ran the queue's listener at once"
+        assert order == [b"s0", b"s1", b"s2", b"s3", b"s4"]
+    finally:
+        fast.shutdown()
+        slow.shutdown()
+
+
+# -- 7: a closed connection does not release a client's locks -------------------------------
+async def _lock(core: ClientCore, addr: str, client_id: str) -> list:
+    """Join the group (HEART_BEAT, so the broker knows the client's connection), then lock."""
+    await core.invoke(addr, RequestCode.HEART_BEAT, body=pack_body({
+        "client_id": client_id, "consumer_groups": [{"group": "locks"}]}))
+    frame = await core.invoke(addr, RequestCode.LOCK_BATCH_MQ,
+                              {"group": "locks", "client_id": client_id},
+                              pack_body([["Locked", 0]]))
+    return unpack_body(frame.body)
+
+
+def test_orderly_lock_outlives_its_connection(cluster):
+    create_topic(cluster, "Locked")
+    addr = cluster.broker_addr()
+
+    async def scenario() -> None:
+        owner, other = ClientCore(cluster.namesrv), ClientCore(cluster.namesrv)
+        try:
+            assert await _lock(owner, addr, "owner") == [["Locked", 0]]
+            await owner.close()  # the owner's only connection goes away
+            until = time.monotonic() + 2
+            while time.monotonic() < until:
+                assert await _lock(other, addr, "other") == [], "lock freed by a closed socket"
+                await asyncio.sleep(0.2)
+        finally:
+            await other.close()
+
+    asyncio.run(scenario())
+
+
+def test_orderly_lock_lapses_after_the_broker_lease(cluster_factory):
+    c = cluster_factory()
+    c.start_namesrv()
+    c.start_broker(rebalance_lock_max_live_time_ms=2000)
+    create_topic(c, "Locked")
+    addr = c.broker_addr()
+
+    async def scenario() -> None:
+        owner, other = ClientCore(c.namesrv), ClientCore(c.namesrv)
+        try:
+            assert await _lock(owner, addr, "owner") == [["Locked", 0]]
+            taken_at = time.monotonic()
+            while await _lock(other, addr, "other") == []:
+                assert time.monotonic() - taken_at < 10, "the lock never lapsed"
+                await asyncio.sleep(0.2)
+            assert time.monotonic() - taken_at >= 1.9  # not before the lease ran out
+        finally:
+            await owner.close()
+            await other.close()
+
+    asyncio.run(scenario())
+
+
+# -- 8, 9: name servers down or hung --------------------------------------------------------
+def test_consumption_continues_while_the_name_server_is_down(cluster):
+    create_topic(cluster, "NoNamesrv", 2)
+    got = Deliveries()
+
+    def listener(messages):
+        got.add(messages)
+        return OK
+
+    consumer = start_consumer(cluster.namesrv, "no-namesrv", "NoNamesrv", listener,
+                              poll_name_server_interval_s=0.5)
+    with hamq.Producer(cluster.namesrv) as producer:
+        producer.send(Message("NoNamesrv", b"before"))
+        wait_for(lambda: got.bodies() == [b"before"], 10, "the first message")
+        cluster.procs["namesrv"].stop()
+        time.sleep(2)  # several refresh intervals with no name server
+        for i in range(10):  # the producer's route is still fresh (30 s)
+            producer.send(Message("NoNamesrv", b"after%d" % i))
+    try:
+        wait_for(lambda: len(got.bodies()) == 11, 15, "messages sent after it went down")
+    finally:
+        consumer.shutdown()
+
+
+def test_a_hung_first_name_server_is_skipped(cluster_factory):
+    c = cluster_factory()
+    hung = c.start_namesrv("namesrv-hung")
+    c.start_namesrv("namesrv-ok")
+    c.start_broker()
+    create_topic(c, "Hung")
+    os.kill(hung.pid, signal.SIGSTOP)  # accepts connections, never answers
+    try:
+        with hamq.PullConsumer("hung", c.namesrv) as consumer:
+            assert [mq.queue_id for mq in consumer.fetch_message_queues("Hung")] == [0]
+            started = time.monotonic()
+            consumer.fetch_message_queues("Hung")  # and later lookups start after it
+            assert time.monotonic() - started < 1.0
+    finally:
+        os.kill(hung.pid, signal.SIGCONT)
+
+
+# -- 10: an async listener that raises ------------------------------------------------------
+def test_async_listener_exception_is_a_reconsume_later(cluster):
+    create_topic(cluster, "Raises")
+    got = Deliveries()
+
+    async def listener(messages):
+        if messages[0].body == b"boom" and messages[0].reconsume_times == 0:
+            raise RuntimeError("listener bug")
+        got.add(messages)
+        return OK
+
+    consumer = start_consumer(cluster.namesrv, "raises", "Raises", listener)
+    try:
+        send(cluster, "Raises", b"boom", b"after")
+        wait_for(lambda: b"after" in got.bodies(), 10, "the queue to go on after the raise")
+        wait_for(lambda: (b"boom", 1) in got.got, RETRY_WAIT_S, "the failed message again")
+    finally:
+        consumer.shutdown()
+
+
+# -- 11: a hand-back the master cannot take -------------------------------------------------
+def test_send_back_without_a_master_falls_back_to_a_client_resend(cluster_factory):
+    c = cluster_factory()
+    c.start_namesrv(scan_not_active_broker_interval_ms=500, broker_not_active_timeout_ms=3000)
+    c.start_broker("a-master")
+    c.start_broker("a-slave", broker_id=1, broker_role="slave")
+    c.start_broker("b-master", broker_name="broker-b")
+    with hamq.Admin(c.namesrv) as admin:
+        ha = lambda: admin.broker_runtime_info(c.broker_addr("a-master"))["ha"]["slaves"]  # noqa: E731
+        wait_for(lambda: ha() and ha()[0]["state"] == "TRANSFER", 15, "the slave connected")
+        admin.create_topic("Back", 1)
+        with hamq.Producer(c.namesrv) as producer:
+            producer.send(Message("Back", b"failing"), MessageQueue("Back", "broker-a", 0))
+        wait_for(lambda: ha()[0]["behind_bytes"] == 0, 10, "the slave to have it")
+        c.procs["a-master"].kill9()
+        wait_for(lambda: 0 not in admin.topic_route("Back").brokers.get("broker-a", {0: ""}),
+                 10, "the name server to drop the dead master")
+    got = Deliveries()
+
+    def listener(messages):
+        got.add(messages)
+        return LATER if messages[0].reconsume_times == 0 else OK
+
+    consumer = start_consumer(c.namesrv, "back", "Back", listener)
+    try:  # read from the slave, handed back through broker-b's retry topic
+        wait_for(lambda: got.got[:1] == [(b"failing", 0)], 15, "the first delivery")
+        wait_for(lambda: (b"failing", 1) in got.got, RETRY_WAIT_S, "the retry")
+    finally:
+        consumer.shutdown()
+
+
+# -- 17: orderly lock refusals, orderly reconsume times, broadcasting failures ---------------
+def test_refused_orderly_lock_is_retried_without_whole_rebalances(cluster):
+    create_topic(cluster, "Refused")
+    send(cluster, "Refused", b"r0")
+    addr = cluster.broker_addr()
+    holder = ClientCore(cluster.namesrv)
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(_lock_as(holder, addr, "holder", "refused")) == \
+            [["Refused", 0]]
+        got = Deliveries()
+
+        def listener(messages):
+            got.add(messages)
+            return ConsumeOrderlyStatus.SUCCESS
+
+        consumer = hamq.PushConsumer("refused", cluster.namesrv,
+                                     **{**FAST, "rebalance_interval_s": 60})
+        consumer.subscribe("Refused")
+        consumer.register_message_listener(listener, orderly=True)
+        consumer.start()
+        lookups = [0]
+        core = consumer._async.core
+        real = core.invoke_namesrv
+
+        async def counting(code, ext=None):
+            lookups[0] += (ext or {}).get("topic") == "Refused"
+            return await real(code, ext)
+
+        core.invoke_namesrv = counting  # a spy: counts the topic's route lookups
+        time.sleep(4)  # the lock stays refused all along
+        assert lookups[0] <= 1, f"{lookups[0]} rebalances of the topic in 4 s (lock refused)"
+        assert got.got == []
+        loop.run_until_complete(holder.invoke(
+            addr, RequestCode.UNLOCK_BATCH_MQ, {"group": "refused", "client_id": "holder"},
+            pack_body([["Refused", 0]])))
+        wait_for(lambda: got.bodies() == [b"r0"], 10, "the queue taken once it was free")
+        consumer.shutdown()
+    finally:
+        loop.run_until_complete(holder.close())
+        loop.close()
+
+
+async def _lock_as(core: ClientCore, addr: str, client_id: str, group: str) -> list:
+    frame = await core.invoke(addr, RequestCode.LOCK_BATCH_MQ,
+                              {"group": group, "client_id": client_id},
+                              pack_body([["Refused", 0]]))
+    return unpack_body(frame.body)
+
+
+def test_orderly_retries_count_reconsume_times(cluster):
+    create_topic(cluster, "OrderlyRetry")
+    got = Deliveries()
+
+    def listener(messages):
+        got.add(messages)
+        if messages[0].reconsume_times < 2:
+            return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+        return ConsumeOrderlyStatus.SUCCESS
+
+    consumer = hamq.PushConsumer("orderly-retry", cluster.namesrv, **FAST)
+    consumer.subscribe("OrderlyRetry")
+    consumer.register_message_listener(listener, orderly=True)
+    consumer.start()
+    try:
+        send(cluster, "OrderlyRetry", b"o0")
+        wait_for(lambda: len(got.got) >= 3, 15, "two retries in place")
+        assert got.got[:3] == [(b"o0", 0), (b"o0", 1), (b"o0", 2)]
+    finally:
+        consumer.shutdown()
+
+
+def test_broadcasting_failures_are_not_sent_to_a_retry_topic(cluster, tmp_path):
+    create_topic(cluster, "BcastFail")
+    got = Deliveries()
+
+    def listener(messages):
+        got.add(messages)
+        return LATER if messages[0].body == b"bad" else OK
+
+    consumer = start_consumer(cluster.namesrv, "bcast-fail", "BcastFail", listener,
+                              message_model="broadcasting", offset_store_dir=str(tmp_path))
+    try:
+        send(cluster, "BcastFail", b"bad", b"good")
+        wait_for(lambda: b"good" in got.bodies(), 10, "the queue to go on")
+    finally:
+        consumer.shutdown()
+    with hamq.PullConsumer("bcast-fail-check", cluster.namesrv) as check:
+        deadline = time.monotonic() + 2  # a retry topic would be routed within this
+        while time.monotonic() < deadline:
+            try:
+                check.fetch_message_queues("%RETRY%bcast-fail")
+            except TopicNotExist:
+                time.sleep(0.2)
+                continue
+            raise AssertionError("a broadcasting failure was sent to the group's retry topic")
+    assert got.bodies() == [b"bad", b"good"]
