@@ -1,4 +1,5 @@
-"""Deterministic simulation of the Raft core: one seed, one replayable run."""
+"""Deterministic simulation of DLedger members running the production core on simulated
+machines: one seed, one replayable run."""
 
 from hamq.sim.world import DEFAULT_STEPS, SimResult, failed_seeds, run_seed
 

@@ -1,5 +1,6 @@
 """`python -m hamq.sim --seed N [--seeds COUNT] [--steps M] [--nodes K]`, or
-`--mode master-slave` for the master–slave replication core."""
+`--mode master-slave` for the master–slave replication core. The default mode runs
+DLedger members (the broker's own core, stores on simulated disks)."""
 
 from __future__ import annotations
 

@@ -74,6 +74,9 @@ class MessageStore:
         # offsets (DLedger: the Raft index applied up to that offset).
         self.checkpoint_extra: Callable[[], dict] | None = None
         self._carried_extra: dict = {}
+        # queues whose file (and topic directory) no checkpoint has fsynced the directory
+        # entry of: a power loss could drop the file the checkpoint vouches for
+        self._new_queues: list[ConsumeQueue] = []
         self._replica_tail = b""
         self._disk_refusal = ""  # why writes are refused right now, "" when they are not
         self._written_since_disk_check = 0
@@ -296,6 +299,7 @@ class MessageStore:
         self.flush_consume_queues()
         for key in [k for k in self.queues if k[0] == topic]:
             del self.queues[key]
+        self._new_queues = [cq for cq in self._new_queues if cq.topic != topic]
         self.disk.rmtree(self.cq_root / validate_topic(topic).decode())  # never outside it
         self.offsets.delete_topic(topic, self.clock_ms())
         self.offsets.persist()
@@ -309,16 +313,24 @@ class MessageStore:
                                       "flushed": self.commitlog.flushed_offset,
                                       **(self.checkpoint_extra() if self.checkpoint_extra
                                          else self._carried_extra)}
-        return [cq.path for cq in self.queues.values() if cq.write_unwritten()]
+        files = [cq.path for cq in self.queues.values() if cq.write_unwritten()]
+        created = [cq for cq in self._new_queues if self.disk.exists(cq.path)]
+        if not created:
+            return files
+        self._new_queues = [cq for cq in self._new_queues if cq not in created]
+        return files + sorted({cq.path.parent for cq in created}) + [self.cq_root]
 
     def write_checkpoint(self) -> None:
         atomic_write(self.disk, self.root / "checkpoint", json.dumps(
             {**self._checkpoint_candidate, "timestamp_ms": self.clock_ms()}).encode())
 
     def sync_files(self, paths: list[Path]) -> None:
-        """fsync the queue files ``write_consume_queues`` returned; a file whose topic was
-        deleted meanwhile is skipped. May run in a worker thread."""
+        """fsync the queue files (and directories) ``write_consume_queues`` returned; a
+        file whose topic was deleted meanwhile is skipped. May run in a worker thread."""
         for path in paths:
+            if self.disk.is_dir(path):
+                self.disk.fsync_dir(path)
+                continue
             try:
                 file = self.disk.open(path, create=False)
             except FileNotFoundError:
@@ -376,6 +388,7 @@ class MessageStore:
             self.disk.mkdir(directory)
             cq = ConsumeQueue(directory / str(queue_id), topic, queue_id, disk=self.disk)
             self.queues[(topic, queue_id)] = cq
+            self._new_queues.append(cq)
         return cq
 
     def truncate_to(self, offset: int) -> None:

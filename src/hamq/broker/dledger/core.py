@@ -395,7 +395,7 @@ class DLedgerCore:
     def claim_applied(self) -> dict:
         """Called as the store takes a checkpoint: the newest (index, offset) pair that a
         restarted member can resume from."""
-        durable_offset = self.store.commitlog.flushed_offset
+        durable_offset = self.store.durable_offset
         while self._apply_marks and self._claimable(self._apply_marks[0], durable_offset):
             self._claimed = self._apply_marks.popleft()
         return {"applied_index": self._claimed[0], "applied_offset": self._claimed[1]}

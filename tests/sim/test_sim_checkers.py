@@ -1,0 +1,78 @@
+"""Each store-level checker of the simulator can fail: a core or store with a known bug
+planted in it makes some seeds fail with that checker's message (issue 10: a checker that
+never fails proves nothing)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import msgpack
+
+from hamq.broker.dledger import core
+from hamq.broker.dledger.wire import KIND_SEND
+from hamq.sim import run_seed
+from hamq.store import message_store
+from hamq.store.consume_queue import ConsumeQueue
+from hamq.store.message_store import PutResult
+
+SEEDS = 100
+DEFECT_1_SEED = 0  # kept in regression_seeds.txt
+
+
+class _Everything:
+    """A field list that contains every field."""
+
+    def __contains__(self, name: object) -> bool:
+        return True
+
+
+def _some_seed_fails(check: Callable[[str], bool], seeds: range = range(SEEDS)) -> bool:
+    """Whether a seed fails with a failure `check` accepts (stops at the first)."""
+    return any(r.failure is not None and check(r.failure) for r in map(run_seed, seeds))
+
+
+def test_a_claim_past_the_fsynced_offset_is_caught(monkeypatch):
+    """The store claims applied bytes a power loss can take: the restart finds less."""
+    monkeypatch.setattr(core.DLedgerCore, "_claimable",
+                        lambda self, mark, durable_offset: mark[0] <= self.durable_committed_index)
+    assert _some_seed_fails(lambda f: "lost data it had fsynced" in f)
+
+
+def test_the_old_recovery_that_forgot_the_claim_is_caught(monkeypatch):
+    """Defect 1: the store's own recovery rewrote its checkpoint without the DLedger claim,
+    so every restart re-applied the whole log."""
+    monkeypatch.setattr(message_store, "_OWN_FIELDS", _Everything())
+    failure = run_seed(DEFECT_1_SEED).failure
+    assert failure is not None and "its store claimed" in failure
+
+
+def test_an_acknowledgement_before_commit_is_caught(monkeypatch):
+    """Answering a send when it is proposed, with where the leader expects it to land."""
+    propose = core.DLedgerCore.propose
+
+    def eager(self, command, callback):
+        propose(self, command, lambda result, err: None)
+        meta = msgpack.unpackb(command[1])
+        if meta[0] == KIND_SEND:
+            callback(PutResult(self.store.commitlog.max_offset,
+                               self.store.max_offset(meta[1], meta[2]), 0, 0), None)
+
+    monkeypatch.setattr(core.DLedgerCore, "propose", eager)
+    assert _some_seed_fails(lambda f: "lost acknowledged send" in f)
+
+
+def test_queues_that_keep_entries_past_a_cut_are_caught(monkeypatch):
+    monkeypatch.setattr(ConsumeQueue, "drop_from_physical", lambda self, offset: None)
+    assert _some_seed_fails(lambda f: f.startswith("SafetyViolation: queue"))
+
+
+def test_members_stamping_records_with_their_own_clock_are_caught(monkeypatch):
+    """Every member must write the leader's store timestamp, or the bytes differ."""
+    apply_command = core.DLedgerCore._apply_command
+
+    def own_clock(self, meta, data, arrived):
+        if meta[0] == KIND_SEND:
+            meta = [*meta[:6], self.store.clock_ms()]
+        return apply_command(self, meta, data, arrived)
+
+    monkeypatch.setattr(core.DLedgerCore, "_apply_command", own_clock)
+    assert _some_seed_fails(lambda f: "commit log of nodes" in f)
