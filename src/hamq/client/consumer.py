@@ -98,13 +98,14 @@ class AsyncPullConsumer:
         it returns through ``%RETRY%<group>`` after ``delay_level`` (0: the broker picks
         3 + reconsume_times), or goes to ``%DLQ%<group>`` once reconsumed
         ``max_reconsume_times`` times (RocketMQ's CONSUMER_SEND_MSG_BACK)."""
-        master = (await self.core.route(message.topic)).master_addr(message.broker_name) or \
-            (await self.core.route(message.topic, refresh=True)).master_addr(message.broker_name)
+        mq = message.queue  # where this copy is stored (``topic`` may be restored)
+        master = (await self.core.route(mq.topic)).master_addr(mq.broker_name) or \
+            (await self.core.route(mq.topic, refresh=True)).master_addr(mq.broker_name)
         if master is None:
             raise ServiceNotAvailable(f"broker group {message.broker_name} has no master to "
                                       "take the message back")
         await self.core.invoke(master, RequestCode.CONSUMER_SEND_MSG_BACK, {
-            "group": self.group, "topic": message.topic, "queue_id": message.queue_id,
+            "group": self.group, "topic": mq.topic, "queue_id": message.queue_id,
             "queue_offset": message.queue_offset, "delay_level": delay_level,
             "max_reconsume_times": max_reconsume_times})
 

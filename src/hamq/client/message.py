@@ -7,11 +7,17 @@ from enum import Enum
 from hamq.errors import MessageIllegal
 from hamq.protocol.message import (RecordHeader, decode_properties, encode_message,
                                    encode_properties, offset_msg_id)
-from hamq.protocol.properties import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_RECONSUME_TIME,
-                                      PROPERTY_TIMER_DELIVER_MS, leading_held_back_properties)
+from hamq.protocol.properties import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_ORIGIN_MESSAGE_ID,
+                                      PROPERTY_RECONSUME_TIME, PROPERTY_RETRY_TOPIC,
+                                      PROPERTY_TIMER_DELIVER_MS, PROPERTY_UNIQ_KEY,
+                                      RETRY_GROUP_TOPIC_PREFIX, leading_held_back_properties)
 
 PROPERTY_KEYS = "KEYS"
 PROPERTY_TAGS = "TAGS"
+UNIQ_KEY_CHARS = 32  # RocketMQ's UNIQ_KEY: 32 hex digits
+# The properties of a message that has only its UNIQ_KEY, less the key: its common case
+# costs a concatenation instead of a msgpack map per message.
+_UNIQ_KEY_ONLY = encode_properties({PROPERTY_UNIQ_KEY: "0" * UNIQ_KEY_CHARS})[:-UNIQ_KEY_CHARS]
 
 
 @dataclass(frozen=True, order=True)
@@ -34,13 +40,18 @@ class Message:
     delay_level: int = 0      # 1..18: RocketMQ's delay levels (1s 5s 10s 30s 1m ... 2h)
     deliver_time_ms: int = 0  # deliver at this epoch time (timer message)
 
-    def encode(self) -> bytes:
-        """The wire form of one message inside a batch (see ``protocol.message``)."""
+    def encode(self, uniq_key: str | None = None) -> bytes:
+        """The wire form of one message inside a batch (see ``protocol.message``), with
+        ``uniq_key`` (``UNIQ_KEY_CHARS`` characters) as its UNIQ_KEY unless it has one."""
         if not isinstance(self.body, (bytes, bytearray, memoryview)):
             raise TypeError(f"message body must be bytes, not {type(self.body).__name__}")
         if not (self.keys or self.tags or self.properties or self.delay_level or
                 self.deliver_time_ms):
-            return encode_message(self.body)
+            if uniq_key is None:
+                return encode_message(self.body)
+            raw_key = uniq_key.encode()
+            if len(raw_key) == UNIQ_KEY_CHARS:
+                return encode_message(self.body, _UNIQ_KEY_ONLY + raw_key)
         if self.delay_level and self.deliver_time_ms:
             raise MessageIllegal("a message has either delay_level or deliver_time_ms")
         props = dict(self.properties)
@@ -53,6 +64,8 @@ class Message:
             props[PROPERTY_KEYS] = self.keys if isinstance(self.keys, str) else " ".join(self.keys)
         if self.tags:
             props[PROPERTY_TAGS] = self.tags
+        if uniq_key is not None:
+            props.setdefault(PROPERTY_UNIQ_KEY, uniq_key)
         return encode_message(self.body, encode_properties(props))
 
 
@@ -74,7 +87,6 @@ class MessageExt:
         self.body = body
         self._properties: dict[str, str] | None = None
 
-    topic = property(lambda self: self._record.topic)
     queue_id = property(lambda self: self._record.queue_id)
     store_timestamp_ms = property(lambda self: self._record.store_timestamp_ms)
     born_timestamp_ms = property(lambda self: self._record.born_timestamp_ms)
@@ -84,8 +96,34 @@ class MessageExt:
         return MessageQueue(self._record.topic, self.broker_name, self._record.queue_id)
 
     @property
+    def topic(self) -> str:
+        """The topic the message was sent to: a retry copy, stored in ``%RETRY%<group>``,
+        shows its original topic (RocketMQ's consumer restores it). ``queue`` is where this
+        copy is stored: acks, offsets and send-back go there."""
+        topic = self._record.topic
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            return self.properties.get(PROPERTY_RETRY_TOPIC, topic)
+        return topic
+
+    @property
     def msg_id(self) -> str:
+        """The id of the message as first stored: a retry copy keeps its original's."""
+        if self._record.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            origin = self.properties.get(PROPERTY_ORIGIN_MESSAGE_ID)
+            if origin:
+                return origin
+        return self.offset_msg_id
+
+    @property
+    def offset_msg_id(self) -> str:
+        """The id of this stored copy (RocketMQ's offsetMsgId)."""
         return offset_msg_id(self._record.physical_offset, self._index)
+
+    @property
+    def uniq_key(self) -> str | None:
+        """The producer's key of the message (RocketMQ's UNIQ_KEY): the same on every copy
+        (retry, dead letter) and on a send the producer retried after a timeout."""
+        return self.properties.get(PROPERTY_UNIQ_KEY)
 
     @property
     def properties(self) -> dict[str, str]:

@@ -5,17 +5,22 @@ connection a send is one frame written and one callback later — no task or fut
 message, so thousands can be in flight. ``send``/``send_batch`` wrap that in a future.
 Retriable failures move to another queue, preferring another broker group
 (``retry_times_when_send_failed``, RocketMQ's retryTimesWhenSendFailed).
+
+Every message gets a UNIQ_KEY (RocketMQ's client-generated id) when it is encoded: a send
+retried after a timeout carries the same bytes, so a consumer can recognise the copy.
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import time
 import zlib
 from collections.abc import Callable, Iterable
 
 from hamq.client.core import ClientCore, TopicRoute
-from hamq.client.message import Message, MessageQueue, SendResult, SendStatus
+from hamq.client.message import (UNIQ_KEY_CHARS, Message, MessageQueue, SendResult,
+                                 SendStatus)
 from hamq.errors import (ConnectionLost, HamqError, InvalidArgument, RequestTimeout,
                          ServiceNotAvailable, TopicNotExist)
 from hamq.net.connection import Connection
@@ -37,6 +42,21 @@ _STATUS_BY_CODE = {
 }
 
 
+class UniqKeys:
+    """UNIQ_KEY values, unique per message of this process (RocketMQ's
+    MessageClientIDSetter): 20 hex digits naming the producer (random, so two processes
+    never share them, and the pid), then a 12-digit counter."""
+
+    def __init__(self) -> None:
+        self._prefix = f"{os.urandom(6).hex()}{os.getpid() & 0xFFFFFFFF:08x}".upper()
+        assert len(self._prefix) == UNIQ_KEY_CHARS - 12
+        self._counter = itertools.count()
+
+    def next(self) -> str:
+        # 12 hex digits last for 2**48 messages of one process.
+        return "%s%012X" % (self._prefix, next(self._counter))
+
+
 class AsyncProducer:
     def __init__(self, namesrv: str | Iterable[str], group: str = "DEFAULT_PRODUCER",
                  send_timeout_s: float = 3.0, retry_times_when_send_failed: int = 2) -> None:
@@ -45,6 +65,7 @@ class AsyncProducer:
         self.send_timeout_s = send_timeout_s
         self.retry_times_when_send_failed = retry_times_when_send_failed
         self._next_queue = itertools.count()
+        self._uniq_keys = UniqKeys()
         self._stale: set[str] = set()  # topics whose route must be refreshed before use
         self._refreshing: dict[str, asyncio.Future] = {}
 
@@ -56,8 +77,8 @@ class AsyncProducer:
 
     # -- public API ---------------------------------------------------------------------
     async def send(self, message: Message, queue: MessageQueue | None = None) -> SendResult:
-        return await self._as_future(message.topic, [message.encode()], RequestCode.SEND_MESSAGE,
-                                     queue)
+        return await self._as_future(message.topic, [self.encode(message)],
+                                     RequestCode.SEND_MESSAGE, queue)
 
     async def send_orderly(self, message: Message, sharding_key: str | bytes) -> SendResult:
         """Send to the queue chosen by ``sharding_key`` (a stable hash), so one key's
@@ -84,13 +105,13 @@ class AsyncProducer:
             # RocketMQ does not batch them either: each waits in the schedule topic alone.
             raise InvalidArgument("delay and timer messages cannot be batched; send them "
                                   "one at a time")
-        return await self._as_future(topic, [m.encode() for m in messages],
+        return await self._as_future(topic, [self.encode(m) for m in messages],
                                      RequestCode.SEND_BATCH_MESSAGE, queue)
 
     def send_async(self, message: Message, callback: SendCallback,
                    queue: MessageQueue | None = None) -> None:
         """Send without waiting; ``callback(result, error)`` runs on the event loop."""
-        self.send_encoded_async(message.topic, [message.encode()], callback, queue)
+        self.send_encoded_async(message.topic, [self.encode(message)], callback, queue)
 
     def send_encoded_async(self, topic: str, encoded: list[bytes], callback: SendCallback,
                            queue: MessageQueue | None = None) -> None:
@@ -115,8 +136,12 @@ class AsyncProducer:
         route = await self._route(message.topic)
         mq = self._select_queue(route, None)
         conn = await self.core.pool.get(route.master_addr(mq.broker_name))
-        payload, crc = encode_batch([message.encode()])
+        payload, crc = encode_batch([self.encode(message)])
         conn.oneway(RequestCode.SEND_MESSAGE, self._ext(mq, crc, 1), payload)
+
+    def encode(self, message: Message) -> bytes:
+        """``message`` in its wire form with a new UNIQ_KEY (unless it has one)."""
+        return message.encode(self._uniq_keys.next())
 
     # -- internals ----------------------------------------------------------------------
     def _as_future(self, topic: str, encoded: list[bytes], code: int,

@@ -43,6 +43,9 @@ class PopMessageExt(MessageExt):
 
     __slots__ = ("reconsume_times", "ck")
 
+    # Acks name the stored topic; pop redelivers in place, so there is none to restore.
+    topic = property(lambda self: self._record.topic)
+
     @property
     def offset(self) -> int:
         return self.queue_offset
