@@ -183,13 +183,16 @@ def test_slow_orderly_listener_is_never_overlapped_by_the_next_owner(cluster):
 
 
 # -- 7: a closed connection does not release a client's locks -------------------------------
-async def _lock(core: ClientCore, addr: str, client_id: str) -> list:
-    """Join the group (HEART_BEAT, so the broker knows the client's connection), then lock."""
-    await core.invoke(addr, RequestCode.HEART_BEAT, body=pack_body({
-        "client_id": client_id, "consumer_groups": [{"group": "locks"}]}))
+async def _lock(core: ClientCore, addr: str, client_id: str, group: str = "locks",
+                topic: str = "Locked", join: bool = True) -> list:
+    """Lock queue 0 of ``topic``; returns what the client holds. ``join``: first join the
+    group (HEART_BEAT), so the broker knows the client and its connection."""
+    if join:
+        await core.invoke(addr, RequestCode.HEART_BEAT, body=pack_body({
+            "client_id": client_id, "consumer_groups": [{"group": group}]}))
     frame = await core.invoke(addr, RequestCode.LOCK_BATCH_MQ,
-                              {"group": "locks", "client_id": client_id},
-                              pack_body([["Locked", 0]]))
+                              {"group": group, "client_id": client_id},
+                              pack_body([[topic, 0]]))
     return unpack_body(frame.body)
 
 
@@ -296,35 +299,66 @@ def test_async_listener_exception_is_a_reconsume_later(cluster):
         consumer.shutdown()
 
 
-# -- 11: a hand-back the master cannot take -------------------------------------------------
-def test_send_back_without_a_master_falls_back_to_a_client_resend(cluster_factory):
+# -- 1, 11: hand-backs the master cannot take ----------------------------------------------
+def master_lost(cluster_factory, topic: str, bodies: list[bytes], other_group: bool):
+    """broker-a (a master and a slave) holds ``bodies`` in queue 0 of ``topic``, then its
+    master is killed; with ``other_group`` broker-b (a master) serves the topic too."""
     c = cluster_factory()
     c.start_namesrv(scan_not_active_broker_interval_ms=500, broker_not_active_timeout_ms=3000)
     c.start_broker("a-master")
     c.start_broker("a-slave", broker_id=1, broker_role="slave")
-    c.start_broker("b-master", broker_name="broker-b")
+    if other_group:
+        c.start_broker("b-master", broker_name="broker-b")
     with hamq.Admin(c.namesrv) as admin:
         ha = lambda: admin.broker_runtime_info(c.broker_addr("a-master"))["ha"]["slaves"]  # noqa: E731
         wait_for(lambda: ha() and ha()[0]["state"] == "TRANSFER", 15, "the slave connected")
-        admin.create_topic("Back", 1)
+        admin.create_topic(topic, 1)
         with hamq.Producer(c.namesrv) as producer:
-            producer.send(Message("Back", b"failing"), MessageQueue("Back", "broker-a", 0))
-        wait_for(lambda: ha()[0]["behind_bytes"] == 0, 10, "the slave to have it")
+            for body in bodies:
+                producer.send(Message(topic, body), MessageQueue(topic, "broker-a", 0))
+        wait_for(lambda: ha()[0]["behind_bytes"] == 0, 10, "the slave to have them")
         c.procs["a-master"].kill9()
-        wait_for(lambda: 0 not in admin.topic_route("Back").brokers.get("broker-a", {0: ""}),
+        wait_for(lambda: 0 not in admin.topic_route(topic).brokers.get("broker-a", {0: ""}),
                  10, "the name server to drop the dead master")
-    got = Deliveries()
+    return c
+
+
+def test_send_back_without_a_master_falls_back_to_a_client_resend(cluster_factory):
+    c = master_lost(cluster_factory, "Back", [b"failing"], other_group=True)
+    got, retry_topics = Deliveries(), []
 
     def listener(messages):
         got.add(messages)
-        return LATER if messages[0].reconsume_times == 0 else OK
+        if messages[0].reconsume_times == 0:
+            return LATER
+        retry_topics.append(messages[0].properties.get("RETRY_TOPIC"))
+        return OK
 
     consumer = start_consumer(c.namesrv, "back", "Back", listener)
     try:  # read from the slave, handed back through broker-b's retry topic
         wait_for(lambda: got.got[:1] == [(b"failing", 0)], 15, "the first delivery")
         wait_for(lambda: (b"failing", 1) in got.got, RETRY_WAIT_S, "the retry")
+        assert retry_topics == ["Back"]  # a retry copy, not the original consumed again
     finally:
         consumer.shutdown()
+
+
+def test_a_message_no_hand_back_took_is_kept_and_never_committed_past(cluster_factory):
+    c = master_lost(cluster_factory, "Kept", [b"stuck", b"next"], other_group=False)
+    got = Deliveries()
+
+    def listener(messages):
+        got.add(messages)
+        return LATER if messages[0].body == b"stuck" else OK
+
+    consumer = start_consumer(c.namesrv, "kept", "Kept", listener)
+    try:  # no master, no other group with the retry topic: nowhere to hand it back
+        wait_for(lambda: b"next" in got.bodies(), 15, "the queue to go on past it")
+        wait_for(lambda: (b"stuck", 1) in got.got, 20, "the kept message consumed again")
+    finally:
+        consumer.shutdown()
+    with hamq.PullConsumer("kept", c.namesrv) as check:
+        assert check.fetch_offset(MessageQueue("Kept", "broker-a", 0)) == 0
 
 
 # -- 17: orderly lock refusals, orderly reconsume times, broadcasting failures ---------------
@@ -335,8 +369,8 @@ def test_refused_orderly_lock_is_retried_without_whole_rebalances(cluster):
     holder = ClientCore(cluster.namesrv)
     loop = asyncio.new_event_loop()
     try:
-        assert loop.run_until_complete(_lock_as(holder, addr, "holder", "refused")) == \
-            [["Refused", 0]]
+        held = _lock(holder, addr, "holder", "refused", "Refused", join=False)
+        assert loop.run_until_complete(held) == [["Refused", 0]]
         got = Deliveries()
 
         def listener(messages):
@@ -368,13 +402,6 @@ def test_refused_orderly_lock_is_retried_without_whole_rebalances(cluster):
     finally:
         loop.run_until_complete(holder.close())
         loop.close()
-
-
-async def _lock_as(core: ClientCore, addr: str, client_id: str, group: str) -> list:
-    frame = await core.invoke(addr, RequestCode.LOCK_BATCH_MQ,
-                              {"group": group, "client_id": client_id},
-                              pack_body([["Refused", 0]]))
-    return unpack_body(frame.body)
 
 
 def test_orderly_retries_count_reconsume_times(cluster):
