@@ -75,7 +75,7 @@ class ScheduleMessageService:
         self.on_put = on_put        # wakes pulls held on a real queue
         self.after_put = after_put  # writes the log and ships it, as after a request
         self.flush_interval_s = flush_interval_ms / 1000
-        self.progress = DelayOffsetManager(store.root, store.clock_ms())
+        self.progress = DelayOffsetManager(store.root, store.clock_ms(), disk=store.disk)
         self._timers: dict[int, asyncio.Handle] = {}  # queue id -> its armed wake-up
         self._heap: list[tuple[int, int]] = []         # (due ms, timer queue offset)
         self._timer_due = 0                            # due time the timer queue is armed for
