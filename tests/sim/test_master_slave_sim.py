@@ -1,22 +1,57 @@
-"""The master–slave replication core under the simulator (seed 000): an acknowledged send
-under needAckNums = k is held by k members, across hung and crashed slaves and broken
-connections; and the checker does catch a core that acknowledges too early."""
+"""Master–slave replication under the simulator (seed 000), on the production stores and
+HA cores of both sides: seeds 0..SEEDS-1 over a process pool, the regression seeds, and a
+mutation per checker showing that it fails when the code it guards is broken."""
 from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
 
 import pytest
 
-from hamq.replication.master import HAConnectionState, MasterReplication
-from hamq.sim.master_slave import run_master_slave_seed
+from hamq.replication.master import HAConnectionState, MasterReplication, Probe
+from hamq.sim.master_slave import (MasterSlaveResult, failed_master_slave_seeds,
+                                   run_master_slave_seed)
+from hamq.store.commitlog import CommitLog
+from hamq.store.message_store import MessageStore
 
-SEEDS = 400
+SEEDS = 1200
+CHUNKS = 8
+CHUNK_WORKERS = 2  # the CI box has two cores
+CHUNK_SIZE = SEEDS // CHUNKS
+MUTATION_SEEDS = 200  # each mutation below is caught within this many seeds
+REGRESSION_FILE = Path(__file__).with_name("regression_seeds.txt")
+REGRESSION_PREFIX = "#ms "
 
 
-@pytest.mark.parametrize("chunk", range(4))
-def test_master_slave_seeds(chunk: int) -> None:
-    per = SEEDS // 4
-    failures = [r for r in (run_master_slave_seed(s) for s in range(chunk * per,
-                                                                     (chunk + 1) * per))
-                if not r.ok]
+def _regression_seeds() -> list[int]:
+    """Master–slave lines of regression_seeds.txt: ``#ms <seed>  <what broke>`` (a comment
+    to the Raft replay, which reads the same file)."""
+    return [int(line[len(REGRESSION_PREFIX):].split()[0])
+            for line in REGRESSION_FILE.read_text().splitlines()
+            if line.startswith(REGRESSION_PREFIX)]
+
+
+@pytest.fixture(scope="module")
+def chunk_futures() -> Iterator[list[Future[list[MasterSlaveResult]]]]:
+    with ProcessPoolExecutor(max_workers=CHUNK_WORKERS) as pool:
+        yield [pool.submit(failed_master_slave_seeds, chunk * CHUNK_SIZE, CHUNK_SIZE)
+               for chunk in range(CHUNKS)]
+
+
+@pytest.fixture(autouse=True)
+def quiet_stores():
+    """Recovery and cuts log loudly, as they should; thousands of them here are noise."""
+    logging.disable(logging.WARNING)
+    yield
+    logging.disable(logging.NOTSET)
+
+
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_master_slave_chunk(chunk: int,
+                            chunk_futures: list[Future[list[MasterSlaveResult]]]) -> None:
+    failures = chunk_futures[chunk].result()
     assert not failures, "\n".join(
         f"seed {r.seed}: {r.failure} (replay: python -m hamq.sim --mode master-slave "
         f"--seed {r.seed})" for r in failures)
@@ -26,11 +61,61 @@ def test_same_seed_same_run() -> None:
     assert run_master_slave_seed(17) == run_master_slave_seed(17)
 
 
-def test_checker_catches_acks_counted_before_the_slave_has_the_bytes(monkeypatch) -> None:
+def test_seeds_exercise_the_faults_they_check() -> None:
+    results = [run_master_slave_seed(s) for s in range(40)]
+    assert sum(r.crashes for r in results) > 40
+    assert sum(r.cuts for r in results) > 5  # slaves cut a tail their master lost
+    assert sum(r.acked for r in results) > 40 * 50
+
+
+@pytest.mark.parametrize("seed", _regression_seeds())
+def test_regression_seed(seed: int) -> None:
+    result = run_master_slave_seed(seed)
+    assert result.ok, result.failure
+
+
+def _first_failure(match: str) -> MasterSlaveResult:
+    for seed in range(MUTATION_SEEDS):
+        result = run_master_slave_seed(seed)
+        if not result.ok:
+            assert match in result.failure, result.failure
+            return result
+    pytest.fail(f"no seed of {MUTATION_SEEDS} caught the mutation")
+
+
+def _compare_offsets_only(monkeypatch) -> None:
+    """Defect 2 back: the handshake checks where records are, not what they hold."""
+    monkeypatch.setattr(Probe, "__eq__",
+                        lambda a, b: isinstance(b, Probe) and a.offset == b.offset)
+
+
+def test_divergence_checker_catches_a_handshake_without_content_check(monkeypatch) -> None:
+    _compare_offsets_only(monkeypatch)
+    _first_failure("diverged from its master")
+
+
+def test_regression_seeds_reproduce_defect_2(monkeypatch) -> None:
+    _compare_offsets_only(monkeypatch)
+    for seed in _regression_seeds():
+        result = run_master_slave_seed(seed)
+        assert not result.ok and "diverged" in result.failure, seed
+
+
+def test_held_checker_catches_acks_counted_before_the_slave_has_the_bytes(monkeypatch) -> None:
     def acked_by_sent(self, offset):  # the bug: count what was shipped, not what was acked
         return sum(1 for s in self.slaves.values()
                    if s.state is HAConnectionState.TRANSFER and s.sent_offset >= offset)
 
     monkeypatch.setattr(MasterReplication, "_acked_by", acked_by_sent)
-    results = [run_master_slave_seed(s) for s in range(60)]
-    assert any(not r.ok and "only" in r.failure for r in results)
+    _first_failure("members hold it")
+
+
+def test_queue_checker_catches_a_cut_that_keeps_queue_entries(monkeypatch) -> None:
+    monkeypatch.setattr(MessageStore, "truncate_to",
+                        lambda self, offset: self.commitlog.truncate(offset))
+    _first_failure("queue")
+
+
+def test_readable_checker_catches_a_sync_flush_that_never_fsyncs(monkeypatch) -> None:
+    monkeypatch.setattr(CommitLog, "flush", lambda self: self.flushed_offset)
+    _first_failure("lost or changed after recovery")

@@ -1,14 +1,16 @@
-"""Master–slave replication (seed 000) under the simulator.
+"""Master–slave replication (seed 000) under the simulator, on the production code of both
+sides: the master's ``MessageStore`` + ``MasterReplication`` and each slave's
+``MessageStore`` + slave handshake core, each store on its own ``SimDisk``, driven through
+``MasterLink`` / ``SlaveLink`` exactly as ``broker/ha.py`` drives them over TCP.
 
-The same ``MasterReplication`` core the broker runs, driven in virtual time: slaves that
-hang (SIGSTOP) and come back, crash and reconnect from their log end, a network that delays
-and breaks connections, a name server that drops silent members after a timeout, and a
-workload of quorum sends. Invariants, checked at every event:
-- a send acknowledged PUT_OK with ``needAckNums = k`` is held by at least k members at that
-  moment, so it survives the loss of any k - 1 of them;
-- no slave ever holds bytes the master does not (slaves only append what was shipped);
-- a refused send (IN_SYNC_REPLICAS_NOT_ENOUGH) is never stored; a waiting send ends once;
-- once faults stop, with automatic degradation, sends are acknowledged again within a bound.
+One seed draws the group (1, 2 or 4 slaves), the quorum settings, the flush type, and
+the faults: slaves that hang (SIGSTOP: frames wait, nothing is read), slaves and the
+master killed (page cache survives) or losing power (unfsynced data lost or torn) and
+restarted with store recovery, half-open sessions the master does not notice, broken
+connections and delays; each member's wall clock (store times, file times) is skewed and
+steps at restarts. The workload is quorum sends. Checkers run at every event (see
+``replica_checkers.py``); after the faults stop, every slave must be attached again and
+sends acknowledged.
 """
 from __future__ import annotations
 
@@ -16,45 +18,71 @@ import heapq
 import random
 from dataclasses import dataclass, field
 
-from hamq.replication.master import MasterReplication, Probe, ReplicaStatus
+from hamq.broker.ha import MasterLink, SlaveLink
+from hamq.config import StoreConfig
+from hamq.errors import HamqError
+from hamq.protocol.message import encode_batch, encode_message, offset_msg_id
+from hamq.replication.master import MasterReplication, ReplicaStatus
 from hamq.replication.quorum import QuorumConfig
+from hamq.sim.fs import SimDisk
+from hamq.sim.replica_checkers import (AckedMessage, InvariantViolation, check_held,
+                                       check_readable, check_same_bytes, check_same_queues)
+from hamq.store.message_store import MessageStore
 
 TICK_MS = 10
 SEND_TIMEOUT_MS = 300         # the waiting send's deadline (sync_flush_timeout_ms)
 NS_TIMEOUT_MS = 400           # name server drops a member silent this long
 HEARTBEAT_MS = 100            # slave ack heartbeat (ha_send_heartbeat_interval_ms)
+HOUSEKEEPING_MS = 500         # master closes a silent session (ha_housekeeping_interval_ms)
+RECONNECT_MS = 50             # slave waits this long before a new session
+FLUSH_MS = 200                # async flush interval (flush_interval_commitlog_ms)
+CHECKPOINT_MS = 400           # consume queues + checkpoint (flush_interval_consume_queue_ms)
 WINDOW_BYTES = 64 * 1024
 BATCH_BYTES = 16 * 1024
-SAFETY_MS = 4000
-LIVENESS_BOUND_MS = 3000
+SEGMENT_BYTES = 32 * 1024     # small segments, so rolls and cuts across them happen
+SAFETY_MS = 2500
+LIVENESS_BOUND_MS = 2500
+TOPIC = "T"
+QUEUES = 4
+STORE_DIR = "/store"
+WALL_CLOCK_EPOCH_MS = 1_700_000_000_000
+CLOCK_SKEW_MS_MAX = 5000
 
 
-class InvariantViolation(AssertionError):
-    pass
-
-
-@dataclass
-class _OffsetsOnly:
-    """The master's log as offsets without records: every slave end is a boundary."""
-    max_offset: int
-    min_offset: int = 0
-
-    def probe(self, offset: int) -> Probe | None:
-        return Probe(offset, offset + 1, 0) if offset < self.max_offset else None
-
-
-@dataclass
-class _Slave:
+@dataclass(eq=False)  # compared and hashed by identity, like a socket
+class _Conn:
+    """One HA session's TCP connection; frames of a broken one are never delivered."""
+    id: int
     member_id: int
-    log_end: int = 0
-    session: int = 0            # bumps on every reconnect: frames of old sessions are dropped
-    hung_until: int = 0
+    live: bool = True
+    link_clear_ms: dict[str, int] = field(default_factory=dict)  # per direction: TCP order
+
+
+@dataclass
+class _Member:
+    member_id: int
+    disk: SimDisk
+    store: MessageStore | None = None
     down_until: int = 0
-    last_heard_ms: int = 0      # by the name server
+    clock_skew_ms: int = 0    # its wall clock minus the world's; steps at restarts
+
+    def up(self, now: int) -> bool:
+        return self.store is not None and now >= self.down_until
+
+
+@dataclass
+class _Slave(_Member):
+    link: SlaveLink | None = None
+    conn: _Conn | None = None
+    hung_until: int = 0
+    reconnect_at: int = 0
+    last_heard_ms: int = 0
+    acked_end: int = 0        # its highest ack since it last attached: what it surely holds
+    checked_upto: int = 0     # its log agrees with the master's up to here (while attached)
     inbox: list = field(default_factory=list)  # frames waiting while the process is stopped
 
     def active(self, now: int) -> bool:
-        return now >= self.hung_until and now >= self.down_until
+        return self.up(now) and now >= self.hung_until
 
 
 @dataclass(order=True)
@@ -73,160 +101,336 @@ class MasterSlaveResult:
     acked: int
     refused: int
     timed_out: int
+    crashes: int = 0
+    cuts: int = 0
 
 
 class MasterSlaveWorld:
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)
         self.seed = seed
-        slaves = self.rng.choice([1, 2, 4])
+        slaves = self.rng.choice([1, 2, 2, 4])
         total = slaves + 1
         in_sync = self.rng.randint(1, total)
         minimum = self.rng.randint(1, in_sync)
         self.quorum = QuorumConfig(total, in_sync, minimum, self.rng.random() < 0.7,
                                    ha_max_gap_not_in_sync=self.rng.choice([4096, 65536]))
-        self.core = MasterReplication(self.quorum, WINDOW_BYTES, BATCH_BYTES)
-        self.slaves = {i: _Slave(i) for i in range(1, slaves + 1)}
-        self.master_end = 0
+        self.sync_flush = self.rng.random() < 0.5
+        self.config = StoreConfig(store_dir=STORE_DIR, disk_min_free_bytes=1,
+                                  mapped_file_size_commitlog=SEGMENT_BYTES,
+                                  flush_disk_type="sync" if self.sync_flush else "async")
+        self.crash_probability = self.rng.choice([0.002, 0.005, 0.01])
+        self.master_crash_probability = self.rng.choice([0.0, 0.002, 0.005])
         self.now = 0
         self.events: list[_Event] = []
-        self._link_clear: dict[tuple, int] = {}
         self._seq = 0
-        self.acked = self.refused = self.timed_out = 0
-        self.outstanding: dict[int, tuple[int, int]] = {}  # send id -> (end, need)
+        self._conn_ids = 0
+        self.acked = self.refused = self.timed_out = self.crashes = self.cuts = 0
+        self.acked_messages: list[AckedMessage] = []  # under sync flush: must survive
+        self.outstanding: dict[int, tuple[int, int, AckedMessage]] = {}  # send -> end, need
         self.last_ok_ms = 0
         self.faults_until = SAFETY_MS
+        self.master = _Member(0, SimDisk(), clock_skew_ms=self._skew())
+        self.slaves = {i: _Slave(i, SimDisk(), clock_skew_ms=self._skew())
+                       for i in range(1, total)}
+        for member in (self.master, *self.slaves.values()):
+            member.disk.clock = lambda m=member: self._wall_clock_ms(m) / 1000
+        self._start_master()
         for s in self.slaves.values():
-            self._connect(s)
+            self._start_slave(s)
+
+    def _skew(self) -> int:
+        return self.rng.randint(-CLOCK_SKEW_MS_MAX, CLOCK_SKEW_MS_MAX)
+
+    def _wall_clock_ms(self, member: _Member) -> int:
+        """What a member's wall clock reads (store times, file times): skewed, and stepped
+        (possibly backwards) when it restarts."""
+        return WALL_CLOCK_EPOCH_MS + self.now + member.clock_skew_ms
 
     # -- scheduling ------------------------------------------------------------------------
     def _at(self, delay: int, kind: str, *args) -> None:
         self._seq += 1
         heapq.heappush(self.events, _Event(self.now + delay, self._seq, kind, args))
 
-    def _delay(self) -> int:
-        return self.rng.choice([1, 1, 2, 3, 5, 20]) if self.now < self.faults_until else 1
+    def _over(self, conn: _Conn, to_master: bool, kind: str, payload) -> None:
+        """Deliver after a random delay, in order per connection and direction (TCP)."""
+        direction = "up" if to_master else "down"
+        delay = self.rng.choice([1, 1, 2, 3, 5, 20]) if self.now < self.faults_until else 1
+        at = max(self.now + delay, conn.link_clear_ms.get(direction, 0))
+        conn.link_clear_ms[direction] = at
+        self._at(at - self.now, "to_master" if to_master else "to_slave", conn, kind, payload)
 
-    def _over_link(self, link: tuple, kind: str, *args) -> None:
-        """Deliver after a random delay, but in order per connection and direction (TCP)."""
-        at = max(self.now + self._delay(), self._link_clear.get(link, 0))
-        self._link_clear[link] = at
-        self._at(at - self.now, kind, *args)
+    # -- processes -------------------------------------------------------------------------
+    def _open_store(self, member: _Member) -> MessageStore:
+        try:
+            return MessageStore(self.config, lambda: self._wall_clock_ms(member),
+                                disk=member.disk)
+        except HamqError as err:
+            raise InvariantViolation(f"member {member.member_id} refused to start after a "
+                                     f"crash: {err.message}") from None
 
-    # -- the world -------------------------------------------------------------------------
+    def _start_master(self) -> None:
+        self.master.store = self._open_store(self.master)
+        self.core = MasterReplication(self.quorum, WINDOW_BYTES, BATCH_BYTES)
+        self.link = MasterLink(self.core, self.master.store)
+        self.sessions: dict[_Conn, int] = {}  # attached connections -> member id
+        if self.sync_flush:
+            check_readable(self.master.store, self.acked_messages)
+
+    def _start_slave(self, s: _Slave) -> None:
+        s.store = self._open_store(s)
+        s.link = SlaveLink(s.store, s.member_id)
+        s.reconnect_at = self.now
+
+    def _crash(self, member: _Member, restart_ms: int) -> None:
+        """kill -9, or (one time in two) a power loss: the store is reopened later."""
+        self.crashes += 1
+        if self.rng.random() < 0.5:
+            member.disk.kill()
+        else:
+            member.disk.power_loss(self.rng)
+        member.store = None
+        member.down_until = self.now + restart_ms
+        member.clock_skew_ms = self._skew()  # the clock may step at reboot, even backwards
+        self._at(restart_ms, "restart", member.member_id)
+
+    def _crash_master(self) -> None:
+        self._crash(self.master, self.rng.randint(50, 600))
+        for conn in list(self.sessions):
+            self._break(conn, master_notices=False)
+        for s in self.slaves.values():
+            if s.conn is not None:
+                self._break(s.conn, master_notices=False)
+        self.outstanding.clear()  # their clients time out: not acknowledged
+
+    def _crash_slave(self, s: _Slave) -> None:
+        self._crash(s, self.rng.randint(50, 800))
+        s.link = None
+        s.inbox.clear()
+        if s.conn is not None:
+            # Half the time the master does not notice (a half-open session): it stays
+            # until housekeeping drops it or the slave's next handshake replaces it.
+            self._break(s.conn, master_notices=self.rng.random() < 0.5)
+
+    def _restart(self, member_id: int) -> None:
+        if member_id == 0:
+            self._start_master()
+        else:
+            self._start_slave(self.slaves[member_id])
+
+    # -- connections -----------------------------------------------------------------------
     def _connect(self, s: _Slave) -> None:
-        s.session += 1
-        attached = self.core.attach((s.member_id, s.session), s.member_id, s.log_end, None,
-                                    _OffsetsOnly(self.master_end), self.now)
-        assert attached.start == s.log_end
-        self._pump()
+        self._conn_ids += 1
+        s.conn = _Conn(self._conn_ids, s.member_id)
+        self._over(s.conn, True, "handshake", s.link.begin())
+
+    def _break(self, conn: _Conn, master_notices: bool = True) -> None:
+        conn.live = False
+        s = self.slaves[conn.member_id]
+        if s.conn is conn:
+            s.conn = None
+            s.reconnect_at = self.now + RECONNECT_MS
+        if master_notices and self.master.up(self.now):
+            self.sessions.pop(conn, None)
+            self._complete(self.core.disconnect(conn))
+
+    # -- the master's side (HAMaster) ------------------------------------------------------
+    def _on_master_frame(self, conn: _Conn, kind: str, payload) -> None:
+        if not self.master.up(self.now):
+            return
+        if kind == "ack":
+            self._complete(self.link.on_ack(conn, payload, self.now))
+            self._pump(conn)
+            return
+        try:
+            reply, attached = self.link.handshake(conn, payload, self.now)
+        except HamqError:
+            self._break(conn)
+            return
+        if attached is not None:
+            for stale in attached.replaced:
+                self.sessions.pop(stale, None)
+                self._break(stale)
+            self.sessions[conn] = conn.member_id
+        self._over(conn, False, "reply", reply)
+        if attached is not None:
+            self._pump(conn)
+
+    def _pump(self, conn: _Conn) -> None:
+        for offset, data in self.link.transfers(conn):
+            if conn.live:
+                self._over(conn, False, "transfer", (offset, bytes(data)))
+
+    def _send(self) -> None:
+        store = self.master.store
+        decision = self.core.decide(self._alive_replicas(), store.commitlog.max_offset)
+        if not decision.enough:
+            self.refused += 1
+            return
+        self._seq += 1
+        send_id, queue_id = self._seq, self.rng.randrange(QUEUES)
+        body = b"m%d:" % send_id + bytes(self.rng.randrange(20, 1500))
+        payload, crc = encode_batch([encode_message(body)])
+        put = store.put_batch(TOPIC, queue_id, payload, 1, crc, born_timestamp_ms=send_id)
+        store.commit()
+        if self.sync_flush:
+            store.commitlog.flush()  # group commit: this send's fsync, before any answer
+        message = AckedMessage(TOPIC, queue_id, put.base_queue_offset,
+                               offset_msg_id(put.physical_offset, 0), body)
+        self.outstanding[send_id] = (put.end_offset, decision.need_ack_nums, message)
+        self.core.wait_for_acks(put.end_offset, decision.need_ack_nums, self.now,
+                                SEND_TIMEOUT_MS, lambda status: self._done(send_id, status))
+        for conn in list(self.sessions):
+            self._pump(conn)
+
+    def _done(self, send_id: int, status: ReplicaStatus) -> None:
+        if send_id not in self.outstanding:
+            raise InvariantViolation(f"send {send_id} completed twice")
+        end, need, message = self.outstanding.pop(send_id)
+        if status is ReplicaStatus.PUT_OK:
+            check_held(end, need, {i: s.acked_end for i, s in self.slaves.items()})
+            self.acked += 1
+            self.last_ok_ms = self.now
+            if self.sync_flush:
+                self.acked_messages.append(message)
+        else:
+            self.timed_out += 1
+
+    def _complete(self, done) -> None:
+        for callback, status in done:
+            callback(status)
 
     def _alive_replicas(self) -> int:
         return 1 + sum(1 for s in self.slaves.values()
                        if self.now - s.last_heard_ms <= NS_TIMEOUT_MS)
 
-    def _pump(self) -> None:
-        for (member_id, session) in list(self.core.slaves):
-            while (span := self.core.next_transfer((member_id, session), self.master_end)):
-                self._over_link((member_id, session, "down"), "transfer", member_id, session,
-                                *span)
-
-    def _send(self) -> None:
-        decision = self.core.decide(self._alive_replicas(), self.master_end)
-        if not decision.enough:
-            self.refused += 1
+    # -- the slave's side (HASlave) --------------------------------------------------------
+    def _on_slave_frame(self, conn: _Conn, kind: str, payload) -> None:
+        s = self.slaves[conn.member_id]
+        if s.conn is not conn:
             return
-        self.master_end += self.rng.randint(100, 3000)
-        send_id = self._seq
-        end, need = self.master_end, decision.need_ack_nums
-        self.outstanding[send_id] = (end, need)
-        self.core.wait_for_acks(end, need, self.now, SEND_TIMEOUT_MS,
-                                lambda status, i=send_id: self._done(i, status))
-        self._pump()
+        if self.now < s.hung_until or s.inbox:
+            # TCP keeps it for the stopped process, in order, until it reads again.
+            if not s.inbox:
+                self._at(s.hung_until - self.now, "resume", s.member_id)
+            s.inbox.append((conn, kind, payload))
+            return
+        try:
+            if kind == "reply":
+                following = s.link.on_handshake_reply(payload)
+                if following is not None:
+                    self._over(conn, True, "handshake", following)
+                    return
+                self._attached(s)
+            else:
+                s.link.on_transfer(*payload)
+        except HamqError:
+            self._break(conn)
+            return
+        s.acked_end = max(s.acked_end, s.link.ack_offset)
+        self._over(conn, True, "ack", {"ack_offset": s.link.ack_offset})
 
-    def _done(self, send_id: int, status: ReplicaStatus) -> None:
-        if send_id not in self.outstanding:
-            raise InvariantViolation(f"send {send_id} completed twice")
-        end, need = self.outstanding.pop(send_id)
-        if status is ReplicaStatus.PUT_OK:
-            holders = 1 + sum(1 for s in self.slaves.values() if s.log_end >= end)
-            if holders < need:
-                raise InvariantViolation(f"PUT_OK for offset {end} with needAckNums={need} "
-                                         f"but only {holders} members hold it")
-            self.acked += 1
-            self.last_ok_ms = self.now
-        else:
-            self.timed_out += 1
+    def _attached(self, s: _Slave) -> None:
+        if s.link.last_cut is not None:
+            self.cuts += 1
+        s.acked_end = s.link.ack_offset
+        s.checked_upto = check_same_bytes(self.master.store, s.store, s.member_id, 0)
+        check_same_queues(self.master.store, s.store, s.member_id)
 
-    def _handle(self, ev: _Event) -> None:
-        if ev.kind == "tick":
-            self._tick()
-        elif ev.kind == "transfer":
-            member_id, session, start, end = ev.args
-            s = self.slaves[member_id]
-            if session != s.session:
-                return  # sent on a connection that broke meanwhile
-            if self.now < s.hung_until or s.inbox:
-                # TCP keeps it for the stopped process, in order, until it reads again.
-                if not s.inbox:
-                    self._at(s.hung_until - self.now, "resume", member_id)
-                s.inbox.append(ev)
-                return
-            if start != s.log_end:
-                raise InvariantViolation(f"slave {member_id} got bytes at {start} but its "
-                                         f"log ends at {s.log_end} on one connection")
-            s.log_end = end
-            if s.log_end > self.master_end:
-                raise InvariantViolation(f"slave {member_id} is ahead of its master")
-            self._over_link((member_id, session, "up"), "ack", member_id, session, end)
-        elif ev.kind == "resume":
-            inbox, self.slaves[ev.args[0]].inbox = self.slaves[ev.args[0]].inbox, []
-            for held in inbox:
-                self._handle(held)
-        elif ev.kind == "ack":
-            member_id, session, end = ev.args
-            if (member_id, session) in self.core.slaves:
-                for callback, status in self.core.on_ack((member_id, session), end, self.now):
-                    callback(status)
-                self._pump()
+    def _resume(self, member_id: int) -> None:
+        s = self.slaves[member_id]
+        inbox, s.inbox = s.inbox, []
+        for held in inbox:
+            self._on_slave_frame(*held)
 
+    # -- ticks -----------------------------------------------------------------------------
     def _tick(self) -> None:
-        for callback, status in self.core.expire_waiters(self.now):
-            callback(status)
+        if self.master.up(self.now):
+            self._complete(self.core.expire_waiters(self.now))
+            for conn in self.core.expire_silent(self.now, HOUSEKEEPING_MS):
+                self._break(conn)
+            self._background(self.master.store)
         for s in self.slaves.values():
             if not s.active(self.now):
                 continue
-            if (s.member_id, s.session) not in self.core.slaves:
-                self._connect(s)  # back from a crash or a broken connection
             s.last_heard_ms = self.now
-            if self.now % HEARTBEAT_MS == 0:
-                self._over_link((s.member_id, s.session, "up"), "ack", s.member_id, s.session,
-                                s.log_end)
+            self._background(s.store)
+            if s.conn is None and self.now >= s.reconnect_at and self.master.up(self.now):
+                self._connect(s)
+            elif s.conn is not None and s.link.attached and self.now % HEARTBEAT_MS == 0:
+                self._over(s.conn, True, "ack", {"ack_offset": s.link.ack_offset})
+        self._check_attached()
         if self.now < self.faults_until:
             self._inject_faults()
-        if self.rng.random() < 0.6:
+        if self.master.up(self.now) and self.rng.random() < 0.5:
             self._send()
         self._at(TICK_MS, "tick")
+
+    def _background(self, store: MessageStore) -> None:
+        """The flush service's periodic duties (async fsync, queue checkpoint)."""
+        if self.now % FLUSH_MS == 0:
+            store.commitlog.flush()
+        if self.now % CHECKPOINT_MS == 0:
+            store.flush_consume_queues()
+
+    def _check_attached(self) -> None:
+        if not self.master.up(self.now):
+            return
+        for s in self.slaves.values():
+            if s.up(self.now) and s.conn is not None and s.link.attached:
+                s.checked_upto = check_same_bytes(self.master.store, s.store, s.member_id,
+                                                  s.checked_upto)
 
     def _inject_faults(self) -> None:
         roll = self.rng.random()
         s = self.slaves[self.rng.choice(list(self.slaves))]
-        if roll < 0.01:  # SIGSTOP for a while: connection stays, nothing is read
-            s.hung_until = self.now + self.rng.randint(100, 1500)
-        elif roll < 0.015:  # crash: the connection breaks; it reconnects from its log end
-            s.down_until = self.now + self.rng.randint(50, 800)
-            self._disconnect(s)
-        elif roll < 0.02:  # the network breaks the connection
-            self._disconnect(s)
-
-    def _disconnect(self, s: _Slave) -> None:
-        for callback, status in self.core.disconnect((s.member_id, s.session)):
-            callback(status)
-        s.session += 1
+        if roll < 0.01:
+            if s.active(self.now):  # SIGSTOP for a while: connection stays, nothing is read
+                s.hung_until = self.now + self.rng.randint(100, 1500)
+        elif roll < 0.01 + self.crash_probability:
+            if s.up(self.now):
+                self._crash_slave(s)
+        elif roll < 0.015 + self.crash_probability:
+            if s.conn is not None:  # the network breaks the connection
+                self._break(s.conn)
+        elif roll < 0.015 + self.crash_probability + self.master_crash_probability:
+            if self.master.up(self.now):
+                self._crash_master()
 
     # -- running ---------------------------------------------------------------------------
+    def _handle(self, ev: _Event) -> None:
+        if ev.kind == "tick":
+            self._tick()
+        elif ev.kind == "to_master":
+            conn, kind, payload = ev.args
+            if conn.live:
+                self._on_master_frame(conn, kind, payload)
+        elif ev.kind == "to_slave":
+            conn, kind, payload = ev.args
+            if conn.live:
+                self._on_slave_frame(conn, kind, payload)
+        elif ev.kind == "resume":
+            self._resume(ev.args[0])
+        elif ev.kind == "restart":
+            self._restart(ev.args[0])
+
+    def _finish(self) -> None:
+        """Faults are over and the group had time to heal: every member agrees."""
+        if self.quorum.enable_auto_in_sync_replicas and self.last_ok_ms < self.faults_until \
+                and self.quorum.min_in_sync_replicas <= len(self.slaves) + 1:
+            raise InvariantViolation("no send acknowledged in the fault-free phase")
+        for s in self.slaves.values():
+            if not (s.up(self.now) and s.conn is not None and s.link.attached):
+                raise InvariantViolation(f"slave {s.member_id} is not attached "
+                                         f"{LIVENESS_BOUND_MS} ms after the faults stopped")
+            check_same_bytes(self.master.store, s.store, s.member_id, 0)
+            check_same_queues(self.master.store, s.store, s.member_id)
+        if self.sync_flush:
+            check_readable(self.master.store, self.acked_messages)
+
     def run(self) -> MasterSlaveResult:
         self._at(0, "tick")
+        failure = None
         try:
             while self.events:
                 ev = heapq.heappop(self.events)
@@ -234,16 +438,17 @@ class MasterSlaveWorld:
                 self._handle(ev)
                 if self.now > self.faults_until + LIVENESS_BOUND_MS:
                     break
-            if self.quorum.enable_auto_in_sync_replicas and \
-                    self.last_ok_ms < self.faults_until and \
-                    self.quorum.min_in_sync_replicas <= 1 + len(self.slaves):
-                raise InvariantViolation("no send acknowledged in the fault-free phase")
+            self._finish()
         except InvariantViolation as err:
-            return MasterSlaveResult(self.seed, False, str(err), self.acked, self.refused,
-                                     self.timed_out)
-        return MasterSlaveResult(self.seed, True, None, self.acked, self.refused,
-                                 self.timed_out)
+            failure = str(err)
+        return MasterSlaveResult(self.seed, failure is None, failure, self.acked, self.refused,
+                                 self.timed_out, self.crashes, self.cuts)
 
 
 def run_master_slave_seed(seed: int) -> MasterSlaveResult:
     return MasterSlaveWorld(seed).run()
+
+
+def failed_master_slave_seeds(first: int, count: int) -> list[MasterSlaveResult]:
+    """Seeds first..first+count-1 that failed (for a process pool)."""
+    return [r for r in map(run_master_slave_seed, range(first, first + count)) if not r.ok]
