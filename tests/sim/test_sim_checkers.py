@@ -15,7 +15,8 @@ from hamq.store.consume_queue import ConsumeQueue
 from hamq.store.message_store import PutResult
 
 SEEDS = 100
-DEFECT_1_SEED = 0  # kept in regression_seeds.txt
+DEFECT_1_SEED = 0  # these two are kept in regression_seeds.txt
+DELETE_BARRIER_SEED = 17
 
 
 class _Everything:
@@ -76,3 +77,12 @@ def test_members_stamping_records_with_their_own_clock_are_caught(monkeypatch):
 
     monkeypatch.setattr(core.DLedgerCore, "_apply_command", own_clock)
     assert _some_seed_fails(lambda f: "commit log of nodes" in f)
+
+
+def test_a_topic_delete_applied_before_the_store_claims_what_precedes_it_is_caught(
+        monkeypatch):
+    """After a restart the sends before the delete were applied again to a topic whose
+    queues were gone: other queue offsets, other bytes."""
+    monkeypatch.setattr(core.DLedgerCore, "_must_wait_for_claim", lambda self, entry: False)
+    failure = run_seed(DELETE_BARRIER_SEED).failure
+    assert failure is not None and "differ" in failure

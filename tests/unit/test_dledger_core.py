@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hamq.broker.dledger.core import APPLY_RETRY_MS, DLedgerCore
-from hamq.broker.dledger.wire import KIND_TOPIC, encode_command, encode_entry
+from hamq.broker.dledger.wire import KIND_DELETE_TOPIC, KIND_TOPIC, encode_command, encode_entry
 from hamq.broker.topics import TopicService
 from hamq.config import StoreConfig
 from hamq.errors import NotLeader
@@ -68,10 +68,19 @@ class Member:
         self.store.config = dataclasses.replace(self.config, **settings)
         self.store.check_disk()
 
-    def close(self) -> None:
+    def flush_raft_log(self) -> None:
         job = self.core.begin_flush()
         self.core.run_flush(job)
         self.core.flush_done(job)
+
+    def checkpoint(self) -> None:
+        """What the store's flush services do: fsync, then checkpoint (the claim)."""
+        self.flush_raft_log()
+        self.store.commitlog.flush()
+        self.store.flush_consume_queues()
+
+    def close(self) -> None:
+        self.flush_raft_log()
         self.storage.close()
         self.store.close()
 
@@ -147,3 +156,19 @@ def test_a_clean_restart_reapplies_nothing(tmp_path):
     assert again.core.recovery.cut_bytes == 0
     assert again.bodies() == [(i, b"m%d" % i) for i in range(20)]
     again.close()
+
+
+def test_a_topic_delete_waits_until_the_store_claims_every_entry_before_it(member):
+    """Applied earlier, a restart would apply the sends before it again to a topic whose
+    queues are gone (other queue offsets, other bytes than the other members')."""
+    for i in range(3):
+        member.send(i)
+    member.core.propose(encode_command([KIND_DELETE_TOPIC, "T"]),
+                        lambda result, err: member.answers.append((-1, err)), alone=True)
+    member.run(100)
+    assert member.core.status()["waiting_for_claim"] > 0
+    assert len(member.bodies()) == 3 and -1 not in dict(member.answers)
+    member.checkpoint()
+    member.run(TICK_MS)
+    assert member.core.status()["waiting_for_claim"] == -1
+    assert member.bodies() == [] and dict(member.answers)[-1] is None

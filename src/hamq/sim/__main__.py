@@ -5,6 +5,7 @@ DLedger members (the broker's own core, stores on simulated disks)."""
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from hamq.sim.faults import CLUSTER_SIZES
@@ -20,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, choices=CLUSTER_SIZES, default=None)
     parser.add_argument("--mode", choices=["raft", "master-slave"], default="raft")
     args = parser.parse_args(argv)
+    # the stores log every torn tail a power loss leaves; in a swarm that is expected
+    logging.basicConfig(level=logging.ERROR)
     if args.mode == "master-slave":
         return _master_slave(args.seed, args.seeds)
     failed = 0

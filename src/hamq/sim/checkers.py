@@ -104,13 +104,16 @@ def check_restart(node_id: int, claim: int | None, recovery: Recovery,
             "bytes cut")
 
 
-def check_stores(stores: dict[int, MessageStore], leader_id: int, acks: list[Ack]) -> None:
-    """Members' commit logs are prefixes of one another, byte for byte, and so are their
-    queues; every acknowledged send is where its answer said, on every member that holds
-    that far (the final leader holds it all)."""
+def check_stores(stores: dict[int, MessageStore], leader_id: int, acks: list[Ack],
+                 caught_up: set[int]) -> None:
+    """Members' commit logs are prefixes of one another, byte for byte; members that
+    applied as far as the leader have the same queues (a member behind may still hold a
+    topic the others deleted); every acknowledged send is where its answer said, on every
+    member that holds that far (the final leader holds it all)."""
     for key in sorted({key for store in stores.values() for key in store.queues}):
         queues = {}
-        for i, store in stores.items():
+        for i in sorted(caught_up):
+            store = stores[i]
             cq = store.queues.get(key)
             queues[i] = [] if cq is None else list(zip(cq.phys, cq.size, cq.base, cq.count))
         _check_prefixes(f"queue {key}", queues)

@@ -23,6 +23,11 @@ checkpoint, never the whole log.
 Applying can fail (a full disk): the member then stops applying, reports why, keeps
 replicating and voting, and tries again every APPLY_RETRY_MS from the same command — no
 entry is skipped, none is applied twice.
+
+A topic delete is the one command that applying again after a restart cannot redo: the
+sends before it would find the topic's queues gone and take other queue offsets. So a
+delete is proposed alone, first in its entry, and a member applies it only once its store
+claims everything before it; a restart then resumes at the delete or after it.
 """
 from __future__ import annotations
 
@@ -33,7 +38,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from hamq.broker.dledger.grouping import ProposalCallback, ProposalGroup
-from hamq.broker.dledger.wire import KIND_SEND, KIND_TOPIC, Command, decode_commands
+from hamq.broker.dledger.wire import (KIND_DELETE_TOPIC, KIND_SEND, KIND_TOPIC, Command,
+                                      decode_commands, first_command_kind)
 from hamq.errors import BrokerSystemError, HamqError, NotLeader, SystemBusy
 from hamq.raft import (EMPTY_INDEX, Checkpoint, Entry, EntryId, FailureReason,
                        FileStorage, Message, RaftConfig, RaftError, RawNode, Ready, Rng, Role)
@@ -154,6 +160,7 @@ class DLedgerCore:
         # may have handed out more: those wait while applying is paused)
         self._cursor = _Cursor(self.applied_index + 1)
         self.apply_error = ""  # why applying is paused, "" while it runs
+        self.waiting_for_claim = EMPTY_INDEX  # a topic delete's index, until it may apply
         self._retry_at_ms = 0
         self._group = ProposalGroup()
         # per entry, one callback (and result) per command, in the entry's order
@@ -166,14 +173,17 @@ class DLedgerCore:
         return self.node.role == Role.LEADER
 
     # -- proposals --------------------------------------------------------------------------
-    def propose(self, command: Command, callback: ProposalCallback) -> None:
-        """Queue `command` for the entry proposed at the next cycle; `callback` gets its
-        result once that entry is applied."""
+    def propose(self, command: Command, callback: ProposalCallback, *,
+                alone: bool = False) -> None:
+        """Queue `command` for the entry proposed at the next cycle (`alone`: an entry of
+        its own); `callback` gets its result once that entry is applied."""
         if not self.is_leader:
             raise self.not_leader("")
-        if not self._group.fits(command):
+        if alone or not self._group.fits(command):
             self._propose_group()
         self._group.add(command, callback)
+        if alone:
+            self._propose_group()
 
     def has_work(self) -> bool:
         return bool(self._group.callbacks) or self.node.has_ready()
@@ -208,8 +218,10 @@ class DLedgerCore:
         if self.apply_error and now_ms >= self._retry_at_ms:
             log.info("retrying to apply from Raft index %d", self._cursor.index)
             self.apply_error = ""
-        if not self.apply_error and self.applied_index < self.node.applied_index:
-            self._apply_backlog(now_ms)
+        if self.waiting_for_claim != EMPTY_INDEX and \
+                self._claimed[0] >= self.waiting_for_claim - 1:
+            self.waiting_for_claim = EMPTY_INDEX
+        self._apply_backlog(now_ms)
 
     def start_cycle(self) -> Cycle | None:
         self._propose_group()
@@ -233,7 +245,7 @@ class DLedgerCore:
         if not cycle.leading:
             self.send(ready.messages)
         self._apply_backlog(now_ms)
-        if not self.apply_error and ready.committed_entries and \
+        if not self.paused and ready.committed_entries and \
                 ready.committed_entries[0].index == self._cursor.index:
             self._apply(ready.committed_entries, now_ms)
         self._complete(ready)
@@ -277,7 +289,7 @@ class DLedgerCore:
     # -- applying -------------------------------------------------------------------------
     def _apply_backlog(self, now_ms: int) -> None:
         """Apply entries the node handed out while applying was paused, from the log."""
-        if self.apply_error or self.applied_index >= self.node.applied_index:
+        if self.paused or self.applied_index >= self.node.applied_index:
             return
         last = min(self.node.applied_index,
                    self.applied_index + self.node.config.max_committed_per_ready)
@@ -289,6 +301,9 @@ class DLedgerCore:
         try:
             for entry in entries:
                 assert entry.index == self._cursor.index, "entries applied out of order"
+                if self._must_wait_for_claim(entry):
+                    self.waiting_for_claim = entry.index
+                    break
                 if not entry.is_noop:
                     for number, (meta, data) in enumerate(decode_commands(entry.data)):
                         if number < self._cursor.command:
@@ -309,6 +324,16 @@ class DLedgerCore:
             return
         if self._cursor.command == 0 and entries:
             self._apply_marks.append((self.applied_index, self.store.commitlog.written_offset))
+
+    @property
+    def paused(self) -> bool:
+        return bool(self.apply_error) or self.waiting_for_claim != EMPTY_INDEX
+
+    def _must_wait_for_claim(self, entry: Entry) -> bool:
+        """A topic delete waits until the store claims every entry before it."""
+        return self._cursor.command == 0 and not entry.is_noop and \
+            first_command_kind(entry.data) == KIND_DELETE_TOPIC and \
+            self._claimed[0] < entry.index - 1
 
     def _entry_applied(self, entry: Entry) -> None:
         results = self._cursor.results
@@ -407,6 +432,7 @@ class DLedgerCore:
     def status(self) -> dict:
         return {"term": self.node.term, "committed_index": self.node.committed_index,
                 "applied_index": self.applied_index, "apply_error": self.apply_error,
+                "waiting_for_claim": self.waiting_for_claim,
                 "claimed_applied_index": self._claimed[0],
                 "recovered_applied_index": self.recovery.applied_index,
                 "recovery_cut_bytes": self.recovery.cut_bytes}

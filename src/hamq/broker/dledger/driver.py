@@ -132,10 +132,12 @@ class DLedgerCommitLog:
                          f"{self.config.broker_name} (leader's raft endpoint: {leader})"
                          + (f": {why}" if why else ""))
 
-    def propose(self, command: Command, callback: ProposalCallback) -> None:
+    def propose(self, command: Command, callback: ProposalCallback, *,
+                alone: bool = False) -> None:
         """Queue `command` for the entry of this event-loop turn (proposed when the Ready
-        cycle next runs); `callback` gets its result once that entry is applied."""
-        self.core.propose(command, callback)
+        cycle next runs; `alone`: in an entry of its own); `callback` gets its result once
+        that entry is applied."""
+        self.core.propose(command, callback, alone=alone)
         self._schedule_pump()
 
     def propose_send(self, topic: str, command: Command, callback: ProposalCallback) -> None:
@@ -179,13 +181,16 @@ class DLedgerCommitLog:
 
     def delete_topic(self, conn: Connection, frame: Frame) -> None:
         topic = require(frame.ext, "topic")
-        self._propose_and_reply(conn, frame, encode_command([KIND_DELETE_TOPIC, topic]))
+        # alone in its entry: see DLedgerCore on why a delete waits for the store's claim
+        self._propose_and_reply(conn, frame, encode_command([KIND_DELETE_TOPIC, topic]),
+                                alone=True)
         self._topics_in_log.discard(topic)
 
-    def _propose_and_reply(self, conn: Connection, frame: Frame, command: Command) -> None:
+    def _propose_and_reply(self, conn: Connection, frame: Frame, command: Command,
+                           alone: bool = False) -> None:
         def committed(result: PutResult | None, err: HamqError | None) -> None:
             conn.reply(error_pieces(frame, err) if err else response_pieces(frame))
-        self.propose(command, committed)
+        self.propose(command, committed, alone=alone)
 
     def handle_transfer(self, conn: Connection, frame: Frame) -> list:
         self.transfer_leadership(require(frame.ext, "member_id", int))

@@ -47,6 +47,13 @@ def decode_commands(data: bytes) -> Iterator[tuple[list, memoryview]]:
         pos += data_len
 
 
+def first_command_kind(data: bytes) -> int:
+    """The kind of an entry's first command, without decoding it: its meta is a msgpack
+    list of at most 15 items (a one-byte fixarray head) whose first item, the kind, is a
+    positive fixint."""
+    return data[_COMMAND_HEAD.size + 1]
+
+
 _U32 = struct.Struct(">I")  # the head's length, then the data count
 
 
