@@ -103,7 +103,11 @@ class FileStorage(LogStorage):
         self._sizes: dict[int, int] = {}
         self._dirty: set[int] = set()
         self._dir_dirty = False
-        self._recover()
+        try:
+            self._recover()
+        except CorruptLogError:
+            self.close()  # refusing to start: leave no file open behind
+            raise
 
     # ---- recovery -------------------------------------------------------------------
 

@@ -69,7 +69,12 @@ class CommitLog:
         self._flush_lock = threading.Lock()
         self._generation = 0
         self.flushed_offset = 0
-        self._open_segments(checkpoint_flushed)
+        try:
+            self._open_segments(checkpoint_flushed)
+        except BrokerSystemError:
+            for seg in self.segments:  # refusing to open: leave no file open behind
+                seg.file.close()
+            raise
 
     # -- offsets ------------------------------------------------------------------------
     @property
