@@ -169,3 +169,18 @@ def test_a_slave_below_the_masters_retained_log_restarts_at_its_start(stores):
     replicate(master, slave)
     assert slave.commitlog.min_offset == new_min
     assert log_bytes(slave) == log_bytes(master)
+
+
+@pytest.mark.parametrize("ext,message", [
+    ({"broker_id": 1, "max_offset": 0}, "may be too old"),  # a slave from before the check
+    ({"broker_id": 1, "attach": -1, "proof": None}, "may be too old"),
+    ({"broker_id": 1, "attach": 10, "proof": [10, 5, 0]}, "malformed record probe"),
+    ({"broker_id": 1, "probes": [[0, 10, 1]] * (MAX_PROBES + 1)}, f"at most {MAX_PROBES}"),
+    ({"broker_id": 1, "probes": [["0", 10, 1]]}, "malformed record probe"),
+])
+def test_malformed_handshakes_are_refused_clearly(stores, ext, message):
+    master, _ = stores
+    core = MasterReplication(QuorumConfig(), 64 * 1024, 16 * 1024)
+    with pytest.raises(HamqError, match=message):
+        MasterLink(core, master).handshake(KEY, ext, now_ms=0)
+    assert core.slaves == {}
