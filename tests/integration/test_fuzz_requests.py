@@ -241,7 +241,8 @@ def test_name_server_request_fuzz(cluster, raw_conn):
     assert namesrv.alive()
     assert rss_mib(namesrv.pid) - before < FUZZ_RSS_BOUND_MIB
     check = raw_conn(cluster.namesrv_addrs[0])
-    for name, group in ask(check, RequestCode.GET_BROKER_CLUSTER_INFO, {})["broker_addr_table"].items():
+    groups = ask(check, RequestCode.GET_BROKER_CLUSTER_INFO, {})["broker_addr_table"]
+    for name, group in groups.items():
         assert safe_name(name), name  # nothing unsafe was stored
         assert all(isinstance(i, int) and 0 <= i <= 1023 for i in group["broker_addrs"])
         assert all(isinstance(a, str) and ADDRESS.fullmatch(a)

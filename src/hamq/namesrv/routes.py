@@ -153,8 +153,9 @@ class RouteInfoManager:
                 raise NoPermission(f"broker {broker_name}/{broker_id} is registered by live "
                                    f"member {holder}; refused for {addr}")
         cluster = self.broker_cluster.get(broker_name)
+        members = self.broker_addr_table.get(broker_name, {}).values()
         if cluster is not None and cluster != cluster_name and any(
-                self._is_live(a, now_ms) for a in self.broker_addr_table.get(broker_name, {}).values()):
+                self._is_live(a, now_ms) for a in members):
             raise NoPermission(f"broker group {broker_name} belongs to cluster {cluster} with "
                                f"live members; refused in cluster {cluster_name} for {addr}")
 

@@ -235,6 +235,8 @@ class Connection(asyncio.BufferedProtocol):
         """Answer a held request (a long-polling pull) now, or — when its peer has not read
         ``max_pending_bytes`` of earlier answers — once it has: ``make_pieces`` runs then,
         so the answer is not built while it would only wait in memory."""
+        if self.is_closed:
+            return
         if self._late or (self._max_pending_bytes is not None and self._budget() <= 0):
             self._late.append(make_pieces)
             self._update_reading()

@@ -1,8 +1,8 @@
 """Prometheus metrics of a server process, served on ``metrics_listen`` (empty = off).
 
 The hot path only adds to plain integers (``COUNTS``, ``net/counts.py``); they are turned
-into Prometheus counters when scraped, by a collector — a prometheus_client ``Counter`` takes a lock per
-increment, which cost a quarter of the single-message send rate.
+into Prometheus counters when scraped, by a collector — a prometheus_client ``Counter``
+takes a lock per increment, which cost a quarter of the single-message send rate.
 """
 from __future__ import annotations
 
