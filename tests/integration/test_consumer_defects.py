@@ -109,6 +109,26 @@ def test_new_group_from_last_keeps_its_start_across_a_restart(cluster):
         second.shutdown()
 
 
+def test_new_group_from_a_timestamp_starts_there(cluster):
+    create_topic(cluster, "Since")
+    send(cluster, "Since", b"before")
+    time.sleep(0.05)  # store times are in milliseconds
+    since_ms = int(time.time() * 1000)
+    send(cluster, "Since", b"after")
+    got = Deliveries()
+
+    def listener(messages):
+        got.add(messages)
+        return OK
+
+    consumer = start_consumer(cluster.namesrv, "since", "Since", listener,
+                              consume_from_where="timestamp", consume_timestamp_ms=since_ms)
+    try:
+        wait_for(lambda: got.bodies() == [b"after"], 10, "the message stored after it")
+    finally:
+        consumer.shutdown()
+
+
 # -- 3: broadcasting offsets across a restart -----------------------------------------------
 def test_broadcasting_member_restarts_where_it_stopped(cluster, tmp_path):
     create_topic(cluster, "BcastRestart", 2)

@@ -114,7 +114,7 @@ class ClientCore:
                 last = ConnectionLost(f"name server {addr} unreachable: {err.message}")
             except asyncio.TimeoutError:
                 last = ConnectionLost(f"name server {addr} did not answer")
-            self._namesrv_index = start + i + 1
+            self._namesrv_index = (start + i + 1) % len(self.namesrv)
         raise last
 
     async def route(self, topic: str, refresh: bool = False) -> TopicRoute:

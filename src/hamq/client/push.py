@@ -158,7 +158,7 @@ class AsyncPushConsumer:
         self.orderly = False
         # Broadcasting progress is local; the file is named after the instance, not the
         # process, so a restarted member continues where it stopped (RocketMQ's
-        # LocalFileOffsetStore: <dir>/<clientId = host@instanceName>/<group>).
+        # LocalFileOffsetStore names it after host@instanceName, instanceName "DEFAULT").
         self.offset_file = Path(offset_store_dir or Path.home() / ".hamq" / "offsets") / \
             instance_name / f"{group}.json" if message_model == "broadcasting" else None
         self._refused: set[MessageQueue] = set()  # orderly: wanted, but locked by another
@@ -218,7 +218,8 @@ class AsyncPushConsumer:
         for task in self._tasks:  # not the lock loop: locks stay renewed while listeners finish
             task.cancel()
         for pq in list(self.process_queues.values()):
-            self._release_later(pq)
+            if not pq.dropped:  # a dropped one is being released already
+                self._release_later(pq)
         abandoned = False
         if self._releases:
             _, pending = await asyncio.wait(self._releases, timeout=self.await_termination_s)
@@ -425,9 +426,11 @@ class AsyncPushConsumer:
                 await asyncio.sleep(SUSPEND_CURRENT_QUEUE_S)
                 continue
             wait_s = pq.retry_at - time.monotonic()
-            if pq.kept and (wait_s <= 0 or len(pq.kept) >= KEPT_MAX):
-                await asyncio.sleep(max(wait_s, 0))
+            if pq.kept and wait_s <= 0:
                 await self._consume_batch(pq, self._reconsume_kept, pq)
+                continue
+            if len(pq.kept) >= KEPT_MAX:  # flow control: no new messages until some are done
+                await asyncio.sleep(wait_s)
                 continue
             suspend_ms = self.pull_suspend_ms if not pq.kept else \
                 min(self.pull_suspend_ms, int(wait_s * 1000))
