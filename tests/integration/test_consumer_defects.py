@@ -7,8 +7,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import hamq
 from hamq import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, Message, MessageQueue
@@ -107,6 +110,36 @@ def test_new_group_from_last_keeps_its_start_across_a_restart(cluster):
                  "what arrived while the group was down")
     finally:
         second.shutdown()
+
+
+def test_new_group_from_last_keeps_its_start_when_its_member_is_killed(cluster, tmp_path):
+    create_topic(cluster, "Crash")
+    send(cluster, "Crash", b"old")
+    script = Path(__file__).with_name("orderly_consumer.py")
+    member = subprocess.Popen([sys.executable, str(script), cluster.namesrv, "crash", "Crash",
+                               str(tmp_path / "killed.out"), "60", "last", "concurrently"],
+                              stdout=subprocess.PIPE)
+    try:
+        assert member.stdout.readline().strip() == b"started"
+        with hamq.PullConsumer("crash", cluster.namesrv) as check:  # the periodic persist
+            wait_for(lambda: check.fetch_offset(MessageQueue("Crash", "broker-a", 0)) == 1,
+                     10, "the start offset committed")
+    finally:
+        member.kill()  # SIGKILL: no shutdown, no final commit
+        member.wait()
+    send(cluster, "Crash", b"new")
+    got = Deliveries()
+
+    def listener(messages):
+        got.add(messages)
+        return OK
+
+    survivor = start_consumer(cluster.namesrv, "crash", "Crash", listener,
+                              consume_from_where="last")
+    try:
+        wait_for(lambda: got.bodies() == [b"new"], 15, "what arrived after the crash")
+    finally:
+        survivor.shutdown()
 
 
 def test_new_group_from_a_timestamp_starts_there(cluster):
