@@ -98,7 +98,8 @@ class MessageStore:
                 if name.isdigit():
                     self._queue(topic, int(name))
         # Queue files are trusted up to "dispatched", the log's bytes up to "flushed".
-        start = min(checkpoint.get("dispatched", 0), checkpoint.get("flushed", 0))
+        dispatched = checkpoint.get("dispatched", 0)
+        start = min(dispatched, checkpoint.get("flushed", 0))
         start = max(start, self.commitlog.min_offset)
         if start > self.commitlog.written_offset:
             # The log is shorter than the checkpoint says (its tail was cut mid-record):
@@ -106,6 +107,9 @@ class MessageStore:
             start = self.commitlog.segments[-1].start
         rebuilt = 0
         for phys, h, _ in self.commitlog.iter_records(start):
+            if phys < dispatched:
+                # only checked: its queue file holds it already, or its topic was deleted
+                continue
             cq = self._queue(h.topic, h.queue_id)
             if cq.max_physical_end <= phys:
                 cq.append(phys, h.total_size, h.base_queue_offset, h.count, h.store_timestamp_ms)
@@ -300,7 +304,15 @@ class MessageStore:
         for key in [k for k in self.queues if k[0] == topic]:
             del self.queues[key]
         self._new_queues = [cq for cq in self._new_queues if cq.topic != topic]
-        self.disk.rmtree(self.cq_root / validate_topic(topic).decode())  # never outside it
+        directory = self.cq_root / validate_topic(topic).decode()  # never outside it
+        # durably gone before a checkpoint claims the delete: a queue file back after a
+        # power loss would make the topic's next messages continue its old offsets
+        if self.disk.is_dir(directory):
+            for name in self.disk.listdir(directory):
+                self.disk.unlink(directory / name)
+            self.disk.fsync_dir(directory)
+            self.disk.rmtree(directory)
+            self.disk.fsync_dir(self.cq_root)
         self.offsets.delete_topic(topic, self.clock_ms())
         self.offsets.persist()
 
@@ -356,7 +368,9 @@ class MessageStore:
         self._free_bytes_at_check = free
         self._written_since_disk_check = 0
         ratio = (total - free) / total if total else 0.0
-        if free < self.config.disk_min_free_bytes:
+        if self.commitlog.fsync_error:
+            self._disk_refusal = f"{self.commitlog.fsync_error}; writes refused"
+        elif free < self.config.disk_min_free_bytes:
             self._disk_refusal = (f"disk nearly full: {free // (1024 * 1024)} MiB free at "
                                   f"{self.root}, below disk_min_free_bytes="
                                   f"{self.config.disk_min_free_bytes}; writes refused")
