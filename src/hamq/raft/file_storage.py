@@ -25,6 +25,7 @@ survive behind new ones.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import struct
@@ -103,6 +104,7 @@ class FileStorage(LogStorage):
         self._sizes: dict[int, int] = {}
         self._dirty: set[int] = set()
         self._dir_dirty = False
+        self._sync_error = ""  # set for good by a failed fsync (see detach_sync)
         try:
             self._recover()
         except CorruptLogError:
@@ -269,7 +271,12 @@ class FileStorage(LogStorage):
         """Take what `sync` would fsync as a job another thread may run while this one
         keeps appending: the job fsyncs duplicates of the dirty segments' files, so a
         segment closed meanwhile (a truncation) cannot make it fsync a reused descriptor.
-        Writes made before the call are durable once the job returns."""
+        Writes made before the call are durable once the job returns. After a failed
+        fsync every job fails: Linux marks the pages it could not write back clean, so a
+        later fsync would succeed without them, and a checkpoint saved after it would vouch
+        for entries the disk may not hold (a restart re-reads and re-checks the log)."""
+        if self._sync_error:
+            return self._failed_sync
         files = [self._files[start].dup() for start in sorted(self._dirty)]
         dir_dirty = self._dir_dirty
         self._dirty.clear()
@@ -281,10 +288,19 @@ class FileStorage(LogStorage):
                     file.fsync()
                 if dir_dirty:
                     self._disk.fsync_dir(self._dir)
+            except OSError as err:
+                self._sync_error = (f"fsync of the Raft log in {self._dir} failed "
+                                    f"({err.strerror or err}); nothing written since the "
+                                    f"last good sync counts as durable until a restart")
+                log.error("%s", self._sync_error)
+                raise
             finally:
                 for file in files:
                     file.close()
         return job
+
+    def _failed_sync(self) -> None:
+        raise OSError(errno.EIO, self._sync_error)
 
     def close(self) -> None:
         for file in self._files.values():

@@ -9,7 +9,11 @@ machine:
   prefix of its later writes, the last one possibly torn, chosen independently per file (so
   writes persist out of order across files); directory entries (created, removed, renamed
   files) survive only if their directory was fsynced after the change. Directories
-  themselves are never lost (the stores create them once, at start).
+  themselves are never lost (the stores create them once, at start); a removed directory
+  comes back with the files a power loss kept in it unless its parent was fsynced after.
+One more fault, ``fail_fsync(path)``: that file's next fsync fails with EIO and, as on
+Linux, the writes it should have made durable never will be (the kernel marks their pages
+clean), though reads still see them until the next power loss.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ class _Inode:
     # writes since the last fsync, in order: ("w", offset, bytes) or ("t", size)
     unsynced: list[tuple] = field(default_factory=list)
     mtime: float = 0.0
+    dropped: bool = False  # a failed fsync lost writes: reads and durable bytes differ
 
     def write(self, offset: int, data: bytes) -> None:
         if offset > len(self.data):
@@ -46,22 +51,35 @@ class _Inode:
         self.unsynced.append(("t", size))
 
     def fsync(self) -> None:
-        self.durable = bytes(self.data)
+        self.durable = bytes(self.data) if not self.dropped else bytes(self._replay(
+            len(self.unsynced)).data)
         self.unsynced.clear()
 
-    def lose_unsynced(self, rng: random.Random) -> None:
-        kept = rng.randrange(len(self.unsynced) + 1)
+    def fsync_failed(self) -> None:
+        """EIO: the writes waiting for this fsync are never written back."""
+        self.dropped = True
+        self.unsynced.clear()
+
+    def _replay(self, kept: int) -> _Inode:
+        """The durable bytes with the first ``kept`` unsynced writes made on them."""
         replay = _Inode(bytearray(self.durable))
         for op in self.unsynced[:kept]:
             if op[0] == "w":
                 replay.write(op[1], op[2])
             else:
                 replay.truncate(op[1])
+        return replay
+
+    def lose_unsynced(self, rng: random.Random) -> None:
+        kept = rng.randrange(len(self.unsynced) + 1)
+        replay = self._replay(kept)
         if kept < len(self.unsynced) and self.unsynced[kept][0] == "w" and rng.random() < 0.5:
             _, offset, data = self.unsynced[kept]
             replay.write(offset, data[:rng.randrange(len(data) + 1)])  # a torn write
         self.data = replay.data
-        self.fsync()
+        self.durable = bytes(self.data)
+        self.unsynced.clear()
+        self.dropped = False  # the page cache is gone: what reads see is what is durable
 
 
 class SimFile:
@@ -115,7 +133,12 @@ class SimFile:
         inode.truncate(size)
 
     def fsync(self) -> None:
-        self._live().fsync()
+        inode = self._live()
+        if _key(self.path) in self._disk.failing_fsyncs:
+            self._disk.failing_fsyncs.discard(_key(self.path))
+            inode.fsync_failed()
+            raise OSError(errno.EIO, f"Input/output error (simulated) syncing {self.path}")
+        inode.fsync()
         self._disk.fsyncs += 1
 
     def dup(self) -> SimFile:
@@ -141,6 +164,8 @@ class SimDisk:
         self.fsyncs = 0
         # ids of the handles the current process holds (a dead process's handles are not)
         self.open_handles: set[int] = set()
+        self.failing_fsyncs: set[str] = set()  # files whose next fsync fails (EIO)
+        self.removed_dirs: set[str] = set()  # removed, their parent not fsynced since
 
     # -- handles ------------------------------------------------------------------------
     def handle(self, path: Path, inode: _Inode, append: bool) -> SimFile:
@@ -168,11 +193,18 @@ class SimDisk:
         """The process died: its handles are gone; the page cache stays."""
         self.open_handles.clear()
 
+    def fail_fsync(self, path: Path) -> None:
+        """The next fsync of ``path`` fails with EIO (see the module docstring)."""
+        self.failing_fsyncs.add(_key(path))
+
     def power_loss(self, rng: random.Random) -> None:
         """The machine died: only fsynced data and fsynced directory entries are sure to
         survive; of the rest, each file keeps a random prefix of its writes."""
         self.kill()
         self.names = dict(self.durable_names)
+        for name in self.names:  # an unsynced removal of their directory is undone
+            self.mkdir(Path(_parent(name)))
+        self.removed_dirs.clear()
         for inode in self._inodes():
             inode.lose_unsynced(rng)
 
@@ -221,6 +253,8 @@ class SimDisk:
         prefix = _key(path).rstrip("/") + "/"
         for name in [n for n in self.names if n.startswith(prefix)]:
             del self.names[name]
+        if _key(path) in self.dirs:
+            self.removed_dirs.add(_key(path))
         self.dirs = {d for d in self.dirs if not (d + "/").startswith(prefix)}
 
     def replace(self, src: Path, dst: Path) -> None:
@@ -233,6 +267,13 @@ class SimDisk:
         directory = _key(path)
         for name in [n for n in self.durable_names if _parent(n) == directory]:
             if name not in self.names:
+                del self.durable_names[name]
+        # subdirectories removed since: their removal, with every file in them, is durable
+        removed = [d for d in self.removed_dirs if _parent(d) == directory]
+        for gone in removed:
+            self.removed_dirs.discard(gone)
+            for name in [n for n in self.durable_names if n.startswith(gone + "/")
+                         and self.durable_names[n] is not self.names.get(n)]:
                 del self.durable_names[name]
         for name, inode in self.names.items():
             if _parent(name) == directory:

@@ -69,6 +69,10 @@ class CommitLog:
         self._flush_lock = threading.Lock()
         self._generation = 0
         self.flushed_offset = 0
+        # Set by a failed fsync, and for good: Linux marks the pages it could not write back
+        # clean, so a later fsync would succeed without them; nothing is claimed durable
+        # again until a restart has re-read (and re-checked) what the disk really holds.
+        self.fsync_error = ""
         try:
             self._open_segments(checkpoint_flushed)
         except BrokerSystemError:
@@ -132,10 +136,12 @@ class CommitLog:
         loop appends: the offset is read now, and the job fsyncs duplicates of the files
         written up to it, so a segment that retention or a truncation closes meanwhile
         cannot make it fsync a reused descriptor. The job returns the durable offset."""
+        if self.fsync_error:
+            raise BrokerSystemError(self.fsync_error)
         target = self.written_offset
-        rolled, self._rolled = self._rolled, []
-        if target <= self.flushed_offset and not rolled:
+        if target <= self.flushed_offset and not self._rolled:
             return self._durable
+        rolled, self._rolled = self._rolled, []
         files = [seg.file.dup() for seg in rolled + [self.segments[-1]]]
         generation = self._generation
 
@@ -143,6 +149,13 @@ class CommitLog:
             try:
                 for file in files:
                     file.fsync()
+            except OSError as err:
+                self.fsync_error = (f"fsync of commit log segment {file.path} failed "
+                                    f"({err.strerror or err}): its writes may never reach "
+                                    f"the disk; nothing past offset {self.flushed_offset} "
+                                    f"counts as durable until a restart")
+                log.error("%s", self.fsync_error)
+                raise BrokerSystemError(self.fsync_error) from err
             finally:
                 for file in files:
                     file.close()
@@ -254,12 +267,14 @@ class CommitLog:
         return self.min_offset
 
     def close(self) -> None:
-        self.write_pending()
-        self.flush()
-        for seg in self.segments:
-            seg.file.close()
-        self.segments = []
-        self._starts = []
+        try:
+            self.write_pending()
+            self.flush()
+        finally:  # a failed fsync is reported, but leaves no file open behind
+            for seg in self.segments:
+                seg.file.close()
+            self.segments = []
+            self._starts = []
 
     # -- internals ----------------------------------------------------------------------
     def _open_segments(self, checkpoint_flushed: int) -> None:

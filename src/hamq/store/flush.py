@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from hamq.errors import BrokerSystemError
 from hamq.net.tasks import cancel_all, every
 from hamq.store.message_store import MessageStore
 
@@ -71,7 +72,7 @@ class FlushService:
     # -- loops ----------------------------------------------------------------------------
     async def _sync_flush_loop(self) -> None:
         commitlog = self.store.commitlog
-        while True:
+        while not commitlog.fsync_error:  # after a failed fsync waiters only time out
             if not self._waiters:
                 try:
                     await asyncio.wait_for(self._wake.wait(), SYNC_FLUSH_INTERVAL_S)
@@ -79,8 +80,12 @@ class FlushService:
                     pass
             self._wake.clear()
             commitlog.write_pending()
-            flushed = await asyncio.to_thread(commitlog.detach_flush()) \
-                if commitlog.unflushed else commitlog.flushed_offset
+            try:
+                flushed = await asyncio.to_thread(commitlog.detach_flush()) \
+                    if commitlog.unflushed else commitlog.flushed_offset
+            except BrokerSystemError:
+                self.store.check_disk()  # refuses writes: none could become durable
+                return
             waiters = self._waiters
             while waiters and waiters[0][0] <= flushed:
                 waiters.popleft()[2](True)
@@ -88,7 +93,12 @@ class FlushService:
                 self._wake.set()
 
     async def _flush_commitlog(self) -> None:
-        await asyncio.to_thread(self.store.commitlog.detach_flush())
+        if self.store.commitlog.fsync_error:
+            return
+        try:
+            await asyncio.to_thread(self.store.commitlog.detach_flush())
+        except BrokerSystemError:
+            self.store.check_disk()  # refuses writes: none could become durable
 
     async def _checkpoint(self) -> None:
         paths = self.store.write_consume_queues()

@@ -1,0 +1,116 @@
+"""Attacks on the stores' recovery, on the simulated disk (``hamq.sim.fs``): a failed
+fsync, a power loss right after a topic delete, a crash between the steps of a cut or of a
+consume-queue rewrite, a failed metadata write. Each test names the promise it checks:
+nothing confirmed durable is lost, nothing deleted comes back, nothing is served twice
+under one queue offset, and a log that lost confirmed data refuses to start."""
+from __future__ import annotations
+
+import errno
+import random
+from pathlib import Path
+
+import pytest
+
+from hamq.config import StoreConfig
+from hamq.errors import BrokerSystemError
+from hamq.protocol.message import decode_records, encode_batch, encode_message
+from hamq.raft import Entry, FileStorage
+from hamq.sim.fs import SimDisk
+from hamq.store.commitlog import CommitLog
+from hamq.store.message_store import GetStatus, MessageStore
+
+SEGMENT_BYTES = 1024
+
+
+def _config() -> StoreConfig:
+    return StoreConfig(store_dir="/store", mapped_file_size_commitlog=SEGMENT_BYTES)
+
+
+def _put(store: MessageStore, topic: str, queue_id: int, body: bytes) -> int:
+    """Store one message; returns its queue offset."""
+    payload, crc = encode_batch([encode_message(body)])
+    put = store.put_batch(topic, queue_id, payload, 1, crc, 0)
+    store.commit()
+    return put.base_queue_offset
+
+
+def _read(store: MessageStore, topic: str, queue_id: int = 0) -> dict[int, bytes]:
+    offset, got = store.min_offset(topic, queue_id), {}
+    while True:
+        r = store.get_messages(topic, queue_id, offset, 32, 1 << 20)
+        if r.status is not GetStatus.FOUND:
+            return got
+        got.update(decode_records(r.records, offset,
+                                  lambda h, index, off, props, body: (off, body)))
+        offset = r.next_begin_offset
+
+
+def _lose_power(disk: SimDisk, seed: int = 0) -> MessageStore:
+    disk.power_loss(random.Random(seed))
+    return MessageStore(_config(), disk=disk)
+
+
+# -- a failed fsync -----------------------------------------------------------------------
+def test_a_failed_fsync_of_a_rolled_segment_is_never_reported_durable_later():
+    disk = SimDisk()
+    log = CommitLog("/log", 100, disk=disk)
+    log.append([b"a" * 80], 80)
+    log.reserve(80)  # rolls: the first segment waits for the next flush's fsync
+    log.append([b"b" * 80], 80)
+    log.write_pending()
+    disk.fail_fsync(log.segments[0].path)
+    with pytest.raises(BrokerSystemError, match="fsync of commit log segment"):
+        log.flush()
+    log.reserve(80)
+    log.append([b"c" * 80], 80)
+    # A retried flush would sync only the active segment and claim all 240 bytes: the
+    # first segment's failed writes would never reach the disk.
+    with pytest.raises(BrokerSystemError):
+        log.flush()
+    assert log.flushed_offset == 0
+    with pytest.raises(BrokerSystemError):
+        log.close()
+    assert not disk.open_handles
+
+
+def test_after_a_failed_fsync_the_store_refuses_writes_for_good():
+    disk = SimDisk()
+    store = MessageStore(_config(), disk=disk)
+    _put(store, "T", 0, b"first")
+    disk.fail_fsync(store.commitlog.segments[-1].path)
+    with pytest.raises(BrokerSystemError):
+        store.commitlog.flush()
+    store.check_disk()  # a disk with room again must not lift this refusal
+    with pytest.raises(Exception, match="fsync of commit log segment"):
+        _put(store, "T", 0, b"second")
+
+
+def test_a_failed_raft_log_sync_fails_every_later_sync():
+    disk = SimDisk()
+    storage = FileStorage("/raft", 64, disk=disk)
+    storage.append([Entry(0, 1, b"x" * 40), Entry(1, 1, b"y" * 40)])  # two segments
+    disk.fail_fsync(Path("/raft/00000000000000000000.log"))
+    with pytest.raises(OSError):
+        storage.sync()
+    storage.append([Entry(2, 1, b"z" * 40)])
+    # A later sync that succeeded would let a checkpoint vouch for entry 0, whose write the
+    # failed fsync lost.
+    with pytest.raises(OSError) as failure:
+        storage.sync()
+    assert failure.value.errno == errno.EIO
+    disk.power_loss(random.Random(0))
+    assert FileStorage("/raft", 64, disk=disk).last_index() == -1  # nothing was confirmed
+
+
+# -- topic delete and re-create ---------------------------------------------------------------
+def test_a_restart_after_a_topic_delete_does_not_bring_its_messages_back():
+    disk = SimDisk()
+    store = MessageStore(_config(), disk=disk)  # async flush: the log is not fsynced yet
+    for i in range(3):
+        _put(store, "T", 0, f"old {i}".encode())
+    store.delete_topic("T")
+    disk.kill()
+    store = MessageStore(_config(), disk=disk)
+    assert ("T", 0) not in store.queues, "recovery re-dispatched a deleted topic's records"
+    assert _put(store, "T", 0, b"new") == 0
+    assert _read(store, "T") == {0: b"new"}
