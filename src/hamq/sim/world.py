@@ -242,7 +242,10 @@ class World:
             if ready.entries:
                 self.checkers.on_persist(member.node_id, core.node, ready.entries)
             if self.rng.random() < self._crash_during_persist_probability:
-                # the leader has already shipped these entries; nothing else left
+                # before or after the write (a leader has shipped the entries already);
+                # either way no answer, apply or advance happened
+                if self.rng.random() < 0.5:
+                    core.persist(cycle)
                 self._crash(member, power_loss=self._power_loss_possible())
                 return
             core.persist(cycle)

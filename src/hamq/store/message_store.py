@@ -304,7 +304,15 @@ class MessageStore:
         for key in [k for k in self.queues if k[0] == topic]:
             del self.queues[key]
         self._new_queues = [cq for cq in self._new_queues if cq.topic != topic]
-        self.disk.rmtree(self.cq_root / validate_topic(topic).decode())  # never outside it
+        directory = self.cq_root / validate_topic(topic).decode()  # never outside it
+        # durably gone before a checkpoint claims the delete: a queue file back after a
+        # power loss would make the topic's next messages continue its old offsets
+        if self.disk.is_dir(directory):
+            for name in self.disk.listdir(directory):
+                self.disk.unlink(directory / name)
+            self.disk.fsync_dir(directory)
+            self.disk.rmtree(directory)
+            self.disk.fsync_dir(self.cq_root)
         self.offsets.delete_topic(topic, self.clock_ms())
         self.offsets.persist()
 

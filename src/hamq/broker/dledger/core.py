@@ -393,8 +393,8 @@ class DLedgerCore:
         topic = fields[0]
         if topic in self.store.topics.topics:
             self.topics.remove(topic)
-        elif any(name == topic for name, _ in self.store.queues):
-            self.store.delete_topic(topic)  # a retry after the config went but the queues not
+        else:  # queues without a config (sends only), or applied again after a restart
+            self.store.delete_topic(topic)
 
     def _complete(self, ready: Ready) -> None:
         for entry_id in ready.completed_proposals:
