@@ -114,3 +114,19 @@ def test_a_restart_after_a_topic_delete_does_not_bring_its_messages_back():
     assert ("T", 0) not in store.queues, "recovery re-dispatched a deleted topic's records"
     assert _put(store, "T", 0, b"new") == 0
     assert _read(store, "T") == {0: b"new"}
+
+
+def test_a_power_loss_after_a_topic_delete_and_re_create_serves_only_the_new_topic():
+    for seed in range(10):
+        disk = SimDisk()
+        store = MessageStore(_config(), disk=disk)
+        for i in range(3):
+            _put(store, "T", 0, f"old {i}".encode())
+        store.commitlog.flush()
+        store.flush_consume_queues()
+        store.delete_topic("T")
+        assert _put(store, "T", 0, b"new") == 0
+        store.commitlog.flush()  # what a sync-flush send waits for before its answer
+        after = _lose_power(disk, seed)
+        assert list(after.queue("T", 0).base) == [0], f"seed {seed}: old entries came back"
+        assert _read(after, "T") == {0: b"new"}, f"seed {seed}"
