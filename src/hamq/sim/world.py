@@ -27,7 +27,7 @@ from hamq.broker.topics import TopicService
 from hamq.config import StoreConfig
 from hamq.errors import HamqError, NotLeader
 from hamq.protocol.message import encode_batch, encode_message
-from hamq.raft import FileStorage, Message, RaftConfig, RaftError, Role
+from hamq.raft import Entry, FileStorage, Message, RaftConfig, RaftError, Role
 from hamq.sim.checkers import Ack, Checkers, SafetyViolation, check_restart, check_stores
 from hamq.sim.faults import FaultMix, choose_fault_mix
 from hamq.sim.fs import SimDisk
@@ -171,7 +171,9 @@ class World:
     def _on_tick(self, faults: bool) -> None:
         for member in self.members.values():
             if member.process is not None:
-                member.process.core.tick(self.now_ms)
+                applied = member.process.core.applied_index
+                member.process.core.tick(self.now_ms)  # may apply a backlog
+                self._check_applied(member, applied, [])
                 self._background(member)
                 self._drain(member)
         if faults:
@@ -253,9 +255,21 @@ class World:
             core.finish_cycle(cycle, self.now_ms)
             self._trace.update(b"R%d|%d|%d|" % (member.node_id, len(ready.entries),
                                                 core.applied_index))
-            self.checkers.on_apply(member.node_id, applied, [
-                e for e in ready.committed_entries if applied < e.index <= core.applied_index])
+            self._check_applied(member, applied, ready.committed_entries)
             self.checkers.acknowledged.extend(ready.completed_proposals)
+
+    def _check_applied(self, member: _Member, applied: int, handed_out: list[Entry]) -> None:
+        """Feed the Raft checkers what the core applied since `applied`: the Ready's
+        entries, or (a backlog, after a pause) entries read back from the log."""
+        assert member.process is not None
+        core = member.process.core
+        if core.applied_index <= applied:
+            return
+        entries = [e for e in handed_out if applied < e.index <= core.applied_index]
+        if not entries or entries[0].index != applied + 1 or \
+                entries[-1].index != core.applied_index:
+            entries = core.node.log.entries(applied + 1, core.applied_index + 1)
+        self.checkers.on_apply(member.node_id, applied, entries)
 
     def _background(self, member: _Member) -> None:
         """The flush and checkpoint services, each on its own period."""
