@@ -163,6 +163,17 @@ def test_recovery_truncates_garbage_tail(open_store, tmp_path):
     assert read_all(store, start=30) == [(30, b"next")]
 
 
+def never_fsynced_from(store_dir: Path, offset: int) -> None:
+    """Make the checkpoint say what it would had the bytes from ``offset`` on been written
+    after it and never fsynced: only then may a power loss tear them (below it, a torn
+    record is data the disk lost, and recovery refuses to start)."""
+    path = store_dir / "checkpoint"
+    checkpoint = json.loads(path.read_bytes())
+    for field in ("flushed", "dispatched"):
+        checkpoint[field] = min(checkpoint[field], offset)
+    path.write_text(json.dumps(checkpoint))
+
+
 def test_recovery_drops_record_cut_in_the_middle(open_store, tmp_path):
     """The last record lost its second half (a torn write): it is gone after reopen, from
     the log and from its queue, and the next send takes its queue offset."""
@@ -170,6 +181,7 @@ def test_recovery_drops_record_cut_in_the_middle(open_store, tmp_path):
     bodies = fill(store, 30)
     last_phys = store.queue("T", 0).phys[-1]
     close(store)
+    never_fsynced_from(tmp_path / "store", last_phys)
     seg = last_segment(tmp_path / "store")
     cut = last_phys - int(seg.name) + 150
     os.truncate(seg, cut)
@@ -278,6 +290,7 @@ def test_torn_tail_never_reuses_queue_offsets(open_store, tmp_path):
     assert len(store.queue("T", 0)) == 1
     last_phys = store.queue("T", 0).phys[-1]
     close(store)
+    never_fsynced_from(tmp_path / "store", last_phys)
     seg = last_segment(tmp_path / "store")
     os.truncate(seg, last_phys - int(seg.name) + 100)
     store = open_store(file_reserved_hours=1.0)

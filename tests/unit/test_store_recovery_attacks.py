@@ -130,3 +130,49 @@ def test_a_power_loss_after_a_topic_delete_and_re_create_serves_only_the_new_top
         after = _lose_power(disk, seed)
         assert list(after.queue("T", 0).base) == [0], f"seed {seed}: old entries came back"
         assert _read(after, "T") == {0: b"new"}, f"seed {seed}"
+
+
+# -- a log shorter than its checkpoint --------------------------------------------------------
+def _store_with(disk: SimDisk, count: int) -> MessageStore:
+    """A store holding ``count`` messages, every one fsynced and in the checkpoint."""
+    store = MessageStore(_config(), disk=disk)
+    for i in range(count):
+        _put(store, "T", 0, f"m{i}".encode().ljust(100, b"."))
+    store.commitlog.flush()
+    store.flush_consume_queues()
+    return store
+
+
+def test_a_log_that_lost_bytes_its_checkpoint_had_as_fsynced_refuses_to_start():
+    disk = SimDisk()
+    store = _store_with(disk, 5)
+    segment = store.commitlog.segments[-1].path
+    disk.kill()
+    damaged = disk.open(segment)  # the disk gives back less than it confirmed
+    damaged.truncate(damaged.size() - 10)
+    damaged.fsync()
+    with pytest.raises(BrokerSystemError, match="fsynced"):
+        MessageStore(_config(), disk=disk)
+    assert disk.open(segment).size() > 0, "refusing must not cut anything"
+
+
+class _Crash(Exception):
+    """The process dies here."""
+
+
+def test_a_power_loss_right_after_a_cut_recovers_the_kept_prefix(monkeypatch):
+    for seed in range(20):
+        disk = SimDisk()
+        store = _store_with(disk, 10)
+        cut = store.queue("T", 0).phys[5]
+        truncate = store.commitlog.truncate
+
+        def truncate_then_die(offset: int) -> None:
+            truncate(offset)
+            raise _Crash()
+        monkeypatch.setattr(store.commitlog, "truncate", truncate_then_die)
+        with pytest.raises(_Crash):
+            store.truncate_to(cut)
+        after = _lose_power(disk, seed)
+        assert sorted(_read(after, "T")) == list(range(5)), f"seed {seed}"
+        assert _put(after, "T", 0, b"next") == 5

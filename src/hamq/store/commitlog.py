@@ -223,9 +223,7 @@ class CommitLog:
         cut is durable before anything is written again at those offsets. Refused below
         ``min_offset``: retention removed the bytes before the cut, and no segment may start
         anywhere but where its name says (use ``reset`` to restart the log elsewhere)."""
-        if offset < self.min_offset:
-            raise BrokerSystemError(f"cannot cut the commit log back to {offset}: retention "
-                                    f"already removed everything below {self.min_offset}")
+        self.check_cut(offset)
         self.write_pending()
         removed = False
         while len(self.segments) > 1 and self.segments[-1].start >= offset:
@@ -245,6 +243,12 @@ class CommitLog:
             self._generation += 1
             self.flushed_offset = min(self.flushed_offset, self.written_offset)
 
+    def check_cut(self, offset: int) -> None:
+        """Refuse a cut ``truncate`` would refuse, before the caller changes anything."""
+        if offset < self.min_offset:
+            raise BrokerSystemError(f"cannot cut the commit log back to {offset}: retention "
+                                    f"already removed everything below {self.min_offset}")
+
     def reset(self, start: int) -> None:
         """Drop every segment and restart the log, empty, at ``start``."""
         self._pending, self._pending_bytes = [], 0
@@ -258,12 +262,19 @@ class CommitLog:
 
     def delete_segments_before(self, mtime_s: float) -> int:
         """Retention: remove whole segments last written before ``mtime_s`` (never the
-        active one); returns the new minimum offset."""
+        active one); returns the new minimum offset. The removals are durable before the
+        consume queues drop their entries: a segment back after a power loss (torn, if its
+        tail was never fsynced) held records no queue indexed, or made the log refuse to
+        open."""
+        removed = False
         while len(self.segments) > 1 and self.disk.mtime(self.segments[0].path) < mtime_s:
             self._starts.pop(0)
             seg = self.segments.pop(0)
             self._remove(seg)
+            removed = True
             log.info("retention removed segment %s", seg.path.name)
+        if removed:
+            self.disk.fsync_dir(self.directory)
         return self.min_offset
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -15,7 +16,7 @@ from typing import NamedTuple
 from pathlib import Path
 
 from hamq.config import StoreConfig
-from hamq.errors import CrcMismatch, DiskFull, QueueNotExist
+from hamq.errors import BrokerSystemError, CrcMismatch, DiskFull, QueueNotExist
 from hamq.protocol.message import (RECORD_HEADER_BYTES, check_record_payload, encode_record_header,
                                    parse_record_header, peek_record_size, validate_topic)
 from hamq.store.commitlog import CommitLog, now_ms
@@ -70,6 +71,7 @@ class MessageStore:
         self.offsets = ConsumerOffsetManager(self.root, clock_ms(), disk=disk)
         self._touched: list[ConsumeQueue] = []
         self._checkpoint_candidate: dict = {}
+        self._checkpoint_lock = threading.Lock()
         # Extra state to record with each checkpoint, read at the same instant as the log
         # offsets (DLedger: the Raft index applied up to that offset).
         self.checkpoint_extra: Callable[[], dict] | None = None
@@ -87,7 +89,8 @@ class MessageStore:
     # -- recovery -----------------------------------------------------------------------
     def recover(self) -> None:
         """Load consume queues, then re-dispatch and validate the commit log from the last
-        checkpoint: a torn or corrupt tail is truncated, missing queue entries rebuilt."""
+        checkpoint: a torn or corrupt tail past its fsynced offset is truncated, missing
+        queue entries rebuilt; a log missing or damaged below that offset is refused."""
         checkpoint = self.read_checkpoint()
         # What others claimed in it (DLedger's applied pair) stays claimed by the
         # checkpoints this recovery writes, until its owner installs checkpoint_extra:
@@ -98,13 +101,10 @@ class MessageStore:
                 if name.isdigit():
                     self._queue(topic, int(name))
         # Queue files are trusted up to "dispatched", the log's bytes up to "flushed".
-        dispatched = checkpoint.get("dispatched", 0)
-        start = min(dispatched, checkpoint.get("flushed", 0))
-        start = max(start, self.commitlog.min_offset)
+        dispatched, flushed = checkpoint.get("dispatched", 0), checkpoint.get("flushed", 0)
+        start = max(min(dispatched, flushed), self.commitlog.min_offset)
         if start > self.commitlog.written_offset:
-            # The log is shorter than the checkpoint says (its tail was cut mid-record):
-            # rescan the last segment, whose start is a record boundary.
-            start = self.commitlog.segments[-1].start
+            self._refuse_lost_data(self.commitlog.written_offset, flushed, "ends")
         rebuilt = 0
         for phys, h, _ in self.commitlog.iter_records(start):
             if phys < dispatched:
@@ -115,6 +115,8 @@ class MessageStore:
                 cq.append(phys, h.total_size, h.base_queue_offset, h.count, h.store_timestamp_ms)
                 rebuilt += 1
         valid_end = self.commitlog.scan_stopped_at
+        if valid_end < flushed:
+            self._refuse_lost_data(valid_end, flushed, "has a bad record at")
         if valid_end < self.commitlog.written_offset:
             log.warning("truncating torn commit log tail: %d bytes at %d",
                         self.commitlog.written_offset - valid_end, valid_end)
@@ -125,6 +127,15 @@ class MessageStore:
         if rebuilt:
             log.info("recovery rebuilt %d consume-queue entries from offset %d", rebuilt, start)
         self.flush_consume_queues()
+
+    def _refuse_lost_data(self, offset: int, flushed: int, what: str) -> None:
+        """A cut lowers the checkpoint before it cuts (see ``_lower_checkpoint``), so bytes
+        missing or damaged below its fsynced offset were lost by the disk, not by a crash:
+        cutting there would silently drop acknowledged messages."""
+        raise BrokerSystemError(
+            f"commit log in {self.commitlog.directory} {what} offset {offset}, below offset "
+            f"{flushed} that the checkpoint says was fsynced: the disk lost or damaged "
+            f"confirmed data; refusing to start (nothing was changed)")
 
     # -- writing ------------------------------------------------------------------------
     def put_batch(self, topic: str, queue_id: int, payload: bytes | memoryview, count: int,
@@ -220,6 +231,7 @@ class MessageStore:
                 return
             self.truncate_to(start)
         else:
+            self._lower_checkpoint(start)
             self.commitlog.reset(start)
             for cq in self.queues.values():
                 cq.drop_from_physical(0)
@@ -333,8 +345,22 @@ class MessageStore:
         return files + sorted({cq.path.parent for cq in created}) + [self.cq_root]
 
     def write_checkpoint(self) -> None:
-        atomic_write(self.disk, self.root / "checkpoint", json.dumps(
-            {**self._checkpoint_candidate, "timestamp_ms": self.clock_ms()}).encode())
+        # The candidate is read under the lock, so of a checkpoint written on the event loop
+        # (a cut) and one a worker thread writes, an older one never lands last.
+        with self._checkpoint_lock:
+            atomic_write(self.disk, self.root / "checkpoint", json.dumps(
+                {**self._checkpoint_candidate, "timestamp_ms": self.clock_ms()}).encode())
+
+    def _lower_checkpoint(self, offset: int) -> None:
+        """Before the log is cut at ``offset``: the checkpoint stops vouching for the bytes
+        past it first, so a power loss between the cut and the checkpoint after it does
+        not look like a disk that lost fsynced data (recovery refuses that)."""
+        with self._checkpoint_lock:
+            checkpoint = self.read_checkpoint()
+            lowered = {**checkpoint, **{field: min(checkpoint[field], offset) for field in
+                                        ("dispatched", "flushed") if field in checkpoint}}
+            if lowered != checkpoint:
+                atomic_write(self.disk, self.root / "checkpoint", json.dumps(lowered).encode())
 
     def sync_files(self, paths: list[Path]) -> None:
         """fsync the queue files (and directories) ``write_consume_queues`` returned; a
@@ -412,6 +438,8 @@ class MessageStore:
         byte: the records between would be gone, and the queue offsets they had with them.
         The checkpoint is rewritten at once: its fsynced offset must not vouch for the
         different records that will be written past the cut."""
+        self.commitlog.check_cut(offset)
+        self._lower_checkpoint(offset)
         self.commitlog.truncate(offset)
         for cq in self.queues.values():
             cq.drop_from_physical(offset)
