@@ -25,6 +25,7 @@ from hamq.errors import HamqError, InvalidArgument, NotLeader
 from hamq.net.connection import Connection, error_pieces, response_pieces
 from hamq.net.pool import ConnectionPool
 from hamq.net.server import Server
+from hamq.net.tasks import every
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import Frame, require
 from hamq.raft import FileStorage, Message, MessageDecodeError, RaftConfig, RaftError, RawNode
@@ -97,7 +98,7 @@ class DLedgerCommitLog:
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
         await self.server.start(self.peers[self.node_id])
-        self._task = asyncio.create_task(self._tick_loop())
+        self._task = asyncio.create_task(every(TICK_INTERVAL_S, self._tick))
 
     async def stop(self) -> None:
         """Stop, then make the Raft log and its checkpoint durable, so the store's last
@@ -197,15 +198,13 @@ class DLedgerCommitLog:
         return response_pieces(frame, ext={"from": self.node_id})
 
     # -- the Ready cycle ------------------------------------------------------------------------
-    async def _tick_loop(self) -> None:
-        while True:
-            if not self._pumping:  # the core applies a backlog on ticks: not mid-cycle
-                self.core.tick(_now_ms())
-                self._maybe_flush()
-            else:
-                self.core.node.tick(_now_ms())
-            self._schedule_pump()
-            await asyncio.sleep(TICK_INTERVAL_S)
+    def _tick(self) -> None:
+        if not self._pumping:  # the core applies a backlog on ticks: not mid-cycle
+            self.core.tick(_now_ms())
+            self._maybe_flush()
+        else:
+            self.core.node.tick(_now_ms())
+        self._schedule_pump()
 
     def _schedule_pump(self) -> None:
         if self._stopping:
