@@ -25,12 +25,13 @@ REGRESSION_FILE = Path(__file__).with_name("regression_seeds.txt")
 REGRESSION_PREFIX = "#ms "
 
 
-def _regression_seeds() -> list[int]:
+def _regression_seeds(bug: str = "") -> list[int]:
     """Master–slave lines of regression_seeds.txt: ``#ms <seed>  <what broke>`` (a comment
-    to the Raft replay, which reads the same file)."""
-    return [int(line[len(REGRESSION_PREFIX):].split()[0])
-            for line in REGRESSION_FILE.read_text().splitlines()
-            if line.startswith(REGRESSION_PREFIX)]
+    to the Raft replay, which reads the same file); only ``bug``'s when given."""
+    return [int(fields[0]) for line in REGRESSION_FILE.read_text().splitlines()
+            if line.startswith(REGRESSION_PREFIX)
+            for fields in [line[len(REGRESSION_PREFIX):].split(maxsplit=1)]
+            if fields[1].startswith(bug)]
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +97,7 @@ def test_divergence_checker_catches_a_handshake_without_content_check(monkeypatc
 
 def test_regression_seeds_reproduce_defect_2(monkeypatch) -> None:
     _compare_offsets_only(monkeypatch)
-    for seed in _regression_seeds():
+    for seed in _regression_seeds("bug 4:"):
         result = run_master_slave_seed(seed)
         assert not result.ok and "diverged" in result.failure, seed
 
@@ -119,3 +120,19 @@ def test_queue_checker_catches_a_cut_that_keeps_queue_entries(monkeypatch) -> No
 def test_readable_checker_catches_a_sync_flush_that_never_fsyncs(monkeypatch) -> None:
     monkeypatch.setattr(CommitLog, "flush", lambda self: self.flushed_offset)
     _first_failure("lost or changed after recovery")
+
+
+def test_regression_seeds_reproduce_bug_7(monkeypatch) -> None:
+    """Retention whose segment removals a power loss can undo fails every bug 7 seed."""
+    removes = CommitLog.delete_segments_before
+
+    def unsynced_removal(self, mtime_s):
+        fsync_dir, self.disk.fsync_dir = self.disk.fsync_dir, lambda path: None
+        try:
+            return removes(self, mtime_s)
+        finally:
+            self.disk.fsync_dir = fsync_dir
+
+    monkeypatch.setattr(CommitLog, "delete_segments_before", unsynced_removal)
+    for seed in _regression_seeds("bug 7:"):
+        assert not run_master_slave_seed(seed).ok, seed

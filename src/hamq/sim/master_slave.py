@@ -47,6 +47,8 @@ QUEUES = 4
 STORE_DIR = "/store"
 WALL_CLOCK_EPOCH_MS = 1_700_000_000_000
 CLOCK_SKEW_MS_MAX = 5000
+RETENTION_MS = 400            # file_reserved_hours: segments last written this long ago go
+FIXED_BODY_BYTES = 600        # some seeds send one size: a rewrite lands on old boundaries
 
 
 @dataclass(eq=False)  # compared and hashed by identity, like a socket
@@ -118,9 +120,14 @@ class MasterSlaveWorld:
         self.sync_flush = self.rng.random() < 0.5
         self.config = StoreConfig(store_dir=STORE_DIR, disk_min_free_bytes=1,
                                   mapped_file_size_commitlog=SEGMENT_BYTES,
+                                  file_reserved_hours=RETENTION_MS / 3_600_000,
                                   flush_disk_type="sync" if self.sync_flush else "async")
         self.crash_probability = self.rng.choice([0.002, 0.005, 0.01])
         self.master_crash_probability = self.rng.choice([0.0, 0.002, 0.005])
+        # Faults added later draw from their own stream, so older seeds replay unchanged.
+        self.later_rng = random.Random(seed ^ 0x5EED)
+        self.retention_probability = self.later_rng.choice([0.0, 0.005, 0.02, 0.05])
+        self.fixed_body = self.later_rng.random() < 0.3
         self.now = 0
         self.events: list[_Event] = []
         self._seq = 0
@@ -269,14 +276,16 @@ class MasterSlaveWorld:
             return
         self._seq += 1
         send_id, queue_id = self._seq, self.rng.randrange(QUEUES)
-        body = b"m%d:" % send_id + bytes(self.rng.randrange(20, 1500))
+        size = self.rng.randrange(20, 1500)
+        body = (b"m%d:" % send_id).ljust(FIXED_BODY_BYTES, b"\0") if self.fixed_body \
+            else b"m%d:" % send_id + bytes(size)
         payload, crc = encode_batch([encode_message(body)])
         put = store.put_batch(TOPIC, queue_id, payload, 1, crc, born_timestamp_ms=send_id)
         store.commit()
         if self.sync_flush:
             store.commitlog.flush()  # group commit: this send's fsync, before any answer
         message = AckedMessage(TOPIC, queue_id, put.base_queue_offset,
-                               offset_msg_id(put.physical_offset, 0), body)
+                               offset_msg_id(put.physical_offset, 0), body, put.physical_offset)
         self.outstanding[send_id] = (put.end_offset, decision.need_ack_nums, message)
         self.core.wait_for_acks(put.end_offset, decision.need_ack_nums, self.now,
                                 SEND_TIMEOUT_MS, lambda status: self._done(send_id, status))
@@ -382,6 +391,11 @@ class MasterSlaveWorld:
                                                   s.checked_upto)
 
     def _inject_faults(self) -> None:
+        if self.later_rng.random() < self.retention_probability:
+            # retention runs on any member, whatever its slaves or its master still need
+            member = self.later_rng.choice([self.master, *self.slaves.values()])
+            if member.up(self.now):
+                member.store.delete_expired()
         roll = self.rng.random()
         s = self.slaves[self.rng.choice(list(self.slaves))]
         if roll < 0.01:

@@ -27,6 +27,7 @@ class AckedMessage:
     queue_offset: int
     msg_id: str
     body: bytes
+    physical_offset: int    # retention may remove it once its segment is old enough
 
 
 def check_held(end: int, need: int, slave_ends: dict[int, int]) -> None:
@@ -64,8 +65,11 @@ def check_same_queues(master: MessageStore, slave: MessageStore, member_id: int)
 
 
 def check_readable(store: MessageStore, acked: list[AckedMessage]) -> None:
-    """Every acknowledged message is where its answer said, with its id and body."""
+    """Every acknowledged message retention kept is where its answer said, with its id and
+    body."""
     for m in acked:
+        if m.physical_offset < store.commitlog.min_offset:
+            continue
         got = store.get_messages(m.topic, m.queue_id, m.queue_offset, 1, 1 << 20)
         found = decode_records(bytes(got.records), m.queue_offset, _id_and_body) \
             if got.status is GetStatus.FOUND else []
