@@ -176,3 +176,38 @@ def test_a_power_loss_right_after_a_cut_recovers_the_kept_prefix(monkeypatch):
         after = _lose_power(disk, seed)
         assert sorted(_read(after, "T")) == list(range(5)), f"seed {seed}"
         assert _put(after, "T", 0, b"next") == 5
+
+
+# -- consume-queue rewrite ----------------------------------------------------------------------
+def test_a_crash_inside_a_queue_rewrite_never_restarts_its_offsets(monkeypatch):
+    """Retention empties a queue: its file is rewritten empty and its ``.min`` file keeps
+    where it continues. A crash between the two writes must not leave an empty queue
+    without its continuation point (offsets 0.. would be handed out a second time)."""
+    import hamq.store.consume_queue as consume_queue
+
+    now_ms = [0]
+    disk = SimDisk(clock=lambda: now_ms[0] / 1000)
+    config = StoreConfig(store_dir="/store", mapped_file_size_commitlog=SEGMENT_BYTES,
+                         file_reserved_hours=1.0)
+    store = MessageStore(config, lambda: now_ms[0], disk=disk)
+    for i in range(5):
+        _put(store, "T", 0, f"m{i}".encode())
+    while len(store.commitlog.segments) < 3:  # T's records end up in old segments only
+        _put(store, "U", 0, b"u" * 200)
+    store.commitlog.flush()
+    store.flush_consume_queues()
+    now_ms[0] = 3 * 3600 * 1000  # later than the retention period
+    write = consume_queue.atomic_write
+
+    def die_before_min_file(disk_: SimDisk, path: Path, data: bytes) -> None:
+        if path.suffix == ".min":
+            raise _Crash()
+        write(disk_, path, data)
+    monkeypatch.setattr(consume_queue, "atomic_write", die_before_min_file)
+    with pytest.raises(_Crash):
+        store.delete_expired()
+    monkeypatch.setattr(consume_queue, "atomic_write", write)
+    disk.power_loss(random.Random(0))
+    after = MessageStore(config, lambda: now_ms[0], disk=disk)
+    assert after.max_offset("T", 0) == 5
+    assert _put(after, "T", 0, b"next") == 5

@@ -124,7 +124,9 @@ class ConsumeQueue:
 
     def _rewrite(self) -> None:
         self._unwritten.clear()
+        # ".min" first: it counts only while the entries are empty, so a crash between the
+        # two writes never leaves an emptied queue without where it continues
+        atomic_write(self.disk, self.path.with_suffix(".min"), str(self._empty_offset).encode())
         atomic_write(self.disk, self.path, b"".join(
             ENTRY.pack(*e) for e in zip(self.phys, self.size, self.base, self.count,
                                         self.store_ts)))
-        atomic_write(self.disk, self.path.with_suffix(".min"), str(self._empty_offset).encode())
