@@ -211,3 +211,28 @@ def test_a_crash_inside_a_queue_rewrite_never_restarts_its_offsets(monkeypatch):
     after = MessageStore(config, lambda: now_ms[0], disk=disk)
     assert after.max_offset("T", 0) == 5
     assert _put(after, "T", 0, b"next") == 5
+
+
+# -- metadata tables ------------------------------------------------------------------------------
+def test_a_periodic_offsets_write_that_started_before_a_topic_delete_does_not_undo_it():
+    disk = SimDisk()
+    store = MessageStore(_config(), disk=disk)
+    store.offsets.commit("G", "T", 0, 7, 1)
+    periodic = store.offsets.snapshot()  # taken on the loop; its write runs in a worker
+    store.delete_topic("T")  # persists the table without T's offsets
+    store.offsets.write(periodic)  # the worker gets to it only now
+    disk.kill()
+    assert MessageStore(_config(), disk=disk).offsets.query("G", "T", 0) is None
+
+
+def test_a_failed_metadata_write_is_retried_by_the_next_persist():
+    disk = SimDisk(capacity_bytes=1 << 20)
+    store = MessageStore(_config(), disk=disk)
+    store.offsets.commit("G", "T", 0, 7, 1)
+    capacity, disk.capacity_bytes = disk.capacity_bytes, disk.used_bytes()
+    with pytest.raises(OSError):
+        store.offsets.persist()  # ENOSPC
+    disk.capacity_bytes = capacity
+    store.offsets.persist()  # nothing changed since: the table must still be written
+    disk.kill()
+    assert MessageStore(_config(), disk=disk).offsets.query("G", "T", 0) == 7

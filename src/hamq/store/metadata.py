@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,18 @@ class TopicConfig:
     perm: int = PERM_READ_WRITE
 
 
+class TableSnapshot(bytes):
+    """An encoded table, numbered in the order the snapshots were taken."""
+
+    number: int
+
+
 class VersionedTable:
-    """A dict persisted as ``{"data_version": ..., "table": {...}}``."""
+    """A dict persisted as ``{"data_version": ..., "table": {...}}``. Snapshots are taken on
+    the event loop and may be written from worker threads: the file never goes back from a
+    newer snapshot to an older one (a topic delete persisted on the loop must not be undone
+    by a periodic write that started before it), and a failed write leaves the table due
+    for the next persist."""
 
     def __init__(self, path: Path, now_ms: int, *, disk: Disk = OS_DISK) -> None:
         self.path = path
@@ -48,6 +59,9 @@ class VersionedTable:
         self.table: dict[str, Any] = {}
         self.data_version = DataVersion(now_ms, 0, now_ms)
         self.dirty = False
+        self._taken = 0    # snapshots taken
+        self._written = 0  # number of the newest snapshot on disk
+        self._write_lock = threading.Lock()
         if disk.exists(path):
             try:
                 raw = json.loads(disk.read_bytes(path))
@@ -68,17 +82,29 @@ class VersionedTable:
         if snapshot is not None:
             self.write(snapshot)
 
-    def snapshot(self) -> bytes | None:
+    def snapshot(self) -> TableSnapshot | None:
         """The encoded table if it changed (taken on the event loop; ``write`` may then run
         in a worker thread)."""
         if not self.dirty:
             return None
         self.dirty = False
         payload = {"data_version": asdict(self.data_version), "table": self.table}
-        return json.dumps(payload, sort_keys=True).encode()
+        snapshot = TableSnapshot(json.dumps(payload, sort_keys=True).encode())
+        self._taken += 1
+        snapshot.number = self._taken
+        return snapshot
 
-    def write(self, snapshot: bytes) -> None:
-        atomic_write(self.disk, self.path, snapshot)
+    def write(self, snapshot: TableSnapshot) -> None:
+        """Make ``snapshot`` durable; a no-op when a newer one already is."""
+        with self._write_lock:
+            if snapshot.number <= self._written:
+                return
+            try:
+                atomic_write(self.disk, self.path, snapshot)
+            except OSError:
+                self.dirty = True  # the next persist writes the table again
+                raise
+            self._written = snapshot.number
 
 
 class TopicConfigManager:
@@ -155,8 +181,8 @@ class ConsumerOffsetManager:
     def persist(self) -> None:
         self._t.persist()
 
-    def snapshot(self) -> bytes | None:
+    def snapshot(self) -> TableSnapshot | None:
         return self._t.snapshot()
 
-    def write(self, snapshot: bytes) -> None:
+    def write(self, snapshot: TableSnapshot) -> None:
         self._t.write(snapshot)
