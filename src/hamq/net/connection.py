@@ -123,7 +123,7 @@ class Connection(asyncio.BufferedProtocol):
         handler = self.handler
         pending = self._pending
         budget = self._budget()
-        for i, frame in enumerate(frames):
+        for frame in frames:
             if frame.flags & Flag.RESPONSE:
                 entry = pending.pop(frame.opaque, None)
                 if entry is not None:
@@ -132,7 +132,7 @@ class Connection(asyncio.BufferedProtocol):
                 out += error_pieces(frame, HamqError("this endpoint serves no requests"))
             elif budget is not None and budget <= 0:
                 # The peer has not read what it was sent: the rest waits for it to catch up.
-                self._deferred = frames[i:]
+                self._deferred = frames[frames.index(frame):]
                 self._update_reading()
                 break
             else:
@@ -146,8 +146,8 @@ class Connection(asyncio.BufferedProtocol):
                     pieces = error_pieces(frame, HamqError(f"internal error: {exc!r}"))
                 if pieces:
                     out += pieces
-                    if budget is not None:
-                        budget -= sum(map(len, pieces))
+                    if budget is not None:  # the body (or a bodiless answer's header)
+                        budget -= len(pieces[-1])
         if handler is not None and frames:
             try:
                 handler.after_batch()
