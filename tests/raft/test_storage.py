@@ -18,6 +18,8 @@ from hamq.raft import (
     LogStorage,
     MemoryStorage,
 )
+from hamq.sim.fs import SimDisk
+
 from disk_faults import RecordingDisk
 
 
@@ -249,3 +251,24 @@ def test_a_cut_after_an_entry_never_takes_that_entry_off_the_disk(
     monkeypatch.undo()
     reopened = FileStorage(tmp_path)
     assert reopened.last_index() == 10 and reopened.entry(10).data == b"x10"
+
+
+def test_an_append_the_disk_had_no_room_for_leaves_the_log_as_it_was():
+    """ENOSPC part-way through an append: the entries are not in the log (a retry with the
+    same terms would otherwise be taken as already written and skipped), and the retry
+    after space comes back writes them."""
+    disk = SimDisk(capacity_bytes=1 << 20)
+    storage = FileStorage("/raft", 256, disk=disk)
+    storage.append([Entry(0, 1, b"a" * 100)])
+    storage.sync()
+    disk.capacity_bytes = disk.used_bytes() + 150  # room for one record, not two
+    batch = [Entry(1, 1, b"b" * 100), Entry(2, 1, b"c" * 100), Entry(3, 1, b"d" * 100)]
+    with pytest.raises(OSError):
+        storage.append(batch)
+    assert storage.last_index() == 0
+    disk.capacity_bytes = 1 << 20
+    storage.append(batch)
+    storage.sync()
+    disk.kill()
+    reopened = FileStorage("/raft", 256, disk=disk)
+    assert [reopened.entry(i).data[:1] for i in range(4)] == [b"a", b"b", b"c", b"d"]

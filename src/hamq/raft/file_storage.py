@@ -199,6 +199,14 @@ class FileStorage(LogStorage):
         entries = entries[keep:]
         if not entries:
             return
+        count, sizes = len(self._locations), dict(self._sizes)
+        try:
+            self._append_records(entries)
+        except OSError:
+            self._undo_append(count, sizes)
+            raise
+
+    def _append_records(self, entries: Sequence[Entry]) -> None:
         pieces: list[bytes] = []  # records for `segment`, written from `offset`
         segment = offset = -1
         for entry in entries:
@@ -212,6 +220,21 @@ class FileStorage(LogStorage):
             self._sizes[start] += length
             pieces += record
         self._write(segment, offset, pieces)
+
+    def _undo_append(self, count: int, sizes: dict[int, int]) -> None:
+        """A write failed (ENOSPC): forget the entries of this append and cut what reached
+        the files, so the log holds exactly what it did before (a retried append must
+        write them, not find them already there)."""
+        del self._locations[count:]
+        for start in [s for s in self._files if s not in sizes]:  # opened by this append
+            self._files.pop(start).close()
+            del self._sizes[start]
+            self._dirty.discard(start)
+            self._disk.unlink(self._dir / _segment_name(start))
+        for start, size in sizes.items():
+            if self._sizes[start] != size:
+                self._files[start].truncate(size)
+                self._sizes[start] = size
 
     def _write(self, segment: int, offset: int, pieces: list[bytes]) -> None:
         if pieces:
