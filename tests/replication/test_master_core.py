@@ -37,6 +37,16 @@ def run(done):
         callback(status)
 
 
+def ack(m: MasterReplication, key, offset: int, now_ms: int):
+    """The slave acks ``offset`` once the master shipped it that far (acks count only as
+    far as shipped), acking what it has whenever the window fills."""
+    done = []
+    while m.slaves[key].sent_offset < offset:
+        if m.next_transfer(key, offset) is None:
+            done += m.on_ack(key, m.slaves[key].sent_offset, now_ms)
+    return done + m.on_ack(key, offset, now_ms)
+
+
 def test_flow_control_window_bounds_unacked_bytes(attach):
     m = core()
     attach(m, "s1", 1, 0)
@@ -45,7 +55,7 @@ def test_flow_control_window_bounds_unacked_bytes(attach):
         sent.append(span)
     assert sent[0] == (0, 16 * KB)
     assert sent[-1][1] == 64 * KB  # stops at the window, not at the log end
-    run(m.on_ack("s1", 32 * KB, 1))
+    run(ack(m, "s1", 32 * KB, 1))
     assert m.next_transfer("s1", 10 * 64 * KB) == (64 * KB, 80 * KB)
 
 
@@ -53,8 +63,8 @@ def test_in_sync_counts_only_slaves_within_the_gap(attach):
     m = core(ha_max_gap_not_in_sync=256 * KB)
     attach(m, "s1", 1, 0)
     attach(m, "s2", 2, 0)
-    run(m.on_ack("s1", 1000 * KB, 1))
-    run(m.on_ack("s2", 700 * KB, 1))
+    run(ack(m, "s1", 1000 * KB, 1))
+    run(ack(m, "s2", 700 * KB, 1))
     assert m.in_sync_slave_nums(1000 * KB) == 1
     assert m.in_sync_slave_nums(900 * KB) == 2
     assert m.decide(alive_replicas_in_group=3, master_offset=1000 * KB).in_sync_replicas == 2
@@ -67,11 +77,11 @@ def test_waiters_complete_in_offset_order_when_enough_slaves_ack(attach):
     results = []
     m.wait_for_acks(100, 3, 0, 1000, lambda s: results.append(("a", s)))
     m.wait_for_acks(200, 3, 0, 1000, lambda s: results.append(("b", s)))
-    run(m.on_ack("s1", 200, 1))
+    run(ack(m, "s1", 200, 1))
     assert results == []  # one slave is not enough for need_ack_nums=3
-    run(m.on_ack("s2", 150, 2))
+    run(ack(m, "s2", 150, 2))
     assert results == [("a", ReplicaStatus.PUT_OK)]
-    run(m.on_ack("s2", 200, 3))
+    run(ack(m, "s2", 200, 3))
     assert results == [("a", ReplicaStatus.PUT_OK), ("b", ReplicaStatus.PUT_OK)]
 
 
@@ -95,7 +105,7 @@ def test_losing_the_slaves_a_waiter_needs_is_slave_not_available(attach):
     m.wait_for_acks(100, 2, 0, 1000, lambda s: results.append(("need2", s)))
     run(m.disconnect("s1"))
     assert results == [("need3", ReplicaStatus.SLAVE_NOT_AVAILABLE)]
-    run(m.on_ack("s2", 100, 5))
+    run(ack(m, "s2", 100, 5))
     assert results[-1] == ("need2", ReplicaStatus.PUT_OK)
 
 
@@ -103,7 +113,7 @@ def test_silent_slaves_are_reported_for_housekeeping(attach):
     m = core()
     attach(m, "s1", 1, 0)
     attach(m, "s2", 2, 0)
-    run(m.on_ack("s2", 0, now_ms=15_000))
+    run(ack(m, "s2", 0, now_ms=15_000))
     assert m.expire_silent(now_ms=20_001, timeout_ms=20_000) == ["s1"]
 
 
@@ -117,10 +127,10 @@ def test_a_waiter_needing_more_acks_does_not_hold_back_one_needing_fewer(attach)
     m.wait_for_acks(100, 3, 0, 1000, lambda s: results.append(("need3", s)))
     m.wait_for_acks(200, 2, 0, 1000, lambda s: results.append(("need2", s)))
     m.wait_for_acks(300, 2, 0, 1000, lambda s: results.append(("need2 later", s)))
-    run(m.on_ack("s1", 250, 1))
+    run(ack(m, "s1", 250, 1))
     assert results == [("need2", ReplicaStatus.PUT_OK)]
     run(m.expire_waiters(999))
-    run(m.on_ack("s2", 300, 2))
+    run(ack(m, "s2", 300, 2))
     assert results[1:] == [("need3", ReplicaStatus.PUT_OK), ("need2 later", ReplicaStatus.PUT_OK)]
     run(m.expire_waiters(1000))
     assert len(results) == 3
@@ -131,7 +141,7 @@ def test_a_reconnecting_slave_replaces_its_stale_session(attach):
     second in-sync replica, and acked sends the slave no longer had."""
     m = core(total_replicas=3, in_sync_replicas=3)
     attach(m, "old", 1)
-    run(m.on_ack("old", 500, 1))
+    run(ack(m, "old", 500, 1))
     attached = attach(m, "new", 1, now_ms=2)
     assert attached.replaced == ["old"]  # the shell closes that connection
     assert list(m.slaves) == ["new"]
@@ -143,7 +153,7 @@ def test_a_reconnecting_slave_replaces_its_stale_session(attach):
     assert results == []
     run(m.disconnect("old"))  # its close, once the shell sees it, changes nothing
     assert list(m.slaves) == ["new"] and results == []
-    run(m.on_ack("new", 500, 4))
+    run(ack(m, "new", 500, 4))
     assert results == [ReplicaStatus.PUT_OK]
 
 
@@ -151,10 +161,24 @@ def test_in_sync_counts_broker_ids_not_sessions(attach):
     m = core(total_replicas=3, in_sync_replicas=3)
     attach(m, "a", 1)
     attach(m, "b", 2)
-    run(m.on_ack("a", 100, 1))
-    run(m.on_ack("b", 100, 1))
+    run(ack(m, "a", 100, 1))
+    run(ack(m, "b", 100, 1))
     assert m.in_sync_slave_nums(100) == 2
     attach(m, "c", 2)
-    run(m.on_ack("c", 100, 2))
+    run(ack(m, "c", 100, 2))
     assert m.in_sync_slave_nums(100) == 2
     assert m.decide(alive_replicas_in_group=3, master_offset=100).in_sync_replicas == 3
+
+
+def test_an_ack_beyond_what_was_sent_counts_only_what_was_sent(attach):
+    """A slave holds at most what it was shipped: an ack past that (a broken or foreign
+    peer) must not complete a send or make the slave look in sync."""
+    m = core(ha_max_gap_not_in_sync=KB)
+    attach(m, "s1", 1, 0)
+    assert m.next_transfer("s1", 100 * KB) == (0, 16 * KB)
+    statuses = []
+    m.wait_for_acks(100 * KB, 2, 0, 1000, statuses.append)
+    run(m.on_ack("s1", 1 << 62, 1))
+    assert statuses == []
+    assert m.slaves["s1"].ack_offset == 16 * KB
+    assert m.in_sync_slave_nums(100 * KB) == 0

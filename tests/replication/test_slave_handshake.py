@@ -184,3 +184,24 @@ def test_malformed_handshakes_are_refused_clearly(stores, ext, message):
     with pytest.raises(HamqError, match=message):
         MasterLink(core, master).handshake(KEY, ext, now_ms=0)
     assert core.slaves == {}
+
+
+def test_retention_removing_what_a_slave_still_needs_ends_its_session(stores):
+    """The slave attached, then retention removed the segments it has not received yet:
+    the master cannot ship them, so the session ends and the next handshake restarts the
+    slave at the master's first byte (it used to read the log at a negative position)."""
+    master, slave = stores
+    put(master, "a", 2000)  # several 64 KiB segments
+    core = MasterReplication(QuorumConfig(), 64 * 1024, 16 * 1024)
+    m, s = MasterLink(core, master), SlaveLink(slave, broker_id=1)
+    reply, _ = m.handshake(KEY, s.begin(), now_ms=0)
+    assert s.on_handshake_reply(reply) is None and core.slaves[KEY].sent_offset == 0
+    new_min = master.commitlog.delete_segments_before(time.time() + 60)  # retention
+    for cq in master.queues.values():
+        cq.drop_below_physical(new_min)
+    with pytest.raises(HamqError, match="retention removed"):
+        list(m.transfers(KEY))
+    core.disconnect(KEY)
+    replicate(master, slave)
+    assert slave.commitlog.min_offset == new_min
+    assert log_bytes(slave) == log_bytes(master)

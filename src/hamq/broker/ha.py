@@ -114,9 +114,14 @@ class MasterLink:
         return {"start_offset": attached.start if attached else None}, attached
 
     def transfers(self, key: Hashable) -> Iterator[tuple[int, bytearray]]:
-        """The log ranges a slave may receive now (its window), as (offset, bytes)."""
+        """The log ranges a slave may receive now (its window), as (offset, bytes).
+        ``HamqError`` when retention removed what it needs next: end the session, and its
+        next handshake restarts it at our first byte."""
         commitlog = self.store.commitlog
         while (span := self.core.next_transfer(key, commitlog.written_offset)) is not None:
+            if span[0] < commitlog.min_offset:
+                raise HamqError(f"slave needs the log from offset {span[0]}, but retention "
+                                f"removed everything below {commitlog.min_offset}")
             yield span[0], commitlog.read_range(*span)
 
     def on_ack(self, key: Hashable, ext: dict, now_ms: int
@@ -233,7 +238,7 @@ class HAMaster:
 
     def new_data(self) -> None:
         """After a commit-log write: ship it to every slave with window room."""
-        for conn in self._conns:
+        for conn in list(self._conns):  # a failed pump closes its session
             self._pump(conn)
 
     # -- RequestHandler (the HA port) -------------------------------------------------------
@@ -270,10 +275,14 @@ class HAMaster:
         _run(self.core.disconnect(conn))
 
     def _pump(self, conn: Connection) -> None:
-        for offset, data in self.link.transfers(conn):
-            if conn.is_closed:
-                return
-            conn.oneway(RequestCode.HA_TRANSFER, {"offset": offset}, data)
+        try:
+            for offset, data in self.link.transfers(conn):
+                if conn.is_closed:
+                    return
+                conn.oneway(RequestCode.HA_TRANSFER, {"offset": offset}, data)
+        except HamqError as err:
+            log.warning("closing the session of slave %s: %s", conn.peer, err.message)
+            conn.close()
 
     async def _housekeeping(self) -> None:
         housekeeping_ms = self.config.ha_housekeeping_interval_ms

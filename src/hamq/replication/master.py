@@ -173,10 +173,13 @@ class MasterReplication:
 
     def on_ack(self, key: Hashable, ack_offset: int, now_ms: int
                ) -> list[tuple[AckCallback, ReplicaStatus]]:
+        """A slave's ack counts only as far as it was shipped: a slave holds nothing else,
+        and an ack past that (a broken peer) must not complete sends or count in sync."""
         s = self.slaves.get(key)
         if s is None:
             return []
         s.last_heard_ms = now_ms
+        ack_offset = min(ack_offset, s.sent_offset)
         if ack_offset > s.ack_offset:
             s.ack_offset = ack_offset
         return self._complete_satisfied()

@@ -264,9 +264,12 @@ class MasterSlaveWorld:
             self._pump(conn)
 
     def _pump(self, conn: _Conn) -> None:
-        for offset, data in self.link.transfers(conn):
-            if conn.live:
-                self._over(conn, False, "transfer", (offset, bytes(data)))
+        try:
+            for offset, data in self.link.transfers(conn):
+                if conn.live:
+                    self._over(conn, False, "transfer", (offset, bytes(data)))
+        except HamqError:  # retention removed what it needs: HAMaster closes the session
+            self._break(conn)
 
     def _send(self) -> None:
         store = self.master.store
