@@ -173,3 +173,80 @@ def test_kill9_before_due_still_delivers_at_least_once(cluster):
         assert windows[msg.keys][0] <= msg.store_timestamp_ms
         if msg.keys != "level1":
             assert msg.store_timestamp_ms <= windows[msg.keys][1] + LATE_MS_MAX
+
+
+def send_timers(cluster, topic: str, dues: dict[str, int]) -> None:
+    """One timer message per key, due at its epoch ms, to a new one-queue topic."""
+    with hamq.Admin(cluster.namesrv) as admin:
+        admin.create_topic(topic, 1)
+    with hamq.Producer(cluster.namesrv) as producer:
+        for key, due in dues.items():
+            assert producer.send(make_message(topic, key, deliver_time_ms=due)).status \
+                is hamq.SendStatus.SEND_OK
+
+
+def wait_until_ms(epoch_ms: int) -> None:
+    time.sleep(max(0.0, (epoch_ms - now_ms()) / 1000))
+
+
+def test_timers_due_while_the_broker_was_down_come_at_start_in_due_order(cluster):
+    start = now_ms() + 3000
+    # sent in reverse due order, 37 ms apart: several wheel slots, several timers per slot
+    dues = {f"t{i:02d}": start + (39 - i) * 37 for i in range(40)}
+    dues["far"] = now_ms() + 24 * 3600 * 1000
+    send_timers(cluster, "TimersDown", dues)
+    broker = cluster.procs["broker"]
+    broker.stop()  # clean: the timer log and the progress are written
+    wait_until_ms(max(d for k, d in dues.items() if k != "far") + 500)
+    broker.start()
+    with hamq.PullConsumer("g-delay", cluster.namesrv) as consumer:
+        got = collect(consumer, "TimersDown", 40)
+        assert len(collect(consumer, "TimersDown", 41, timeout_s=2.0)) == 40  # once; far waits
+    assert [m.keys for m, _ in got] == sorted(dues.keys() - {"far"}, key=dues.get)
+    assert all(m.store_timestamp_ms >= dues[m.keys] for m, _ in got)
+
+
+def test_delivered_timers_leave_no_trace_behind_a_far_one(cluster):
+    """One far timer used to pin the timer progress, so every later delivered offset was
+    kept in memory and in delay_offsets.json; the cursor now keeps a fixed size."""
+    due = now_ms() + 2000
+    dues = {"far": now_ms() + 24 * 3600 * 1000} | {f"n{i:04d}": due + i for i in range(1500)}
+    send_timers(cluster, "TimersFar", dues)
+    with hamq.PullConsumer("g-delay", cluster.namesrv) as consumer:
+        got = collect(consumer, "TimersFar", 1500, timeout_s=30.0)
+        assert [m.keys for m, _ in got] == sorted(dues.keys() - {"far"})  # due order
+        cluster.restart("broker")  # clean: progress persisted
+        assert len(collect(consumer, "TimersFar", 1501, timeout_s=2.0)) == 1500  # once
+    table = cluster.root / "broker" / "delay_offsets.json"
+    assert table.stat().st_size < 1024, table.read_text()[:300]
+
+
+@pytest.mark.parametrize("flush_disk_type", ["async", "sync"])
+def test_kill9_mid_delivery_with_a_torn_timer_log_still_delivers_every_timer(
+        cluster_factory, flush_disk_type):
+    cluster = cluster_factory()
+    cluster.start_namesrv()
+    cluster.start_broker(flush_disk_type=flush_disk_type, flush_delay_offset_interval_ms=200)
+    start = now_ms() + 2500
+    dues = {f"k{i:03d}": start + i * 5 for i in range(400)}  # two seconds of timers
+    send_timers(cluster, "TimersKill", dues)
+    wait_until_ms(start + 1000)  # about half delivered
+    broker = cluster.procs["broker"]
+    broker.kill9()
+    segments = sorted((cluster.root / "broker" / "timerlog").glob("0*"))
+    with open(segments[-1], "r+b") as f:  # as if the last append was torn by the crash
+        f.truncate(f.seek(0, 2) - 13)
+    broker.start()
+    with hamq.PullConsumer("g-delay", cluster.namesrv) as consumer:
+        mq = consumer.fetch_message_queues("TimersKill")[0]
+        seen: set[str] = set()
+        offset = 0
+        deadline = time.monotonic() + WAIT_S
+        while len(seen) < len(dues) and time.monotonic() < deadline:
+            result = consumer.pull(mq, offset, 64, suspend_timeout_ms=500)
+            if result.status is PullStatus.FOUND:
+                for msg in result.messages:
+                    assert msg.store_timestamp_ms >= dues[msg.keys], f"{msg.keys} early"
+                    seen.add(msg.keys)
+                offset = result.next_begin_offset
+    assert seen == dues.keys()  # at least once

@@ -11,7 +11,7 @@ from hamq.errors import MessageIllegal
 from hamq.protocol.message import encode_batch, encode_message
 from hamq.protocol.properties import (MAX_DELAY_LEVEL, decode_single_message,
                                       first_message_is_held_back)
-from hamq.store.delay_offset import DelayOffsetManager
+from hamq.store.delay_offset import DelayOffsetManager, TimerProgress
 
 
 @pytest.mark.parametrize("message, scheduled", [
@@ -47,29 +47,29 @@ def test_only_the_first_message_is_looked_at():
 def test_delay_offsets_persist_and_merge_by_max(tmp_path):
     progress = DelayOffsetManager(tmp_path, 1)
     progress.set_delay_offset(1, 5, 2)
-    for offset in (0, 2, 3):
-        progress.mark_timer_delivered(offset, 3)
-    assert progress.timer_offset == 1
-    assert progress.timer_delivered(2) and not progress.timer_delivered(1)
+    timer = TimerProgress(queue_offset=7, read_ms=9000, slot_pos=3, slot_done=2, log_id="a")
+    progress.set_timer(timer, 3)
     progress.persist()
     version = progress.data_version
 
     reloaded = DelayOffsetManager(tmp_path, 10)
     assert reloaded.delay_offset(1) == 5 and reloaded.delay_offset(2) == 0
-    assert reloaded.timer_offset == 1 and reloaded.timer_delivered(3)
+    assert reloaded.timer == timer
     assert reloaded.data_version == version
-
-    reloaded.mark_timer_delivered(1, 11)
-    assert reloaded.timer_offset == 4  # the prefix closes over 2 and 3
+    reloaded.set_timer(timer, 11)
+    assert reloaded.data_version == version  # unchanged: no version step
 
     other = DelayOffsetManager(tmp_path / "other", 1)
     other.set_delay_offset(1, 3, 1)
     other.set_delay_offset(2, 7, 1)
     other.merge(reloaded.table(), 12)
-    assert (other.delay_offset(1), other.delay_offset(2), other.timer_offset) == (5, 7, 4)
+    assert (other.delay_offset(1), other.delay_offset(2), other.timer) == (5, 7, timer)
     version = other.data_version
     other.merge(reloaded.table(), 13)
     assert other.data_version == version  # nothing new: no version step
+    reloaded.set_timer(TimerProgress(read_ms=8000), 14)
+    other.merge(reloaded.table(), 15)
+    assert other.timer == timer  # the timer cursor never moves back
 
 
 def test_retry_delay_level_grows_with_reconsume_times_and_is_capped():

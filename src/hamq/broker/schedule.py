@@ -4,25 +4,28 @@ A scheduled message is stored in ``SCHEDULE_TOPIC_XXXX`` instead of its topic, w
 ``REAL_TOPIC`` / ``REAL_QID`` saying where it belongs: delay level N in queue N-1, timer
 messages in queue ``TIMER_QUEUE_ID``. On the master, one timer per delay level wakes at
 the due time of that level's next message (a level's queue is FIFO with one delay, so due
-times only grow); timer messages sit in an in-memory heap by due time, rebuilt from the
-queue on start. A due message is re-encoded without its schedule properties and stored in
-its real queue. Progress is a ``DelayOffsetManager`` persisted every
-``flush_delay_offset_interval_ms`` and at stop, so a restart delivers at least once. It
-moves only once the delivered copies are durable under the configured flush type (under
-sync flush: after their fsync), so a power loss never leaves progress past a delivery the
-log lost; in memory, delivery goes on from what was written. Slaves never deliver (their
-log is the master's copy).
+times only grow). Timer messages are delivered by ``timer_message`` (RocketMQ 5's timer
+wheel over a timer log). A due message is re-encoded without its schedule properties and
+stored in its real queue.
+
+Progress is a ``DelayOffsetManager`` persisted every ``flush_delay_offset_interval_ms`` and
+at stop, so a restart delivers at least once. It moves only once the delivered copies are
+durable under the configured flush type (under sync flush: after their fsync), so a power
+loss never leaves progress past a delivery the log lost; in memory, delivery goes on from
+what was written. The timer log is fsynced before a progress that counts on it is written,
+and its segments are deleted only once a written progress is past them. Slaves never
+deliver (their log is the master's copy).
 """
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import zlib
 from collections.abc import Callable
 
 from hamq.broker.durable import when_durable
-from hamq.broker.stored_message import StoredMessage, read_message, read_messages
+from hamq.broker.stored_message import StoredMessage, read_messages
+from hamq.broker.timer_message import DELIVER_BATCH, DELIVER_RETRY_MS, TimerMessageService
 from hamq.errors import HamqError, MessageIllegal
 from hamq.net.connection import Connection, response_pieces
 from hamq.protocol.frame import Frame, pack_body
@@ -40,12 +43,6 @@ log = logging.getLogger(__name__)
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"  # RocketMQ TopicValidator.RMQ_SYS_SCHEDULE_TOPIC
 TIMER_QUEUE_ID = MAX_DELAY_LEVEL  # queues 0..17 are the delay levels
 TIMER_MAX_DELAY_MS = 3 * 24 * 3600 * 1000  # RocketMQ timerMaxDelaySec: 3 days
-# Messages delivered per wake-up before yielding to the event loop (serving requests).
-DELIVER_BATCH = 256
-# Messages read per store lookup when rebuilding the timer heap.
-SCAN_BATCH = 1024
-# After a failed delivery (disk full), try again this much later.
-DELIVER_RETRY_MS = 1000
 
 
 def delay_level_of(properties: dict[str, str]) -> int:
@@ -77,9 +74,9 @@ class ScheduleMessageService:
         self.flush_interval_s = flush_interval_ms / 1000
         self.progress = DelayOffsetManager(store.root, store.clock_ms(), disk=store.disk)
         self._timers: dict[int, asyncio.Handle] = {}  # queue id -> its armed wake-up
-        self._heap: list[tuple[int, int]] = []         # (due ms, timer queue offset)
-        self._timer_due = 0                            # due time the timer queue is armed for
         self._next: dict[int, int] = {}  # level -> next offset to deliver (written before)
+        self.timers = TimerMessageService(store, SCHEDULE_TOPIC, TIMER_QUEUE_ID, self.progress,
+                                          self._deliver, after_put, self._when_durable)
         self._written_end = 0            # commit-log end of the last delivery written
         self._running = False
         self._flush_task: asyncio.Task | None = None
@@ -93,7 +90,7 @@ class ScheduleMessageService:
                                     delay_level_of(properties))
         due = deliver_time_of(properties, self.store.clock_ms())
         result = self._put(topic, queue_id, properties, body, born_timestamp_ms, TIMER_QUEUE_ID)
-        self._add_timer(due, result.base_queue_offset)
+        self.timers.put(due, result)
         return result
 
     def put_delayed(self, topic: str, queue_id: int, properties: dict[str, str], body: bytes,
@@ -116,25 +113,27 @@ class ScheduleMessageService:
 
     def get_all_delay_offset(self, conn: Connection, frame: Frame) -> list:
         """GET_ALL_DELAY_OFFSET: the progress table, for a slave's SlaveSynchronize."""
+        self.timers.save_progress()
         return response_pieces(frame, body=pack_body(self.progress.table()))
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, deliver: bool) -> None:
-        """Persist progress periodically; on the master (``deliver``) also rebuild the timer
-        heap and start every level's delivery. A slave only keeps the progress that
-        SlaveSynchronize copies from its master."""
+        """Persist progress periodically; on the master (``deliver``) also open the timer
+        index and start every level's and the timers' delivery. A slave only keeps the
+        progress that SlaveSynchronize copies from its master."""
         self._flush_task = asyncio.create_task(self._flush_loop())
         if not deliver:
             return
         self._running = True
-        self._rebuild_timer_heap()
         for level_queue in range(MAX_DELAY_LEVEL):
             self._arm(level_queue, 0, self._deliver_level)
+        self.timers.start()
 
     async def stop(self) -> None:
         """Stop delivering; persist progress once every delivery written is durable (the
         flush service still runs), so a clean restart delivers each message once."""
         self._running = False
+        self.timers.stop()
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
@@ -146,17 +145,30 @@ class ScheduleMessageService:
             when_durable(self.flush, self._written_end,
                          lambda ok: durable.done() or durable.set_result(ok))
             await durable
-        self.progress.persist()
+        self.timers.save_progress()
+        snapshot = self.progress.snapshot()
+        if snapshot is not None:
+            self._write_progress(snapshot)
+        self.timers.close()
 
     async def _flush_loop(self) -> None:
         while True:
             await asyncio.sleep(self.flush_interval_s)
+            self.timers.save_progress()
+            read_ms = self.progress.timer.read_ms
             snapshot = self.progress.snapshot()
             if snapshot is not None:
                 try:
-                    await asyncio.to_thread(self.progress.write, snapshot)
+                    await asyncio.to_thread(self._write_progress, snapshot)
                 except OSError as exc:
                     log.error("persisting delay offsets failed: %s", exc)
+                    continue
+            self.timers.delete_delivered(read_ms)
+
+    def _write_progress(self, snapshot: bytes) -> None:
+        """Write a progress snapshot, after the timer log records it counts on."""
+        self.timers.fsync_log()
+        self.progress.write(snapshot)
 
     # -- delivery --------------------------------------------------------------------------
     def _arm(self, queue_id: int, due_ms: int, deliver: Callable[[int], None]) -> None:
@@ -216,45 +228,6 @@ class ScheduleMessageService:
         if offset > self.progress.delay_offset(level):  # waits retried after a timeout
             self.progress.set_delay_offset(level, offset, self.store.clock_ms())
 
-    def _add_timer(self, due_ms: int, queue_offset: int) -> None:
-        heapq.heappush(self._heap, (due_ms, queue_offset))
-        if self._running and (TIMER_QUEUE_ID not in self._timers or due_ms < self._timer_due):
-            self._timer_due = due_ms
-            self._arm(TIMER_QUEUE_ID, due_ms, self._deliver_timers)
-
-    def _deliver_timers(self, _queue_id: int) -> None:
-        self._timers.pop(TIMER_QUEUE_ID, None)
-        now = self.store.clock_ms()
-        heap = self._heap
-        done: list[int] = []
-        end = 0
-        retry = False
-        try:
-            while heap and heap[0][0] <= now and len(done) < DELIVER_BATCH:
-                offset = heap[0][1]
-                if not self.progress.timer_delivered(offset):
-                    msg = read_message(self.store, SCHEDULE_TOPIC, TIMER_QUEUE_ID, offset)
-                    if msg is not None:  # None: removed by retention
-                        end = max(end, self._deliver(msg))
-                    done.append(offset)
-                heapq.heappop(heap)
-            if done:
-                self.after_put()  # off the heap only once the write succeeded
-                self._when_durable(end, lambda: self._timers_durable(done))
-        except HamqError as err:
-            log.error("delivering timer messages failed: %s", err.message)
-            for offset in done:  # not recorded as delivered: try them again
-                heapq.heappush(heap, (now, offset))
-            retry = True
-        if heap and self._running:
-            self._timer_due = now + DELIVER_RETRY_MS if retry else heap[0][0]
-            self._arm(TIMER_QUEUE_ID, self._timer_due, self._deliver_timers)
-
-    def _timers_durable(self, offsets: list[int]) -> None:
-        now = self.store.clock_ms()
-        for offset in offsets:
-            self.progress.mark_timer_delivered(offset, now)
-
     def _deliver(self, msg: StoredMessage) -> int:
         """Store ``msg`` in its real queue; returns the commit-log end of the copy (0 if
         its topic is gone and it was dropped)."""
@@ -274,20 +247,3 @@ class ScheduleMessageService:
                                    msg.born_timestamp_ms)
         self.on_put(topic, queue_id)
         return put.end_offset
-
-    def _rebuild_timer_heap(self) -> None:
-        offset = self.progress.timer_offset
-        self._heap = []
-        while True:
-            batch = read_messages(self.store, SCHEDULE_TOPIC, TIMER_QUEUE_ID, offset, SCAN_BATCH)
-            if not batch:
-                break
-            for msg in batch:
-                if not self.progress.timer_delivered(msg.queue_offset):
-                    self._heap.append((int(msg.properties[PROPERTY_TIMER_DELIVER_MS]),
-                                       msg.queue_offset))
-            offset = batch[-1].queue_offset + 1
-        heapq.heapify(self._heap)
-        if self._heap:
-            self._timer_due = self._heap[0][0]
-            self._arm(TIMER_QUEUE_ID, self._timer_due, self._deliver_timers)

@@ -3,27 +3,43 @@ progress), a versioned table so a restart resumes where delivery stopped and a s
 take its master's progress.
 
 Delay levels are FIFO, so one offset per level says what was delivered. Timer messages are
-delivered by due time, out of queue order: ``timer_offset`` is the first undelivered queue
-offset and ``timer_delivered`` the delivered offsets above it.
+delivered by due time through the timer wheel (``hamq.broker.timer_wheel``), so their
+progress is a read cursor over due time, as RocketMQ's ``TimerCheckpoint`` keeps
+(``lastReadTimeMs``, ``lastTimerQueueOffset``): its size does not depend on how many timers
+wait.
 """
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hamq.store.disk import OS_DISK, Disk
 from hamq.store.metadata import DataVersion, VersionedTable
 
 _DELAY = "delay_offsets"
-_TIMER_OFFSET = "timer_offset"
-_TIMER_DELIVERED = "timer_delivered"
+_TIMER = "timer"
+
+
+@dataclass(frozen=True)
+class TimerProgress:
+    """Where timer delivery stands. Every timer due before ``read_ms`` is delivered. When
+    the slot at ``read_ms`` is open, its window starts at timer-log position ``slot_pos``
+    and its first ``slot_done`` timers (in due order) are delivered; ``slot_pos`` is -1
+    while no slot is open. ``queue_offset``: timer-queue messages below it are in the timer
+    log ``log_id`` (positions mean nothing in another log)."""
+
+    queue_offset: int = 0
+    read_ms: int = 0
+    slot_pos: int = -1
+    slot_done: int = 0
+    log_id: str = ""
 
 
 class DelayOffsetManager:
     def __init__(self, directory: Path, now_ms: int, *, disk: Disk = OS_DISK) -> None:
         self._t = VersionedTable(directory / "delay_offsets.json", now_ms, disk=disk)
         self._t.table.setdefault(_DELAY, {})
-        self._t.table.setdefault(_TIMER_OFFSET, 0)
-        self._delivered: set[int] = set(self._t.table.get(_TIMER_DELIVERED, []))
+        self._t.table.setdefault(_TIMER, asdict(TimerProgress()))
 
     @property
     def data_version(self) -> DataVersion:
@@ -37,44 +53,32 @@ class DelayOffsetManager:
         self._t.touch(now_ms)
 
     @property
-    def timer_offset(self) -> int:
-        return self._t.table[_TIMER_OFFSET]
+    def timer(self) -> TimerProgress:
+        return TimerProgress(**self._t.table[_TIMER])
 
-    def timer_delivered(self, offset: int) -> bool:
-        return offset < self.timer_offset or offset in self._delivered
-
-    def mark_timer_delivered(self, offset: int, now_ms: int) -> None:
-        self._delivered.add(offset)
-        self._compact()
-        self._t.touch(now_ms)
-
-    def _compact(self) -> None:
-        first = self.timer_offset
-        while first in self._delivered:
-            self._delivered.discard(first)
-            first += 1
-        self._t.table[_TIMER_OFFSET] = first
+    def set_timer(self, progress: TimerProgress, now_ms: int) -> None:
+        if progress != self.timer:
+            self._t.table[_TIMER] = asdict(progress)
+            self._t.touch(now_ms)
 
     def table(self) -> dict:
-        return {**self._t.table, _TIMER_DELIVERED: sorted(self._delivered)}
+        return self._t.table
 
     def merge(self, table: dict, now_ms: int) -> None:
-        """Take another replica's progress, never moving an offset backwards."""
-        before = (dict(self._t.table[_DELAY]), self.timer_offset, set(self._delivered))
+        """Take another replica's progress, never moving an offset or the timer cursor
+        backwards."""
+        before = (dict(self._t.table[_DELAY]), self._t.table[_TIMER])
         mine = self._t.table[_DELAY]
         for level, offset in table.get(_DELAY, {}).items():
             if offset > mine.get(level, -1):
                 mine[level] = offset
-        first = max(self.timer_offset, table.get(_TIMER_OFFSET, 0))
-        self._t.table[_TIMER_OFFSET] = first
-        self._delivered = {o for o in self._delivered | set(table.get(_TIMER_DELIVERED, []))
-                           if o >= first}
-        self._compact()
-        if (self._t.table[_DELAY], self.timer_offset, self._delivered) != before:
+        theirs = table.get(_TIMER)
+        if isinstance(theirs, dict) and theirs.get("read_ms", 0) >= self.timer.read_ms:
+            self._t.table[_TIMER] = asdict(TimerProgress(**theirs))
+        if (self._t.table[_DELAY], self._t.table[_TIMER]) != before:
             self._t.touch(now_ms)
 
     def snapshot(self) -> bytes | None:
-        self._t.table[_TIMER_DELIVERED] = sorted(self._delivered)
         return self._t.snapshot()
 
     def write(self, snapshot: bytes) -> None:
