@@ -236,3 +236,44 @@ def test_a_failed_metadata_write_is_retried_by_the_next_persist():
     store.offsets.persist()  # nothing changed since: the table must still be written
     disk.kill()
     assert MessageStore(_config(), disk=disk).offsets.query("G", "T", 0) == 7
+
+
+def test_a_failed_consume_queue_fsync_is_never_vouched_for_by_a_checkpoint():
+    """The queue file's fsync fails (EIO: its new entries may never reach the disk). No
+    later checkpoint may claim them as dispatched, or recovery would not rebuild them
+    from the commit log after a power loss."""
+    disk = SimDisk()
+    store = _store_with(disk, 1)
+    for i in range(1, 4):
+        _put(store, "T", 0, f"m{i}".encode())
+    store.commitlog.flush()
+    paths = store.write_consume_queues()
+    disk.fail_fsync(store.queue("T", 0).path)
+    with pytest.raises(OSError):
+        store.sync_files(paths)
+    _put(store, "T", 0, b"m4")
+    store.commitlog.flush()
+    try:
+        store.flush_consume_queues()
+    except OSError:
+        pass  # refusing to checkpoint is one right answer
+    after = _lose_power(disk)
+    assert sorted(_read(after, "T")) == list(range(5))
+
+
+def test_a_checkpoint_never_vouches_for_queue_entries_another_thread_has_yet_to_fsync():
+    """The periodic checkpoint hands its queue files to a worker to fsync; meanwhile a
+    checkpoint on the event loop (a topic delete, a cut) must not claim those entries as
+    dispatched before they are fsynced too."""
+    for seed in range(10):
+        disk = SimDisk()
+        store = _store_with(disk, 1)
+        for i in range(1, 4):
+            _put(store, "T", 0, f"m{i}".encode())
+        store.commitlog.flush()
+        store.write_consume_queues()  # the worker's sync_files has not run yet
+        _put(store, "U", 0, b"u")
+        store.commitlog.flush()
+        store.flush_consume_queues()  # on the loop
+        after = _lose_power(disk, seed)
+        assert sorted(_read(after, "T")) == list(range(4)), f"seed {seed}"

@@ -72,12 +72,28 @@ class ConsumeQueue:
         return True
 
     def drop_from_physical(self, phys_end: int) -> None:
-        """Forget entries whose record is at or past ``phys_end`` (commit log truncated)."""
+        """Forget entries whose record is at or past ``phys_end`` (commit log truncated).
+        The file is cut in place, not rewritten: a restart after a crash pays for what it
+        cuts, not for the queue's length."""
         keep = bisect.bisect_left(self.phys, phys_end)
-        if keep < len(self.phys):
-            if keep == 0:  # emptied: the queue continues at the first dropped offset
-                self._empty_offset = self.base[0]
-            self._keep_slice(0, keep)
+        if keep == len(self.phys):
+            return
+        if keep == 0:  # emptied: the queue continues at the first dropped offset
+            self._empty_offset = self.base[0]
+            self._write_min()  # before the entries go (see _rewrite)
+        in_file = len(self.phys) - len(self._unwritten) // ENTRY_BYTES
+        for arr in (self.phys, self.size, self.base, self.count, self.store_ts):
+            del arr[keep:]
+        if keep >= in_file:
+            del self._unwritten[(keep - in_file) * ENTRY_BYTES:]
+            return
+        self._unwritten.clear()
+        file = self.disk.open(self.path, create=False)
+        try:
+            file.truncate(keep * ENTRY_BYTES)
+            file.fsync()
+        finally:
+            file.close()
 
     def drop_below_physical(self, phys_min: int) -> None:
         """Retention: forget entries whose record was deleted from the commit log."""
@@ -107,13 +123,19 @@ class ConsumeQueue:
             return
         raw = self.disk.read_bytes(self.path)
         whole = len(raw) - len(raw) % ENTRY_BYTES  # a torn last entry is rebuilt by recovery
+        phys_end = base_end = 0
         for phys, size, base, count, ts in ENTRY.iter_unpack(raw[:whole]):
+            if size <= 0 or count <= 0 or phys < phys_end or base < base_end:
+                # never written so (a hole a failed fsync or a power loss left): this and
+                # what follows are dropped, and recovery rebuilds them from the commit log
+                break
+            phys_end, base_end = phys + size, base + count
             self.phys.append(phys)
             self.size.append(size)
             self.base.append(base)
             self.count.append(count)
             self.store_ts.append(ts)
-        if whole != len(raw):
+        if len(self) * ENTRY_BYTES != len(raw):
             self._rewrite()
 
     def _keep_slice(self, lo: int, hi: int) -> None:
@@ -126,7 +148,10 @@ class ConsumeQueue:
         self._unwritten.clear()
         # ".min" first: it counts only while the entries are empty, so a crash between the
         # two writes never leaves an emptied queue without where it continues
-        atomic_write(self.disk, self.path.with_suffix(".min"), str(self._empty_offset).encode())
+        self._write_min()
         atomic_write(self.disk, self.path, b"".join(
             ENTRY.pack(*e) for e in zip(self.phys, self.size, self.base, self.count,
                                         self.store_ts)))
+
+    def _write_min(self) -> None:
+        atomic_write(self.disk, self.path.with_suffix(".min"), str(self._empty_offset).encode())

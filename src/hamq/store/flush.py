@@ -101,6 +101,8 @@ class FlushService:
             self.store.check_disk()  # refuses writes: none could become durable
 
     async def _checkpoint(self) -> None:
+        if self.store.fsync_error:  # none is written again: recovery rebuilds from the last
+            return
         paths = self.store.write_consume_queues()
         await asyncio.to_thread(self.store.sync_files, paths)
         await asyncio.to_thread(self.store.write_checkpoint)

@@ -6,6 +6,7 @@ inline at append time, so a send is readable as soon as its response is sent.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import threading
@@ -70,8 +71,16 @@ class MessageStore:
         self.topics = TopicConfigManager(self.root, clock_ms(), disk=disk)
         self.offsets = ConsumerOffsetManager(self.root, clock_ms(), disk=disk)
         self._touched: list[ConsumeQueue] = []
-        self._checkpoint_candidate: dict = {}
+        # A checkpoint is written (maybe in a worker thread) only once every queue file
+        # written before it was taken is fsynced: _unsynced counts the writes per file (or
+        # directory) since its last fsync. Candidates are numbered so an older one never
+        # replaces a newer one, and a failed fsync stops checkpoints until a restart.
         self._checkpoint_lock = threading.Lock()
+        self._unsynced_lock = threading.Lock()
+        self._unsynced: dict[Path, int] = {}
+        self._candidate: tuple[int, dict] = (0, {})
+        self._written_candidate = 0
+        self._queue_fsync_error = ""
         # Extra state to record with each checkpoint, read at the same instant as the log
         # offsets (DLedger: the Raft index applied up to that offset).
         self.checkpoint_extra: Callable[[], dict] | None = None
@@ -102,6 +111,8 @@ class MessageStore:
                     self._queue(topic, int(name))
         # Queue files are trusted up to "dispatched", the log's bytes up to "flushed".
         dispatched, flushed = checkpoint.get("dispatched", 0), checkpoint.get("flushed", 0)
+        for cq in self.queues.values():  # entries no checkpoint vouched for: rebuilt below
+            cq.drop_from_physical(dispatched)
         start = max(min(dispatched, flushed), self.commitlog.min_offset)
         if start > self.commitlog.written_offset:
             self._refuse_lost_data(self.commitlog.written_offset, flushed, "ends")
@@ -330,53 +341,89 @@ class MessageStore:
 
     # -- background duties (driven by flush.py's services) --------------------------------
     def write_consume_queues(self) -> list[Path]:
-        """Hand new queue entries to the OS; returns the files to fsync before
-        ``write_checkpoint`` may claim them."""
+        """Hand new queue entries to the OS and take a checkpoint candidate; returns the
+        files (and directories) to fsync before ``write_checkpoint`` may claim them."""
         self.commitlog.write_pending()
-        self._checkpoint_candidate = {"dispatched": self.commitlog.written_offset,
-                                      "flushed": self.commitlog.flushed_offset,
-                                      **(self.checkpoint_extra() if self.checkpoint_extra
-                                         else self._carried_extra)}
-        files = [cq.path for cq in self.queues.values() if cq.write_unwritten()]
+        self._candidate = (self._candidate[0] + 1, {
+            "dispatched": self.commitlog.written_offset,
+            "flushed": self.commitlog.flushed_offset,
+            **(self.checkpoint_extra() if self.checkpoint_extra else self._carried_extra)})
+        paths = [cq.path for cq in self.queues.values() if cq.write_unwritten()]
         created = [cq for cq in self._new_queues if self.disk.exists(cq.path)]
-        if not created:
-            return files
-        self._new_queues = [cq for cq in self._new_queues if cq not in created]
-        return files + sorted({cq.path.parent for cq in created}) + [self.cq_root]
+        if created:
+            self._new_queues = [cq for cq in self._new_queues if cq not in created]
+            paths += sorted({cq.path.parent for cq in created}) + [self.cq_root]
+        with self._unsynced_lock:
+            for path in paths:
+                self._unsynced[path] = self._unsynced.get(path, 0) + 1
+        return paths
+
+    def sync_files(self, paths: list[Path]) -> None:
+        """fsync the queue files (and directories) ``write_consume_queues`` returned; a
+        file whose topic was deleted meanwhile is skipped. May run in a worker thread. A
+        failure is for good (see ``CommitLog.fsync_error``): no checkpoint is written again,
+        so recovery rebuilds these entries from the commit log."""
+        for path in paths:
+            with self._unsynced_lock:
+                writes = self._unsynced.get(path)
+            try:
+                self._fsync(path)
+            except OSError as err:
+                self._queue_fsync_error = (f"fsync of {path} failed ({err.strerror or err}); "
+                                           f"no checkpoint is written until a restart")
+                log.error("%s", self._queue_fsync_error)
+                raise
+            with self._unsynced_lock:
+                if self._unsynced.get(path) == writes:  # nothing written since
+                    self._unsynced.pop(path, None)
+
+    def _fsync(self, path: Path) -> None:
+        if self.disk.is_dir(path):
+            self.disk.fsync_dir(path)
+            return
+        try:
+            file = self.disk.open(path, create=False)
+        except FileNotFoundError:
+            return
+        try:
+            file.fsync()
+        finally:
+            file.close()
 
     def write_checkpoint(self) -> None:
-        # The candidate is read under the lock, so of a checkpoint written on the event loop
-        # (a cut) and one a worker thread writes, an older one never lands last.
+        """Write the newest candidate, after fsyncing whatever queue file is still unsynced
+        (another thread's ``sync_files`` may not have run yet); an older candidate than the
+        one on disk is not written. May run in a worker thread."""
         with self._checkpoint_lock:
+            if self._queue_fsync_error:
+                raise OSError(errno.EIO, self._queue_fsync_error)
+            number, candidate = self._candidate
+            if number <= self._written_candidate:
+                return
+            with self._unsynced_lock:
+                paths = list(self._unsynced)
+            self.sync_files(paths)
             atomic_write(self.disk, self.root / "checkpoint", json.dumps(
-                {**self._checkpoint_candidate, "timestamp_ms": self.clock_ms()}).encode())
+                {**candidate, "timestamp_ms": self.clock_ms()}).encode())
+            self._written_candidate = number
 
     def _lower_checkpoint(self, offset: int) -> None:
         """Before the log is cut at ``offset``: the checkpoint stops vouching for the bytes
         past it first, so a power loss between the cut and the checkpoint after it does
-        not look like a disk that lost fsynced data (recovery refuses that)."""
+        not look like a disk that lost fsynced data (recovery refuses that). Candidates
+        taken before the cut are never written."""
         with self._checkpoint_lock:
+            self._written_candidate = self._candidate[0]
             checkpoint = self.read_checkpoint()
             lowered = {**checkpoint, **{field: min(checkpoint[field], offset) for field in
                                         ("dispatched", "flushed") if field in checkpoint}}
             if lowered != checkpoint:
                 atomic_write(self.disk, self.root / "checkpoint", json.dumps(lowered).encode())
 
-    def sync_files(self, paths: list[Path]) -> None:
-        """fsync the queue files (and directories) ``write_consume_queues`` returned; a
-        file whose topic was deleted meanwhile is skipped. May run in a worker thread."""
-        for path in paths:
-            if self.disk.is_dir(path):
-                self.disk.fsync_dir(path)
-                continue
-            try:
-                file = self.disk.open(path, create=False)
-            except FileNotFoundError:
-                continue
-            try:
-                file.fsync()
-            finally:
-                file.close()
+    @property
+    def fsync_error(self) -> str:
+        """Why nothing more may be claimed durable (until a restart), "" if nothing failed."""
+        return self.commitlog.fsync_error or self._queue_fsync_error
 
     def flush_consume_queues(self) -> None:
         """Synchronous ``write_consume_queues`` + fsync + ``write_checkpoint``."""
@@ -394,8 +441,8 @@ class MessageStore:
         self._free_bytes_at_check = free
         self._written_since_disk_check = 0
         ratio = (total - free) / total if total else 0.0
-        if self.commitlog.fsync_error:
-            self._disk_refusal = f"{self.commitlog.fsync_error}; writes refused"
+        if self.fsync_error:
+            self._disk_refusal = f"{self.fsync_error}; writes refused"
         elif free < self.config.disk_min_free_bytes:
             self._disk_refusal = (f"disk nearly full: {free // (1024 * 1024)} MiB free at "
                                   f"{self.root}, below disk_min_free_bytes="
@@ -410,11 +457,13 @@ class MessageStore:
             self._disk_refusal = ""
 
     def close(self) -> None:
-        self.commitlog.write_pending()
-        self.commitlog.flush()
-        self.flush_consume_queues()
-        self.offsets.persist()
-        self.commitlog.close()
+        try:
+            self.commitlog.write_pending()
+            self.commitlog.flush()
+            self.flush_consume_queues()
+            self.offsets.persist()
+        finally:  # after a failed fsync too: no file is left open
+            self.commitlog.close()
 
     # -- internals ------------------------------------------------------------------------
     def create_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
