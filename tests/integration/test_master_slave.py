@@ -278,3 +278,38 @@ def test_a_stale_session_of_a_slave_is_closed_when_it_handshakes_again(cluster_f
     with hamq.Admin(c.namesrv) as admin:
         wait_for(lambda: _caught_up(admin, c), 10, "slave 1 back")
         assert _ha(admin, c)["in_sync_slaves"] == 1
+
+
+def test_slave_behind_what_retention_removed_restarts_at_the_masters_first_byte(
+        cluster_factory):
+    """A slave stopped while attached, and retention removed the segments it was to
+    receive next: the master cannot ship them, so it must end the session (the slave then
+    handshakes again and restarts at the master's first byte). It used to read the log at
+    a negative position on every ack, and the slave, still heartbeating, never caught up."""
+    segment = 64 * 1024
+    c = start_group(cluster_factory, slaves=1, broker_role="async_master",
+                    mapped_file_size_commitlog=segment, ha_window_bytes=segment,
+                    ha_transfer_batch_bytes=16 * 1024, file_reserved_hours=1.0 / 3600,
+                    clean_resource_interval_ms=200)
+    slave = c.procs["slave1"]
+    with hamq.Producer(c.namesrv) as producer, hamq.Admin(c.namesrv) as admin:
+        producer.send(Message("Rep", b"first"))
+        wait_for(lambda: _caught_up(admin, c), 10, "slave caught up")
+        os.kill(slave.pid, signal.SIGSTOP)
+        try:
+            for i in range(10 * segment // 1000):
+                producer.send(Message("Rep", b"%06d" % i + bytes(994)))
+            # the segments the slave has not received are older than the retention time
+            time.sleep(1.5)
+            producer.send(Message("Rep", b"last"))
+            wait_for(lambda: admin.broker_runtime_info(c.broker_addr("master"))
+                     ["commitlog_min_offset"] > 3 * segment, 10, "retention on the master")
+        finally:
+            os.kill(slave.pid, signal.SIGCONT)
+        wait_for(lambda: _caught_up(admin, c), 15, "slave restarted at the master's log")
+        info = admin.broker_runtime_info(c.broker_addr("slave1"))
+    assert info["commitlog_min_offset"] > 3 * segment  # it did restart there
+    for name in ("master", "slave1"):
+        c.procs[name].stop()
+    master_log, slave_log = _commit_log(c.root / "master"), _commit_log(c.root / "slave1")
+    assert master_log.endswith(slave_log) or slave_log.endswith(master_log)
