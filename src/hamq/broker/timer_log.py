@@ -7,7 +7,7 @@ A record is (previous position in its slot, due ms, timer-queue offset, commit-l
 of the message, CRC32 of those). Positions are record numbers. Recovery after ``kill -9``
 or a power loss keeps the prefix of valid records and cuts the rest: the timer queue in
 the commit log stays the source of truth, and whatever the cut lost is indexed again from
-it. A segment is deleted once every timer in it is due before the read cursor.
+it. The oldest segments are deleted once every timer in them is due before the read cursor.
 """
 from __future__ import annotations
 
@@ -66,9 +66,12 @@ class TimerLog:
     # -- recovery --------------------------------------------------------------------------
     def recover(self, visit: Callable[[TimerRecord], None]) -> None:
         """Call ``visit`` for every valid record in order; cut the log at the first record
-        that is torn, zero or fails its CRC (and drop every segment after it)."""
+        that is torn, zero or fails its CRC (and drop every segment after it). The next
+        ``fsync`` syncs every segment and the directory: a killed process may have left
+        them unsynced."""
         firsts = sorted(int(name) for name in self.disk.listdir(self.directory)
                         if name.isdigit())
+        self._new_file = True
         expected = firsts[0] if firsts else 0
         self.end = expected
         for first in firsts:
@@ -79,6 +82,7 @@ class TimerLog:
             file = self.disk.open(self.directory / _segment_name(first), append=True)
             self._files[first] = file
             self._max_due[first] = -1
+            self._dirty.add(first)  # a killed process may have left it unsynced
             valid = self._scan(first, file, visit)
             if valid < file.size():
                 log.warning("timer log %s cut at record %d (torn or damaged tail)",
@@ -115,14 +119,16 @@ class TimerLog:
             file = self.disk.open(self.directory / _segment_name(first), append=True)
             self._files[first] = file
             self._max_due[first] = -1
-            self._new_file = True
+            with self._lock:
+                self._new_file = True
         checked = (prev_pos, due_ms, queue_offset, physical_offset)
         try:
             write_all(file, [RECORD.pack(*checked, zlib.crc32(_CHECKED.pack(*checked)))])
         except OSError:
             file.truncate((self.end - first) * RECORD_SIZE)
             raise
-        self._dirty.add(first)
+        with self._lock:  # not lost to a concurrent fsync's swap
+            self._dirty.add(first)
         self._max_due[first] = max(self._max_due[first], due_ms)
         self.end += 1
         return self.end - 1
@@ -154,10 +160,13 @@ class TimerLog:
                 self.disk.fsync_dir(self.directory)
 
     def delete_due_before(self, read_ms: int) -> None:
-        """Delete every segment but the last whose timers are all due before ``read_ms``
-        (all delivered)."""
+        """Delete the oldest segments, up to the first holding a timer due at or after
+        ``read_ms`` (not delivered), never the last: the log stays one run of positions,
+        so a gap found by recovery is damage."""
         last = self.end - self.end % self.segment_records
-        for first in [f for f, due in self._max_due.items() if due < read_ms and f != last]:
+        for first in sorted(self._max_due):
+            if first == last or self._max_due[first] >= read_ms:
+                return
             with self._lock:
                 self._dirty.discard(first)
                 self._files.pop(first).close()
