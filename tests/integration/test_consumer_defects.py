@@ -40,6 +40,11 @@ class Deliveries:
         with self.lock:
             self.got += [(m.body, m.reconsume_times) for m in messages]
 
+    def accept(self, messages) -> ConsumeConcurrentlyStatus:
+        """A listener that consumes everything."""
+        self.add(messages)
+        return OK
+
     def bodies(self) -> list[bytes]:
         with self.lock:
             return [b for b, _ in self.got]
@@ -76,12 +81,7 @@ def test_reconsume_later_answered_during_shutdown_is_handed_back(cluster):
     release.set()  # the listener answers RECONSUME_LATER while the consumer shuts down
     stopping.join(30)
     got = Deliveries()
-
-    def succeed(messages):
-        got.add(messages)
-        return OK
-
-    second = start_consumer(cluster.namesrv, "late", "Late", succeed)
+    second = start_consumer(cluster.namesrv, "late", "Late", got.accept)
     try:  # neither committed past nor dropped: it comes back (through the retry topic)
         wait_for(lambda: b"m0" in got.bodies(), RETRY_WAIT_S, "m0 to be consumed again")
     finally:
@@ -93,17 +93,13 @@ def test_new_group_from_last_keeps_its_start_across_a_restart(cluster):
     create_topic(cluster, "Fresh")
     send(cluster, "Fresh", b"old0", b"old1")
     got = Deliveries()
-
-    def listener(messages):
-        got.add(messages)
-        return OK
-
-    first = start_consumer(cluster.namesrv, "fresh", "Fresh", listener, consume_from_where="last")
+    first = start_consumer(cluster.namesrv, "fresh", "Fresh", got.accept,
+                           consume_from_where="last")
     wait_for(lambda: any(mq.topic == "Fresh" for mq in first._async.process_queues), 10,
              "the queue to be taken")
     first.shutdown()
     send(cluster, "Fresh", b"new0", b"new1")  # while no member runs
-    second = start_consumer(cluster.namesrv, "fresh", "Fresh", listener,
+    second = start_consumer(cluster.namesrv, "fresh", "Fresh", got.accept,
                             consume_from_where="last")
     try:
         wait_for(lambda: got.bodies() == [b"new0", b"new1"], 15,
@@ -129,12 +125,7 @@ def test_new_group_from_last_keeps_its_start_when_its_member_is_killed(cluster, 
         member.wait()
     send(cluster, "Crash", b"new")
     got = Deliveries()
-
-    def listener(messages):
-        got.add(messages)
-        return OK
-
-    survivor = start_consumer(cluster.namesrv, "crash", "Crash", listener,
+    survivor = start_consumer(cluster.namesrv, "crash", "Crash", got.accept,
                               consume_from_where="last")
     try:
         wait_for(lambda: got.bodies() == [b"new"], 15, "what arrived after the crash")
@@ -149,12 +140,7 @@ def test_new_group_from_a_timestamp_starts_there(cluster):
     since_ms = int(time.time() * 1000)
     send(cluster, "Since", b"after")
     got = Deliveries()
-
-    def listener(messages):
-        got.add(messages)
-        return OK
-
-    consumer = start_consumer(cluster.namesrv, "since", "Since", listener,
+    consumer = start_consumer(cluster.namesrv, "since", "Since", got.accept,
                               consume_from_where="timestamp", consume_timestamp_ms=since_ms)
     try:
         wait_for(lambda: got.bodies() == [b"after"], 10, "the message stored after it")
@@ -166,13 +152,8 @@ def test_new_group_from_a_timestamp_starts_there(cluster):
 def test_broadcasting_member_restarts_where_it_stopped(cluster, tmp_path):
     create_topic(cluster, "BcastRestart", 2)
     got = Deliveries()
-
-    def listener(messages):
-        got.add(messages)
-        return OK
-
     def member():  # no periodic save during the test: only shutdown may persist
-        return start_consumer(cluster.namesrv, "bcast-restart", "BcastRestart", listener,
+        return start_consumer(cluster.namesrv, "bcast-restart", "BcastRestart", got.accept,
                               message_model="broadcasting", offset_store_dir=str(tmp_path),
                               persist_offset_interval_s=600)
 
@@ -295,12 +276,7 @@ def test_orderly_lock_lapses_after_the_broker_lease(cluster_factory):
 def test_consumption_continues_while_the_name_server_is_down(cluster):
     create_topic(cluster, "NoNamesrv", 2)
     got = Deliveries()
-
-    def listener(messages):
-        got.add(messages)
-        return OK
-
-    consumer = start_consumer(cluster.namesrv, "no-namesrv", "NoNamesrv", listener,
+    consumer = start_consumer(cluster.namesrv, "no-namesrv", "NoNamesrv", got.accept,
                               poll_name_server_interval_s=0.5)
     with hamq.Producer(cluster.namesrv) as producer:
         producer.send(Message("NoNamesrv", b"before"))

@@ -54,6 +54,7 @@ LOCAL_LOCK_MAX_LIVE_S = 30.0         # REBALANCE_LOCK_MAX_LIVE_TIME on the clien
 CONSUME_THREADS = 20                 # consumeThreadMax
 CONSUME_DRAIN_TIMEOUT_S = 10.0       # how long a dropped concurrent queue waits for its listener
 AWAIT_TERMINATION_S = 30.0           # awaitTerminationMillisWhenShutdown
+STOP_LOOPS_TIMEOUT_S = 5.0           # shutdown: heartbeat/rebalance/persist loops to end
 LOCK_RETRY_S = 1.0                   # orderly: ask again for a lock that was refused
 RECONSUME_KEPT_S = 5.0               # submitConsumeRequestLater: retry of a kept message
 KEPT_MAX = 1000                      # pullThresholdForQueue: no pulls while this many wait
@@ -235,7 +236,9 @@ class AsyncPushConsumer:
         if self._lock_task is not None:
             self._tasks.append(self._lock_task)
             self._lock_task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Bounded: asyncio.wait_for (3.11) can swallow a cancel that meets a completion,
+        # so the loops also stop by themselves once not running.
+        await asyncio.wait(self._tasks, timeout=STOP_LOOPS_TIMEOUT_S)
         await self._unregister()
         if self._executor is not None:
             self._executor.shutdown(wait=not abandoned, cancel_futures=abandoned)
@@ -274,7 +277,7 @@ class AsyncPushConsumer:
         await self.core.heart_beat(await self._broker_addrs(), self._heartbeat_body())
 
     async def _heartbeat_loop(self) -> None:
-        while True:
+        while self._running:
             await asyncio.sleep(self.heartbeat_interval_s)
             await self._send_heartbeats()
 
@@ -288,11 +291,13 @@ class AsyncPushConsumer:
 
     # -- rebalance --------------------------------------------------------------------------
     async def _rebalance_loop(self) -> None:
-        while True:
+        while self._running:
             try:
                 await asyncio.wait_for(self._rebalance_now.wait(), self.rebalance_interval_s)
             except asyncio.TimeoutError:
                 pass
+            if not self._running:
+                return
             self._rebalance_now.clear()
             await self._send_heartbeats()  # new brokers of the topic learn about us too
             try:
@@ -341,8 +346,8 @@ class AsyncPushConsumer:
         return None
 
     async def _add(self, mq: MessageQueue) -> None:
-        if mq in self._adding:  # a rebalance and a lock retry may both want it
-            return
+        if mq in self._adding or not self._running:  # a rebalance and a lock retry may
+            return                                     # both want it; none after shutdown
         self._adding.add(mq)
         try:
             await self._take(mq)
@@ -365,6 +370,10 @@ class AsyncPushConsumer:
                 await self._first_offset(mq)
         except HamqError as err:
             log.warning("cannot start %s: %s", mq, err.message)
+            started = False
+        else:
+            started = self._running  # not if shut down meanwhile
+        if not started:
             if self.orderly:
                 await self._unlock([pq])
             return
@@ -579,14 +588,14 @@ class AsyncPushConsumer:
 
     # -- orderly locks ------------------------------------------------------------------------
     async def _lock_loop(self) -> None:
-        while True:
+        while self._running or self.process_queues:  # renewed until every queue is released
             await asyncio.sleep(self.lock_renew_interval_s)
             await self._lock(list(self.process_queues.values()))
 
     async def _take_refused_loop(self) -> None:
         """A refused lock is asked for again on its own, not by a whole rebalance (which
         would also heartbeat every broker and refresh every route each second)."""
-        while True:
+        while self._running:
             await asyncio.sleep(LOCK_RETRY_S)
             for mq in sorted(self._refused - set(self.process_queues)):
                 await self._add(mq)
@@ -622,7 +631,7 @@ class AsyncPushConsumer:
 
     # -- offsets --------------------------------------------------------------------------------
     async def _persist_loop(self) -> None:
-        while True:
+        while self._running:
             await asyncio.sleep(self.persist_offset_interval_s)
             await self._persist_offsets(list(self.process_queues.values()))
 
