@@ -11,6 +11,10 @@ machine:
   files) survive only if their directory was fsynced after the change. Directories
   themselves are never lost (the stores create them once, at start); a removed directory
   comes back with the files a power loss kept in it unless its parent was fsynced after.
+``crash_after(steps)`` kills the process in the middle of whatever the store is doing:
+the write, truncation, fsync, creation, removal or rename that many steps on does not
+happen and raises ``ProcessCrash``, as does every later one until ``kill()`` or
+``power_loss()`` (a test of every step of a roll, a cut or a checkpoint).
 One more fault, ``fail_fsync(path)``: that file's next fsync fails with EIO and, as on
 Linux, the writes it should have made durable never will be (the kernel marks their pages
 clean), though reads still see them until the next power loss.
@@ -26,6 +30,10 @@ from pathlib import Path
 from hamq.store.disk import Buffer
 
 DEFAULT_CAPACITY_BYTES = 1 << 40
+
+
+class ProcessCrash(Exception):
+    """The simulated process died at this step (see ``SimDisk.crash_after``)."""
 
 
 @dataclass(slots=True)
@@ -112,6 +120,7 @@ class SimFile:
         return self._write(inode, pieces, offset)
 
     def _write(self, inode: _Inode, pieces: Sequence[Buffer], offset: int) -> int:
+        self._disk.step()
         data = b"".join(bytes(p) for p in pieces)
         grow = max(0, offset + len(data) - len(inode.data))
         self._disk.reserve(grow)
@@ -129,11 +138,13 @@ class SimFile:
 
     def truncate(self, size: int) -> None:
         inode = self._live()
+        self._disk.step()
         self._disk.reserve(max(0, size - len(inode.data)))
         inode.truncate(size)
 
     def fsync(self) -> None:
         inode = self._live()
+        self._disk.step()
         if _key(self.path) in self._disk.failing_fsyncs:
             self._disk.failing_fsyncs.discard(_key(self.path))
             inode.fsync_failed()
@@ -166,6 +177,7 @@ class SimDisk:
         self.open_handles: set[int] = set()
         self.failing_fsyncs: set[str] = set()  # files whose next fsync fails (EIO)
         self.removed_dirs: set[str] = set()  # removed, their parent not fsynced since
+        self.steps_to_crash: int | None = None  # see crash_after
 
     # -- handles ------------------------------------------------------------------------
     def handle(self, path: Path, inode: _Inode, append: bool) -> SimFile:
@@ -192,6 +204,19 @@ class SimDisk:
     def kill(self) -> None:
         """The process died: its handles are gone; the page cache stays."""
         self.open_handles.clear()
+        self.steps_to_crash = None
+
+    def crash_after(self, steps: int) -> None:
+        """The process dies at the ``steps``-th change to the disk from now (0: the next)."""
+        self.steps_to_crash = steps
+
+    def step(self) -> None:
+        """One change to the disk is about to happen, unless the process dies first."""
+        if self.steps_to_crash is None:
+            return
+        if self.steps_to_crash <= 0:
+            raise ProcessCrash("simulated process crash")
+        self.steps_to_crash -= 1
 
     def fail_fsync(self, path: Path) -> None:
         """The next fsync of ``path`` fails with EIO (see the module docstring)."""
@@ -223,6 +248,7 @@ class SimDisk:
                 raise FileNotFoundError(errno.ENOENT, "No such file", str(path))
             if _parent(key) not in self.dirs:
                 raise FileNotFoundError(errno.ENOENT, "No such directory", str(path))
+            self.step()
             inode = self.names[key] = _Inode(mtime=self.clock())
         return self.handle(Path(path), inode, append)
 
@@ -246,10 +272,12 @@ class SimDisk:
             key = _parent(key)
 
     def unlink(self, path: Path) -> None:
+        self.step()
         if self.names.pop(_key(path), None) is None:
             raise FileNotFoundError(errno.ENOENT, "No such file", str(path))
 
     def rmtree(self, path: Path) -> None:
+        self.step()
         prefix = _key(path).rstrip("/") + "/"
         for name in [n for n in self.names if n.startswith(prefix)]:
             del self.names[name]
@@ -258,12 +286,14 @@ class SimDisk:
         self.dirs = {d for d in self.dirs if not (d + "/").startswith(prefix)}
 
     def replace(self, src: Path, dst: Path) -> None:
+        self.step()
         inode = self.names.pop(_key(src), None)
         if inode is None:
             raise FileNotFoundError(errno.ENOENT, "No such file", str(src))
         self.names[_key(dst)] = inode
 
     def fsync_dir(self, path: Path) -> None:
+        self.step()
         directory = _key(path)
         for name in [n for n in self.durable_names if _parent(n) == directory]:
             if name not in self.names:

@@ -304,6 +304,9 @@ class CommitLog:
             self._roll(0)
         for seg in self.segments:
             seg.file.fsync()
+        # and so are the segments it created or removed: one it removed (retention cut
+        # short) must not come back after a power loss with a tail never fsynced
+        self.disk.fsync_dir(self.directory)
         self.flushed_offset = self.written_offset
 
     def _drop_after_gap(self, names: list[str], checkpoint_flushed: int) -> None:

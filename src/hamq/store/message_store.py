@@ -105,10 +105,16 @@ class MessageStore:
         # checkpoints this recovery writes, until its owner installs checkpoint_extra:
         # otherwise a restart would forget how far the store had applied.
         self._carried_extra = {k: v for k, v in checkpoint.items() if k not in _OWN_FIELDS}
+        # What a killed process created or removed in these directories is durable only once
+        # they are synced: a power loss must not bring back a queue file this recovery
+        # found removed (a topic delete cut short) under a topic sent to again.
         for topic in self.disk.listdir(self.cq_root):
             for name in self.disk.listdir(self.cq_root / topic):
                 if name.isdigit():
                     self._queue(topic, int(name))
+            self.disk.fsync_dir(self.cq_root / topic)
+        if self.disk.is_dir(self.cq_root):
+            self.disk.fsync_dir(self.cq_root)
         # Queue files are trusted up to "dispatched", the log's bytes up to "flushed".
         dispatched, flushed = checkpoint.get("dispatched", 0), checkpoint.get("flushed", 0)
         for cq in self.queues.values():  # entries no checkpoint vouched for: rebuilt below
@@ -218,18 +224,32 @@ class MessageStore:
                 break
             h = parse_record_header(buf, pos)
             check_record_payload(buf, pos, h)
+            cq = self._queue(h.topic, h.queue_id)
+            if h.base_queue_offset < cq.max_offset:
+                self._restart_replicated_queue(cq, h.base_queue_offset, h.physical_offset)
             phys = self.commitlog.reserve(size)
             if phys != h.physical_offset:
                 raise CrcMismatch(f"replicated record claims offset {h.physical_offset} but "
                                   f"lands at {phys}")
             self.commitlog.append([buf[pos:pos + size]], size)
-            self._queue(h.topic, h.queue_id).append(phys, size, h.base_queue_offset, h.count,
-                                                    h.store_timestamp_ms)
+            cq.append(phys, size, h.base_queue_offset, h.count, h.store_timestamp_ms)
             arrived.append((h.topic, h.queue_id))
             pos += size
         self._replica_tail = buf[pos:]
         self.commitlog.write_pending()
         return arrived
+
+    def _restart_replicated_queue(self, cq: ConsumeQueue, base: int, at: int) -> None:
+        """A replicated record starts its queue's offsets again: the master deleted the
+        topic and created it anew after this queue's last record (a delete travels in no
+        record). Its entries belong to the deleted topic, and go as they did on the master.
+        The checkpoint first vouches for every record before this one, so a restart never
+        indexes the deleted topic's records again."""
+        log.warning("replicated %s:%d goes back to queue offset %d at %d: the master deleted "
+                    "and re-created the topic; dropping %d entries of the old one",
+                    cq.topic, cq.queue_id, base, at, len(cq))
+        self.flush_consume_queues()
+        cq.drop_from_physical(0)
 
     def reset_log(self, start: int) -> None:
         """Slave attaching to its master at ``start`` (see ``replication/slave.py``): what
@@ -409,14 +429,15 @@ class MessageStore:
 
     def _lower_checkpoint(self, offset: int) -> None:
         """Before the log is cut at ``offset``: the checkpoint stops vouching for the bytes
-        past it first, so a power loss between the cut and the checkpoint after it does
-        not look like a disk that lost fsynced data (recovery refuses that). Candidates
-        taken before the cut are never written."""
+        past it as fsynced first, so a power loss between the cut and the checkpoint after
+        it does not look like a disk that lost fsynced data (recovery refuses that).
+        "dispatched" stays: should the cut not reach the disk, records below it (a deleted
+        topic's) must not be dispatched again; nothing is written past the cut before the
+        checkpoint that follows it. Candidates taken before the cut are never written."""
         with self._checkpoint_lock:
             self._written_candidate = self._candidate[0]
             checkpoint = self.read_checkpoint()
-            lowered = {**checkpoint, **{field: min(checkpoint[field], offset) for field in
-                                        ("dispatched", "flushed") if field in checkpoint}}
+            lowered = {**checkpoint, "flushed": min(checkpoint.get("flushed", 0), offset)}
             if lowered != checkpoint:
                 atomic_write(self.disk, self.root / "checkpoint", json.dumps(lowered).encode())
 
