@@ -4,6 +4,7 @@ past the checkpoint's committed index (never fsynced), refused at or below it.""
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -272,3 +273,20 @@ def test_an_append_the_disk_had_no_room_for_leaves_the_log_as_it_was():
     disk.kill()
     reopened = FileStorage("/raft", 256, disk=disk)
     assert [reopened.entry(i).data[:1] for i in range(4)] == [b"a", b"b", b"c", b"d"]
+
+
+def test_a_segment_a_killed_process_created_is_durable_once_a_later_sync_returns():
+    """The process dies after creating a segment whose directory entry was never fsynced;
+    the restarted store appends into that segment and syncs (under sync flush a follower
+    then acknowledges the entries): a power loss must not take the segment."""
+    disk = SimDisk()
+    storage = FileStorage("/raft", 64, disk=disk)
+    storage.append([Entry(0, 1, b"a" * 40)])
+    storage.sync()
+    storage.append([Entry(1, 1, b"b" * 10)])  # a second segment, not synced
+    disk.kill()
+    storage = FileStorage("/raft", 64, disk=disk)
+    storage.append([Entry(2, 1, b"c" * 10)])  # still the second segment
+    storage.sync()
+    disk.power_loss(random.Random(0))
+    assert FileStorage("/raft", 64, disk=disk).last_index() == 2

@@ -132,8 +132,10 @@ class FileStorage(LogStorage):
                 f"says entries up to {durable} were committed and fsynced: refusing to start")
         # records a killed process left in the page cache are durable only once synced: a
         # checkpoint saved later must not vouch for records a power loss could still take
+        # (nor a sync acknowledge them in a segment whose directory entry it never synced)
         for file in self._files.values():
             file.fsync()
+        self._disk.fsync_dir(self._dir)
 
     def _scan_segment(self, start: int) -> tuple[int, str] | None:
         """Index the records of one segment; (offset, what is wrong) of the first bad one."""
