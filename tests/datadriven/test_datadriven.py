@@ -161,9 +161,12 @@ class Harness:
         ids = tuple(range(1, count + 1))
         pre_vote = cmd.kwargs.get("pre_vote", "true") == "true"
         per_push = int(cmd.kwargs.get("max_entries_per_push", MAX_ENTRIES_PER_PUSH))
+        # off unless asked for: most scripts elect a new group's first leader in one step
+        guard = cmd.kwargs.get("empty_disk_guard", "false") == "true"
         for node_id in ids:
             self.configs[node_id] = RaftConfig(node_id=node_id, member_ids=ids, pre_vote=pre_vote,
-                                               max_entries_per_push=per_push)
+                                               max_entries_per_push=per_push,
+                                               empty_disk_guard=guard)
             self.storages[node_id] = MemoryStorage()
             self.clocks[node_id] = 0
             self._start(node_id)

@@ -15,7 +15,7 @@ message_strategy = st.builds(
     log_term=ints, entries=st.lists(entry_strategy, max_size=3).map(tuple), committed_index=ints,
     code=st.sampled_from(ResponseCode), req_type=st.none() | st.sampled_from(MessageType),
     begin_index=ints, end_index=ints, next_term=ints, force=st.booleans(),
-    water_mark=ints,
+    water_mark=ints, probe=ints,
 )
 
 

@@ -82,8 +82,8 @@ def test_proposal_must_be_bytes() -> None:
 
 
 def leader_of_three(**config: int) -> RawNode:
-    node = RawNode(RaftConfig(node_id=1, member_ids=(1, 2, 3), **config), MemoryStorage(),
-                   random.Random(1))
+    node = RawNode(RaftConfig(node_id=1, member_ids=(1, 2, 3), empty_disk_guard=False, **config),
+                   MemoryStorage(), random.Random(1))
     node.campaign()
     node.step(Message(MessageType.PRE_VOTE_RESPONSE, 2, 1, 1))
     node.step(Message(MessageType.VOTE_RESPONSE, 2, 1, 1))
@@ -125,7 +125,7 @@ def test_stepping_down_fails_pending_proposals() -> None:
 
 
 def test_vote_is_persisted_in_the_same_ready_as_its_answer() -> None:
-    config = RaftConfig(node_id=2, member_ids=(1, 2, 3))
+    config = RaftConfig(node_id=2, member_ids=(1, 2, 3), empty_disk_guard=False)
     node = RawNode(config, MemoryStorage(), random.Random(1))
     node.step(Message(MessageType.VOTE, 1, 2, term=1))
     ready = node.ready()

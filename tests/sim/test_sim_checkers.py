@@ -3,20 +3,22 @@ planted in it makes some seeds fail with that checker's message (issue 10: a che
 never fails proves nothing)."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import msgpack
 
 from hamq.broker.dledger import core
 from hamq.broker.dledger.wire import KIND_SEND
-from hamq.sim import run_seed
+from hamq.raft import RaftConfig
+from hamq.sim import run_seed, world
 from hamq.store import message_store
 from hamq.store.consume_queue import ConsumeQueue
 from hamq.store.message_store import PutResult
 
 SEEDS = 100
-DEFECT_1_SEED = 0  # these two are kept in regression_seeds.txt
-DELETE_BARRIER_SEED = 17
+DEFECT_1_SEED = 1  # these two are kept in regression_seeds.txt
+DELETE_BARRIER_SEED = 99
 
 
 class _Everything:
@@ -86,3 +88,13 @@ def test_a_topic_delete_applied_before_the_store_claims_what_precedes_it_is_caug
     monkeypatch.setattr(core.DLedgerCore, "_must_wait_for_claim", lambda self, entry: False)
     failure = run_seed(DELETE_BARRIER_SEED).failure
     assert failure is not None and "differ" in failure
+
+
+DISK_WIPE_SEEDS = (41, 54, 72, 96, 97)  # bug 8 in regression_seeds.txt
+
+
+def test_a_wiped_member_that_votes_at_once_is_caught(monkeypatch):
+    monkeypatch.setattr(world, "RaftConfig", functools.partial(RaftConfig, empty_disk_guard=False))
+    for seed in DISK_WIPE_SEEDS:
+        failure = run_seed(seed).failure
+        assert failure is not None and "lacks committed entry" in failure, (seed, failure)

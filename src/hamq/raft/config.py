@@ -39,6 +39,10 @@ class RaftConfig:
     max_push_bytes: int = MAX_PUSH_BYTES
     max_committed_per_ready: int = MAX_COMMITTED_PER_READY
     pre_vote: bool = True
+    # a member that starts on an empty disk neither votes nor campaigns until the group
+    # vouches for it (node.py says why); only tests of the bare protocol, which start every
+    # member empty and elect in one step, turn it off
+    empty_disk_guard: bool = True
 
     def __post_init__(self) -> None:
         if len(set(self.member_ids)) != len(self.member_ids):

@@ -10,6 +10,10 @@ from dataclasses import dataclass
 EMPTY_INDEX = -1  # ledger_end_index of an empty log (DLedger's initial value)
 NO_TERM = 0  # the term "before" any entry; real terms start at 1
 NO_NODE = 0  # voted_for / leader_id when there is none; member ids are >= 1
+# voted_for of a member that started on an empty disk (a disk lost or replaced looks just
+# like a new one): it may have voted in any term before, so it votes in none until the
+# group vouches for it (node.py, "A member that started on an empty disk")
+UNKNOWN_VOTE = -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,7 @@ REQUEST_TYPES = frozenset(
     {MessageType.APPEND, MessageType.COMPARE, MessageType.TRUNCATE, MessageType.COMMIT}
 )
 VOTE_REQUEST_TYPES = frozenset({MessageType.PRE_VOTE, MessageType.VOTE})
-_FIELD_COUNT = 15
+_FIELD_COUNT = 16
 # decode looks codes up here: calling an IntEnum for every field costs microseconds each
 _MESSAGE_TYPES = {int(t): t for t in MessageType}
 _RESPONSE_CODES = {int(c): c for c in ResponseCode}
@@ -58,7 +58,10 @@ class Message:
     votes; `next_term` is the leader's term at `index + 1` for TRUNCATE so a duplicated
     truncate cannot cut entries written since; `water_mark` in APPEND and COMMIT is the
     index the leader knows the follower holds (it acknowledged it in this term), so a
-    follower whose log ends before it knows it lost acknowledged entries and says so.
+    follower whose log ends before it knows it lost acknowledged entries and says so;
+    `probe` in a PRE_VOTE of a member that started on an empty disk names that start (a
+    random number), and its answer echoes it if the voter also started on an empty disk and
+    has not voted since (node.py says why).
     """
 
     type: MessageType
@@ -76,6 +79,7 @@ class Message:
     next_term: int = NO_TERM
     force: bool = False  # a transfer campaign: voters ignore their leader lease
     water_mark: int = EMPTY_INDEX
+    probe: int = 0
 
     @property
     def last_index(self) -> int:
@@ -93,7 +97,7 @@ class Message:
                 self.log_term, packed_entries, self.committed_index, int(self.code),
                 None if self.req_type is None else int(self.req_type),
                 self.begin_index, self.end_index, self.next_term, self.force,
-                self.water_mark,
+                self.water_mark, self.probe,
             ],
             use_bin_type=True,
         )
@@ -106,7 +110,7 @@ class Message:
             if not isinstance(fields, list) or len(fields) != _FIELD_COUNT:
                 raise MessageDecodeError(f"expected a {_FIELD_COUNT}-field array")
             (mtype, from_id, to_id, term, index, log_term, packed_entries, committed,
-             code, req_type, begin, end, next_term, force, water_mark) = fields
+             code, req_type, begin, end, next_term, force, water_mark, probe) = fields
             if entry_data is None:
                 entry_data = [bytes(e[2]) for e in packed_entries]
             elif len(entry_data) != len(packed_entries):
@@ -119,6 +123,7 @@ class Message:
                 int(log_term), entries, int(committed), _RESPONSE_CODES[code],
                 None if req_type is None else _MESSAGE_TYPES[req_type],
                 int(begin), int(end), int(next_term), bool(force), int(water_mark),
+                int(probe),
             )
         except MessageDecodeError:
             raise

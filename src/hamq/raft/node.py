@@ -1,6 +1,25 @@
 """RawNode: a sans-IO Raft member driven by its user (etcd's RawNode with DLedger's
 replication). Time arrives through `tick(now_ms)`, randomness through the `rng` given at
 construction, and all I/O leaves through `ready()`/`advance()`.
+
+A member that started on an empty disk may be a new group's, or one whose disk was lost
+or replaced, with the votes and the acknowledged entries it held: voting again, it could
+elect a second leader in a term it had voted in, or a candidate missing entries committed
+with its acknowledgement (both lose acknowledged data). It cannot tell which, so it votes
+for nobody (`voted_for = UNKNOWN_VOTE`, saved with its first Ready, so a crash before the
+group vouched for it keeps it) and does not campaign, until either
+- it has caught up with a leader: its commit index is an entry of the leader's term (so
+  every entry committed in earlier terms is below it) and reaches the highest watermark
+  the leader holds for it (what it acknowledged in this term, before the loss too); or
+- every other member answered one of its probes (pre-votes carrying a random number
+  naming this start) that its log is empty, with its term. Nothing was ever committed
+  then (an entry committed sits on a majority: on another member, unless its disk was
+  lost too); and every term this member may have voted in is at most one of those terms
+  (its candidate saved that term), so it takes the highest as its own, its vote in it
+  spent, and votes only in later terms. A new group starts this way; it needs every
+  member up once.
+A group that lost the disks of a majority at once lost data anyway; one lost at a time
+(each caught up before the next) is safe however often.
 """
 
 from __future__ import annotations
@@ -14,7 +33,8 @@ from hamq.raft.config import RaftConfig
 from hamq.raft.dispatcher import EntryDispatcher
 from hamq.raft.errors import NotLeaderError, TransferInProgressError, UnknownPeerError
 from hamq.raft.handler import EntryHandler
-from hamq.raft.log import EMPTY_INDEX, NO_NODE, Checkpoint, Entry, EntryId, HardState
+from hamq.raft.log import (EMPTY_INDEX, NO_NODE, NO_TERM, UNKNOWN_VOTE, Checkpoint, Entry, EntryId,
+                           HardState)
 from hamq.raft.messages import REQUEST_TYPES, Message, MessageType, ResponseCode
 from hamq.raft.quorum import QuorumAckChecker
 from hamq.raft.raft_log import RaftLog
@@ -49,6 +69,17 @@ class RawNode:
         self.term = hard_state.term
         self.voted_for = hard_state.voted_for
         self._saved_hard_state = hard_state
+        # empty, or not vouched for since it was (a crash while waiting keeps it so)
+        self._empty_start = config.empty_disk_guard and len(config.member_ids) > 1 and (
+            hard_state.voted_for == UNKNOWN_VOTE
+            or (hard_state == HardState() and self.log.ledger_end_index == EMPTY_INDEX))
+        self._probe = 0  # names this start in our probes while the group does not vouch
+        if self._empty_start:
+            self.voted_for = UNKNOWN_VOTE
+            self._probe = rng.randrange(1, 1 << 62)
+        self._empty_handed_peers: set[int] = set()  # answered our probes (see above)
+        self._empty_handed_term = NO_TERM  # the highest term they answered in
+        self._vouch_mark = EMPTY_INDEX  # our leader's highest watermark for us this term
         checkpoint = storage.load_checkpoint()
         self.committed_index = min(checkpoint.committed_index, self.log.ledger_end_index)
         self._saved_checkpoint = checkpoint
@@ -87,8 +118,8 @@ class RawNode:
         """Start an election now (through pre-vote when enabled), e.g. for a test."""
         if self.role == Role.LEADER:
             return
-        if self.config.pre_vote:
-            self._start_pre_vote()
+        if self.config.pre_vote or self.voted_for == UNKNOWN_VOTE:
+            self._start_pre_vote()  # an unvouched member's pre-votes are its probes
         else:
             self._start_vote(force=False)
 
@@ -123,6 +154,8 @@ class RawNode:
             raise UnknownPeerError(f"message from {msg.from_id}")
         if msg.to_id != self.config.node_id:
             raise UnknownPeerError(f"message for {msg.to_id} reached {self.config.node_id}")
+        if self.voted_for == UNKNOWN_VOTE and msg.type == MessageType.PRE_VOTE_RESPONSE:
+            self._note_probe_answer(msg)
         if not self._step_term(msg):
             return
         handler = {
@@ -222,7 +255,8 @@ class RawNode:
                                    req_type=msg.type))
             elif msg.type == MessageType.PRE_VOTE:
                 self._send(Message(MessageType.PRE_VOTE_RESPONSE, self.config.node_id,
-                                   msg.from_id, self.term, code=ResponseCode.REJECTED))
+                                   msg.from_id, self.term, code=ResponseCode.REJECTED,
+                                   probe=self._probe_echo(msg)))
             return False
         return True
 
@@ -244,6 +278,10 @@ class RawNode:
         self._request_votes(MessageType.PRE_VOTE, self.term + 1, force=False)
 
     def _start_vote(self, force: bool) -> None:
+        if self.voted_for == UNKNOWN_VOTE:
+            # we may have voted in this term or a later one before our disk was lost
+            self._become_follower(self.term, NO_NODE)
+            return
         self.term += 1
         self.voted_for = self.config.node_id
         self.role = Role.CANDIDATE
@@ -256,15 +294,18 @@ class RawNode:
         self._request_votes(MessageType.VOTE, self.term, force)
 
     def _request_votes(self, mtype: MessageType, term: int, force: bool) -> None:
+        probe = self._probe if self.voted_for == UNKNOWN_VOTE else 0
         for peer in self.config.peer_ids:
             self._send(Message(mtype, self.config.node_id, peer, term,
                                index=self.log.ledger_end_index,
-                               log_term=self.log.ledger_end_term, force=force))
+                               log_term=self.log.ledger_end_term, force=force, probe=probe))
 
     def _on_vote_request(self, msg: Message) -> None:
         up_to_date = self.log.is_up_to_date(msg.index, msg.log_term)
         if msg.type == MessageType.PRE_VOTE:
-            granted = up_to_date and msg.term > self.term
+            # an unvouched member answers no, in its own term: to another member at term
+            # 0 that says it is at term 0 too
+            granted = up_to_date and msg.term > self.term and self.voted_for != UNKNOWN_VOTE
             response_type = MessageType.PRE_VOTE_RESPONSE
         else:
             can_vote = self.voted_for == msg.from_id or (
@@ -277,7 +318,8 @@ class RawNode:
         code = ResponseCode.SUCCESS if granted else ResponseCode.REJECTED
         # a granted pre-vote answers in the candidate's future term, as etcd does
         term = msg.term if granted else self.term
-        self._send(Message(response_type, self.config.node_id, msg.from_id, term, code=code))
+        self._send(Message(response_type, self.config.node_id, msg.from_id, term, code=code,
+                           probe=self._probe_echo(msg)))
 
     def _on_vote_response(self, msg: Message) -> None:
         if msg.type == MessageType.PRE_VOTE_RESPONSE:
@@ -298,6 +340,32 @@ class RawNode:
         if msg.from_id == self.leader_id and self.role == Role.FOLLOWER:
             self._start_vote(force=True)  # skip pre-vote: the leader asked for this
 
+    def _probe_echo(self, msg: Message) -> int:
+        """Echo a probe if our log is empty (see above); the answer carries our term, or
+        (a granted pre-vote) a higher one."""
+        if msg.type != MessageType.PRE_VOTE or self.log.ledger_end_index != EMPTY_INDEX:
+            return 0
+        return msg.probe
+
+    def _note_probe_answer(self, msg: Message) -> None:
+        """Count the members that answered a probe of this start with an empty log; once
+        all did, nothing was ever committed (see above)."""
+        if msg.probe == self._probe != 0:
+            self._empty_handed_peers.add(msg.from_id)
+            self._empty_handed_term = max(self._empty_handed_term, msg.term)
+            if len(self._empty_handed_peers) == len(self.config.peer_ids):
+                if self._empty_handed_term > self.term:
+                    self._become_follower(self._empty_handed_term, NO_NODE)
+                self.voted_for = self.config.node_id  # spent: we vote in later terms only
+
+    def _note_caught_up(self, msg: Message) -> None:
+        """Vouched for by the leader we follow once we hold what it committed in its term
+        and all it knows we acknowledged; we then count as having voted for it."""
+        self._vouch_mark = max(self._vouch_mark, msg.water_mark)
+        committed = self.committed_index
+        if committed >= self._vouch_mark and self.log.term(committed) == self.term:
+            self.voted_for = self.leader_id
+
     def _majority(self) -> int:
         return len(self.config.member_ids) // 2 + 1
 
@@ -308,9 +376,11 @@ class RawNode:
         assert term >= self.term
         if term > self.term or leader_id != self.leader_id:
             self._handler.reset()
+            self._vouch_mark = EMPTY_INDEX
         if term > self.term:
             self.term = term
-            self.voted_for = NO_NODE
+            if self.voted_for != UNKNOWN_VOTE:
+                self.voted_for = NO_NODE
         if self.role == Role.LEADER:
             self._fail_pending(self._quorum.drop_all(), FailureReason.LEADERSHIP_LOST)
             self._dispatchers.clear()
@@ -350,6 +420,8 @@ class RawNode:
         self.committed_index = result.committed_index
         assert self.committed_index <= self.log.ledger_end_index, "committed past the log"
         self._messages.extend(result.responses)
+        if self.voted_for == UNKNOWN_VOTE:
+            self._note_caught_up(msg)
 
     def _on_push_response(self, msg: Message) -> None:
         if self.role != Role.LEADER or msg.term != self.term:

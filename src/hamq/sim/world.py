@@ -6,9 +6,10 @@ the Raft log's periodic flush, applying to a ``MessageStore``, checkpoint claims
 recovery) over ``FileStorage`` and a message store on its own ``SimDisk``; only the event
 loop, the sockets and the clocks are the world's. Faults: process kills (the page cache
 survives), power losses (unfsynced data lost, torn, out of order across files), crashes
-in the middle of a Ready, clean stops, partitions, drops, duplicates, delays, and wall
-clocks that are skewed and jump. One seed fixes everything, so a failing seed replays
-exactly; `trace_hash` digests every event to prove it.
+in the middle of a Ready, clean stops, disks replaced by empty ones (one at a time),
+partitions, drops, duplicates, delays, and wall clocks that are skewed and jump. One seed
+fixes everything, so a failing seed replays exactly; `trace_hash` digests every event to
+prove it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from hamq.broker.topics import TopicService
 from hamq.config import StoreConfig
 from hamq.errors import HamqError, NotLeader
 from hamq.protocol.message import encode_batch, encode_message
-from hamq.raft import Entry, FileStorage, Message, RaftConfig, RaftError, Role
+from hamq.raft import Entry, FileStorage, HardState, Message, RaftConfig, RaftError, Role
+from hamq.raft.log import UNKNOWN_VOTE
 from hamq.sim.checkers import Ack, Checkers, SafetyViolation, check_restart, check_stores
 from hamq.sim.faults import FaultMix, choose_fault_mix
 from hamq.sim.fs import SimDisk
@@ -91,6 +93,9 @@ class _Member:
     clock_offset_ms: int  # wall clock minus virtual time: skew plus the jumps so far
     process: _Process | None = None
     applied_at_clean_stop: int | None = None
+    # started on an empty disk (the group's start, or a wipe) and not vouched for since:
+    # it votes for nobody (see raft/node.py)
+    unvouched: bool = True
     was_leader: bool = False
     due_ms: dict[str, int] = field(default_factory=dict)  # next flush / checkpoint
 
@@ -99,7 +104,7 @@ class World:
     def __init__(self, seed: int, nodes: int | None) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
-        self.mix = mix = choose_fault_mix(self.rng, nodes)
+        self.mix = mix = choose_fault_mix(self.rng, nodes, random.Random(f"wipe-{seed}"))
         self.now_ms = 0
         self._queue: list[tuple[int, int, _Event, int, bytes]] = []
         self._seq = 0
@@ -112,7 +117,7 @@ class World:
         for i in member_ids:
             skew = self.rng.randint(-mix.clock_skew_ms_max, mix.clock_skew_ms_max)
             member = _Member(i, SimDisk(), skew)
-            member.disk.clock = lambda m=member: self._wall_ms(m) / 1000
+            self._attach_clock(member)
             self.members[i] = member
         self._raft_configs = {
             i: RaftConfig(node_id=i, member_ids=member_ids,
@@ -135,6 +140,9 @@ class World:
 
     def _wall_ms(self, member: _Member) -> int:
         return self.now_ms + member.clock_offset_ms
+
+    def _attach_clock(self, member: _Member) -> None:
+        member.disk.clock = lambda m=member: self._wall_ms(m) / 1000
 
     # ---- the event loop -------------------------------------------------------------
 
@@ -176,7 +184,9 @@ class World:
                 self._check_applied(member, applied, [])
                 self._background(member)
                 self._drain(member)
-        if faults:
+        # a new group needs every member up once (raft/node.py): crashes, wipes and
+        # partitions start once it has elected its first leader
+        if faults and self.checkers.leaders_by_term:
             self._inject_faults()
         if self._workload_on:
             self._workload()
@@ -296,6 +306,9 @@ class World:
 
     def _crash(self, member: _Member, power_loss: bool) -> None:
         assert member.process is not None
+        # terms and votes are fsynced when written: a restart finds this one
+        hard_state = member.process.storage.load_hard_state()
+        member.unvouched = hard_state in (HardState(), HardState(hard_state.term, UNKNOWN_VOTE))
         member.process = None
         if power_loss:
             member.disk.power_loss(self.rng)
@@ -304,6 +317,21 @@ class World:
         self.crashes += 1
         self._push(self.now_ms + self.rng.randint(1, self.mix.restart_ms_max),
                    _Event.RESTART, member.node_id)
+
+    def _wipe(self, member: _Member) -> None:
+        """The member's machine comes back with an empty disk (a disk replaced, a volume
+        lost): it knows nothing, not even the votes it gave."""
+        self._crash(member, power_loss=False)
+        member.disk = SimDisk()
+        self._attach_clock(member)
+        member.unvouched = True
+
+    def _unvouched(self) -> set[int]:
+        """Members that vote for nobody, or will once restarted (as their disk says)."""
+        for member in self.members.values():
+            if member.process is not None:
+                member.unvouched = member.process.core.node.voted_for == UNKNOWN_VOTE
+        return {m.node_id for m in self.members.values() if m.unvouched}
 
     def _stop_cleanly(self, member: _Member) -> None:
         """The broker's shutdown order: the DLedger part flushes its log, then the store
@@ -333,6 +361,9 @@ class World:
             self._crash(rng.choice(live), power_loss=True)
         elif live and rng.random() < mix.clean_stop_probability:
             self._stop_cleanly(rng.choice(live))
+        elif mix.disk_wipe_probability and rng.random() < mix.disk_wipe_probability and \
+                mix.nodes > 1 and live and not self._unvouched():
+            self._wipe(rng.choice(live))
         if rng.random() < mix.clock_jump_probability:
             member = rng.choice(list(self.members.values()))
             member.clock_offset_ms += rng.randint(-mix.clock_jump_ms_max, mix.clock_jump_ms_max)
@@ -419,8 +450,11 @@ class World:
         self.network.duplicate_probability = 0.0
         self.network.heal()
         self._partitioned = False
+        # a member that votes for nobody yet is as good as down: while there is one, all
+        # come back (a new group needs every member once, a wiped one a majority besides it)
         ids = list(self.members)
-        kept_down = set(self.rng.sample(ids, self.rng.randint(0, (len(ids) - 1) // 2)))
+        kept_down: set[int] = set() if self._unvouched() else set(
+            self.rng.sample(ids, self.rng.randint(0, (len(ids) - 1) // 2)))
         for member in self.members.values():
             if member.process is None and member.node_id not in kept_down:
                 self._start(member)

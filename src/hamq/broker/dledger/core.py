@@ -43,6 +43,7 @@ from hamq.broker.dledger.wire import (KIND_DELETE_TOPIC, KIND_SEND, KIND_TOPIC, 
 from hamq.errors import BrokerSystemError, HamqError, NotLeader, SystemBusy
 from hamq.raft import (EMPTY_INDEX, Checkpoint, Entry, EntryId, FailureReason,
                        FileStorage, Message, RaftConfig, RaftError, RawNode, Ready, Rng, Role)
+from hamq.raft.log import UNKNOWN_VOTE
 from hamq.raft.storage import persist
 from hamq.store.message_store import MessageStore, PutResult
 from hamq.store.metadata import TopicConfig
@@ -431,6 +432,8 @@ class DLedgerCore:
 
     def status(self) -> dict:
         return {"term": self.node.term, "committed_index": self.node.committed_index,
+                # False: started on an empty disk, votes for nobody until caught up
+                "vouched": self.node.voted_for != UNKNOWN_VOTE,
                 "applied_index": self.applied_index, "apply_error": self.apply_error,
                 "waiting_for_claim": self.waiting_for_claim,
                 "claimed_applied_index": self._claimed[0],
