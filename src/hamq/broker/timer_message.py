@@ -200,8 +200,8 @@ class TimerMessageService:
         now = self.store.clock_ms()
         retry = False
         try:
-            more = self._index_backlog()
-            more = self._advance(now) or more
+            # a backlog is indexed first, so that its timers are delivered in due order
+            more = self._index_backlog() or self._advance(now)
             more = self._deliver_due(now) or more
         except HamqError as err:  # disk full: the window is not moved, so tried again
             log.error("delivering timer messages failed: %s", err.message)
