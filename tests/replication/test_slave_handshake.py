@@ -13,10 +13,10 @@ from hamq.config import StoreConfig
 from hamq.errors import HamqError
 from hamq.replication.master import MAX_PROBES, MasterReplication
 from hamq.replication.quorum import QuorumConfig
-from hamq.protocol.message import encode_batch, encode_message
+from hamq.protocol.message import decode_records, encode_batch, encode_message
 from hamq.sim.fs import SimDisk
 from hamq.sim.replica_checkers import check_same_queues
-from hamq.store.message_store import MessageStore
+from hamq.store.message_store import GetStatus, MessageStore
 
 KEY = "session"
 ROUNDS_MAX = 10
@@ -280,14 +280,24 @@ def put_numbered(store: MessageStore, tag: str, first: int, last: int) -> None:
     store.commit()
 
 
-@pytest.mark.parametrize("power_loss", [False, True], ids=["kill", "power-loss"])
-def test_a_slave_crashing_at_any_step_of_the_cut_recovers_and_converges(power_loss):
-    """The master lost its tail (which the slave holds) and wrote records of the same
-    sizes and store time at the same offsets. The slave dies before each change to its
-    disk in turn, from the handshake's cut through the new records and their checkpoint
-    (kill -9, or a power loss that keeps only fsynced data); after every crash it restarts
-    without refusing and a new handshake leaves it byte-identical to its master, queues
-    included."""
+def lose_tail_and_rewrite(master: MessageStore) -> None:
+    """The master lost a tail the slave holds and wrote records of the same sizes and
+    store time at the same offsets."""
+    master.truncate_to(boundaries(master)[40])
+    put_numbered(master, "b", 40, 100)
+
+
+def delete_and_recreate(master: MessageStore) -> None:
+    """The master deleted the topic and created it again: its queues restart at 0."""
+    master.delete_topic("T")
+    put_numbered(master, "b", 0, 30)
+
+
+def crash_at_every_step(change_master, power_loss: bool) -> int:
+    """The slave replicates 90 records, the master changes, and the slave dies before each
+    change to its disk in turn while it follows (kill -9, or a power loss that keeps only
+    fsynced data); after every crash it restarts without refusing and a new handshake
+    leaves it byte-identical to its master, queues included. Returns the crash points."""
     crash_points = 0
     while True:
         master = sim_store(SimDisk(clock=lambda: 1.0))
@@ -297,8 +307,7 @@ def test_a_slave_crashing_at_any_step_of_the_cut_recovers_and_converges(power_lo
         replicate(master, slave)
         slave.close()
         slave = sim_store(disk)
-        master.truncate_to(boundaries(master)[40])  # the master lost a tail the slave holds
-        put_numbered(master, "b", 40, 100)
+        change_master(master)
         disk.crash_at = crash_points
         try:
             replicate(master, slave)
@@ -309,10 +318,41 @@ def test_a_slave_crashing_at_any_step_of_the_cut_recovers_and_converges(power_lo
             slave = sim_store(disk)  # must not refuse
             replicate(master, slave)
         else:
-            break
+            return crash_points
         finally:
             disk.crash_at = None
         assert log_bytes(slave) == log_bytes(master), crash_points
         check_same_queues(master, slave, 1)
         crash_points += 1
-    assert crash_points > 10  # the cut, the rolls and the checkpoint were all crash points
+
+
+@pytest.mark.parametrize("power_loss", [False, True], ids=["kill", "power-loss"])
+def test_a_slave_crashing_at_any_step_of_the_cut_recovers_and_converges(power_loss):
+    """From the handshake's cut through the new records and their checkpoint."""
+    assert crash_at_every_step(lose_tail_and_rewrite, power_loss) > 10
+
+
+@pytest.mark.parametrize("power_loss", [False, True], ids=["kill", "power-loss"])
+def test_a_slave_crashing_while_it_drops_a_deleted_topics_queues_converges(power_loss):
+    """Dropping the queues of a topic the master deleted and created again, and indexing
+    the new records, can be cut short anywhere."""
+    assert crash_at_every_step(delete_and_recreate, power_loss) > 3
+
+
+def test_a_topic_the_master_deleted_and_created_again_reads_the_same_on_the_slave(stores):
+    """The master deleted a topic (its queues gone) and created it again: its queues start
+    at offset 0 again. The slave, which knows nothing of the delete, appended the new
+    entries after the old ones, so a queue offset read on the slave returned a deleted
+    message, and the queue's offsets went backwards."""
+    master, slave = stores
+    put(master, "old", 30)
+    replicate(master, slave)
+    master.delete_topic("T")
+    put(master, "new", 6)
+    replicate(master, slave)
+    check_same_queues(master, slave, 1)
+    for queue_id in range(3):
+        got = slave.get_messages("T", queue_id, 0, 1, 1 << 20)
+        assert got.status is GetStatus.FOUND
+        assert decode_records(bytes(got.records), 0, lambda h, i, o, p, body: bytes(body)) \
+            == [f"new-{queue_id}".encode() * 3]
