@@ -277,3 +277,18 @@ def test_a_checkpoint_never_vouches_for_queue_entries_another_thread_has_yet_to_
         store.flush_consume_queues()  # on the loop
         after = _lose_power(disk, seed)
         assert sorted(_read(after, "T")) == list(range(4)), f"seed {seed}"
+
+
+# -- a clean restart ------------------------------------------------------------------------------
+def test_a_clean_restart_changes_no_file():
+    disk = SimDisk()
+    store = MessageStore(_config(), lambda: 1000, disk=disk)
+    for i in range(40):
+        _put(store, ("T", "U")[i % 2], i % 3, f"m{i}".encode().ljust(90, b"."))
+    store.delete_topic("U")
+    store.offsets.commit("G", "T", 0, 3, 1)
+    store.close()
+    before = {name: bytes(inode.data) for name, inode in disk.names.items()}
+    for _ in range(2):
+        MessageStore(_config(), lambda: 1000, disk=disk).close()
+        assert {name: bytes(inode.data) for name, inode in disk.names.items()} == before

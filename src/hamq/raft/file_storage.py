@@ -39,7 +39,8 @@ import msgpack
 from hamq.raft.errors import CorruptLogError, LogIndexError
 from hamq.raft.log import Checkpoint, Entry, HardState
 from hamq.raft.storage import LogStorage
-from hamq.store.disk import OS_DISK, Disk, DiskFile, atomic_write, write_all
+from hamq.store.disk import (AFTER_FAILED_FSYNC, OS_DISK, Disk, DiskFile, atomic_write,
+                             write_all)
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +317,7 @@ class FileStorage(LogStorage):
             except OSError as err:
                 self._sync_error = (f"fsync of the Raft log in {self._dir} failed "
                                     f"({err.strerror or err}); nothing written since the "
-                                    f"last good sync counts as durable until a restart")
+                                    f"last good sync counts as durable; {AFTER_FAILED_FSYNC}")
                 log.error("%s", self._sync_error)
                 raise
             finally:

@@ -27,7 +27,7 @@ from hamq.errors import BrokerSystemError, CrcMismatch
 from hamq.protocol.limits import MAX_TOPIC_LENGTH
 from hamq.protocol.message import (RECORD_HEADER_BYTES, RecordHeader, check_record_payload,
                                    parse_record_header)
-from hamq.store.disk import OS_DISK, Disk, DiskFile, write_all
+from hamq.store.disk import AFTER_FAILED_FSYNC, OS_DISK, Disk, DiskFile, write_all
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class CommitLog:
                 self.fsync_error = (f"fsync of commit log segment {file.path} failed "
                                     f"({err.strerror or err}): its writes may never reach "
                                     f"the disk; nothing past offset {self.flushed_offset} "
-                                    f"counts as durable until a restart")
+                                    f"counts as durable; {AFTER_FAILED_FSYNC}")
                 log.error("%s", self.fsync_error)
                 raise BrokerSystemError(self.fsync_error) from err
             finally:

@@ -169,6 +169,11 @@ class OsDisk:
 
 OS_DISK: Disk = OsDisk()
 
+# What to do after a failed fsync, for its error message: a restart in the same boot would
+# read back, and recovery accept, writes the page cache kept but the disk never got.
+AFTER_FAILED_FSYNC = ("restart only after a reboot or after dropping the page cache "
+                      "(echo 1 > /proc/sys/vm/drop_caches)")
+
 
 def write_all(file: DiskFile, pieces: Sequence[Buffer], offset: int | None = None) -> int:
     """Write every byte of ``pieces`` (at the end, or at ``offset``), finishing short

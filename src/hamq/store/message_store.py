@@ -22,7 +22,7 @@ from hamq.protocol.message import (RECORD_HEADER_BYTES, check_record_payload, en
                                    parse_record_header, peek_record_size, validate_topic)
 from hamq.store.commitlog import CommitLog, now_ms
 from hamq.store.consume_queue import ConsumeQueue
-from hamq.store.disk import OS_DISK, Disk, atomic_write
+from hamq.store.disk import AFTER_FAILED_FSYNC, OS_DISK, Disk, atomic_write
 from hamq.store.metadata import ConsumerOffsetManager, TopicConfigManager
 
 log = logging.getLogger(__name__)
@@ -390,7 +390,7 @@ class MessageStore:
                 self._fsync(path)
             except OSError as err:
                 self._queue_fsync_error = (f"fsync of {path} failed ({err.strerror or err}); "
-                                           f"no checkpoint is written until a restart")
+                                           f"no checkpoint is written; {AFTER_FAILED_FSYNC}")
                 log.error("%s", self._queue_fsync_error)
                 raise
             with self._unsynced_lock:
