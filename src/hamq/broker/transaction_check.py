@@ -22,9 +22,11 @@ import logging
 from collections.abc import Callable
 
 from hamq.broker.clients import ClientManager
+from hamq.broker.stored_message import StoredMessage
 from hamq.broker.transaction import TransactionalMessageService
-from hamq.errors import HamqError
-from hamq.net.tasks import cancel_all
+from hamq.errors import HamqError, MessageIllegal
+from hamq.net.counts import COUNTS
+from hamq.net.tasks import cancel_all, every
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.message import encode_message, encode_properties
 from hamq.protocol.properties import (PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
@@ -36,6 +38,9 @@ log = logging.getLogger(__name__)
 
 # Half messages looked at per round, so one round never stalls the event loop for long.
 MAX_CHECKS_PER_ROUND = 2048
+# What reading a half message's properties raises when they are not a map of strings with
+# the group and real queue (msgpack's errors are ValueErrors).
+_UNPARSABLE = (KeyError, TypeError, ValueError, AttributeError, MessageIllegal)
 
 
 class TransactionalMessageCheckService:
@@ -50,6 +55,7 @@ class TransactionalMessageCheckService:
         self.check_max = check_max
         self._checks: dict[int, int] = {}  # half offset -> checks sent
         self._resume_at = 0  # the half offset the next round starts at
+        self._unreadable: set[int] = set()  # half offsets skipped: see check()
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -59,12 +65,7 @@ class TransactionalMessageCheckService:
         await cancel_all([self._task])
 
     async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                self.check()
-            except HamqError as err:
-                log.error("transaction check failed: %s", err.message)
+        await every(self.interval_s, self.check, (HamqError, OSError))
 
     def check(self) -> None:
         store = self.transactions.store
@@ -77,36 +78,53 @@ class TransactionalMessageCheckService:
             if looked == MAX_CHECKS_PER_ROUND:
                 resume_at = offset
                 break
-            msg = self.transactions.half_message(offset)
-            age_ms = now - msg.store_timestamp_ms
-            if age_ms < self.timeout_ms:
-                break  # half messages are in store order: the rest are younger
-            if age_ms < _immunity_ms(msg.properties):
+            if offset in self._unreadable:
                 continue
-            properties = dict(msg.properties)
-            group = properties[PROPERTY_PRODUCER_GROUP]
-            channels = self.clients.producer_channels(group)
-            if not channels:
-                log.debug("no live producer of group %s to check half message %d", group, offset)
-                continue  # not a check: the transaction waits for its producer
-            checks = self._checks.get(offset, 0)
-            if checks >= self.check_max:
-                log.info("half message %d undecided after %d checks: rolled back", offset, checks)
-                self.transactions.decide(msg, TransactionState.ROLLBACK_MESSAGE)
-                self._checks.pop(offset, None)
-                rolled_back = True
-                continue
-            self._checks[offset] = checks + 1
-            topic = properties.pop(PROPERTY_REAL_TOPIC)
-            properties.pop(PROPERTY_REAL_QUEUE_ID)
-            channel = channels[checks % len(channels)]
-            channel.conn.oneway(RequestCode.CHECK_TRANSACTION_STATE,
-                                {"group": group, "topic": topic, "tran_state_table_offset": offset,
-                                 "msg_id": msg.msg_id},
-                                encode_message(msg.body, encode_properties(properties)))
+            try:
+                msg = self.transactions.half_message(offset)
+                age_ms = now - msg.store_timestamp_ms
+                if age_ms < self.timeout_ms:
+                    break  # half messages are in store order: the rest are younger
+                rolled_back |= self._check_one(msg, age_ms)
+            except _UNPARSABLE as err:
+                # Stored before sends checked properties: no producer can be asked about it
+                # (that needs its group and real queue); it is left for END_TRANSACTION or
+                # retention instead of stopping every later check.
+                log.error("half message %d has properties that cannot be read (%r); it is "
+                          "not checked", offset, err)
+                COUNTS.records_skipped += 1
+                self._unreadable.add(offset)
         self._resume_at = resume_at
         if rolled_back:
             self.after_put()
+
+    def _check_one(self, msg: StoredMessage, age_ms: int) -> bool:
+        """Ask a producer about one half message old enough to be checked, or roll it back
+        after ``check_max`` checks; True if it was rolled back."""
+        offset = msg.queue_offset
+        if age_ms < _immunity_ms(msg.properties):
+            return False
+        properties = dict(msg.properties)
+        group = properties[PROPERTY_PRODUCER_GROUP]
+        channels = self.clients.producer_channels(group)
+        if not channels:
+            log.debug("no live producer of group %s to check half message %d", group, offset)
+            return False  # not a check: the transaction waits for its producer
+        checks = self._checks.get(offset, 0)
+        if checks >= self.check_max:
+            log.info("half message %d undecided after %d checks: rolled back", offset, checks)
+            self.transactions.decide(msg, TransactionState.ROLLBACK_MESSAGE)
+            self._checks.pop(offset, None)
+            return True
+        self._checks[offset] = checks + 1
+        topic = properties.pop(PROPERTY_REAL_TOPIC)
+        properties.pop(PROPERTY_REAL_QUEUE_ID)
+        channel = channels[checks % len(channels)]
+        channel.conn.oneway(RequestCode.CHECK_TRANSACTION_STATE,
+                            {"group": group, "topic": topic, "tran_state_table_offset": offset,
+                             "msg_id": msg.msg_id},
+                            encode_message(msg.body, encode_properties(properties)))
+        return False
 
 
 def _immunity_ms(properties: dict[str, str]) -> int:

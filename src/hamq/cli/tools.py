@@ -12,8 +12,8 @@ import click
 from hamq.aio import (AsyncAdmin, AsyncProducer, AsyncPushConsumer, ConsumeConcurrentlyStatus,
                       Message, MessageExt)
 from hamq.cli.common import emit, json_option, namesrv_option, run_async
-from hamq.errors import HamqError
-from hamq.protocol.properties import MAX_DELAY_LEVEL
+from hamq.errors import HamqError, MessageIllegal
+from hamq.protocol.properties import MAX_DELAY_LEVEL, validate_properties
 
 PRODUCE_INFLIGHT = 64
 # A command-line consumer is short-lived: join the group and commit progress quickly.
@@ -258,9 +258,17 @@ def _print_message(msg: MessageExt, as_json: bool) -> None:
         click.echo(msg.body.decode("utf-8", "replace"))
         return
     obj = {"topic": msg.topic, "broker_name": msg.broker_name, "queue_id": msg.queue_id,
-           "queue_offset": msg.queue_offset, "msg_id": msg.msg_id, "keys": msg.keys,
-           "tags": msg.tags, "store_timestamp_ms": msg.store_timestamp_ms,
-           "properties": {k: v for k, v in msg.properties.items() if k not in ("KEYS", "TAGS")}}
+           "queue_offset": msg.queue_offset, "msg_id": msg.msg_id,
+           "store_timestamp_ms": msg.store_timestamp_ms}
+    try:
+        properties = validate_properties(msg.properties)
+    except (ValueError, MessageIllegal) as err:  # msgpack's errors are ValueErrors
+        # Stored before sends checked properties: printed with what is wrong, never skipped
+        # (a failing listener would stop the consumer at this message).
+        obj["error"] = f"properties cannot be read: {err}"
+    else:
+        obj.update(keys=properties.get("KEYS"), tags=properties.get("TAGS"), properties={
+            k: v for k, v in properties.items() if k not in ("KEYS", "TAGS")})
     try:
         obj["body"] = msg.body.decode("utf-8")
     except UnicodeDecodeError:

@@ -7,7 +7,8 @@ class Counts:
     """Request, message and byte counts since the process started, and what went wrong."""
 
     __slots__ = ("send_requests", "messages_in", "bytes_in", "pull_requests",
-                 "internal_errors", "connections_refused", "connections_timed_out")
+                 "internal_errors", "connections_refused", "connections_timed_out",
+                 "records_skipped")
 
     def __init__(self) -> None:
         self.send_requests = self.messages_in = self.bytes_in = self.pull_requests = 0
@@ -15,6 +16,7 @@ class Counts:
         self.internal_errors = 0
         self.connections_refused = 0    # over max_connections(_per_address)
         self.connections_timed_out = 0  # idle, or a frame not finished in time
+        self.records_skipped = 0  # stored records a background service could not read
 
 
 COUNTS = Counts()

@@ -24,6 +24,7 @@ _COUNTER_HELP = {
     "internal_errors": "Requests that failed on a bug (answered SYSTEM_ERROR, logged)",
     "connections_refused": "Connections closed at once: over max_connections(_per_address)",
     "connections_timed_out": "Connections closed idle or with a frame unfinished in time",
+    "records_skipped": "Stored records a background service could not read (logged, skipped)",
 }
 
 

@@ -83,6 +83,12 @@ def encode_batch(messages: list[bytes]) -> tuple[bytes, int]:
     return payload, zlib.crc32(payload)
 
 
+# First bytes of a msgpack map (fixmap, map16, map32). Send checks only this much of a
+# plain message's properties: decoding them all would cost four times the rest of the
+# check; messages the broker acts on are checked in full (``validate_properties``).
+_MAP_HEADS = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
+
+
 def validate_batch(payload: bytes | memoryview, count: int, payload_crc: int,
                    max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
     """Check a producer's batch before it is stored; raise a clear error if it is bad."""
@@ -106,6 +112,9 @@ def validate_batch(payload: bytes | memoryview, count: int, payload_crc: int,
         if body_len > max_message_bytes:
             raise MessageIllegal(f"message {seen} is {body_len} bytes, more than the limit of "
                                  f"{max_message_bytes}")
+        if props_len and payload[pos + MSG_HEAD_BYTES] not in _MAP_HEADS:
+            raise MessageIllegal(f"message {seen} has properties that are not a map of string "
+                                 "to string")
         pos += 4 + msg_size
         seen += 1
     if seen != count:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import msgpack
 
 from hamq.errors import MessageIllegal
-from hamq.protocol.message import MSG_HEAD, MSG_HEAD_BYTES, decode_properties
+from hamq.protocol.limits import INT64_MAX, MAX_BATCH_MESSAGES, MAX_QUEUE_NUMS, MAX_TOPIC_LENGTH
+from hamq.protocol.message import MSG_HEAD, MSG_HEAD_BYTES, decode_properties, validate_name
 
 PROPERTY_DELAY_TIME_LEVEL = "DELAY"
 PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
@@ -33,6 +34,7 @@ PROPERTY_TRANSACTION_BATCH = "TRAN_BATCH"
 # RocketMQ's MessageConst.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS: no check-back (and so no
 # rollback after transaction_check_max) before the half message is this old.
 PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+PROPERTY_MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
 
 # RocketMQ's messageDelayLevel "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h".
 DELAY_LEVELS_MS = tuple(s * 1000 for s in (
@@ -71,15 +73,67 @@ def leading_held_back_properties(properties: dict[str, str]) -> dict[str, str]:
 
 
 def decode_single_message(payload: bytes) -> tuple[dict[str, str], bytes]:
-    """(properties, body) of a one-message batch payload."""
+    """(properties, body) of a one-message batch payload, its properties checked (see
+    ``validate_properties``)."""
     msg_size, props_len = MSG_HEAD.unpack_from(payload, 0)
     if MSG_HEAD_BYTES - 2 + msg_size != len(payload):
         raise MessageIllegal("expected exactly one message in the payload")
     body_start = MSG_HEAD_BYTES + props_len
     try:
         properties = decode_properties(payload[MSG_HEAD_BYTES:body_start])
-    except ValueError:  # msgpack's errors
-        properties = None
+    except ValueError as err:  # msgpack's errors
+        raise MessageIllegal(f"message properties are not a msgpack map of string to string: "
+                             f"{err}") from None
+    return validate_properties(properties), payload[body_start:]
+
+
+# Properties the broker reads back as numbers: (low, high) of each. A value outside these
+# would fail later, in a background service (check, delivery, send-back), not at the send.
+_INT_PROPERTIES = {
+    PROPERTY_DELAY_TIME_LEVEL: (1, MAX_DELAY_LEVEL),
+    PROPERTY_TIMER_DELIVER_MS: (0, INT64_MAX),
+    PROPERTY_TRANSACTION_BATCH: (1, MAX_BATCH_MESSAGES),
+    PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS: (0, INT64_MAX // 1000),
+    PROPERTY_REAL_QUEUE_ID: (0, MAX_QUEUE_NUMS - 1),
+    PROPERTY_RECONSUME_TIME: (0, INT64_MAX),
+    PROPERTY_MAX_RECONSUME_TIMES: (0, INT64_MAX),
+}
+# RocketMQ's UNIQ_KEY is 32 hex digits; a producer may set its own, but not a huge one.
+MAX_UNIQ_KEY_LENGTH = 128
+
+
+def validate_properties(properties: object) -> dict[str, str]:
+    """Properties of a message the broker will act on (held back, checked back, delivered
+    later): a map of string to string whose typed keys hold what the broker expects;
+    ``MessageIllegal`` naming the property otherwise."""
     if not isinstance(properties, dict):
-        raise MessageIllegal("message properties must be a msgpack map of strings")
-    return properties, payload[body_start:]
+        raise MessageIllegal("message properties must be a msgpack map of string to string, got "
+                             f"{type(properties).__name__}")
+    for key, value in properties.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise MessageIllegal(f"message property {key!r} must map a string to a string, "
+                                 f"got {type(key).__name__} -> {type(value).__name__}")
+    for key, (low, high) in _INT_PROPERTIES.items():
+        if key in properties:
+            property_int(properties, key, low, high)
+    if PROPERTY_PRODUCER_GROUP in properties:
+        validate_name(properties[PROPERTY_PRODUCER_GROUP], f"property {PROPERTY_PRODUCER_GROUP}",
+                      error=MessageIllegal)
+    if PROPERTY_REAL_TOPIC in properties:
+        validate_name(properties[PROPERTY_REAL_TOPIC], f"property {PROPERTY_REAL_TOPIC}",
+                      MAX_TOPIC_LENGTH, MessageIllegal)
+    if len(properties.get(PROPERTY_UNIQ_KEY, "")) > MAX_UNIQ_KEY_LENGTH:
+        raise MessageIllegal(f"property {PROPERTY_UNIQ_KEY} is longer than "
+                             f"{MAX_UNIQ_KEY_LENGTH} characters")
+    return properties
+
+
+def property_int(properties: dict[str, str], key: str, low: int, high: int) -> int:
+    """The integer in property ``key``: ASCII digits only (``str.isdigit`` accepts
+    superscripts that ``int`` refuses), in ``low..high``."""
+    raw = properties[key]
+    if not isinstance(raw, str) or not raw.isascii() or not raw.isdigit() \
+            or not low <= int(raw) <= high:
+        raise MessageIllegal(f"property {key} must be an integer in {low}..{high} written in "
+                             f"ASCII digits, got {raw!r}")
+    return int(raw)

@@ -1,0 +1,118 @@
+"""Real brokers facing messages whose properties the broker would choke on later (issue 12
+items 5, 6 and 11): half, delay and timer messages with ill-typed properties are refused at
+send with MESSAGE_ILLEGAL naming the property, so the transaction check and delivery keep
+working; a plain message whose properties are not a map is refused; and ``hamq consume
+--json`` prints a stored message whose properties it cannot read with an error field
+instead of silently skipping it and everything after it."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import msgpack
+import pytest
+
+import hamq
+from hamq.protocol.codes import RequestCode, ResponseCode
+from hamq.protocol.message import encode_batch, encode_message
+
+from helpers import free_port, scrape_metrics
+
+sys.path.insert(0, str(Path(__file__).parent))  # sibling test modules, as tests/chaos does
+from test_hostile_input import ask  # noqa: E402
+from test_transaction import FAST_CHECKS, TOPIC, LocalTransactions, send, visible  # noqa: E402
+
+HALF = {"TRAN_MSG": "true", "PGROUP": "pg-tx"}
+
+
+def raw_props(properties) -> bytes:
+    return msgpack.packb(properties, use_bin_type=True)
+
+
+def send_raw(conn, opaque: int, props: bytes, body: bytes = b"body"):
+    payload, crc = encode_batch([encode_message(body, props)])
+    return ask(conn, RequestCode.SEND_MESSAGE, opaque,
+               {"topic": TOPIC, "queue_id": 0, "count": 1, "crc": crc}, payload)
+
+
+@pytest.mark.parametrize("props, field", [
+    ({**HALF, "PGROUP": 7}, "PGROUP"),
+    ({**HALF, "PGROUP": "../x"}, "PGROUP"),
+    ({**HALF, "TRAN_BATCH": [1, 2]}, "TRAN_BATCH"),
+    ({**HALF, "CHECK_IMMUNITY_TIME_IN_SECONDS": "1e3"}, "CHECK_IMMUNITY_TIME_IN_SECONDS"),
+    ({**HALF, "REAL_TOPIC": ".."}, "REAL_TOPIC"),
+    ({**HALF, "REAL_QID": "-1"}, "REAL_QID"),
+    ({**HALF, "UNIQ_KEY": "k" * 1000}, "UNIQ_KEY"),
+    ({"DELAY": 3}, "DELAY"),
+    ({"DELAY": "\u00b2"}, "DELAY"),        # superscript two: str.isdigit, not int()
+    ({"DELAY": "\u0663"}, "DELAY"),        # Arabic-Indic three
+    ({"TIMER_DELIVER_MS": ["1"]}, "TIMER_DELIVER_MS"),
+    ({"TRAN_MSG": "true", "PGROUP": "pg-tx", 5: "x"}, "map key"),
+], ids=["pgroup-int", "pgroup-path", "tran_batch-list", "immunity-float", "real_topic-dotdot",
+        "real_qid-negative", "uniq_key-huge", "delay-int", "delay-superscript",
+        "delay-arabic", "timer-list", "key-int"])
+def test_held_back_messages_with_bad_properties_are_refused(cluster_factory, raw_conn, props,
+                                                            field):
+    """Refused with MESSAGE_ILLEGAL naming the property, nothing stored, no internal
+    error; afterwards a legitimate half whose outcome is unknown is still checked back and
+    committed (the check task is alive)."""
+    c = cluster_factory()
+    c.start_namesrv()
+    metrics = f"127.0.0.1:{free_port()}"
+    c.start_broker(metrics_listen=metrics, **FAST_CHECKS)
+    with hamq.Admin(c.namesrv) as admin:
+        admin.create_topic(TOPIC, 1)
+    conn = raw_conn(c.broker_addr())
+    answer = send_raw(conn, 3, raw_props(props))
+    assert answer.code == ResponseCode.MESSAGE_ILLEGAL, answer
+    assert field in answer.remark, answer.remark
+    for system_topic in ("RMQ_SYS_TRANS_HALF_TOPIC", "SCHEDULE_TOPIC_XXXX"):
+        for queue_id in (0, 2, 18):
+            stored = ask(conn, RequestCode.GET_MAX_OFFSET, 4,
+                         {"topic": system_topic, "queue_id": queue_id})
+            assert stored.ext.get("offset", 0) == 0, (system_topic, queue_id, stored)
+    assert scrape_metrics(metrics)["hamq_internal_errors_total"] == 0
+    local = LocalTransactions({"unknown": hamq.TransactionState.UNKNOW},
+                              {"unknown": hamq.TransactionState.COMMIT_MESSAGE})
+    with local.producer(c.namesrv) as producer:
+        send(producer, "unknown")
+        assert visible(c.namesrv, wait_s=8.0, until_count=1) == ["unknown"]
+    assert local.checks == ["unknown"]
+
+
+@pytest.mark.parametrize("props", [raw_props(["a", "b"]), raw_props("text"), b"\xc0"],
+                         ids=["list", "string", "nil"])
+def test_plain_message_properties_that_are_not_a_map_are_refused(cluster_factory, raw_conn,
+                                                                 props):
+    c = cluster_factory()
+    c.start_namesrv()
+    c.start_broker()
+    with hamq.Admin(c.namesrv) as admin:
+        admin.create_topic(TOPIC, 1)
+    conn = raw_conn(c.broker_addr())
+    answer = send_raw(conn, 5, props)
+    assert answer.code == ResponseCode.MESSAGE_ILLEGAL, answer
+    assert "properties" in answer.remark and "not a map" in answer.remark, answer.remark
+    assert ask(conn, RequestCode.GET_MAX_OFFSET, 6, {"topic": TOPIC, "queue_id": 0}).ext == \
+        {"offset": 0}
+
+
+def test_consume_json_reports_unreadable_properties_and_goes_on(cluster, raw_conn, hamq_cli):
+    """A stored map the send check lets through (it looks only at the map header) but that
+    is not string to string, or is cut short, is printed with an ``error`` field between
+    its neighbours; none is skipped."""
+    with hamq.Admin(cluster.namesrv) as admin:
+        admin.create_topic(TOPIC, 1)
+    conn = raw_conn(cluster.broker_addr())
+    for opaque, props in enumerate([raw_props({"KEYS": "first"}), raw_props({"a": b"\xff"}),
+                                    b"\x81", raw_props({"KEYS": "last"})]):
+        assert send_raw(conn, opaque, props, f"m{opaque}".encode()).code == ResponseCode.SUCCESS
+    done = hamq_cli("consume", TOPIC, "-g", "g-json", "--from-beginning", "--max", "4",
+                    "--timeout", "20", "--json", "-n", cluster.namesrv)
+    assert done.returncode == 0, done.stderr
+    printed = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [m["body"] for m in printed] == ["m0", "m1", "m2", "m3"], printed
+    assert [m["keys"] for m in (printed[0], printed[3])] == ["first", "last"]
+    for bad in printed[1:3]:
+        assert "properties cannot be read" in bad["error"] and "keys" not in bad, bad
