@@ -15,6 +15,7 @@ import pytest
 from hamq.config import BrokerConfig, NamesrvConfig, StoreConfig, load_config
 from hamq.errors import BrokerSystemError, ConfigError, DiskFull
 from hamq.protocol.message import decode_records, encode_batch, encode_message
+from hamq.store.consume_queue import ENTRY_BYTES
 from hamq.store.disk import OS_DISK, Disk
 from hamq.store.flush import FlushService
 from hamq.store.message_store import GetStatus, MessageStore
@@ -457,3 +458,24 @@ def test_truncate_below_the_retained_minimum_is_refused(open_store, tmp_path):
     assert store.commitlog.min_offset == store.commitlog.written_offset == low
     assert put(store, "T", 0, [b"again"]) == kept[0][0]
     assert read_all(store) == [(kept[0][0], b"again")]
+
+
+def test_a_queue_file_write_the_disk_had_no_room_for_leaves_no_half_entry(open_store):
+    """ENOSPC part-way through a consume-queue write (a few bytes reach the file): the
+    entries are written whole by the next checkpoint, not appended after the partial
+    bytes, which would shift every later entry of the file."""
+    disk = RecordingDisk()
+    store = open_store(disk=disk)
+    bodies = fill(store, 3)
+    store.flush_consume_queues()
+    bodies += [b"x", b"y"]
+    put(store, "T", 0, bodies[3:])
+    disk.full = True
+    with pytest.raises(OSError):
+        store.flush_consume_queues()
+    disk.full = False
+    store.flush_consume_queues()
+    close(store)
+    queue = store.queue("T", 0).path
+    assert os.path.getsize(queue) % ENTRY_BYTES == 0
+    assert read_all(open_store()) == list(enumerate(bodies))

@@ -17,6 +17,7 @@ from hamq.protocol.message import decode_records, encode_batch, encode_message
 from hamq.raft import Entry, FileStorage
 from hamq.sim.fs import SimDisk
 from hamq.store.commitlog import CommitLog
+from hamq.store.consume_queue import ENTRY_BYTES
 from hamq.store.message_store import GetStatus, MessageStore
 
 SEGMENT_BYTES = 1024
@@ -292,3 +293,25 @@ def test_a_clean_restart_changes_no_file():
     for _ in range(2):
         MessageStore(_config(), lambda: 1000, disk=disk).close()
         assert {name: bytes(inode.data) for name, inode in disk.names.items()} == before
+
+
+def test_a_checkpoint_after_a_failed_queue_write_claims_nothing_unwritten():
+    """ENOSPC stops a checkpoint's queue writes part-way: the queue files written before
+    the failure still get their fsync before any checkpoint, and no checkpoint claims the
+    entries that were not written."""
+    for seed in range(10):
+        disk = SimDisk(capacity_bytes=(1 << 40) - 1)  # counted; room to spare
+        store = _store_with(disk, 1)
+        for i in range(1, 4):
+            _put(store, "T", 0, f"m{i}".encode())
+            _put(store, "U", 0, f"u{i}".encode())
+        store.commitlog.flush()
+        # the first queue's new entries fit, not the second's
+        disk.capacity_bytes = disk.used_bytes() + 3 * ENTRY_BYTES
+        with pytest.raises(OSError):
+            store.write_consume_queues()
+        disk.capacity_bytes = (1 << 40) - 1
+        store.write_checkpoint()  # a worker's, from an earlier candidate
+        after = _lose_power(disk, seed)
+        assert sorted(_read(after, "T")) == list(range(4)), f"seed {seed}"
+        assert sorted(_read(after, "U")) == list(range(3)), f"seed {seed}"

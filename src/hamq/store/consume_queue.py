@@ -65,7 +65,12 @@ class ConsumeQueue:
             return False
         file = self.disk.open(self.path, append=True)
         try:
-            write_all(file, [self._unwritten])
+            size = file.size()
+            try:
+                write_all(file, [self._unwritten])
+            except OSError:  # ENOSPC part-way: no half entry may stay before the retry
+                file.truncate(size)
+                raise
         finally:
             file.close()
         self._unwritten.clear()

@@ -364,19 +364,31 @@ class MessageStore:
         """Hand new queue entries to the OS and take a checkpoint candidate; returns the
         files (and directories) to fsync before ``write_checkpoint`` may claim them."""
         self.commitlog.write_pending()
-        self._candidate = (self._candidate[0] + 1, {
-            "dispatched": self.commitlog.written_offset,
-            "flushed": self.commitlog.flushed_offset,
-            **(self.checkpoint_extra() if self.checkpoint_extra else self._carried_extra)})
-        paths = [cq.path for cq in self.queues.values() if cq.write_unwritten()]
+        candidate = {"dispatched": self.commitlog.written_offset,
+                     "flushed": self.commitlog.flushed_offset,
+                     **(self.checkpoint_extra() if self.checkpoint_extra
+                        else self._carried_extra)}
+        paths: list[Path] = []
+        try:
+            for cq in self.queues.values():
+                if cq.write_unwritten():
+                    paths.append(cq.path)
+        finally:  # what reached a file waits for its fsync, even if a later write failed
+            self._mark_unsynced(paths)
         created = [cq for cq in self._new_queues if self.disk.exists(cq.path)]
         if created:
             self._new_queues = [cq for cq in self._new_queues if cq not in created]
-            paths += sorted({cq.path.parent for cq in created}) + [self.cq_root]
+            directories = sorted({cq.path.parent for cq in created}) + [self.cq_root]
+            self._mark_unsynced(directories)
+            paths += directories
+        # published only now: a checkpoint must not claim entries a failed write left out
+        self._candidate = (self._candidate[0] + 1, candidate)
+        return paths
+
+    def _mark_unsynced(self, paths: list[Path]) -> None:
         with self._unsynced_lock:
             for path in paths:
                 self._unsynced[path] = self._unsynced.get(path, 0) + 1
-        return paths
 
     def sync_files(self, paths: list[Path]) -> None:
         """fsync the queue files (and directories) ``write_consume_queues`` returned; a
