@@ -53,6 +53,7 @@ class TimerMessageService:
         self.after_put = after_put
         self.when_durable = when_durable
         self._handle: asyncio.TimerHandle | None = None
+        self._wake_ms = 0               # when the armed wake-up runs
         self._running = False
         self._wheel: TimerWheel | None = None
         self._enqueue_offset = 0        # next timer-queue offset to index
@@ -89,7 +90,8 @@ class TimerMessageService:
         if self._running and not (result.base_queue_offset == self._enqueue_offset and
                                   self._index(due_ms, result.base_queue_offset,
                                               result.physical_offset)):
-            self._wake(0)
+            if self._handle is None or self._wake_ms > self.store.clock_ms():
+                self._wake(0)  # not one wake-up per send while a backlog waits
 
     def save_progress(self) -> None:
         """Put the cursor into the progress table (before a snapshot of it)."""
@@ -112,6 +114,7 @@ class TimerMessageService:
     def _wake(self, due_ms: int) -> None:
         if self._handle is not None:
             self._handle.cancel()
+        self._wake_ms = due_ms
         delay_s = max(0, due_ms - self.store.clock_ms()) / 1000
         self._handle = asyncio.get_running_loop().call_later(delay_s, self._deliver_timers)
 
