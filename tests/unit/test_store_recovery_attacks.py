@@ -5,19 +5,22 @@ nothing confirmed durable is lost, nothing deleted comes back, nothing is served
 under one queue offset, and a log that lost confirmed data refuses to start."""
 from __future__ import annotations
 
+import asyncio
 import errno
 import random
+import time
 from pathlib import Path
 
 import pytest
 
 from hamq.config import StoreConfig
-from hamq.errors import BrokerSystemError
+from hamq.errors import BrokerSystemError, DiskFull
 from hamq.protocol.message import decode_records, encode_batch, encode_message
 from hamq.raft import Entry, FileStorage
 from hamq.sim.fs import SimDisk
 from hamq.store.commitlog import CommitLog
 from hamq.store.consume_queue import ENTRY_BYTES
+from hamq.store.flush import FlushService
 from hamq.store.message_store import GetStatus, MessageStore
 
 SEGMENT_BYTES = 1024
@@ -82,7 +85,7 @@ def test_after_a_failed_fsync_the_store_refuses_writes_for_good():
     with pytest.raises(BrokerSystemError):
         store.commitlog.flush()
     store.check_disk()  # a disk with room again must not lift this refusal
-    with pytest.raises(Exception, match="fsync of commit log segment"):
+    with pytest.raises(DiskFull, match="fsync of commit log segment"):
         _put(store, "T", 0, b"second")
 
 
@@ -315,3 +318,30 @@ def test_a_checkpoint_after_a_failed_queue_write_claims_nothing_unwritten():
         after = _lose_power(disk, seed)
         assert sorted(_read(after, "T")) == list(range(4)), f"seed {seed}"
         assert sorted(_read(after, "U")) == list(range(3)), f"seed {seed}"
+
+
+def test_a_sync_flush_whose_fsync_fails_acknowledges_nothing_and_refuses_writes():
+    disk = SimDisk()
+    store = MessageStore(StoreConfig(store_dir="/store", flush_disk_type="sync",
+                                     sync_flush_timeout_ms=200), disk=disk)
+    answers: list[bool] = []
+
+    async def send_and_wait() -> None:
+        service = FlushService(store)
+        service.start()
+        try:
+            disk.fail_fsync(store.commitlog.segments[-1].path)
+            payload, crc = encode_batch([encode_message(b"never durable")])
+            put = store.put_batch("T", 0, payload, 1, crc, 0)
+            store.commit()
+            service.wait_flushed(put.end_offset, answers.append)
+            deadline = time.monotonic() + 5
+            while not answers and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+        finally:
+            await service.stop()
+
+    asyncio.run(send_and_wait())
+    assert answers == [False]  # FLUSH_DISK_TIMEOUT: never SEND_OK
+    with pytest.raises(DiskFull, match="fsync of commit log segment"):
+        _put(store, "T", 0, b"next")
