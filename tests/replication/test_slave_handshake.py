@@ -356,3 +356,39 @@ def test_a_topic_the_master_deleted_and_created_again_reads_the_same_on_the_slav
         assert got.status is GetStatus.FOUND
         assert decode_records(bytes(got.records), 0, lambda h, i, o, p, body: bytes(body)) \
             == [f"new-{queue_id}".encode() * 3]
+
+
+def test_handshake_offsets_beyond_the_log_match_nothing_and_register_nothing(stores):
+    """Offsets far past the master's log (a slave of another group, a corrupt one) are no
+    error, but prove nothing: no record matches and no session registers at them."""
+    master, _ = stores
+    put(master, "a", 10)
+    core = MasterReplication(QuorumConfig(), 64 * 1024, 16 * 1024)
+    link = MasterLink(core, master)
+    huge = 1 << 62
+    reply, attached = link.handshake(KEY, {"broker_id": 1, "probes": [[huge, huge + 1, 0]]}, 0)
+    assert reply == {"matches": [False]} and attached is None
+    reply, attached = link.handshake(KEY, {"broker_id": 1, "attach": huge,
+                                           "proof": [huge - 100, huge, 7]}, 0)
+    assert reply == {"start_offset": None} and core.slaves == {}
+    # an empty slave log that far ahead restarts at the master's first byte
+    reply, attached = link.handshake(KEY, {"broker_id": 1, "attach": huge, "proof": None}, 0)
+    assert reply == {"start_offset": master.commitlog.min_offset}
+
+
+def test_a_slave_agreeing_on_nothing_the_master_kept_restarts_empty_at_its_start(stores):
+    """The master lost its disk, wrote a new log and retention removed its start; the
+    slave's old log agrees with none of it and reaches past the master's first byte. The
+    slave must restart empty there: it used to cut its log only back to the master's
+    first byte, keeping (and serving) old records the master never had."""
+    master, slave = stores
+    put(slave, "old", 4000)   # what the slave copied from the master's lost disk
+    put(master, "new", 3000)
+    new_min = master.commitlog.delete_segments_before(time.time() + 60)  # retention
+    for cq in master.queues.values():
+        cq.drop_below_physical(new_min)
+    assert 0 < new_min < slave.commitlog.max_offset
+    link, _ = replicate(master, slave)
+    assert slave.commitlog.min_offset == new_min
+    assert log_bytes(slave) == log_bytes(master)
+    check_same_queues(master, slave, 1)

@@ -187,7 +187,7 @@ class SlaveLink:
             log.error("this slave's commit log differs from its master's after offset %d: "
                       "cutting %d bytes of commit log and their consume-queue entries",
                       attached.agreed, cut)
-        self.store.reset_log(attached.start)
+        self.store.reset_log(attached.agreed, attached.start)
 
 
 class HAMaster:

@@ -251,13 +251,15 @@ class MessageStore:
         self.flush_consume_queues()
         cq.drop_from_physical(0)
 
-    def reset_log(self, start: int) -> None:
-        """Slave attaching to its master at ``start`` (see ``replication/slave.py``): what
-        follows it differs from the master's log and is cut, with its queue entries; a
-        ``start`` outside the log (the master keeps nothing older) restarts it empty there.
-        A partial record held in memory is dropped either way."""
+    def reset_log(self, agreed: int, start: int) -> None:
+        """Slave attaching to its master (see ``replication/slave.py``): its log agrees with
+        the master's up to ``agreed``; what follows differs and is cut, with its queue
+        entries. A ``start`` other than ``agreed`` (the master keeps nothing that old)
+        restarts the log empty there: nothing in it was found to agree, so nothing is kept,
+        even where it reaches past ``start``. A partial record held in memory is dropped
+        either way."""
         self._replica_tail = b""
-        if self.commitlog.min_offset <= start <= self.commitlog.max_offset:
+        if start == agreed:
             if start == self.commitlog.max_offset:
                 return
             self.truncate_to(start)
