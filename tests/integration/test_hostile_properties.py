@@ -15,6 +15,7 @@ import pytest
 
 import hamq
 from hamq.protocol.codes import RequestCode, ResponseCode
+from hamq.protocol.frame import pack_body, unpack_body
 from hamq.protocol.message import encode_batch, encode_message
 
 from helpers import free_port, scrape_metrics
@@ -116,3 +117,52 @@ def test_consume_json_reports_unreadable_properties_and_goes_on(cluster, raw_con
     assert [m["keys"] for m in (printed[0], printed[3])] == ["first", "last"]
     for bad in printed[1:3]:
         assert "properties cannot be read" in bad["error"] and "keys" not in bad, bad
+
+
+# -- 11. fields that aliased, or answered SUCCESS for, what does not exist ---------------
+def test_pull_commit_offset_needs_a_group_name(cluster, raw_conn):
+    """A pull's commit offset is stored under its group: a group that is not a name (an
+    int that would be persisted as the group "1", a list) or an offset out of range is
+    INVALID_ARGUMENT naming the field, and no offset is stored."""
+    with hamq.Admin(cluster.namesrv) as admin:
+        admin.create_topic(TOPIC, 1)
+    conn = raw_conn(cluster.broker_addr())
+    pull = {"topic": TOPIC, "queue_id": 0, "queue_offset": 0, "max_msgs": 1}
+    for opaque, (extra, field) in enumerate([
+            ({"group": 1, "commit_offset": 5}, "group"),
+            ({"group": ["g"], "commit_offset": 5}, "group"),
+            ({"commit_offset": 5}, "group"),
+            ({"group": "g", "commit_offset": 2**64 - 1}, "commit_offset"),
+            ({"group": "g", "commit_offset": "5"}, "commit_offset")]):
+        answer = ask(conn, RequestCode.PULL_MESSAGE, opaque, {**pull, **extra})
+        assert answer.code == ResponseCode.INVALID_ARGUMENT, (extra, answer)
+        assert field in answer.remark, answer.remark
+    offsets = ask(conn, RequestCode.GET_ALL_CONSUMER_OFFSET, 9, {})
+    assert offsets.body in (b"", pack_body({})), unpack_body(offsets.body)
+
+
+@pytest.mark.parametrize("offset", [-1, 1, 2**40], ids=["minus-one", "past-end", "huge"])
+def test_end_transaction_of_what_is_not_a_half_is_refused(cluster_factory, raw_conn, offset):
+    """END_TRANSACTION answered SUCCESS for offset -1 (below every decided half) and for
+    offsets past the half queue (with UNKNOW): now INVALID_ARGUMENT naming the field; a
+    real half is still committed by it."""
+    c = cluster_factory()
+    c.start_namesrv()
+    c.start_broker(**FAST_CHECKS)
+    with hamq.Admin(c.namesrv) as admin:
+        admin.create_topic(TOPIC, 1)
+    conn = raw_conn(c.broker_addr())
+    half = send_raw(conn, 1, raw_props(HALF))
+    assert half.code == ResponseCode.SUCCESS, half
+    for opaque, state in enumerate(["COMMIT_MESSAGE", "ROLLBACK_MESSAGE", "UNKNOW"], 2):
+        answer = ask(conn, RequestCode.END_TRANSACTION, opaque,
+                     {"group": "pg-tx", "tran_state_table_offset": offset,
+                      "commit_or_rollback": state})
+        assert answer.code == ResponseCode.INVALID_ARGUMENT, (state, answer)
+        assert "tran_state_table_offset" in answer.remark, answer.remark
+    answer = ask(conn, RequestCode.END_TRANSACTION, 9,
+                 {"group": "pg-tx", "tran_state_table_offset": 0,
+                  "commit_or_rollback": "COMMIT_MESSAGE"})
+    assert answer.code == ResponseCode.SUCCESS, answer
+    assert ask(conn, RequestCode.GET_MAX_OFFSET, 10, {"topic": TOPIC, "queue_id": 0}).ext == \
+        {"offset": 1}

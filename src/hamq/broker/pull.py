@@ -15,7 +15,7 @@ from hamq.broker.topics import TopicService
 from hamq.net.connection import Connection, response_pieces
 from hamq.net.metrics import COUNTS
 from hamq.protocol.codes import ResponseCode
-from hamq.protocol.frame import Frame, optional, require
+from hamq.protocol.frame import Frame, optional, require, require_int, require_name
 from hamq.protocol.limits import MAX_PULL_BYTES
 from hamq.store.message_store import GetStatus, MessageStore
 
@@ -54,11 +54,13 @@ class PullProcessor:
         queue_id = require(ext, "queue_id", int)
         self.topics.for_read(topic, queue_id)
         COUNTS.pull_requests += 1
-        group = ext.get("group")
-        commit_offset = ext.get("commit_offset")
-        if group and isinstance(commit_offset, int) and commit_offset >= 0:
-            self.store.offsets.commit(group, topic, queue_id, commit_offset, self.store.clock_ms())
         suspend_ms = min(optional(ext, "suspend_timeout_ms", 0), self.max_wait_ms)
+        if ext.get("commit_offset") is not None:
+            # Checked before anything is stored: a group that is not a name (an int, say)
+            # would be persisted as another group's key.
+            group = require_name(ext, "group")
+            commit_offset = require_int(ext, "commit_offset")
+            self.store.offsets.commit(group, topic, queue_id, commit_offset, self.store.clock_ms())
         pieces = self._answer(frame, hold=suspend_ms > 0)
         if pieces is not None:
             return pieces

@@ -26,7 +26,7 @@ from hamq.broker.durable import answer_when_durable
 from hamq.broker.stored_message import StoredMessage, read_message, read_messages
 from hamq.errors import InvalidArgument, NoPermission, QueryNotFound
 from hamq.net.connection import Connection
-from hamq.protocol.frame import Frame, require
+from hamq.protocol.frame import Frame, require, require_int, require_name
 from hamq.protocol.message import encode_message, encode_properties, validate_batch
 from hamq.protocol.properties import (PROPERTY_PRODUCER_GROUP, PROPERTY_REAL_QUEUE_ID,
                                       PROPERTY_REAL_TOPIC, PROPERTY_TRANSACTION_BATCH,
@@ -110,16 +110,22 @@ class TransactionalMessageService:
         if self.is_slave:
             raise NoPermission("this broker is a slave: end transactions on the group's master")
         ext = frame.ext
-        half_offset = require(ext, "tran_state_table_offset", int)
+        half_offset = require_int(ext, "tran_state_table_offset")
         try:
             state = TransactionState(require(ext, "commit_or_rollback"))
         except ValueError:
             raise InvalidArgument("commit_or_rollback must be one of "
                                   f"{[s.value for s in TransactionState]}") from None
+        group = require_name(ext, "group")
+        half_end = self.store.max_offset(HALF_TOPIC, HALF_QUEUE_ID)
+        if half_offset >= half_end:
+            # Not a half message (an offset -1 or past the end was answered SUCCESS, as if
+            # a transaction had been decided).
+            raise InvalidArgument(f"request field 'tran_state_table_offset' {half_offset} is "
+                                  f"not a half message: half offsets are below {half_end}")
         op = None
         if state is not TransactionState.UNKNOW and not self.is_decided(half_offset):
             msg = self.half_message(half_offset)
-            group = require(ext, "group")
             if msg.properties.get(PROPERTY_PRODUCER_GROUP) != group:
                 raise InvalidArgument(f"half message {half_offset} belongs to producer group "
                                       f"{msg.properties.get(PROPERTY_PRODUCER_GROUP)!r}, not "
