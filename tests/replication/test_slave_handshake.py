@@ -392,3 +392,33 @@ def test_a_slave_agreeing_on_nothing_the_master_kept_restarts_empty_at_its_start
     assert slave.commitlog.min_offset == new_min
     assert log_bytes(slave) == log_bytes(master)
     check_same_queues(master, slave, 1)
+
+
+def test_slave_retention_during_a_handshake_leaves_it_attachable(stores):
+    """The slave's retention ran between two handshake rounds and removed the segment
+    where its log agrees with the master's: the attach point is now below its first byte,
+    so nothing it keeps was found to agree. It restarts empty there (cutting back to it
+    was refused, and failed the handshake)."""
+    master, slave = stores
+    put(master, "a", 100)
+    replicate(master, slave)
+    put(slave, "x", 4000)   # records the master lost; several segments of them
+    put(master, "b", 200)
+    core = MasterReplication(QuorumConfig(), 64 * 1024, 16 * 1024)
+    m, s = MasterLink(core, master), SlaveLink(slave, broker_id=1)
+    request, rounds = s.begin(), 0
+    while request is not None:
+        rounds += 1
+        assert rounds <= ROUNDS_MAX
+        reply, _ = m.handshake(KEY, request, now_ms=0)
+        request = s.on_handshake_reply(reply)
+        if rounds == 2:  # the first compare round is answered: retention on the slave
+            new_min = slave.commitlog.delete_segments_before(time.time() + 60)
+            for cq in slave.queues.values():
+                cq.drop_below_physical(new_min)
+    agreed = boundaries(master)[100]
+    assert core.slaves[KEY].sent_offset == agreed < new_min
+    assert slave.commitlog.min_offset == slave.commitlog.max_offset == agreed
+    replicate(master, slave)
+    assert log_bytes(slave) == log_bytes(master)[agreed:]
+    check_same_queues(master, slave, 1)

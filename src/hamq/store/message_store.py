@@ -254,12 +254,12 @@ class MessageStore:
     def reset_log(self, agreed: int, start: int) -> None:
         """Slave attaching to its master (see ``replication/slave.py``): its log agrees with
         the master's up to ``agreed``; what follows differs and is cut, with its queue
-        entries. A ``start`` other than ``agreed`` (the master keeps nothing that old)
-        restarts the log empty there: nothing in it was found to agree, so nothing is kept,
-        even where it reaches past ``start``. A partial record held in memory is dropped
-        either way."""
+        entries. A ``start`` other than ``agreed`` (the master keeps nothing that old), or
+        an ``agreed`` that retention removed during the handshake, restarts the log empty
+        at ``start``: nothing in it was found to agree, so nothing is kept, even where it
+        reaches past ``start``. A partial record held in memory is dropped either way."""
         self._replica_tail = b""
-        if start == agreed:
+        if start == agreed >= self.commitlog.min_offset:
             if start == self.commitlog.max_offset:
                 return
             self.truncate_to(start)
