@@ -293,6 +293,16 @@ def delete_and_recreate(master: MessageStore) -> None:
     put_numbered(master, "b", 0, 30)
 
 
+def lose_disk_and_expire(master: MessageStore) -> None:
+    """The master lost everything, wrote a new log, and retention removed its start: the
+    slave agrees with nothing the master keeps and restarts its log empty."""
+    master.truncate_to(0)
+    put_numbered(master, "b", 0, 110)
+    new_min = master.commitlog.delete_segments_before(2.0)  # the sim clock reads 1.0
+    for cq in master.queues.values():
+        cq.drop_below_physical(new_min)
+
+
 def crash_at_every_step(change_master, power_loss: bool) -> int:
     """The slave replicates 90 records, the master changes, and the slave dies before each
     change to its disk in turn while it follows (kill -9, or a power loss that keeps only
@@ -422,3 +432,9 @@ def test_slave_retention_during_a_handshake_leaves_it_attachable(stores):
     replicate(master, slave)
     assert log_bytes(slave) == log_bytes(master)[agreed:]
     check_same_queues(master, slave, 1)
+
+
+@pytest.mark.parametrize("power_loss", [False, True], ids=["kill", "power-loss"])
+def test_a_slave_crashing_while_it_restarts_its_log_empty_converges(power_loss):
+    """Restarting the log empty at the master's first byte can be cut short anywhere."""
+    assert crash_at_every_step(lose_disk_and_expire, power_loss) > 3
