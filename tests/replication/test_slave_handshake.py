@@ -14,7 +14,7 @@ from hamq.errors import HamqError
 from hamq.replication.master import MAX_PROBES, MasterReplication
 from hamq.replication.quorum import QuorumConfig
 from hamq.protocol.message import decode_records, encode_batch, encode_message
-from hamq.sim.fs import SimDisk
+from hamq.sim.fs import ProcessCrash, SimDisk
 from hamq.sim.replica_checkers import check_same_queues
 from hamq.store.message_store import GetStatus, MessageStore
 
@@ -210,60 +210,6 @@ def test_retention_removing_what_a_slave_still_needs_ends_its_session(stores):
     assert log_bytes(slave) == log_bytes(master)
 
 
-class _Crash(Exception):
-    """The slave process dies here."""
-
-
-class _CountdownSet(set):
-    """``failing_fsyncs`` of a ``CrashingDisk``: every file fsync asks it first."""
-
-    def __init__(self, disk: CrashingDisk) -> None:
-        super().__init__()
-        self.disk = disk
-
-    def __contains__(self, key) -> bool:
-        self.disk.step()
-        return super().__contains__(key)
-
-
-class CrashingDisk(SimDisk):
-    """A simulated disk whose process dies before its ``crash_at``-th change (a write,
-    truncation, fsync, creation, removal or rename), once armed."""
-
-    def __init__(self) -> None:
-        super().__init__(clock=lambda: 1.0)
-        self.failing_fsyncs = _CountdownSet(self)
-        self.crash_at: int | None = None
-
-    def step(self) -> None:
-        if self.crash_at is not None:
-            self.crash_at -= 1
-            if self.crash_at < 0:
-                self.crash_at = None
-                raise _Crash
-
-    def reserve(self, grow: int) -> None:  # every write and truncation
-        self.step()
-        super().reserve(grow)
-
-    def open(self, path, create=True, append=False):
-        if create and not self.exists(path):
-            self.step()
-        return super().open(path, create, append)
-
-    def unlink(self, path) -> None:
-        self.step()
-        super().unlink(path)
-
-    def replace(self, src, dst) -> None:
-        self.step()
-        super().replace(src, dst)
-
-    def fsync_dir(self, path) -> None:
-        self.step()
-        super().fsync_dir(path)
-
-
 def sim_store(disk: SimDisk) -> MessageStore:
     # One store time for every record: a rewrite differs from the record it replaces only
     # in its body, and 4 KiB segments put the cut and the new records across rolls.
@@ -311,26 +257,24 @@ def crash_at_every_step(change_master, power_loss: bool) -> int:
     crash_points = 0
     while True:
         master = sim_store(SimDisk(clock=lambda: 1.0))
-        disk = CrashingDisk()
+        disk = SimDisk(clock=lambda: 1.0)
         slave = sim_store(disk)
         put_numbered(master, "a", 0, 90)
         replicate(master, slave)
         slave.close()
         slave = sim_store(disk)
         change_master(master)
-        disk.crash_at = crash_points
+        disk.crash_after(crash_points)
         try:
             replicate(master, slave)
             slave.commitlog.flush()
             slave.flush_consume_queues()
-        except _Crash:
+        except ProcessCrash:
             disk.kill() if not power_loss else disk.power_loss(random.Random(crash_points))
             slave = sim_store(disk)  # must not refuse
             replicate(master, slave)
         else:
             return crash_points
-        finally:
-            disk.crash_at = None
         assert log_bytes(slave) == log_bytes(master), crash_points
         check_same_queues(master, slave, 1)
         crash_points += 1
