@@ -479,3 +479,25 @@ def test_a_queue_file_write_the_disk_had_no_room_for_leaves_no_half_entry(open_s
     queue = store.queue("T", 0).path
     assert os.path.getsize(queue) % ENTRY_BYTES == 0
     assert read_all(open_store()) == list(enumerate(bodies))
+
+
+def test_a_roll_the_disk_had_no_room_for_undoes_the_turn(open_store):
+    """A send rolls the segment, which first writes the turn's earlier appends: ENOSPC
+    there undoes them all, queue entries included (an entry left behind would point at
+    whatever record is written next at its offset: another queue's message)."""
+    disk = RecordingDisk()
+    store = open_store(disk=disk)
+    bodies = fill(store, 3)
+    payload, crc = encode_batch([encode_message(b"b" * 200)])
+    store.put_batch("T", 1, payload, 1, crc, 0)  # this turn, not yet written
+    disk.full = True
+    big, big_crc = encode_batch([encode_message(b"c" * (SEGMENT_BYTES - 300))])
+    with pytest.raises(DiskFull, match="No space left"):
+        store.put_batch("T", 0, big, 1, big_crc, 0)
+    disk.full = False
+    store.commit()
+    store.check_disk()
+    assert store.max_offset("T", 1) == 0
+    assert put(store, "T", 0, [b"next"]) == 3
+    assert read_all(store) == list(enumerate(bodies + [b"next"]))
+    assert read_all(store, "T", 1) == []

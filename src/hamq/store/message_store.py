@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 from pathlib import Path
 
 from hamq.config import StoreConfig
@@ -167,7 +167,11 @@ class MessageStore:
         store_ts = self.clock_ms() if store_timestamp_ms is None else store_timestamp_ms
         base = cq.max_offset
         total = RECORD_HEADER_BYTES + len(topic_raw) + len(payload)
-        phys = self.commitlog.reserve(total)
+        try:
+            phys = self.commitlog.reserve(total)
+        except OSError as exc:  # a roll writes this turn's appends first: that failed
+            touched, self._touched = self._touched, []
+            self._undo_failed_write(touched, exc)
         header = encode_record_header(topic_raw, queue_id, len(payload), payload_crc, count,
                                       base, phys, store_ts, born_timestamp_ms, sys_flag)
         self.commitlog.append([header, payload], total)
@@ -182,18 +186,23 @@ class MessageStore:
         touched, self._touched = self._touched, []
         if not touched:
             return
-        failed_at = self.commitlog.written_offset
         try:
             self.commitlog.write_pending()
         except OSError as exc:
-            for cq in touched:
-                cq.drop_from_physical(failed_at)
-            self._disk_refusal = f"write to commit log failed: {exc.strerror or exc}"
-            log.error("%s; refusing writes until the next disk check", self._disk_refusal)
-            raise DiskFull(self._disk_refusal) from None
+            self._undo_failed_write(touched, exc)
         if self._free_bytes_at_check - self._written_since_disk_check < \
                 self.config.disk_min_free_bytes:
             self.check_disk()
+
+    def _undo_failed_write(self, touched: list[ConsumeQueue], exc: OSError) -> NoReturn:
+        """The commit log keeps only what it wrote whole: the queue entries of appends past
+        its end go with them (they would point at the next records written there), and
+        writes are refused until a disk check finds room."""
+        for cq in touched:
+            cq.drop_from_physical(self.commitlog.written_offset)
+        self._disk_refusal = f"write to commit log failed: {exc.strerror or exc}"
+        log.error("%s; refusing writes until the next disk check", self._disk_refusal)
+        raise DiskFull(self._disk_refusal) from None
 
     @property
     def durable_offset(self) -> int:
@@ -216,8 +225,22 @@ class MessageStore:
             raise CrcMismatch(f"replicated bytes start at {offset}, expected "
                               f"{self.replica_offset}: the stream has a gap")
         buf = self._replica_tail + data if self._replica_tail else data
-        pos = 0
         arrived: list[tuple[str, int]] = []
+        try:
+            pos = self._append_replicated_records(buf, arrived)
+        except OSError:  # the log kept only what it wrote whole: so do the queues
+            for topic, queue_id in arrived:
+                self.queues[(topic, queue_id)].drop_from_physical(
+                    self.commitlog.written_offset)
+            self._replica_tail = b""
+            raise
+        self._replica_tail = buf[pos:]
+        return arrived
+
+    def _append_replicated_records(self, buf: bytes, arrived: list[tuple[str, int]]) -> int:
+        """Append and index the whole records of ``buf`` (``arrived`` names their queues);
+        returns where the first partial record starts."""
+        pos = 0
         while True:
             size = peek_record_size(buf, pos)
             if size is None or len(buf) - pos < size:
@@ -235,9 +258,8 @@ class MessageStore:
             cq.append(phys, size, h.base_queue_offset, h.count, h.store_timestamp_ms)
             arrived.append((h.topic, h.queue_id))
             pos += size
-        self._replica_tail = buf[pos:]
         self.commitlog.write_pending()
-        return arrived
+        return pos
 
     def _restart_replicated_queue(self, cq: ConsumeQueue, base: int, at: int) -> None:
         """A replicated record starts its queue's offsets again: the master deleted the
