@@ -345,3 +345,18 @@ def test_a_sync_flush_whose_fsync_fails_acknowledges_nothing_and_refuses_writes(
     assert answers == [False]  # FLUSH_DISK_TIMEOUT: never SEND_OK
     with pytest.raises(DiskFull, match="fsync of commit log segment"):
         _put(store, "T", 0, b"next")
+
+
+def test_a_replicated_batch_the_disk_had_no_room_for_leaves_no_queue_entry_past_the_log():
+    master = _store_with(SimDisk(), 0)
+    for i in range(6):
+        _put(master, "T", i % 2, f"m{i}".encode().ljust(300, b"."))
+    shipped = bytes(master.commitlog.read_range(0, master.commitlog.written_offset))
+    disk = SimDisk(capacity_bytes=(1 << 40) - 1)
+    slave = MessageStore(_config(), disk=disk)
+    disk.capacity_bytes = disk.used_bytes() + 700  # the first segment's records do not fit
+    with pytest.raises(OSError):
+        slave.append_replicated(0, shipped)
+    end = slave.commitlog.written_offset
+    assert all(cq.max_physical_end <= end for cq in slave.queues.values())
+    assert slave.replica_offset == end
