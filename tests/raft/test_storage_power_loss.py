@@ -4,9 +4,10 @@ Each seed appends, lets a new leader overwrite an uncommitted suffix with a high
 and syncs then saves checkpoints (the order the DLedger driver keeps) over small segments;
 the process crashes now and then, between steps or at any write, fsync, creation, removal
 or rename inside one (``SimDisk.crash_after``), and restarts after a kill or a power loss
-with every entry a returned sync covered; at the end it loses power. The store must reopen (under a power loss alone nothing committed and
-fsynced is lost, so a refusal is a bug) with every entry up to the saved committed index
-intact, terms that never go down, and the same log on a second reopen.
+with every entry a returned sync covered; at the end it loses power. The store must reopen
+(under a crash or a power loss alone nothing committed and fsynced is lost, so a refusal
+is a bug) with every entry up to the saved committed index intact, terms that never go
+down, and the same log on a second reopen.
 """
 from __future__ import annotations
 
