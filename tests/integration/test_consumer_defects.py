@@ -390,6 +390,38 @@ def test_a_message_no_hand_back_took_is_kept_and_never_committed_past(cluster_fa
         assert check.fetch_offset(MessageQueue("Kept", "broker-a", 0)) == 0
 
 
+def test_a_kept_message_is_not_committed_past_while_consumed_again(cluster_factory):
+    """The committed offset stays below a kept message while its listener runs again: a
+    kill -9 then would otherwise leave the group past a message it never consumed."""
+    c = master_lost(cluster_factory, "Again", [b"stuck", b"next"], other_group=False)
+    got, again, release = Deliveries(), threading.Event(), threading.Event()
+
+    def listener(messages):
+        got.add(messages)
+        if messages[0].body != b"stuck":
+            return OK
+        if messages[0].reconsume_times == 0:
+            return LATER
+        again.set()
+        release.wait(30)
+        return OK
+
+    consumer = start_consumer(c.namesrv, "again", "Again", listener)
+    mq = MessageQueue("Again", "broker-a", 0)
+    try:
+        wait_for(again.is_set, 20, "the kept message consumed again")
+        with hamq.PullConsumer("again", c.namesrv) as check:
+            deadline = time.monotonic() + 3  # six persist intervals of the consumer
+            while time.monotonic() < deadline:
+                assert check.fetch_offset(mq) == 0, "committed past a message in hand"
+                time.sleep(0.2)
+    finally:
+        release.set()
+        consumer.shutdown()
+    with hamq.PullConsumer("again", c.namesrv) as check:
+        assert check.fetch_offset(mq) == 2  # consumed at last: committed past it
+
+
 # -- 17: orderly lock refusals, orderly reconsume times, broadcasting failures ---------------
 def test_refused_orderly_lock_is_retried_without_whole_rebalances(cluster):
     create_topic(cluster, "Refused")

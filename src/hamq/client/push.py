@@ -514,29 +514,39 @@ class AsyncPushConsumer:
             pq.offset = chunk[-1].queue_offset + 1
 
     async def _failed(self, pq: ProcessQueue, chunk: list[MessageExt]) -> None:
-        """A concurrent listener failed on ``chunk``. Clustering: hand each message back,
-        keep here what could not be; broadcasting: drop them (RocketMQ logs and drops)."""
+        """A concurrent listener failed on ``chunk``: what could not be handed back is kept."""
+        not_taken = await self._hand_back(pq, chunk)
+        if not_taken and not pq.kept:
+            pq.retry_at = time.monotonic() + RECONSUME_KEPT_S
+        pq.kept += not_taken
+
+    async def _hand_back(self, pq: ProcessQueue, chunk: list[MessageExt]) -> list[MessageExt]:
+        """Clustering: hand each message back and return those that could not be;
+        broadcasting: drop them (RocketMQ logs and drops)."""
         if self.message_model == "broadcasting":
             log.warning("broadcasting: %d message(s) of %s failed and are dropped",
                         len(chunk), pq.mq)
-            return
+            return []
+        not_taken = []
         for msg in chunk:
             if not await self.send_back(msg):
                 _count_reconsume([msg])
-                if not pq.kept:
-                    pq.retry_at = time.monotonic() + RECONSUME_KEPT_S
-                pq.kept.append(msg)
+                not_taken.append(msg)
+        return not_taken
 
     async def _reconsume_kept(self, pq: ProcessQueue) -> None:
-        kept, pq.kept = pq.kept, []
+        """The kept messages stay in ``pq.kept`` (so the committed offset stays below them)
+        until their listener succeeded or a hand-back took them."""
         size = self.consume_message_batch_max_size
-        chunks = [kept[i:i + size] for i in range(0, len(kept), size)]
+        chunks = [pq.kept[i:i + size] for i in range(0, len(pq.kept), size)]
         statuses = await self._call_listener(chunks)
+        still: list[MessageExt] = []
         for i, chunk in enumerate(chunks):
             if i >= len(statuses):
-                pq.kept += chunk  # suspended meanwhile
+                still += chunk  # suspended meanwhile
             elif statuses[i] is not ConsumeConcurrentlyStatus.CONSUME_SUCCESS:
-                await self._failed(pq, chunk)
+                still += await self._hand_back(pq, chunk)
+        pq.kept = still
         pq.retry_at = time.monotonic() + RECONSUME_KEPT_S
 
     async def _ensure_locked(self, pq: ProcessQueue) -> bool:
