@@ -23,8 +23,10 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 
 from hamq.broker.member_group import MemberGroup
 from hamq.config import BrokerConfig
-from hamq.errors import CrcMismatch, HamqError, InSyncReplicasNotEnough
+from hamq.errors import (CrcMismatch, HamqError, InSyncReplicasNotEnough,
+                         RequestCodeNotSupported)
 from hamq.net.connection import Connection, connect, response_pieces
+from hamq.net.counts import COUNTS
 from hamq.net.server import Server
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, require
@@ -249,7 +251,7 @@ class HAMaster:
             return None
         if frame.code == RequestCode.HA_HANDSHAKE:
             return self._handshake(conn, frame)
-        raise HamqError(f"HA port does not serve request code {frame.code}")
+        raise RequestCodeNotSupported(f"HA port does not serve request code {frame.code}")
 
     def after_batch(self) -> None:
         pass
@@ -353,6 +355,10 @@ class HASlave:
                 await self._session(addr)
             except HamqError as err:
                 log.warning("HA session with master %s ended: %s", addr, err.message)
+            except Exception:  # a bug, or an address the name server let through: retry
+                COUNTS.internal_errors += 1
+                log.exception("HA session with master %r failed; reconnecting in %.1f s",
+                              addr, SLAVE_RECONNECT_DELAY_S)
             if self.state is not HAConnectionState.SHUTDOWN:
                 self.state = HAConnectionState.READY
                 await asyncio.sleep(SLAVE_RECONNECT_DELAY_S)
