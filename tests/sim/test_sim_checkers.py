@@ -7,10 +7,12 @@ import functools
 from collections.abc import Callable
 
 import msgpack
+import pytest
 
 from hamq.broker.dledger import core
 from hamq.broker.dledger.wire import KIND_SEND
 from hamq.raft import RaftConfig
+from hamq.raft.storage import persist
 from hamq.sim import run_seed, world
 from hamq.store import message_store
 from hamq.store.consume_queue import ConsumeQueue
@@ -18,7 +20,7 @@ from hamq.store.message_store import PutResult
 
 SEEDS = 100
 DEFECT_1_SEED = 1  # these two are kept in regression_seeds.txt
-DELETE_BARRIER_SEED = 99
+DELETE_BARRIER_SEED = 271
 
 
 class _Everything:
@@ -98,3 +100,17 @@ def test_a_wiped_member_that_votes_at_once_is_caught(monkeypatch):
     for seed in DISK_WIPE_SEEDS:
         failure = run_seed(seed).failure
         assert failure is not None and "lacks committed entry" in failure, (seed, failure)
+
+
+DISK_FULL_SEEDS = (15, 19)  # bug 9 in regression_seeds.txt
+
+
+def test_a_failed_raft_log_write_that_escapes_the_core_is_caught(monkeypatch):
+    def persist_or_raise(self, cycle):  # the old core: the error leaves the Ready cycle
+        persist(self.storage, cycle.ready, checkpoint=False, sync=cycle.fsync)
+        return True
+
+    monkeypatch.setattr(core.DLedgerCore, "persist", persist_or_raise)
+    for seed in DISK_FULL_SEEDS:
+        with pytest.raises(OSError, match="No space left"):
+            run_seed(seed)

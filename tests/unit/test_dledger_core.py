@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hamq.broker.dledger.core import APPLY_RETRY_MS, DLedgerCore
+from hamq.broker.dledger.core import APPLY_RETRY_MS, PERSIST_RETRY_MS, DLedgerCore
 from hamq.broker.dledger.wire import KIND_DELETE_TOPIC, KIND_TOPIC, encode_command, encode_entry
 from hamq.broker.topics import TopicService
 from hamq.config import StoreConfig
@@ -172,3 +172,36 @@ def test_a_topic_delete_waits_until_the_store_claims_every_entry_before_it(membe
     member.run(TICK_MS)
     assert member.core.status()["waiting_for_claim"] == -1
     assert member.bodies() == [] and dict(member.answers)[-1] is None
+
+
+def test_a_failed_raft_log_write_is_written_again_and_nothing_waits_for_a_restart(tmp_path):
+    """A full disk fails the Raft log's append too: the member must not wedge (the next
+    Ready on top of the unwritten one) but write the same Ready again until it succeeds."""
+    member = Member(tmp_path)
+    member.elect()
+    member.send(0)
+    member.run(50)
+    real_append = member.storage.append
+    failures = []
+
+    def fail_twice(entries) -> None:
+        if len(failures) < 2:
+            failures.append(1)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_append(entries)
+
+    member.storage.append = fail_twice  # type: ignore[method-assign]
+    member.send(1)
+    member.run(TICK_MS)
+    assert "No space left" in member.core.status()["persist_error"]
+    member.send(2)
+    member.run(PERSIST_RETRY_MS + TICK_MS)  # the first retry fails as well
+    assert len(failures) == 2 and [n for n, _ in member.answers] == [0]
+    member.run(PERSIST_RETRY_MS + TICK_MS)
+    assert member.core.status()["persist_error"] == ""
+    assert member.bodies() == [(i, b"m%d" % i) for i in range(3)]
+    assert sorted(n for n, _ in member.answers) == [0, 1, 2]
+    member.close()
+    again = Member(tmp_path)
+    assert again.bodies() == [(i, b"m%d" % i) for i in range(3)]
+    again.close()

@@ -22,6 +22,9 @@ class FaultMix:
     # per tick, that one member's disk is replaced by an empty one (its votes lost too);
     # one at a time: only once the last one the group vouched for again
     disk_wipe_probability: float
+    # per tick, that one member's disk fills up (until up to heal_ms_max later): writes of
+    # the store and of the Raft log fail with ENOSPC
+    disk_full_probability: float
     restart_ms_max: int  # a stopped member restarts after up to this long
     crash_during_persist_probability: float  # per Ready, a kill or power loss before it is written
     partition_probability: float  # per tick, that the network splits
@@ -47,9 +50,9 @@ class FaultMix:
 
 
 def choose_fault_mix(rng: random.Random, nodes: int | None,
-                     wipe_rng: random.Random) -> FaultMix:
-    """`wipe_rng` draws the disk wipes' probability apart from `rng`, so that adding them
-    left every earlier seed's schedule as it was (its other faults, its regressions)."""
+                     later_rng: random.Random) -> FaultMix:
+    """`later_rng` draws the probabilities of faults added later (disk wipes, full disks)
+    apart from `rng`, so a seed without them keeps the schedule it had."""
     flush_disk_type = rng.choice(FLUSH_DISK_TYPES)
     return FaultMix(
         nodes=nodes if nodes is not None else rng.choice(CLUSTER_SIZES),
@@ -62,7 +65,8 @@ def choose_fault_mix(rng: random.Random, nodes: int | None,
         power_loss_probability=rng.choice((0.0, 0.0, 0.003, 0.01))
         if flush_disk_type == "sync" else 0.0,
         clean_stop_probability=rng.choice((0.0, 0.002, 0.005)),
-        disk_wipe_probability=wipe_rng.choice((0.0, 0.0, 0.003, 0.01)),
+        disk_wipe_probability=later_rng.choice((0.0, 0.0, 0.003, 0.01)),
+        disk_full_probability=later_rng.choice((0.0, 0.0, 0.003, 0.01)),
         restart_ms_max=rng.choice((100, 1000)),
         crash_during_persist_probability=rng.choice((0.0, 0.0, 0.01, 0.03)),
         partition_probability=rng.choice((0.0, 0.003, 0.01, 0.03)),

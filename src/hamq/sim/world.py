@@ -6,14 +6,15 @@ the Raft log's periodic flush, applying to a ``MessageStore``, checkpoint claims
 recovery) over ``FileStorage`` and a message store on its own ``SimDisk``; only the event
 loop, the sockets and the clocks are the world's. Faults: process kills (the page cache
 survives), power losses (unfsynced data lost, torn, out of order across files), crashes
-in the middle of a Ready, clean stops, disks replaced by empty ones (one at a time),
-partitions, drops, duplicates, delays, and wall clocks that are skewed and jump. One seed
-fixes everything, so a failing seed replays exactly; `trace_hash` digests every event to
-prove it.
+in the middle of a Ready, clean stops, disks replaced by empty ones (one at a time), full
+disks, partitions, drops, duplicates, delays, and wall clocks that are skewed and jump.
+One seed fixes everything, so a failing seed replays exactly; `trace_hash` digests every
+event to prove it.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import heapq
 import json
@@ -32,7 +33,7 @@ from hamq.raft import Entry, FileStorage, HardState, Message, RaftConfig, RaftEr
 from hamq.raft.log import UNKNOWN_VOTE
 from hamq.sim.checkers import Ack, Checkers, SafetyViolation, check_restart, check_stores
 from hamq.sim.faults import FaultMix, choose_fault_mix
-from hamq.sim.fs import SimDisk
+from hamq.sim.fs import DEFAULT_CAPACITY_BYTES, SimDisk
 from hamq.sim.network import SimNetwork
 from hamq.store.message_store import MessageStore, PutResult
 
@@ -46,6 +47,7 @@ TOPICS = ("T0", "T1", "D")
 DELETABLE = "D"  # the topic admins delete and create again; its sends are not tracked as
 # acknowledged (a delete takes them away), its queues and bytes are checked like the rest
 QUEUES = 2
+MIN_FREE_BYTES = 4096  # the store refuses sends below this (a full disk, see FaultMix)
 STORE_DIR = Path("/store")
 RAFT_DIR = Path("/dledger")
 
@@ -55,6 +57,7 @@ class _Event(IntEnum):
     DELIVER = 2
     RESTART = 3
     HEAL = 4
+    DISK_FREED = 5
 
 
 class LivenessFailure(AssertionError):
@@ -127,7 +130,7 @@ class World:
         self._store_config = StoreConfig(
             store_dir=str(STORE_DIR), flush_disk_type=mix.flush_disk_type,
             mapped_file_size_commitlog=mix.commitlog_segment_bytes,
-            disk_min_free_bytes=0, disk_max_used_space_ratio=1.0)
+            disk_min_free_bytes=MIN_FREE_BYTES, disk_max_used_space_ratio=1.0)
         self.crashes = 0
         self._sends = 0
         self._partitioned = False
@@ -167,6 +170,8 @@ class World:
                 self._deliver(target, payload)
             elif kind == _Event.RESTART:
                 self._start(self.members[target])
+            elif kind == _Event.DISK_FREED:
+                self._free_disk(self.members[target])
             else:
                 self.network.heal()
                 self._partitioned = False
@@ -218,6 +223,15 @@ class World:
                 on_applied=lambda arrived: None, not_leader=NotLeader)
         except (HamqError, RaftError) as err:
             raise SafetyViolation(f"node {member.node_id} cannot restart: {err}") from err
+        except OSError as err:
+            if err.errno != errno.ENOSPC:
+                raise
+            # recovery could not write on a full disk: the process exits, and its
+            # supervisor starts it again later
+            disk.kill()
+            self._push(self.now_ms + self.rng.randint(1, self.mix.restart_ms_max),
+                       _Event.RESTART, member.node_id)
+            return
         check_restart(member.node_id, claim, core.recovery, member.applied_at_clean_stop)
         member.process = _Process(core, store, storage)
         member.applied_at_clean_stop = None
@@ -260,7 +274,8 @@ class World:
                     core.persist(cycle)
                 self._crash(member, power_loss=self._power_loss_possible())
                 return
-            core.persist(cycle)
+            if not core.persist(cycle):
+                return  # a full disk: the core writes the same Ready again later
             applied = core.applied_index
             core.finish_cycle(cycle, self.now_ms)
             self._trace.update(b"R%d|%d|%d|" % (member.node_id, len(ready.entries),
@@ -290,15 +305,23 @@ class World:
             if self.now_ms < due[name]:
                 continue
             due[name] = self.now_ms + periods[name]
-            if name == "store_flush":
-                process.store.commitlog.flush()
-            elif name == "raft_flush":
+            if name == "raft_flush":
                 job = process.core.begin_flush()
-                process.core.run_flush(job)
-                process.core.flush_done(job)
-            else:
-                process.store.sync_files(process.store.write_consume_queues())
-                process.store.write_checkpoint()
+                try:
+                    process.core.run_flush(job)
+                except OSError:  # a full disk: the driver keeps it for the next flush
+                    process.core.flush_failed(job)
+                else:
+                    process.core.flush_done(job)
+                continue
+            try:
+                if name == "store_flush":
+                    process.store.commitlog.flush()
+                else:
+                    process.store.sync_files(process.store.write_consume_queues())
+                    process.store.write_checkpoint()
+            except OSError:
+                pass  # a full disk: the broker's periodic service logs it, runs again
 
     def _power_loss_possible(self) -> bool:
         """Half the crashes that may be power losses are (see FaultMix)."""
@@ -333,6 +356,12 @@ class World:
                 member.unvouched = member.process.core.node.voted_for == UNKNOWN_VOTE
         return {m.node_id for m in self.members.values() if m.unvouched}
 
+    def _free_disk(self, member: _Member) -> None:
+        """Space came back; the store notices at its next disk check."""
+        member.disk.capacity_bytes = DEFAULT_CAPACITY_BYTES
+        if member.process is not None:
+            member.process.store.check_disk()
+
     def _stop_cleanly(self, member: _Member) -> None:
         """The broker's shutdown order: the DLedger part flushes its log, then the store
         closes (flushing and checkpointing what it applied)."""
@@ -344,7 +373,8 @@ class World:
         process.core.fail_all(NotLeader("member shutting down"))
         process.storage.close()
         process.store.close()
-        member.applied_at_clean_stop = process.core.applied_index
+        member.applied_at_clean_stop = \
+            None if process.core.stopped_mid_entry else process.core.applied_index
         member.process = None
         member.disk.kill()  # the process exits: any handle left open is gone
         self._push(self.now_ms + self.rng.randint(1, self.mix.restart_ms_max),
@@ -364,6 +394,15 @@ class World:
         elif mix.disk_wipe_probability and rng.random() < mix.disk_wipe_probability and \
                 mix.nodes > 1 and live and not self._unvouched():
             self._wipe(rng.choice(live))
+        if mix.disk_full_probability and rng.random() < mix.disk_full_probability and live:
+            full = rng.choice(live)
+            full.disk.capacity_bytes = full.disk.used_bytes() + rng.randint(0, MIN_FREE_BYTES)
+            # the broker's periodic disk check, at once: the store refuses sends before
+            # the disk is full (RocketMQ's guard); the Raft log has no such guard
+            if full.process is not None:  # (it may have crashed in this very tick)
+                full.process.store.check_disk()
+            self._push(self.now_ms + rng.randint(1, mix.heal_ms_max), _Event.DISK_FREED,
+                       full.node_id)
         if rng.random() < mix.clock_jump_probability:
             member = rng.choice(list(self.members.values()))
             member.clock_offset_ms += rng.randint(-mix.clock_jump_ms_max, mix.clock_jump_ms_max)
@@ -450,6 +489,8 @@ class World:
         self.network.duplicate_probability = 0.0
         self.network.heal()
         self._partitioned = False
+        for member in self.members.values():
+            self._free_disk(member)
         # a member that votes for nobody yet is as good as down: while there is one, all
         # come back (a new group needs every member once, a wiped one a majority besides it)
         ids = list(self.members)
@@ -460,7 +501,8 @@ class World:
                 self._start(member)
             elif member.process is not None and member.node_id in kept_down:
                 self._crash(member, power_loss=self._power_loss_possible())
-        self._queue = [e for e in self._queue if e[2] not in (_Event.RESTART, _Event.HEAL)]
+        self._queue = [e for e in self._queue
+                       if e[2] not in (_Event.RESTART, _Event.HEAL, _Event.DISK_FREED)]
         heapq.heapify(self._queue)
         self._workload_on = False  # only the marker is sent now
         healed_at_ms = self.now_ms

@@ -22,7 +22,10 @@ checkpoint, never the whole log.
 
 Applying can fail (a full disk): the member then stops applying, reports why, keeps
 replicating and voting, and tries again every APPLY_RETRY_MS from the same command — no
-entry is skipped, none is applied twice.
+entry is skipped, none is applied twice. Writing the Raft log can fail too (the same full
+disk): the Ready stays unwritten, nothing that depends on it happens (no answer, no apply,
+a leader does not count itself), and the same Ready is written again every
+PERSIST_RETRY_MS (the file store undoes a failed append, so a retry writes it whole).
 
 A topic delete is the one command that applying again after a restart cannot redo: the
 sends before it would find the topic's queues gone and take other queue offsets. So a
@@ -53,6 +56,7 @@ log = logging.getLogger(__name__)
 # A member whose applying failed tries again this often (RocketMQ retries a failed
 # dispatch on its next round too); the cause, usually a full disk, clears on its own time.
 APPLY_RETRY_MS = 1000
+PERSIST_RETRY_MS = 1000
 
 
 class TopicTable(Protocol):
@@ -163,6 +167,10 @@ class DLedgerCore:
         self.apply_error = ""  # why applying is paused, "" while it runs
         self.waiting_for_claim = EMPTY_INDEX  # a topic delete's index, until it may apply
         self._retry_at_ms = 0
+        self._unwritten: Cycle | None = None  # a Ready whose write failed: written first
+        self.persist_error = ""  # why, until a retry succeeds
+        self._persist_retry_at_ms = 0
+        self._now_ms = now_ms  # as of the last tick
         self._group = ProposalGroup()
         # per entry, one callback (and result) per command, in the entry's order
         self._pending: dict[EntryId, list[ProposalCallback]] = {}
@@ -187,6 +195,8 @@ class DLedgerCore:
             self._propose_group()
 
     def has_work(self) -> bool:
+        if self._unwritten is not None:
+            return self._now_ms >= self._persist_retry_at_ms
         return bool(self._group.callbacks) or self.node.has_ready()
 
     def _propose_group(self) -> None:
@@ -215,6 +225,7 @@ class DLedgerCore:
 
     # -- the Ready cycle ----------------------------------------------------------------------
     def tick(self, now_ms: int) -> None:
+        self._now_ms = now_ms
         self.node.tick(now_ms)
         if self.apply_error and now_ms >= self._retry_at_ms:
             log.info("retrying to apply from Raft index %d", self._cursor.index)
@@ -225,6 +236,11 @@ class DLedgerCore:
         self._apply_backlog(now_ms)
 
     def start_cycle(self) -> Cycle | None:
+        if self._unwritten is not None:  # its messages that could leave first already did
+            if self._now_ms < self._persist_retry_at_ms:
+                return None
+            cycle, self._unwritten = self._unwritten, None
+            return cycle
         self._propose_group()
         if not self.node.has_ready():
             return None
@@ -235,9 +251,21 @@ class DLedgerCore:
         return Cycle(ready, leading,
                      ready.hard_state is not None or (bool(ready.entries) and self.sync_appends))
 
-    def persist(self, cycle: Cycle) -> None:
-        """Write the Ready (a driver may run this in a worker thread)."""
-        persist(self.storage, cycle.ready, checkpoint=False, sync=cycle.fsync)
+    def persist(self, cycle: Cycle) -> bool:
+        """Write the Ready (a driver may run this in a worker thread). False if that failed:
+        then `finish_cycle` must not run, and `start_cycle` hands out the same Ready again
+        once PERSIST_RETRY_MS have passed."""
+        try:
+            persist(self.storage, cycle.ready, checkpoint=False, sync=cycle.fsync)
+        except OSError as err:
+            self._unwritten = cycle
+            self.persist_error = f"writing the Raft log failed: {err}"
+            self._persist_retry_at_ms = self._now_ms + PERSIST_RETRY_MS
+            log.error("%s; this member writes it again in %d ms", self.persist_error,
+                      PERSIST_RETRY_MS)
+            return False
+        self.persist_error = ""
+        return True
 
     def finish_cycle(self, cycle: Cycle, now_ms: int) -> None:
         ready = cycle.ready
@@ -257,9 +285,8 @@ class DLedgerCore:
     def run_cycle(self, now_ms: int) -> bool:
         """All three steps at once (the simulator, and tests); False if there was none."""
         cycle = self.start_cycle()
-        if cycle is None:
+        if cycle is None or not self.persist(cycle):
             return False
-        self.persist(cycle)
         self.finish_cycle(cycle, now_ms)
         return True
 
@@ -327,6 +354,12 @@ class DLedgerCore:
             self._apply_marks.append((self.applied_index, self.store.commitlog.written_offset))
 
     @property
+    def stopped_mid_entry(self) -> bool:
+        """Applying paused inside an entry: a restart applies that entry again from its
+        first command (claims name whole entries)."""
+        return self._cursor.command > 0
+
+    @property
     def paused(self) -> bool:
         return bool(self.apply_error) or self.waiting_for_claim != EMPTY_INDEX
 
@@ -370,6 +403,10 @@ class DLedgerCore:
             # (answers already given stay right: applying again gives the same results)
             self.applied_index = committed.index - 1
             self._cursor = committed
+        elif self._cursor.command == 0 and self.applied_index >= committed.index:
+            # whole entries reached the disk before the failure: claimable like any other
+            # (or a clean stop while paused would apply them again after the restart)
+            self._apply_marks.append((self.applied_index, self.store.commitlog.written_offset))
         self.apply_error = f"applying Raft index {self._cursor.index} failed: {err}"
         self._retry_at_ms = now_ms + APPLY_RETRY_MS
         log.error("%s; this member stops applying and retries in %d ms", self.apply_error,
@@ -435,6 +472,7 @@ class DLedgerCore:
                 # False: started on an empty disk, votes for nobody until caught up
                 "vouched": self.node.voted_for != UNKNOWN_VOTE,
                 "applied_index": self.applied_index, "apply_error": self.apply_error,
+                "persist_error": self.persist_error,
                 "waiting_for_claim": self.waiting_for_claim,
                 "claimed_applied_index": self._claimed[0],
                 "recovered_applied_index": self.recovery.applied_index,

@@ -220,9 +220,11 @@ class DLedgerCommitLog:
         try:
             while (cycle := core.start_cycle()) is not None:
                 if cycle.fsync:
-                    await asyncio.to_thread(core.persist, cycle)
+                    written = await asyncio.to_thread(core.persist, cycle)
                 else:  # page-cache writes only: no thread hop on the hot path
-                    core.persist(cycle)
+                    written = core.persist(cycle)
+                if not written:  # the core writes it again after a pause
+                    break
                 core.finish_cycle(cycle, _now_ms())
                 self._pump_again = False
                 self._maybe_flush()
