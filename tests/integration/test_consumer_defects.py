@@ -16,7 +16,7 @@ from pathlib import Path
 import hamq
 from hamq import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, Message, MessageQueue
 from hamq.client.core import ClientCore
-from hamq.errors import TopicNotExist
+from hamq.errors import HamqError, TopicNotExist
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import pack_body, unpack_body
 
@@ -270,6 +270,55 @@ def test_orderly_lock_lapses_after_the_broker_lease(cluster_factory):
             await other.close()
 
     asyncio.run(scenario())
+
+
+def test_orderly_member_stops_after_a_broker_restart_lost_its_lock(cluster):
+    """A broker restart forgets its locks: a member that took the queue meanwhile (here one
+    that asks the restarted broker first) must not overlap the old owner beyond the batch
+    in hand, so the old owner stops trusting a lock taken through a connection now closed."""
+    create_topic(cluster, "Restarted")
+    with hamq.Producer(cluster.namesrv) as producer:
+        for i in range(30):
+            producer.send_orderly(Message("Restarted", b"r%d" % i), "k")
+    calls = []
+
+    def listener(messages):
+        calls.append(time.monotonic())
+        time.sleep(0.5)
+        return ConsumeOrderlyStatus.SUCCESS
+
+    owner = hamq.PushConsumer("restarted", cluster.namesrv, client_id="owner",
+                              **{**FAST, "pull_batch_size": 32})
+    owner.subscribe("Restarted")
+    owner.register_message_listener(listener, orderly=True)
+    owner.start()
+    addr = cluster.broker_addr()
+
+    async def take_over() -> float:
+        other = ClientCore(cluster.namesrv)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    if await _lock(other, addr, "other", "restarted", "Restarted", join=False):
+                        return time.monotonic()
+                except HamqError:
+                    pass  # the broker is not up yet
+                await asyncio.sleep(0.05)
+            raise AssertionError("the restarted broker never granted the lock")
+        finally:
+            await other.close()
+
+    try:
+        wait_for(lambda: len(calls) >= 2, 20, "the owner consuming")
+        cluster.procs["broker"].kill9()
+        cluster.procs["broker"].start()
+        taken_at = asyncio.run(take_over())
+        time.sleep(3)  # six listener calls of the owner, had it gone on
+        late = [t for t in calls if t > taken_at]
+        assert len(late) <= 1, f"the old owner consumed {len(late)} batches under another's lock"
+    finally:
+        owner.shutdown()
 
 
 # -- 8, 9: name servers down or hung --------------------------------------------------------

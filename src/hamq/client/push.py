@@ -83,6 +83,9 @@ class ProcessQueue:
     committed: int | None       # last offset committed (None: the group has none yet)
     task: asyncio.Task | None = None
     locked_until: float = 0.0   # orderly: monotonic time the broker lock is trusted until
+    # orderly: the connection the lock was granted on; once it closed the broker may have
+    # restarted and forgotten the lock (and granted it to another), so it is asked again.
+    lock_conn: Connection | None = None
     dropped: bool = False       # no longer ours: finish the batch in hand, then release
     abandoned: bool = False     # orderly: the batch in hand went stale (lock lost)
     # Messages whose hand-back failed: consumed again here at ``retry_at``; the
@@ -552,7 +555,8 @@ class AsyncPushConsumer:
     async def _ensure_locked(self, pq: ProcessQueue) -> bool:
         """Orderly: hold the queue's broker lock. A lock that lapsed and is won back may have
         been someone else's meanwhile, so the offset moves up to the group's commit."""
-        if pq.locked_until >= time.monotonic():
+        if pq.locked_until >= time.monotonic() and pq.lock_conn is not None \
+                and not pq.lock_conn.is_closed:
             return True
         await self._lock([pq])
         if pq.locked_until < time.monotonic():
@@ -612,18 +616,21 @@ class AsyncPushConsumer:
 
     async def _lock(self, pqs: list[ProcessQueue]) -> None:
         until = time.monotonic() + self.lock_max_live_s
-        async for group, frame in self._lock_requests(RequestCode.LOCK_BATCH_MQ, pqs):
+        async for group, frame, addr in self._lock_requests(RequestCode.LOCK_BATCH_MQ, pqs):
             held = {tuple(k) for k in unpack_body(frame.body) or []} if frame else set()
+            conn = self.core.pool.get_ready(addr)
             for pq in group:
                 pq.locked_until = until if (pq.mq.topic, pq.mq.queue_id) in held else 0.0
+                pq.lock_conn = conn
 
     async def _unlock(self, pqs: list[ProcessQueue]) -> None:
-        async for group, _ in self._lock_requests(RequestCode.UNLOCK_BATCH_MQ, pqs):
+        async for group, _, _ in self._lock_requests(RequestCode.UNLOCK_BATCH_MQ, pqs):
             for pq in group:  # an unlock that failed lapses by itself on the broker
                 pq.locked_until = 0.0
 
     async def _lock_requests(self, code: int, pqs: list[ProcessQueue]):
-        """One LOCK/UNLOCK_BATCH_MQ per broker group; yields (its queues, answer or None)."""
+        """One LOCK/UNLOCK_BATCH_MQ per broker group; yields (its queues, answer or None,
+        the master's address)."""
         for broker_name, group in _by_broker(pqs).items():
             route = self.core.routes.get(group[0].mq.topic)
             addr = route.master_addr(broker_name) if route else None
@@ -637,7 +644,7 @@ class AsyncPushConsumer:
                 log.warning("%s on %s failed: %s", RequestCode(code).name, broker_name,
                             err.message)
                 frame = None
-            yield group, frame
+            yield group, frame, addr
 
     # -- offsets --------------------------------------------------------------------------------
     async def _persist_loop(self) -> None:
