@@ -106,6 +106,8 @@ class BrokerConfig(StoreConfig, ServerConfig):
     transaction_check_max: int = 15                # transactionCheckMax: then roll back
     # -- pop consumption ----------------------------------------------------------------
     pop_inflight_message_threshold: int = 10_000   # popInflightMessageThreshold (per queue)
+    max_held_pops_per_queue: int = 1024            # popPollingSize: more are answered at once
+    max_held_pops_per_connection: int = 1024       # the same, per client connection
     revive_interval_ms: int = 1000                 # reviveInterval: pop state checkpoint
     # -- ordered consumption ------------------------------------------------------------
     rebalance_lock_max_live_time_ms: int = 60_000  # rocketmq.broker.rebalance.lockMaxLiveTime
@@ -134,7 +136,8 @@ class BrokerConfig(StoreConfig, ServerConfig):
                   "ha_transfer_batch_bytes", "ha_window_bytes", "total_replicas",
                   "in_sync_replicas", "min_in_sync_replicas", "ha_max_gap_not_in_sync",
                   "flush_delay_offset_interval_ms", "pop_inflight_message_threshold",
-                  "revive_interval_ms", "transaction_check_interval_ms",
+                  "revive_interval_ms", "max_held_pops_per_queue",
+                  "max_held_pops_per_connection", "transaction_check_interval_ms",
                   "transaction_check_max", "rebalance_lock_max_live_time_ms")
         if self.ha_transfer_batch_bytes > self.ha_window_bytes:
             raise ConfigError("ha_transfer_batch_bytes must not exceed ha_window_bytes")

@@ -15,7 +15,7 @@ import pytest
 
 import hamq
 from hamq.protocol.codes import RequestCode, ResponseCode
-from hamq.protocol.frame import pack_body, unpack_body
+from hamq.protocol.frame import encode_frame_bytes, pack_body, unpack_body
 from hamq.protocol.message import encode_batch, encode_message
 
 from helpers import free_port, scrape_metrics
@@ -166,3 +166,38 @@ def test_end_transaction_of_what_is_not_a_half_is_refused(cluster_factory, raw_c
     assert answer.code == ResponseCode.SUCCESS, answer
     assert ask(conn, RequestCode.GET_MAX_OFFSET, 10, {"topic": TOPIC, "queue_id": 0}).ext == \
         {"offset": 1}
+
+
+# -- 10. held pops are capped -------------------------------------------------------------
+def _pops(conn, first_opaque: int, n: int) -> None:
+    conn.send(b"".join(encode_frame_bytes(RequestCode.POP_MESSAGE, first_opaque + i, ext={
+        "group": "g-held", "topic": TOPIC, "queue_id": -1, "invisible_time_ms": 60_000,
+        "max_msgs": 1, "poll_time_ms": 20_000}) for i in range(n)))
+
+
+def _answered_at_once(conn, n: int) -> list:
+    frames = [conn.read_frame() for _ in range(n)]
+    assert all(f is not None and f.code == ResponseCode.PULL_NOT_FOUND for f in frames), frames
+    return sorted(f.opaque for f in frames)
+
+
+def test_held_pops_are_capped_per_connection_and_per_queue(cluster_factory, raw_conn):
+    """Past ``max_held_pops_per_connection`` (and ``max_held_pops_per_queue`` across
+    connections) a pop with nothing to find is answered empty at once instead of held;
+    the held ones still get what a send brings."""
+    c = cluster_factory()
+    c.start_namesrv()
+    c.start_broker(max_held_pops_per_connection=20, max_held_pops_per_queue=30)
+    with hamq.Admin(c.namesrv) as admin:
+        admin.create_topic(TOPIC, 1)
+    first, second = raw_conn(c.broker_addr()), raw_conn(c.broker_addr())
+    _pops(first, 1, 25)
+    assert _answered_at_once(first, 5) == list(range(21, 26))  # over the connection's 20
+    _pops(second, 101, 15)
+    assert _answered_at_once(second, 5) == list(range(111, 116))  # over the queue's 30
+    payload, crc = encode_batch([encode_message(b"wake")])
+    assert ask(raw_conn(c.broker_addr()), RequestCode.SEND_MESSAGE, 1,
+               {"topic": TOPIC, "queue_id": 0, "count": 1, "crc": crc}, payload).code == \
+        ResponseCode.SUCCESS
+    woken = first.read_frame()
+    assert woken.code == ResponseCode.SUCCESS and woken.opaque == 1, woken

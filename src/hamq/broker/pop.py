@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -72,7 +73,8 @@ class PopService:
     def __init__(self, store: MessageStore, topics: TopicService, flush: FlushService,
                  broker_name: str, max_wait_ms: int, inflight_threshold: int,
                  checkpoint_interval_ms: int, is_slave: bool,
-                 on_written: Callable[[], None], on_put: Callable[[str, int], None]) -> None:
+                 on_written: Callable[[], None], on_put: Callable[[str, int], None],
+                 max_held_per_connection: int = 1024, max_held_per_queue: int = 1024) -> None:
         self.store = store
         self.topics = topics
         self.flush = flush
@@ -88,6 +90,13 @@ class PopService:
         # Held pops by topic, oldest first. The pull service tells ``serve_arrivals`` of
         # writes to these topics (a live view), so an idle pop costs nothing per write.
         self.held: dict[str, list[HeldPop]] = {}
+        # Held pops per connection and per (topic, queue id or -1): past a cap a pop is
+        # answered at once, so idle clients cannot make every write and sweep walk a
+        # list of thousands (10k held pops took every request from 0.05 to 377 ms).
+        self.max_held_per_connection = max_held_per_connection
+        self.max_held_per_queue = max_held_per_queue
+        self._held_by_conn: Counter[Connection] = Counter()
+        self._held_by_queue: Counter[tuple[str, int]] = Counter()
         self._acked_topics: set[str] = set()  # acks may lift the in-flight threshold
         self._tasks: list[asyncio.Task] = []
         self._checkpointed_at = -1  # revive offset of the last checkpoint written
@@ -220,11 +229,26 @@ class PopService:
         if not isinstance(max_reconsume_times, int) or max_reconsume_times < 0:
             raise InvalidArgument("max_reconsume_times must be an integer >= 0, got "
                                   f"{max_reconsume_times!r}")
-        pieces = self._answer(frame, hold=poll_ms > 0)
+        pieces = self._answer(frame, hold=poll_ms > 0 and self._may_hold(conn, topic, queue_id))
         if pieces is None:
             self.held.setdefault(topic, []).append(
                 HeldPop(conn, frame, group, topic, queue_id, self.store.clock_ms() + poll_ms))
+            self._held_by_conn[conn] += 1
+            self._held_by_queue[(topic, queue_id)] += 1
         return pieces
+
+    def _may_hold(self, conn: Connection, topic: str, queue_id: int) -> bool:
+        """Room for one more held pop of ``conn`` on the queue (RocketMQ's popPollingSize
+        per queue; past it RocketMQ answers POLLING_FULL, here an empty answer)."""
+        return self._held_by_conn[conn] < self.max_held_per_connection and \
+            self._held_by_queue[(topic, queue_id)] < self.max_held_per_queue
+
+    def _release(self, h: HeldPop) -> None:
+        for counter, key in ((self._held_by_conn, h.conn),
+                             (self._held_by_queue, (h.topic, h.queue_id))):
+            counter[key] -= 1
+            if not counter[key]:
+                del counter[key]
 
     def _answer(self, frame: Frame, hold: bool) -> list | None:
         ext = frame.ext
@@ -395,6 +419,7 @@ class PopService:
             still: list[HeldPop] = []
             for h in self.held.get(topic, ()):
                 if h.conn.is_closed:
+                    self._release(h)
                     continue
                 if not wanted(h):
                     still.append(h)
@@ -406,6 +431,7 @@ class PopService:
                 if pieces is None:
                     still.append(h)
                 else:
+                    self._release(h)
                     replies.append((h.conn, pieces))
             if still:
                 self.held[topic] = still

@@ -122,7 +122,8 @@ class Broker:
                               config.pop_inflight_message_threshold, config.revive_interval_ms,
                               self.is_slave,
                               self.ha_master.new_data if self.ha_master else lambda: None,
-                              self.pull.message_arrived)
+                              self.pull.message_arrived, config.max_held_pops_per_connection,
+                              config.max_held_pops_per_queue)
         self.processor.register(self.pop.handlers())
         self.pull.watch_arrivals(self.pop.held, self.pop.serve_arrivals)
         self.topics.on_delete.append(self.pop.forget_topic)
