@@ -13,10 +13,12 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 import hamq
 from hamq import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, Message, MessageQueue
 from hamq.client.core import ClientCore
-from hamq.errors import HamqError, TopicNotExist
+from hamq.errors import HamqError, InvalidArgument, TopicNotExist
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import pack_body, unpack_body
 
@@ -170,6 +172,28 @@ def test_broadcasting_member_restarts_where_it_stopped(cluster, tmp_path):
         assert sorted(got.bodies()) == sorted(old + new), "redelivered after a clean restart"
     finally:
         second.shutdown()
+
+
+def test_two_broadcasting_members_cannot_share_an_offset_file(cluster, tmp_path):
+    """Sharing one file, each member would overwrite the other's progress and a restarted
+    one would start past what only the other consumed."""
+    create_topic(cluster, "BcastTwice")
+    got = Deliveries()
+    member = lambda: start_consumer(cluster.namesrv, "bcast-twice", "BcastTwice",  # noqa: E731
+                                    got.accept, message_model="broadcasting",
+                                    offset_store_dir=str(tmp_path))
+    first = member()
+    second = hamq.PushConsumer("bcast-twice", cluster.namesrv, message_model="broadcasting",
+                               offset_store_dir=str(tmp_path))
+    second.subscribe("BcastTwice")
+    second.register_message_listener(got.accept)
+    try:
+        with pytest.raises(InvalidArgument, match="instance_name"):
+            second.start()
+    finally:
+        second.shutdown()
+        first.shutdown()
+    member().shutdown()  # free again once the first is gone
 
 
 # -- 6: a slow orderly listener keeps its lock ----------------------------------------------

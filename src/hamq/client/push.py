@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import fcntl
 import inspect
 import json
 import logging
@@ -165,6 +166,7 @@ class AsyncPushConsumer:
         # LocalFileOffsetStore names it after host@instanceName, instanceName "DEFAULT").
         self.offset_file = Path(offset_store_dir or Path.home() / ".hamq" / "offsets") / \
             instance_name / f"{group}.json" if message_model == "broadcasting" else None
+        self._offset_file_lock: int | None = None  # broadcasting: the file is ours alone
         self._refused: set[MessageQueue] = set()  # orderly: wanted, but locked by another
         self._releases: set[asyncio.Task] = set()
         self._rebalance_now = asyncio.Event()
@@ -192,6 +194,8 @@ class AsyncPushConsumer:
             raise InvalidArgument("subscribe to a topic and register a listener before start()")
         if self.message_model == "clustering":
             self.subscriptions.setdefault(RETRY_GROUP_TOPIC_PREFIX + self.group, _Subscription("*"))
+        else:
+            self._lock_offset_file()
         if not inspect.iscoroutinefunction(self.listener):
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 CONSUME_THREADS, thread_name_prefix=f"hamq-consume-{self.group}")
@@ -241,14 +245,33 @@ class AsyncPushConsumer:
             self._lock_task.cancel()
         # Bounded: asyncio.wait_for (3.11) can swallow a cancel that meets a completion,
         # so the loops also stop by themselves once not running.
-        await asyncio.wait(self._tasks, timeout=STOP_LOOPS_TIMEOUT_S)
+        if self._tasks:  # none if start() failed
+            await asyncio.wait(self._tasks, timeout=STOP_LOOPS_TIMEOUT_S)
         await self._unregister()
         if self._executor is not None:
             self._executor.shutdown(wait=not abandoned, cancel_futures=abandoned)
         await self.send_back.close()
         await self.core.close()
+        if self._offset_file_lock is not None:
+            os.close(self._offset_file_lock)  # releases the flock
+            self._offset_file_lock = None
 
     close = shutdown
+
+    def _lock_offset_file(self) -> None:
+        """A second member of the group on this host with the same instance name would
+        share the offset file: each would overwrite the other's progress, and a restarted
+        one would start past messages only the other consumed. Refused instead."""
+        self.offset_file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.offset_file.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise InvalidArgument(
+                f"broadcasting offsets {self.offset_file} are in use by another member of "
+                f"group {self.group!r} on this host: give each its own instance_name") from None
+        self._offset_file_lock = fd
 
     # -- RequestHandler: what brokers send us ----------------------------------------------
     def handle(self, conn: Connection, frame: Frame) -> list | None:
