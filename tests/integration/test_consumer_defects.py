@@ -340,7 +340,7 @@ def test_orderly_member_stops_after_a_broker_restart_lost_its_lock(cluster):
         taken_at = asyncio.run(take_over())
         time.sleep(3)  # six listener calls of the owner, had it gone on
         late = [t for t in calls if t > taken_at]
-        assert len(late) <= 1, f"the old owner consumed {len(late)} batches under another's lock"
+        assert len(late) <= 1, f"the old owner consumed {len(late)} under another's lock"
     finally:
         owner.shutdown()
 

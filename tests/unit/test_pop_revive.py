@@ -4,6 +4,9 @@ broker name are ignored (seed 004)."""
 from __future__ import annotations
 
 import zlib
+from pathlib import Path
+
+import pytest
 
 from hamq.broker.pop import PopService
 from hamq.broker.revive_log import ReviveLog
@@ -11,14 +14,16 @@ from hamq.broker.topics import TopicService
 from hamq.config import BrokerConfig
 from hamq.protocol.frame import Frame
 from hamq.protocol.message import encode_message
+from hamq.sim.fs import DEFAULT_CAPACITY_BYTES, SimDisk
 from hamq.store.flush import FlushService
 from hamq.store.message_store import MessageStore
 
 TOPIC = "T"
 
 
-def open_broker(root, broker_name: str = "broker-a") -> tuple[MessageStore, PopService]:
-    store = MessageStore(BrokerConfig(store_dir=str(root), broker_name=broker_name))
+def open_broker(root, broker_name: str = "broker-a",
+                **store_kw) -> tuple[MessageStore, PopService]:
+    store = MessageStore(BrokerConfig(store_dir=str(root), broker_name=broker_name), **store_kw)
     topics = TopicService(store, 2, False, lambda: None)
     if store.topics.get(TOPIC) is None:
         topics.create(TOPIC, 2, 2, 6, notify=False)
@@ -35,9 +40,10 @@ def put(store: MessageStore, n: int, queue_id: int = 0) -> None:
 
 
 def pop(service: PopService, max_msgs: int, invisible_ms: int = 60_000,
-        queue_id: int = 0) -> dict:
+        queue_id: int = 0, **ext) -> dict:
     frame = Frame(200050, 1, ext={"group": "g", "topic": TOPIC, "queue_id": queue_id,
-                                  "max_msgs": max_msgs, "invisible_time_ms": invisible_ms})
+                                  "max_msgs": max_msgs, "invisible_time_ms": invisible_ms,
+                                  **ext})
     service._answer(frame, hold=False)
     service.store.commit()
     return {o: ck for o, (_, _, ck) in service.states[("g", TOPIC, queue_id)].inflight.items()}
@@ -103,4 +109,24 @@ def test_a_checkpoint_encodes_only_the_queues_that_changed(tmp_path):
     assert second[("g", TOPIC, 1)] is first[("g", TOPIC, 1)]  # untouched: not re-encoded
     assert second[("g", TOPIC, 0)] is not first[("g", TOPIC, 0)]
     assert second[("g", TOPIC, 0)][0] == 1  # the ack moved its consume offset
+    store.close()
+
+
+def test_a_failed_dead_letter_write_leaves_the_message_due(tmp_path):
+    """The DLQ copy of a message past max_reconsume_times cannot be written (disk full):
+    the message stays due, and goes to the DLQ once the disk has room; its deadline was
+    taken and lost, so it was neither redelivered nor dead-lettered and pinned its queue."""
+    now = [1_000_000]
+    disk = SimDisk(clock=lambda: now[0] / 1000)
+    store, service = open_broker(Path("/store"), disk=disk, clock_ms=lambda: now[0])
+    put(store, 1)
+    pop(service, 1, invisible_ms=100, max_reconsume_times=0)
+    now[0] += 200  # its invisible time ran out: due past max_reconsume_times
+    disk.capacity_bytes = disk.used_bytes()
+    with pytest.raises(OSError):
+        pop(service, 1, invisible_ms=100, max_reconsume_times=0)
+    disk.capacity_bytes = DEFAULT_CAPACITY_BYTES
+    assert pop(service, 1, invisible_ms=100, max_reconsume_times=0) == {}
+    assert state_of(service)[:2] == [1, 1]  # acked: the consume offset moved past it
+    assert store.max_offset("%DLQ%g", 0) == 1
     store.close()

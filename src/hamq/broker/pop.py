@@ -276,33 +276,33 @@ class PopService:
         # init mode applies once per group rather than whenever a queue is first reached.
         states = [(qid, cq, self._state(group, topic, qid, init_mode)) for qid in queue_ids
                   if (cq := self.store.queues.get((topic, qid))) is not None]
-        for qid, cq, state in states:
-            state.forget_below(cq.min_offset)
-            state.truncate_to(cq.max_offset)
-            offsets: list[int] = []
-            times: list[int] = []
-            due = state.take_expired(now, remaining)
-            if due:
-                taken.append(state)
-                due = self._dead_letter(group, topic, qid, state, due, max_reconsume_times)
-            if due:
-                self._read_redeliveries(topic, qid, due, offsets, times, chunks, bodies)
-            if len(offsets) < remaining and len(state.inflight) < self.inflight_threshold:
-                self._read_new(topic, qid, state.pop_offset, remaining - len(offsets),
-                               offsets, times, chunks, bodies)
-            if offsets:
-                entries.append((qid, offsets, times))
-                remaining -= len(offsets)
-                if not remaining:
-                    break
-        if not entries:
-            if hold:
-                return None
-            return response_pieces(frame, ResponseCode.PULL_NOT_FOUND)
-        deadline = now + ext["invisible_time_ms"]
-        try:
+        try:  # a failed write (the DLQ copy, an ACK or the CK) leaves due messages due
+            for qid, cq, state in states:
+                state.forget_below(cq.min_offset)
+                state.truncate_to(cq.max_offset)
+                offsets: list[int] = []
+                times: list[int] = []
+                due = state.take_expired(now, remaining)
+                if due:
+                    taken.append(state)
+                    due = self._dead_letter(group, topic, qid, state, due, max_reconsume_times)
+                if due:
+                    self._read_redeliveries(topic, qid, due, offsets, times, chunks, bodies)
+                if len(offsets) < remaining and len(state.inflight) < self.inflight_threshold:
+                    self._read_new(topic, qid, state.pop_offset, remaining - len(offsets),
+                                   offsets, times, chunks, bodies)
+                if offsets:
+                    entries.append((qid, offsets, times))
+                    remaining -= len(offsets)
+                    if not remaining:
+                        break
+            if not entries:
+                if hold:
+                    return None
+                return response_pieces(frame, ResponseCode.PULL_NOT_FOUND)
+            deadline = now + ext["invisible_time_ms"]
             ck = self.revive.append_ck(group, topic, deadline, entries).base_queue_offset
-        except HamqError:
+        except (HamqError, OSError):
             for state in taken:
                 state.restore_deadlines()
             raise
