@@ -7,10 +7,12 @@ One seed draws the group (1, 2 or 4 slaves), the quorum settings, the flush type
 the faults: slaves that hang (SIGSTOP: frames wait, nothing is read), slaves and the
 master killed (page cache survives) or losing power (unfsynced data lost or torn) and
 restarted with store recovery, half-open sessions the master does not notice, broken
-connections and delays; each member's wall clock (store times, file times) is skewed and
-steps at restarts. The workload is quorum sends. Checkers run at every event (see
-``replica_checkers.py``); after the faults stop, every slave must be attached again and
-sends acknowledged.
+connections and delays; slaves dying at a disk step inside a cut, an append, a flush or
+a checkpoint; retention on any member; each member's wall clock (store times, file times)
+is skewed and steps at restarts. The workload is quorum sends, in some seeds all of one
+size (records the master writes again after a loss land on the old boundaries).
+Checkers run at every event (see ``replica_checkers.py``); after the faults stop, every
+slave must be attached again and sends acknowledged.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from hamq.errors import HamqError
 from hamq.protocol.message import encode_batch, encode_message, offset_msg_id
 from hamq.replication.master import MasterReplication, ReplicaStatus
 from hamq.replication.quorum import QuorumConfig
-from hamq.sim.fs import SimDisk
+from hamq.sim.fs import ProcessCrash, SimDisk
 from hamq.sim.replica_checkers import (AckedMessage, InvariantViolation, check_held,
                                        check_readable, check_same_bytes, check_same_queues)
 from hamq.store.message_store import MessageStore
@@ -128,6 +130,9 @@ class MasterSlaveWorld:
         self.later_rng = random.Random(seed ^ 0x5EED)
         self.retention_probability = self.later_rng.choice([0.0, 0.005, 0.02, 0.05])
         self.fixed_body = self.later_rng.random() < 0.3
+        # a slave dies inside a cut, an append, a flush or a checkpoint, at a disk step
+        self.mid_crash_rng = random.Random(seed ^ 0xC4A5)
+        self.mid_crash_probability = self.mid_crash_rng.choice([0.0, 0.005, 0.02])
         self.now = 0
         self.events: list[_Event] = []
         self._seq = 0
@@ -327,6 +332,9 @@ class MasterSlaveWorld:
                 self._at(s.hung_until - self.now, "resume", s.member_id)
             s.inbox.append((conn, kind, payload))
             return
+        if self.now < self.faults_until and \
+                self.mid_crash_rng.random() < self.mid_crash_probability:
+            s.disk.crash_after(self.mid_crash_rng.randrange(12))
         try:
             if kind == "reply":
                 following = s.link.on_handshake_reply(payload)
@@ -338,6 +346,9 @@ class MasterSlaveWorld:
                 s.link.on_transfer(*payload)
         except HamqError:
             self._break(conn)
+            return
+        except ProcessCrash:
+            self._crash_slave(s)
             return
         s.acked_end = max(s.acked_end, s.link.ack_offset)
         self._over(conn, True, "ack", {"ack_offset": s.link.ack_offset})
@@ -366,7 +377,8 @@ class MasterSlaveWorld:
             if not s.active(self.now):
                 continue
             s.last_heard_ms = self.now
-            self._background(s.store)
+            if not self._survives(s, self._background, s.store):
+                continue
             if s.conn is None and self.now >= s.reconnect_at and self.master.up(self.now):
                 self._connect(s)
             elif s.conn is not None and s.link.attached and self.now % HEARTBEAT_MS == 0:
@@ -377,6 +389,15 @@ class MasterSlaveWorld:
         if self.master.up(self.now) and self.rng.random() < 0.5:
             self._send()
         self._at(TICK_MS, "tick")
+
+    def _survives(self, s: _Slave, duty, *args) -> bool:
+        """Run a slave's store duty; False if the slave died in it (an armed crash)."""
+        try:
+            duty(*args)
+            return True
+        except ProcessCrash:
+            self._crash_slave(s)
+            return False
 
     def _background(self, store: MessageStore) -> None:
         """The flush service's periodic duties (async fsync, queue checkpoint)."""
@@ -397,8 +418,10 @@ class MasterSlaveWorld:
         if self.later_rng.random() < self.retention_probability:
             # retention runs on any member, whatever its slaves or its master still need
             member = self.later_rng.choice([self.master, *self.slaves.values()])
-            if member.up(self.now):
+            if member is self.master and member.up(self.now):
                 member.store.delete_expired()
+            elif member.up(self.now):
+                self._survives(member, member.store.delete_expired)
         roll = self.rng.random()
         s = self.slaves[self.rng.choice(list(self.slaves))]
         if roll < 0.01:
