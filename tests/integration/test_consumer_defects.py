@@ -90,6 +90,30 @@ def test_reconsume_later_answered_during_shutdown_is_handed_back(cluster):
         second.shutdown()
 
 
+def test_shutdown_is_bounded_while_a_concurrent_listener_never_returns(cluster):
+    """The queue gives up on the listener after its drain timeout and commits below the
+    batch; shutdown must not then wait for the listener's thread without a bound."""
+    create_topic(cluster, "Stuck")
+    send(cluster, "Stuck", b"m0")
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(messages):
+        entered.set()
+        release.wait(90)
+        return OK
+
+    consumer = start_consumer(cluster.namesrv, "stuck", "Stuck", stuck)
+    try:
+        assert entered.wait(20)
+        started = time.monotonic()
+        consumer.shutdown()
+        assert time.monotonic() - started < 25, "shutdown waited for a listener that hangs"
+    finally:
+        release.set()
+    with hamq.PullConsumer("stuck", cluster.namesrv) as check:
+        assert check.fetch_offset(MessageQueue("Stuck", "broker-a", 0)) == 0
+
+
 # -- 2: a new group's start offset ----------------------------------------------------------
 def test_new_group_from_last_keeps_its_start_across_a_restart(cluster):
     create_topic(cluster, "Fresh")
@@ -243,11 +267,12 @@ def test_slow_orderly_listener_is_never_overlapped_by_the_next_owner(cluster):
 # -- 7: a closed connection does not release a client's locks -------------------------------
 async def _lock(core: ClientCore, addr: str, client_id: str, group: str = "locks",
                 topic: str = "Locked", join: bool = True) -> list:
-    """Lock queue 0 of ``topic``; returns what the client holds. ``join``: first join the
-    group (HEART_BEAT), so the broker knows the client and its connection."""
-    if join:
-        await core.invoke(addr, RequestCode.HEART_BEAT, body=pack_body({
-            "client_id": client_id, "consumer_groups": [{"group": group}]}))
+    """Lock queue 0 of ``topic``; returns what the client holds. The client first sends a
+    HEART_BEAT (locks need a client the broker knows): ``join``, as a member of the group;
+    otherwise as a producer only, so the group's members are not told of a new member."""
+    await core.invoke(addr, RequestCode.HEART_BEAT, body=pack_body(
+        {"client_id": client_id, "consumer_groups": [{"group": group}]} if join else
+        {"client_id": client_id, "producer_groups": [group]}))
     frame = await core.invoke(addr, RequestCode.LOCK_BATCH_MQ,
                               {"group": group, "client_id": client_id},
                               pack_body([[topic, 0]]))

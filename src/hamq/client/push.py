@@ -228,11 +228,9 @@ class AsyncPushConsumer:
         for pq in list(self.process_queues.values()):
             if not pq.dropped:  # a dropped one is being released already
                 self._release_later(pq)
-        abandoned = False
         if self._releases:
             _, pending = await asyncio.wait(self._releases, timeout=self.await_termination_s)
             for task in pending:
-                abandoned = True
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         for pq in self.process_queues.values():
@@ -249,7 +247,9 @@ class AsyncPushConsumer:
             await asyncio.wait(self._tasks, timeout=STOP_LOOPS_TIMEOUT_S)
         await self._unregister()
         if self._executor is not None:
-            self._executor.shutdown(wait=not abandoned, cancel_futures=abandoned)
+            # Not waited for: a listener still running was given up on above (its queue
+            # committed below its batch, or left uncommitted), and may never return.
+            self._executor.shutdown(wait=False, cancel_futures=True)
         await self.send_back.close()
         await self.core.close()
         if self._offset_file_lock is not None:
