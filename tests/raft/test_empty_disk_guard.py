@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from hamq.raft import (Message, MessageType, RaftConfig, RawNode, ResponseCode, Role,
+from hamq.raft import (Entry, Message, MessageType, RaftConfig, RawNode, ResponseCode, Role,
                        MemoryStorage)
 from hamq.raft.log import UNKNOWN_VOTE
 from hamq.raft.storage import persist
@@ -139,3 +139,17 @@ def test_a_wiped_member_is_vouched_for_once_caught_up_and_stays_so_after_a_crash
     assert group.node(wiped).voted_for == leader
     group.start(wiped)  # a crash: what was saved vouches for it
     assert group.node(wiped).voted_for == leader
+
+
+def test_a_wiped_member_is_not_vouched_for_before_it_holds_all_the_leader_committed() -> None:
+    """The leader lowered its watermark for us (we had answered that we lost entries, then
+    crashed again): what it committed, not what it says we hold, is what we must hold."""
+    node = RawNode(RaftConfig(2, IDS), MemoryStorage(), random.Random(1))
+    entries = tuple(Entry(i, 2, b"x%d" % i) for i in range(4))
+    node.step(Message(MessageType.APPEND, 1, 2, term=2, index=0, log_term=0, entries=entries,
+                      committed_index=5, water_mark=-1))
+    assert node.committed_index == 3 and node.voted_for == UNKNOWN_VOTE  # 4 and 5 missing
+    more = (Entry(4, 2, b"x4"), Entry(5, 2, b"x5"))
+    node.step(Message(MessageType.APPEND, 1, 2, term=2, index=4, log_term=2, entries=more,
+                      committed_index=5, water_mark=3))
+    assert node.committed_index == 5 and node.voted_for == 1

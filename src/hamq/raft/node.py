@@ -8,9 +8,10 @@ elect a second leader in a term it had voted in, or a candidate missing entries 
 with its acknowledgement (both lose acknowledged data). It cannot tell which, so it votes
 for nobody (`voted_for = UNKNOWN_VOTE`, saved with its first Ready, so a crash before the
 group vouched for it keeps it) and does not campaign, until either
-- it has caught up with a leader: its commit index is an entry of the leader's term (so
-  every entry committed in earlier terms is below it) and reaches the highest watermark
-  the leader holds for it (what it acknowledged in this term, before the loss too); or
+- it has caught up with a leader: it holds every entry the leader had committed when it
+  sent an APPEND (the leader's commit index only grows, so every entry committed with an
+  acknowledgement it gave before the loss is among them), the last of the leader's own
+  term (so every entry committed in earlier terms is too); or
 - every other member answered one of its probes (pre-votes carrying a random number
   naming this start) that its log is empty, with its term. Nothing was ever committed
   then (an entry committed sits on a majority: on another member, unless its disk was
@@ -79,7 +80,6 @@ class RawNode:
             self._probe = rng.randrange(1, 1 << 62)
         self._empty_handed_peers: set[int] = set()  # answered our probes (see above)
         self._empty_handed_term = NO_TERM  # the highest term they answered in
-        self._vouch_mark = EMPTY_INDEX  # our leader's highest watermark for us this term
         checkpoint = storage.load_checkpoint()
         self.committed_index = min(checkpoint.committed_index, self.log.ledger_end_index)
         self._saved_checkpoint = checkpoint
@@ -359,11 +359,12 @@ class RawNode:
                 self.voted_for = self.config.node_id  # spent: we vote in later terms only
 
     def _note_caught_up(self, msg: Message) -> None:
-        """Vouched for by the leader we follow once we hold what it committed in its term
-        and all it knows we acknowledged; we then count as having voted for it."""
-        self._vouch_mark = max(self._vouch_mark, msg.water_mark)
+        """Vouched for by the leader we follow (see above); we then count as having voted
+        for it. A heartbeat's commit index is capped at what we acknowledged, so only an
+        APPEND's is the leader's own."""
         committed = self.committed_index
-        if committed >= self._vouch_mark and self.log.term(committed) == self.term:
+        if msg.type == MessageType.APPEND and committed >= msg.committed_index and \
+                self.log.term(committed) == self.term:
             self.voted_for = self.leader_id
 
     def _majority(self) -> int:
@@ -376,7 +377,6 @@ class RawNode:
         assert term >= self.term
         if term > self.term or leader_id != self.leader_id:
             self._handler.reset()
-            self._vouch_mark = EMPTY_INDEX
         if term > self.term:
             self.term = term
             if self.voted_for != UNKNOWN_VOTE:

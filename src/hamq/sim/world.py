@@ -368,13 +368,19 @@ class World:
         process = member.process
         assert process is not None
         job = process.core.begin_flush()
-        process.core.run_flush(job)
-        process.core.flush_done(job)
+        clean = not process.core.stopped_mid_entry  # else it re-applies that entry's start
+        try:
+            process.core.run_flush(job)
+            process.core.flush_done(job)
+        except OSError:  # a full disk: the driver logs it, the restart re-applies the tail
+            clean = False
         process.core.fail_all(NotLeader("member shutting down"))
         process.storage.close()
-        process.store.close()
-        member.applied_at_clean_stop = \
-            None if process.core.stopped_mid_entry else process.core.applied_index
+        try:
+            process.store.close()
+        except OSError:  # a full disk: its checkpoint stays the last one written
+            clean = False
+        member.applied_at_clean_stop = process.core.applied_index if clean else None
         member.process = None
         member.disk.kill()  # the process exits: any handle left open is gone
         self._push(self.now_ms + self.rng.randint(1, self.mix.restart_ms_max),
