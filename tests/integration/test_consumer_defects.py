@@ -348,7 +348,9 @@ def test_orderly_member_stops_after_a_broker_restart_lost_its_lock(cluster):
         try:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
-                try:
+                try:  # known to the broker through another group, not a member of this one
+                    await other.invoke(addr, RequestCode.HEART_BEAT, body=pack_body({
+                        "client_id": "other", "consumer_groups": [{"group": "bystander"}]}))
                     if await _lock(other, addr, "other", "restarted", "Restarted", join=False):
                         return time.monotonic()
                 except HamqError:
