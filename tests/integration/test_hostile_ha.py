@@ -16,6 +16,7 @@ from hamq.protocol.frame import Flag, encode_frame_bytes, pack_body
 from helpers import send_and_pull, wait_for
 
 sys.path.insert(0, str(Path(__file__).parent))  # sibling test modules, as tests/chaos does
+from test_hostile_clients import ask as ask_past_notifications  # noqa: E402
 from test_hostile_input import MIB, _fill, _ha_listen, ask, rss_mib  # noqa: E402
 
 LOG_MIB = 48
@@ -82,7 +83,9 @@ def test_slave_ha_task_survives_a_master_address_it_cannot_use(cluster_factory, 
         forged = {"cluster_name": "TestCluster", "broker_name": "broker-a", "broker_id": 0,
                   "broker_addr": "127.0.0.1:1", "ha_addr": "a" * 70 + ".example:1"}
         conn = raw_conn(c.namesrv_addrs[0])
-        wait_for(lambda: _register(conn, forged) == ResponseCode.SUCCESS, 15,
+        wait_for(lambda: ask_past_notifications(
+            conn, RequestCode.REGISTER_BROKER, 1, forged,
+            pack_body({"topic_configs": {}})).code == ResponseCode.SUCCESS, 15,
                  "forged registration accepted once the master is gone")
         log = c.root / "slave1.log"
         wait_for(lambda: "a" * 70 in log.read_text(), 15, "slave tried the forged address")
@@ -90,13 +93,3 @@ def test_slave_ha_task_survives_a_master_address_it_cannot_use(cluster_factory, 
         wait_for(lambda: slave_states() == ["TRANSFER"], 30, "slave attached again")
         admin.create_topic("AfterForgery", 1)
     send_and_pull(c.namesrv, "AfterForgery")
-
-
-def _register(conn, ext: dict) -> int:
-    """REGISTER_BROKER's answer code, past the group-change notifications the name server
-    sends a registrant (one-way frames)."""
-    conn.send(encode_frame_bytes(RequestCode.REGISTER_BROKER, 1, ext=ext,
-                                 body=pack_body({"topic_configs": {}})))
-    while (frame := conn.read_frame()).is_oneway:
-        pass
-    return frame.code

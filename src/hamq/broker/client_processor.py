@@ -7,13 +7,14 @@ group the consumer reads from can then take a retry copy the client re-sends its
 the group it consumed from cannot take it back (``client/retry.py``)."""
 from __future__ import annotations
 
-from hamq.broker.clients import ClientManager
+from hamq.broker.clients import ClientManager, parse_heartbeat
 from hamq.broker.locks import RebalanceLockManager
 from hamq.broker.send_back import RETRY_QUEUE_NUMS
 from hamq.broker.topics import TopicService
 from hamq.errors import InvalidArgument
 from hamq.net.connection import Connection, response_pieces
-from hamq.protocol.frame import Frame, pack_body, require, unpack_body
+from hamq.protocol.frame import Frame, pack_body, require, require_name, unpack_body
+from hamq.protocol.limits import MAX_LOCK_BATCH_QUEUES
 from hamq.protocol.properties import RETRY_GROUP_TOPIC_PREFIX
 from hamq.store.message_store import MessageStore
 from hamq.store.metadata import PERM_READ_WRITE
@@ -28,14 +29,12 @@ class ClientProcessor:
         self.locks = locks
 
     def heart_beat(self, conn: Connection, frame: Frame) -> list | None:
-        body = unpack_body(frame.body)
-        if not isinstance(body, dict):
-            raise InvalidArgument("HEART_BEAT body must be a map")
-        self.clients.heart_beat(conn, body, self.store.clock_ms())
+        heartbeat = parse_heartbeat(unpack_body(frame.body))
+        self.clients.heart_beat(conn, heartbeat, self.store.clock_ms())
         if not self.topics.is_slave:  # slaves copy topics; DLedger replicates them first
-            for entry in body.get("consumer_groups") or []:
-                if entry.get("message_model", "clustering") == "clustering":
-                    self._ensure_retry_topic(RETRY_GROUP_TOPIC_PREFIX + entry["group"])
+            for entry in heartbeat.consumer_groups:
+                if entry.message_model == "clustering":
+                    self._ensure_retry_topic(RETRY_GROUP_TOPIC_PREFIX + entry.group)
         return None if frame.is_oneway else response_pieces(frame)
 
     def _ensure_retry_topic(self, topic: str) -> None:
@@ -52,8 +51,19 @@ class ClientProcessor:
 
     def lock_batch_mq(self, conn: Connection, frame: Frame) -> list:
         group, client_id, queues = self._lock_args(frame)
-        held = self.locks.try_lock_batch(group, queues, client_id, self.store.clock_ms())
+        if not self.clients.is_registered(client_id):
+            # A lock belongs to a client the broker knows (and forgets when it goes away).
+            raise InvalidArgument(f"client {client_id!r} has not sent a HEART_BEAT to this "
+                                  "broker; it cannot lock queues")
+        # Queues of topics this broker does not have are not locked (not held in the
+        # answer), as if another client held them: nothing is kept for a name.
+        held = self.locks.try_lock_batch(group, [q for q in queues if self._exists(*q)],
+                                         client_id, self.store.clock_ms())
         return response_pieces(frame, body=pack_body([list(k) for k in held]))
+
+    def _exists(self, topic: str, queue_id: int) -> bool:
+        config = self.store.topics.get(topic)
+        return config is not None and 0 <= queue_id < config.read_queue_nums
 
     def unlock_batch_mq(self, conn: Connection, frame: Frame) -> list | None:
         group, client_id, queues = self._lock_args(frame)
@@ -62,10 +72,13 @@ class ClientProcessor:
 
     @staticmethod
     def _lock_args(frame: Frame) -> tuple[str, str, list[tuple[str, int]]]:
+        group, client_id = require_name(frame.ext, "group"), require(frame.ext, "client_id")
         body = unpack_body(frame.body)
         if not isinstance(body, list) or not all(
                 isinstance(q, list) and len(q) == 2 and isinstance(q[0], str)
                 and isinstance(q[1], int) for q in body):
             raise InvalidArgument("lock body must be a list of [topic, queue_id]")
-        return require(frame.ext, "group"), require(frame.ext, "client_id"), \
-            [(t, q) for t, q in body]
+        if len(body) > MAX_LOCK_BATCH_QUEUES:
+            raise InvalidArgument(f"lock body names {len(body)} queues, more than the limit of "
+                                  f"{MAX_LOCK_BATCH_QUEUES}")
+        return group, client_id, [(t, q) for t, q in body]

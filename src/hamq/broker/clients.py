@@ -12,10 +12,71 @@ from dataclasses import dataclass, field
 from hamq.errors import InvalidArgument
 from hamq.net.connection import Connection
 from hamq.protocol.codes import RequestCode
+from hamq.protocol.limits import MAX_HEARTBEAT_GROUPS, MAX_NAME_LENGTH, MAX_TOPIC_LENGTH
+from hamq.protocol.message import validate_name
+from hamq.protocol.properties import RETRY_GROUP_TOPIC_PREFIX
 
 log = logging.getLogger(__name__)
 
 CHANNEL_EXPIRED_TIMEOUT_MS = 120_000  # RocketMQ channelExpiredTimeout
+MESSAGE_MODELS = ("clustering", "broadcasting")
+
+
+@dataclass(frozen=True)
+class ConsumerGroupEntry:
+    group: str
+    message_model: str
+    subscriptions: dict[str, str]  # topic -> tag expression
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    client_id: str
+    producer_groups: list[str]
+    consumer_groups: list[ConsumerGroupEntry]
+
+
+def parse_heartbeat(body: object) -> Heartbeat:
+    """A HEART_BEAT body, every field checked before any of it is applied (a malformed
+    group used to fail half-way, after the groups before it had been registered)."""
+    if not isinstance(body, dict):
+        raise InvalidArgument("HEART_BEAT body must be a map")
+    client_id = body.get("client_id")
+    if not isinstance(client_id, str) or not 0 < len(client_id) <= MAX_NAME_LENGTH \
+            or not client_id.isprintable():
+        raise InvalidArgument(f"HEART_BEAT field 'client_id' must be 1..{MAX_NAME_LENGTH} "
+                              f"printable characters, got {client_id!r:.80}")
+    producers = _list(body, "producer_groups")
+    consumers = _list(body, "consumer_groups")
+    return Heartbeat(client_id, [validate_name(g, "HEART_BEAT producer group") for g in producers],
+                     [_consumer_entry(e) for e in consumers])
+
+
+def _list(body: dict, field: str) -> list:
+    raw = body.get(field) or []
+    if not isinstance(raw, list) or len(raw) > MAX_HEARTBEAT_GROUPS:
+        raise InvalidArgument(f"HEART_BEAT field {field!r} must be a list of at most "
+                              f"{MAX_HEARTBEAT_GROUPS} groups")
+    return raw
+
+
+def _consumer_entry(entry: object) -> ConsumerGroupEntry:
+    if not isinstance(entry, dict):
+        raise InvalidArgument("HEART_BEAT field 'consumer_groups' must hold maps")
+    group = validate_name(entry.get("group"), "HEART_BEAT consumer group")
+    model = entry.get("message_model", "clustering")
+    if model not in MESSAGE_MODELS:
+        raise InvalidArgument(f"HEART_BEAT consumer group {group} 'message_model' must be one "
+                              f"of {MESSAGE_MODELS}, got {model!r:.80}")
+    if model == "clustering":  # the broker creates its retry topic
+        validate_name(RETRY_GROUP_TOPIC_PREFIX + group, f"retry topic of consumer group {group}",
+                      MAX_TOPIC_LENGTH)
+    subscriptions = entry.get("subscriptions") or {}
+    if not isinstance(subscriptions, dict) or not all(
+            isinstance(t, str) and isinstance(e, str) for t, e in subscriptions.items()):
+        raise InvalidArgument(f"HEART_BEAT consumer group {group} 'subscriptions' must map "
+                              "topics to tag expressions")
+    return ConsumerGroupEntry(group, model, dict(subscriptions))
 
 
 @dataclass
@@ -32,22 +93,24 @@ class ClientManager:
         self.producers: dict[str, dict[str, ClientChannel]] = {}
         self.consumers: dict[str, dict[str, ClientChannel]] = {}
 
-    def heart_beat(self, conn: Connection, heartbeat: dict, now_ms: int) -> None:
-        client_id = heartbeat.get("client_id")
-        if not isinstance(client_id, str) or not client_id:
-            raise InvalidArgument("HEART_BEAT needs a client_id")
-        for group in heartbeat.get("producer_groups") or []:
+    def heart_beat(self, conn: Connection, heartbeat: Heartbeat, now_ms: int) -> None:
+        client_id = heartbeat.client_id
+        for group in heartbeat.producer_groups:
             self.producers.setdefault(group, {})[client_id] = ClientChannel(client_id, conn, now_ms)
-        for entry in heartbeat.get("consumer_groups") or []:
-            group = entry["group"]
-            members = self.consumers.setdefault(group, {})
+        for entry in heartbeat.consumer_groups:
+            members = self.consumers.setdefault(entry.group, {})
             joined = client_id not in members or members[client_id].conn is not conn
-            members[client_id] = ClientChannel(client_id, conn, now_ms,
-                                               entry.get("message_model", "clustering"),
-                                               dict(entry.get("subscriptions") or {}))
+            members[client_id] = ClientChannel(client_id, conn, now_ms, entry.message_model,
+                                               entry.subscriptions)
             if joined:
-                log.info("consumer %s joined group %s", client_id, group)
-                self._notify(group)
+                log.info("consumer %s joined group %s", client_id, entry.group)
+                self._notify(entry.group)
+
+    def is_registered(self, client_id: str) -> bool:
+        """``client_id`` heartbeats to this broker (on a live connection), in any group."""
+        return any(not members[client_id].conn.is_closed
+                   for table in (self.consumers, self.producers)
+                   for members in table.values() if client_id in members)
 
     def unregister(self, client_id: str) -> None:
         for table in (self.producers, self.consumers):

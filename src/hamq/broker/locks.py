@@ -25,6 +25,10 @@ class RebalanceLockManager:
         self.max_live_time_ms = max_live_time_ms
         self._locks: dict[str, dict[QueueKey, LockEntry]] = {}
 
+    def __len__(self) -> int:
+        """Lock entries kept, lapsed ones not yet removed included."""
+        return sum(len(table) for table in self._locks.values())
+
     def try_lock_batch(self, group: str, queues: list[QueueKey], client_id: str,
                        now_ms: int) -> list[QueueKey]:
         """Lock (or renew) what is free, expired or already ours; returns what we hold."""
@@ -44,6 +48,16 @@ class RebalanceLockManager:
             entry = table.get(key)
             if entry is not None and entry.client_id == client_id:
                 del table[key]
+
+    def remove_expired(self, now_ms: int) -> None:
+        """Forget lapsed locks (and groups left without any), so locks of clients that went
+        away do not stay in memory for good."""
+        for group, table in list(self._locks.items()):
+            for key in [k for k, e in table.items()
+                        if now_ms - e.last_update_ms > self.max_live_time_ms]:
+                del table[key]
+            if not table:
+                del self._locks[group]
 
     def owner(self, group: str, key: QueueKey, now_ms: int) -> str | None:
         entry = self._locks.get(group, {}).get(key)

@@ -208,6 +208,7 @@ class Broker:
         while True:
             await asyncio.sleep(CLIENT_SCAN_INTERVAL_S)
             self.clients.scan_expired(self.store.clock_ms())
+            self.locks.remove_expired(self.store.clock_ms())
 
     async def stop(self) -> None:
         """Clean shutdown: stop serving, flush and checkpoint, deregister."""

@@ -32,3 +32,9 @@ INT64_MAX = 2**63 - 1
 MAX_PULL_BYTES = 4 * 1024 * 1024
 # Requests a client keeps outstanding on one connection before send() waits.
 MAX_INFLIGHT_REQUESTS = 4096
+# Groups one HEART_BEAT may name (a client process rarely has more than a few).
+MAX_HEARTBEAT_GROUPS = 1024
+# Queues one LOCK_BATCH_MQ / UNLOCK_BATCH_MQ may name: an orderly consumer locks the queues
+# of its topics on one broker group (MAX_QUEUE_NUMS per topic); 100k per request kept
+# ~30 MB of locks per request.
+MAX_LOCK_BATCH_QUEUES = 4096
