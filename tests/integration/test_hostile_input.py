@@ -168,6 +168,40 @@ def test_registration_taking_over_a_live_members_id_is_refused(cluster, raw_conn
     send_and_pull(cluster.namesrv, "Owned")
 
 
+FLOOD_GROUPS = 100  # forged groups of FLOOD_TOPICS topics each: 300k routes
+FLOOD_TOPICS = 3000
+REGISTER_BOUND_MS = 8  # a one-topic registration took 16..70 ms after the flood before
+#   (0.1 ms since), and more the more routes
+
+
+def test_a_flood_of_registrations_does_not_slow_every_later_one(cluster, raw_conn):
+    """Registrations touch the routes of their own group only: after 300k routes of forged
+    groups, a registration (every broker sends one each 30 s, blocking the name server's
+    event loop while it is applied) still takes milliseconds."""
+    topic = _made_topic(cluster)  # before forged groups join its cluster's admin view
+    conn = raw_conn(cluster.namesrv_addrs[0])
+
+    def register(name: str, port: int, topics: int, opaque: int) -> float:
+        body = pack_body({"topic_configs": {
+            f"{name}_{i}": {"read_queue_nums": 1, "write_queue_nums": 1, "perm": 6}
+            for i in range(topics)}})
+        started = time.perf_counter()
+        conn.send(encode_frame_bytes(RequestCode.REGISTER_BROKER, opaque, ext={
+            "cluster_name": "Flood", "broker_name": name, "broker_id": 0,
+            "broker_addr": f"127.0.0.1:{port}"}, body=body))
+        answer = conn.read_frame()
+        while answer.opaque != opaque:  # membership notices come unasked
+            answer = conn.read_frame()
+        assert answer.code == ResponseCode.SUCCESS, answer
+        return (time.perf_counter() - started) * 1000
+
+    for i in range(FLOOD_GROUPS):
+        register(f"flood{i}", 1000 + i, FLOOD_TOPICS, i + 1)
+    took = min(register("small", 999, 1, FLOOD_GROUPS + 1 + i) for i in range(5))
+    assert took < REGISTER_BOUND_MS, f"a registration took {took:.1f} ms"
+    send_and_pull(cluster.namesrv, topic)
+
+
 # -- 7. slowloris ---------------------------------------------------------------------
 SLOW_CONNECTIONS = 32
 SLOWLORIS_RSS_BOUND_MIB = 24  # 32 connections declaring 16 MiB each cost 512 MiB before

@@ -41,6 +41,10 @@ class RouteInfoManager:
         self.broker_cluster: dict[str, str] = {}                   # broker name -> cluster
         self.live: dict[str, BrokerLiveInfo] = {}                  # addr -> liveness
         self.topic_queue_table: dict[str, dict[str, QueueData]] = {}
+        # broker name -> the topics it serves: a registration or expiry touches its own
+        # topics only (walking every topic of every group, 300k entries, took 0.4 s of the
+        # event loop per registration)
+        self.topics_of: dict[str, set[str]] = {}
 
     def register_broker(self, cluster_name: str, broker_name: str, broker_id: int, addr: str,
                         topic_configs: dict[str, dict[str, int]], data_version: dict[str, int],
@@ -96,7 +100,10 @@ class RouteInfoManager:
         return expired
 
     def delete_topic(self, topic: str) -> bool:
-        return self.topic_queue_table.pop(topic, None) is not None
+        queues = self.topic_queue_table.pop(topic, None)
+        for broker_name in queues or ():
+            self.topics_of[broker_name].discard(topic)
+        return queues is not None
 
     # -- queries ------------------------------------------------------------------------
     def get_route(self, topic: str) -> dict[str, Any] | None:
@@ -161,14 +168,20 @@ class RouteInfoManager:
 
     def _replace_topics_of(self, broker_name: str,
                            topic_configs: dict[str, dict[str, int]]) -> None:
-        for topic, queues in list(self.topic_queue_table.items()):
-            if broker_name in queues and topic not in topic_configs:
-                del queues[broker_name]
-                if not queues:
-                    del self.topic_queue_table[topic]
+        self._drop_topics_of(broker_name, self.topics_of.get(broker_name, set()) -
+                             topic_configs.keys())
         for topic, cfg in topic_configs.items():
             self.topic_queue_table.setdefault(topic, {})[broker_name] = QueueData(
                 broker_name, cfg["read_queue_nums"], cfg["write_queue_nums"], cfg["perm"])
+        self.topics_of[broker_name] = set(topic_configs)
+
+    def _drop_topics_of(self, broker_name: str, topics: set[str]) -> None:
+        for topic in topics:
+            queues = self.topic_queue_table.get(topic)
+            if queues is not None:
+                queues.pop(broker_name, None)
+                if not queues:
+                    del self.topic_queue_table[topic]
 
     def _forget_group(self, broker_name: str) -> None:
         self.broker_addr_table.pop(broker_name, None)
@@ -178,7 +191,4 @@ class RouteInfoManager:
             names.discard(broker_name)
             if not names:
                 self.cluster_addr_table.pop(cluster, None)
-        for topic, queues in list(self.topic_queue_table.items()):
-            queues.pop(broker_name, None)
-            if not queues:
-                del self.topic_queue_table[topic]
+        self._drop_topics_of(broker_name, self.topics_of.pop(broker_name, set()))
