@@ -35,11 +35,13 @@ class ServerConfig:
     frame_read_timeout_ms: int = 30_000            # a frame begun must be complete within this
     max_pending_response_bytes: int = 16 * 1024 * 1024  # answers not yet read by the peer, per
     #   connection, past which its requests are not read until it catches up
+    max_held_bytes: int = 256 * 1024 * 1024  # unfinished frames and unread answers of all
+    #   connections of a port, past which connections holding more than 256 KiB wait
 
     def check_server_limits(self) -> None:
         _positive(self, "max_connections", "max_connections_per_address",
                   "connection_idle_timeout_ms", "frame_read_timeout_ms",
-                  "max_pending_response_bytes")
+                  "max_pending_response_bytes", "max_held_bytes")
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import pytest
 
 import hamq
 from hamq import Message
+from hamq.errors import HamqError
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import FrameDecoder, encode_frame_bytes, pack_body, unpack_body
 from hamq.protocol.message import encode_batch, encode_message
@@ -386,6 +387,105 @@ def test_held_pulls_of_a_client_that_does_not_read_wait_for_it(cluster, raw_conn
         assert all(f.code == ResponseCode.SUCCESS and f.body for f in frames)
     finally:
         sock.close()
+
+
+# -- 7, 8. what all connections hold together ---------------------------------------------
+CROWD = 16  # connections, each from its own loopback address (past the per-address cap)
+CROWD_HELD_MIB = 16  # max_held_bytes of the broker under test
+HELD_IN_BOUND_MIB = 96  # 16 connections holding 15 MiB of unfinished frame grew 300 MiB before
+HELD_OUT_BOUND_MIB = 160  # 16 x 10 unread 4 MiB pulls grew 270 MiB before
+
+
+def _crowd(address: str) -> list[socket.socket]:
+    host, port = address.rsplit(":", 1)
+    return [socket.create_connection((host, int(port)), timeout=5,
+                                     source_address=(f"127.0.0.{10 + i}", 0))
+            for i in range(CROWD)]
+
+
+def _push(socks: list[socket.socket], mib: int, seconds: float) -> None:
+    """Send ``mib`` MiB on every socket for as long as the server takes them, at most
+    ``seconds`` (a server that stops reading a socket blocks only that socket)."""
+    left = {sock: mib * MIB for sock in socks}
+    chunk = bytes(MIB)
+    for sock in socks:
+        sock.setblocking(False)
+    deadline = time.monotonic() + seconds
+    while any(left.values()) and time.monotonic() < deadline:
+        for sock, n in left.items():
+            try:
+                left[sock] -= sock.send(chunk[:min(n, MIB)]) if n else 0
+            except BlockingIOError:
+                pass
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def crowded(cluster_factory):
+    c = cluster_factory()
+    c.start_namesrv()
+    c.start_broker(max_held_bytes=CROWD_HELD_MIB * MIB, frame_read_timeout_ms=5000)
+    return c
+
+
+def test_unfinished_frames_of_many_connections_are_bounded_together(crowded):
+    """Many connections each sending most of a 16 MiB frame and then nothing (within every
+    per-connection limit) hold at most about max_held_bytes together: past it their frames
+    are not read further. A client with small requests stays fast meanwhile, and once the
+    crowd timed out a large batch goes through."""
+    c = crowded
+    pid = c.procs["broker"].pid
+    before = rss_mib(pid)
+    socks = _crowd(c.broker_addr())
+    try:
+        for sock in socks:
+            sock.sendall(struct.pack(">II", 16 * MIB - 1, 20))
+        _push(socks, 15, 3.0)
+        grown = rss_mib(pid) - before
+        assert grown < HELD_IN_BOUND_MIB, f"RSS grew {grown:.0f} MiB"
+        send_and_pull(c.namesrv, _made_topic(c))
+    finally:
+        for sock in socks:
+            sock.close()
+    with hamq.Producer(c.namesrv) as producer:  # 7.8 MiB in one frame
+        wait_for(lambda: _sent(producer, [Message("Alive", b"b" * 2000)] * 3900), 30,
+                 "a large batch after the crowd timed out")
+
+
+def _sent(producer, messages: list) -> bool:
+    try:
+        return bool(producer.send_batch(messages))
+    except HamqError:  # waited for room past frame_read_timeout_ms while the crowd held it
+        return False
+
+
+def test_unread_answers_of_many_connections_are_bounded_together(crowded):
+    """Many connections pipelining large pulls and reading nothing hold at most about
+    max_held_bytes of answers together, plus one answer each; reading clients stay fast,
+    and a crowd member that reads at last gets every answer."""
+    c = crowded
+    _fill(c, "Big", 24)
+    pid = c.procs["broker"].pid
+    before = rss_mib(pid)
+    socks = _crowd(c.broker_addr())
+    pulls = 10
+    try:
+        for sock in socks:
+            sock.sendall(b"".join(encode_frame_bytes(RequestCode.PULL_MESSAGE, i + 1, ext={
+                "topic": "Big", "queue_id": 0, "queue_offset": 0, "max_msgs": 65536})
+                for i in range(pulls)))
+        time.sleep(3.0)
+        grown = rss_mib(pid) - before
+        assert grown < HELD_OUT_BOUND_MIB, f"RSS grew {grown:.0f} MiB"
+        send_and_pull(c.namesrv, "Big")
+        decoder, frames = FrameDecoder(), []
+        deadline = time.monotonic() + 60
+        while len(frames) < pulls and time.monotonic() < deadline:
+            frames += decoder.feed(socks[0].recv(4 * MIB))
+        assert [f.opaque for f in frames] == list(range(1, pulls + 1))
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 # -- 11. every field checked before anything changes -----------------------------------

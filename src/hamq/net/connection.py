@@ -10,7 +10,8 @@ A server connection bounds what its peer has not read yet (``max_pending_bytes``
 the answers waiting in the transport reach it, the rest of a read's requests wait and the
 socket is not read until the peer catches up, so a client that never reads costs at most
 the bound plus one answer (held requests answered later wait the same way, see
-``reply_when_drained``).
+``reply_when_drained``). What all connections of a server hold together is bounded too
+(``net/held.py``).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 
 from hamq.errors import BadFrame, ConnectionLost, HamqError, RequestTimeout
 from hamq.net.counts import COUNTS
+from hamq.net.held import FAIR_SHARE_BYTES, HeldBytes
 from hamq.protocol.codes import Flag, ResponseCode
 from hamq.protocol.frame import Frame, FrameDecoder, encode_frame
 
@@ -54,7 +56,8 @@ class Connection(asyncio.BufferedProtocol):
     def __init__(self, handler: RequestHandler | None = None,
                  on_close: Callable[["Connection"], None] | None = None,
                  on_open: Callable[["Connection"], bool] | None = None,
-                 max_pending_bytes: int | None = None) -> None:
+                 max_pending_bytes: int | None = None,
+                 held_bytes: HeldBytes | None = None) -> None:
         self.handler = handler
         self.on_close = on_close
         self.on_open = on_open  # a server's admission check; False: refused and closed
@@ -77,6 +80,11 @@ class Connection(asyncio.BufferedProtocol):
         self._late: list[Callable[[], list]] = []  # held answers waiting for the peer
         self._reading_paused = False
         self._drain_scheduled = False
+        # The server's total of unfinished frames and unread answers (None: not counted);
+        # _held is this connection's part of it, _starved: not read until it falls.
+        self._held_bytes = held_bytes
+        self._held = 0
+        self._starved = False
         # Activity seen by the server's timeout sweep (see timed_out).
         self.reads = 0
         self.frames_in = 0
@@ -117,6 +125,14 @@ class Connection(asyncio.BufferedProtocol):
         if frames:
             self.frames_in += len(frames)
             self._serve(frames)
+        if self._held_bytes is not None:
+            self._account()
+            if self._held_bytes.pressure and self._decoder.pending_bytes > FAIR_SHARE_BYTES \
+                    and not self._starved:
+                # The server holds too much: this unfinished frame waits for room.
+                self._starved = True
+                self._held_bytes.waiting.add(self)
+                self._update_reading()
 
     def _serve(self, frames: list[Frame]) -> None:
         out: list = []
@@ -174,6 +190,10 @@ class Connection(asyncio.BufferedProtocol):
                 waiter.set_result(None)
         if not self.closed.done():
             self.closed.set_result(None)
+        if self._held_bytes is not None:
+            self._held_bytes.waiting.discard(self)
+            self._held_bytes.change(-self._held)
+            self._held = 0
         if self.on_close is not None:
             self.on_close(self)
 
@@ -184,6 +204,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self._paused = False
+        self._account()
         if self._deferred or self._late:
             self._schedule_drained()
         else:
@@ -195,16 +216,34 @@ class Connection(asyncio.BufferedProtocol):
 
     # -- back-pressure (server side) ------------------------------------------------------
     def _budget(self) -> int | None:
-        """Bytes of answers that may still be queued before the peer must read some."""
+        """Bytes of answers that may still be queued before the peer must read some (its
+        fair share only, while the server as a whole holds too much)."""
         if self._max_pending_bytes is None or self.transport is None:
             return None
-        return self._max_pending_bytes - self.transport.get_write_buffer_size()
+        bound = self._max_pending_bytes
+        if self._held_bytes is not None and self._held_bytes.pressure:
+            bound = min(bound, FAIR_SHARE_BYTES)
+        return bound - self.transport.get_write_buffer_size()
+
+    def _account(self) -> None:
+        """Bring this connection's part of the server's held bytes up to date (after each
+        read and write, and at the server's sweep: a write buffer drains unseen)."""
+        if self._held_bytes is None or self.transport is None:
+            return
+        held = self._decoder.pending_bytes + self.transport.get_write_buffer_size()
+        if held != self._held:
+            delta, self._held = held - self._held, held
+            self._held_bytes.change(delta)
+
+    def unstarve(self) -> None:
+        self._starved = False
+        self._update_reading()
 
     def _update_reading(self) -> None:
         """Read the socket unless the peer is behind on its answers (server side only)."""
         if self.handler is None or self.is_closed:
             return
-        paused = self._paused or bool(self._deferred) or bool(self._late)
+        paused = self._paused or self._starved or bool(self._deferred) or bool(self._late)
         if paused != self._reading_paused:
             self._reading_paused = paused
             if paused:
@@ -227,6 +266,7 @@ class Connection(asyncio.BufferedProtocol):
         if self._deferred and not self._late and self._budget() > 0:
             frames, self._deferred = self._deferred, []
             self._serve(frames)  # may defer again, and schedules the next round then
+        self._account()
         self._update_reading()
         if (self._late or self._deferred) and not self._paused:
             self._schedule_drained()
@@ -254,7 +294,8 @@ class Connection(asyncio.BufferedProtocol):
             self._activity, self._active_at = activity, now
         elif now - self._active_at > idle_s:
             return f"idle for {idle_s:g} s"
-        if not self._decoder.pending_bytes or self._reading_paused:
+        self._account()
+        if not self._decoder.pending_bytes or self._reading_paused and not self._starved:
             self._frames_mark = -1
         elif self._frames_mark != self.frames_in:
             self._frames_mark, self._frame_started_at = self.frames_in, now
@@ -270,6 +311,7 @@ class Connection(asyncio.BufferedProtocol):
     def reply(self, pieces: list) -> None:
         if not self.is_closed:
             self.transport.writelines(pieces)
+            self._account()
 
     async def drain(self) -> None:
         if self._paused and not self.is_closed:

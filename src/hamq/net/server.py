@@ -11,6 +11,7 @@ from hamq.config import ServerConfig
 from hamq.errors import SystemBusy
 from hamq.net.connection import Connection, RequestHandler, split_address
 from hamq.net.counts import COUNTS
+from hamq.net.held import HeldBytes
 from hamq.net.tasks import cancel_all, every
 from hamq.protocol.codes import Flag
 from hamq.protocol.frame import encode_frame
@@ -23,13 +24,15 @@ SWEEP_INTERVAL_MAX_S = 1.0
 
 class Server:
     """Accepts connections for one handler within ``limits`` (connection caps, idle and
-    frame timeouts, pending answer bytes) and remembers them so ``close`` ends them all."""
+    frame timeouts, pending answer bytes, bytes held for all connections together) and
+    remembers them so ``close`` ends them all."""
 
     def __init__(self, handler: RequestHandler, limits: ServerConfig = ServerConfig()) -> None:
         self.handler = handler
         self.limits = limits
         self.connections: set[Connection] = set()
         self._per_host: Counter[str] = Counter()
+        self.held = HeldBytes(limits.max_held_bytes)
         # Called when a connection closes (client registries forget what it registered).
         self.on_connection_closed: list[Callable[[Connection], None]] = []
         self._server: asyncio.base_events.Server | None = None
@@ -47,7 +50,8 @@ class Server:
 
     def _new_connection(self) -> Connection:
         return Connection(self.handler, on_close=self._closed, on_open=self._admit,
-                          max_pending_bytes=self.limits.max_pending_response_bytes)
+                          max_pending_bytes=self.limits.max_pending_response_bytes,
+                          held_bytes=self.held)
 
     def _admit(self, conn: Connection) -> bool:
         limits = self.limits
