@@ -1,14 +1,16 @@
 """A bounded protocol fuzzer against real processes (issue 12, "Done when"): every request
-code of the broker's own request handlers (send, offsets, topics, runtime info) and of the
-name server is driven with well-framed hostile values — wrong types, out-of-range and
-boundary integers, unsafe names, system topics, malformed bodies. After each campaign the
+code the broker, the name server and the HA port serve — and codes they do not — is driven
+with well-framed hostile values: wrong types, out-of-range and boundary integers, unsafe
+names, system topics, malformed bodies and message properties. After each campaign the
 server is alive, answered every request with a precise code (never an internal error, and
-the internal-error metric is zero), stored nothing it should have refused, kept its memory
-within a stated bound, still serves a produce/consume round trip, and restarts."""
+the internal-error metric is zero; unknown codes REQUEST_CODE_NOT_SUPPORTED), stored
+nothing it should have refused, kept its memory within a stated bound (FUZZ_RSS_BOUND_MIB),
+still serves a produce/consume round trip, and restarts."""
 from __future__ import annotations
 
 import re
 
+import msgpack
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +24,8 @@ from helpers import free_port, scrape_metrics, send_and_pull, wait_for
 
 EXAMPLES_PER_CAMPAIGN = 1000
 FUZZ_RSS_BOUND_MIB = 64
+# Held pulls and pops end after this, so a campaign on one connection never waits long.
+FUZZ_MAX_WAIT_MS = 50
 
 INTS = st.one_of(st.sampled_from([0, 1, 2, -1, 1023, 1024, 1025, 2**31, 2**32, 2**62,
                                   2**63 - 1, 2**63, 2**64 - 1, -2**63]),
@@ -51,6 +55,32 @@ BROKER_FIELDS = {
     RequestCode.GET_ALL_TOPIC_CONFIG: (),
     RequestCode.GET_ALL_CONSUMER_OFFSET: (),
     RequestCode.GET_BROKER_RUNTIME_INFO: (),
+    RequestCode.PULL_MESSAGE: ("topic", "queue_id", "queue_offset", "max_msgs", "max_bytes",
+                               "suspend_timeout_ms", "group", "commit_offset"),
+    RequestCode.HEART_BEAT: (),
+    RequestCode.UNREGISTER_CLIENT: ("client_id", "group"),
+    RequestCode.GET_CONSUMER_LIST_BY_GROUP: ("group",),
+    RequestCode.LOCK_BATCH_MQ: ("group", "client_id"),
+    RequestCode.UNLOCK_BATCH_MQ: ("group", "client_id"),
+    RequestCode.CONSUMER_SEND_MSG_BACK: ("group", "topic", "queue_id", "queue_offset",
+                                         "delay_level", "max_reconsume_times"),
+    RequestCode.END_TRANSACTION: ("group", "tran_state_table_offset", "commit_or_rollback"),
+    RequestCode.GET_ALL_DELAY_OFFSET: (),
+    RequestCode.POP_MESSAGE: ("group", "topic", "queue_id", "invisible_time_ms", "max_msgs",
+                              "init_mode", "poll_time_ms", "max_reconsume_times"),
+    RequestCode.ACK_MESSAGE: ("group", "topic", "queue_id", "offset", "ck"),
+    RequestCode.BATCH_ACK_MESSAGE: ("group",),
+    RequestCode.CHANGE_MESSAGE_INVISIBLETIME: ("group", "topic", "queue_id", "offset", "ck",
+                                               "invisible_time_ms"),
+}
+# Codes a port does not serve (other ports' codes, the ones only a server sends, and
+# numbers nobody uses): REQUEST_CODE_NOT_SUPPORTED, with any fields.
+NOT_SERVED = (RequestCode.HA_HANDSHAKE, RequestCode.DLEDGER_MESSAGE,
+              RequestCode.CHECK_TRANSACTION_STATE, RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
+              RequestCode.NOTIFY_MIN_BROKER_ID_CHANGE, 0, 9999, 2**31 - 1)
+HA_FIELDS = {
+    RequestCode.HA_HANDSHAKE: ("broker_id", "attach", "proof", "probes"),
+    RequestCode.HA_ACK: ("ack_offset",),
 }
 NAMESRV_FIELDS = {
     RequestCode.REGISTER_BROKER: ("cluster_name", "broker_name", "broker_id", "broker_addr",
@@ -90,7 +120,30 @@ VALID = {
     "cluster_name": st.just("TestCluster"), "broker_name": st.sampled_from(["broker-a", "bz"]),
     "broker_id": st.integers(0, 5), "broker_addr": PORTS, "ha_addr": PORTS,
     "heartbeat_timeout_ms": st.integers(1000, 60_000),
+    "queue_offset": st.integers(0, 10), "max_msgs": st.integers(1, 64),
+    "max_bytes": st.integers(1, 2**20), "suspend_timeout_ms": st.integers(0, 100),
+    "commit_offset": st.integers(0, 10), "client_id": st.sampled_from(["c1", "c2"]),
+    "delay_level": st.integers(0, 3), "max_reconsume_times": st.integers(0, 16),
+    "tran_state_table_offset": st.integers(0, 5),
+    "commit_or_rollback": st.sampled_from(["COMMIT_MESSAGE", "ROLLBACK_MESSAGE", "UNKNOW"]),
+    "invisible_time_ms": st.integers(100, 60_000), "init_mode": st.sampled_from(["min", "max"]),
+    "poll_time_ms": st.integers(0, 100), "ck": st.integers(0, 10),
+    "attach": st.integers(0, 2**20), "proof": st.none(), "probes": st.just([]),
+    "ack_offset": st.integers(0, 2**20),
 }
+# Message properties: plain, held back (delay, timer, transaction half) and their hostile
+# variants. Each raw map is (bytes, whether a send carrying it may be stored).
+PROPERTIES = [
+    (b"", True), (msgpack.packb({"KEYS": "k", "TAGS": "t"}), True),
+    (msgpack.packb({"DELAY": "2"}), True), (msgpack.packb({"DELAY": 2}), False),
+    (msgpack.packb({"DELAY": "\u00b2"}), False), (msgpack.packb({"DELAY": "99"}), False),
+    (msgpack.packb({"TIMER_DELIVER_MS": ["1"]}), False),
+    (msgpack.packb({"TRAN_MSG": "true", "PGROUP": "pg"}), True),
+    (msgpack.packb({"TRAN_MSG": "true", "PGROUP": 7}), False),
+    (msgpack.packb({"TRAN_MSG": "true", "PGROUP": "pg", "TRAN_BATCH": [1]}), False),
+    (msgpack.packb({"TRAN_MSG": "true", "PGROUP": "pg", "REAL_TOPIC": ".."}), False),
+    (msgpack.packb(["not", "a", "map"]), False), (msgpack.packb("text"), False),
+]
 TOPIC_CONFIG_FIELDS = ("read_queue_nums", "write_queue_nums", "perm")
 
 
@@ -102,12 +155,13 @@ def field(draw, name: str):
 def requests(draw, fields: dict[int, tuple[str, ...]]):
     """(code, ext, body): every known field, now and then hostile, now and then missing,
     now and then a field nobody asked for."""
-    code = draw(st.sampled_from(sorted(fields)))
-    ext = {name: field(draw, name) for name in fields[code] if draw(st.integers(0, 15))}
+    code = draw(st.sampled_from(sorted(fields) + list(NOT_SERVED)))
+    ext = {name: field(draw, name) for name in fields.get(code, ()) if draw(st.integers(0, 15))}
     ext.update(draw(st.dictionaries(st.just("x"), VALUES, max_size=1)))
     body = b""
     if code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_BATCH_MESSAGE):
-        body, crc = encode_batch([encode_message(draw(st.binary(max_size=64)))])
+        props = draw(st.sampled_from(PROPERTIES))[0]
+        body, crc = encode_batch([encode_message(draw(st.binary(max_size=64)), props)])
         if draw(st.integers(0, 3)):
             ext["crc"] = crc  # a real batch: the other fields decide
         body = draw(st.sampled_from([body, body, body + b"\0", body[:3], b""]))
@@ -120,6 +174,22 @@ def requests(draw, fields: dict[int, tuple[str, ...]]):
         body = draw(st.sampled_from([pack_body({"topic_configs": configs,
                                                 "data_version": version}),
                                      pack_body([configs]), b"\xc1"]))
+    elif code == RequestCode.HEART_BEAT:
+        entry = {"group": field(draw, "group"), "message_model": draw(st.one_of(
+            st.sampled_from(["clustering", "broadcasting"]), VALUES)),
+            "subscriptions": draw(st.one_of(st.just({"Fuzz": "*"}), VALUES))}
+        body = pack_body(draw(st.one_of(VALUES, st.fixed_dictionaries({
+            "client_id": st.one_of(VALID["client_id"], VALUES),
+            "producer_groups": st.lists(st.one_of(VALID["group"], VALUES), max_size=2),
+            "consumer_groups": st.lists(st.one_of(st.just(entry), VALUES), max_size=2)}))))
+    elif code in (RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ):
+        queue = st.lists(st.one_of(VALID["topic"], NAMES, VALUES), min_size=2, max_size=2)
+        body = pack_body(draw(st.one_of(VALUES, st.lists(st.tuples(
+            st.one_of(VALID["topic"], NAMES), st.one_of(VALID["queue_id"], INTS)).map(list) |
+            queue, max_size=4))))
+    elif code == RequestCode.BATCH_ACK_MESSAGE:
+        body = pack_body(draw(st.one_of(VALUES, st.lists(st.lists(INTS, max_size=4),
+                                                         max_size=3))))
     return code, ext, body
 
 
@@ -141,8 +211,8 @@ def acceptable(code: int, ext: dict, body: bytes) -> bool:
         if not (safe_name(topic) and len(topic) <= 127 and not system_topic(topic)):
             return False
     if code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_BATCH_MESSAGE):
-        return "born_ts" not in ext or ext["born_ts"] is None or \
-            is_int(ext["born_ts"], 0, 2**63 - 1)
+        return send_acceptable(body) and ("born_ts" not in ext or ext["born_ts"] is None or
+                                          is_int(ext["born_ts"], 0, 2**63 - 1))
     if code == RequestCode.UPDATE_AND_CREATE_TOPIC:
         return all(ext.get(k) is None or is_int(ext[k], 1, 1024)
                    for k in ("read_queue_nums", "write_queue_nums")) and \
@@ -151,7 +221,34 @@ def acceptable(code: int, ext: dict, body: bytes) -> bool:
         return safe_name(ext.get("group")) and is_int(ext.get("offset"), 0, 2**63 - 1)
     if code == RequestCode.REGISTER_BROKER:
         return registration_acceptable(ext, body)
+    if code == RequestCode.PULL_MESSAGE and ext.get("commit_offset") is not None:
+        return safe_name(ext.get("group")) and is_int(ext["commit_offset"], 0, 2**63 - 1)
+    if code == RequestCode.END_TRANSACTION:
+        return safe_name(ext.get("group")) and is_int(ext.get("tran_state_table_offset"), 0,
+                                                      2**63 - 1)
+    if code == RequestCode.HEART_BEAT:
+        return heartbeat_acceptable(body)
+    if code == RequestCode.LOCK_BATCH_MQ:
+        return safe_name(ext.get("group")) and isinstance(ext.get("client_id"), str)
     return True
+
+
+def send_acceptable(body: bytes) -> bool:
+    """A send whose one message carries properties listed as refused must not be stored."""
+    return not any(props and not ok and props in body for props, ok in PROPERTIES)
+
+
+def heartbeat_acceptable(body: bytes) -> bool:
+    content = unpack_body(body)
+    if not isinstance(content, dict) or not isinstance(content.get("client_id"), str):
+        return False
+    groups = content.get("consumer_groups") or []
+    producers = content.get("producer_groups") or []
+    return isinstance(groups, list) and isinstance(producers, list) and \
+        all(safe_name(g) for g in producers) and all(
+            isinstance(e, dict) and safe_name(e.get("group"))
+            and e.get("message_model", "clustering") in ("clustering", "broadcasting")
+            and isinstance(e.get("subscriptions") or {}, dict) for e in groups)
 
 
 def registration_acceptable(ext: dict, body: bytes) -> bool:
@@ -188,12 +285,17 @@ def run_campaign(conn, fields: dict[int, tuple[str, ...]]) -> None:
     def campaign(request):
         code, ext, body = request
         op = next(opaque)
+        if code == RequestCode.HA_ACK and code in fields:  # one-way, as a slave sends it
+            conn.send(encode_frame_bytes(code, op, Flag.ONEWAY, ext))
+            return
         conn.send(encode_frame_bytes(code, op, ext=ext, body=body))
         answer = conn.read_frame()
         while answer is not None and not answer.flags & Flag.RESPONSE:
-            answer = conn.read_frame()  # a name server notifying the "broker" we posed as
+            answer = conn.read_frame()  # notifications to the client we posed as, log bytes
         assert answer is not None, f"connection closed on {code} {ext!r}"
         assert answer.opaque == op
+        if code not in fields:
+            assert answer.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED, (code, answer)
         assert not (answer.code == ResponseCode.SYSTEM_ERROR and "internal" in answer.remark), \
             (code, ext, answer.remark)
         assert answer.code != ResponseCode.SUCCESS or acceptable(code, ext, body), \
@@ -216,7 +318,8 @@ def test_broker_request_fuzz(cluster_factory, raw_conn):
     c = cluster_factory()
     c.start_namesrv()
     metrics = f"127.0.0.1:{free_port()}"
-    c.start_broker(auto_create_topic_enable=True, metrics_listen=metrics)
+    c.start_broker(auto_create_topic_enable=True, metrics_listen=metrics,
+                   long_polling_max_wait_ms=FUZZ_MAX_WAIT_MS)
     with hamq.Admin(c.namesrv) as admin:
         admin.create_topic("Fuzz", 2)
     before = rss_mib(c.procs["broker"].pid)
@@ -227,7 +330,11 @@ def test_broker_request_fuzz(cluster_factory, raw_conn):
     check = raw_conn(c.broker_addr())
     for topic in ask(check, RequestCode.GET_ALL_TOPIC_CONFIG, {}):  # nothing unsafe stored
         assert safe_name(topic) and len(topic) <= 127, topic
-        assert topic in INTERNAL_TOPICS or not system_topic(topic), topic
+        assert topic in INTERNAL_TOPICS or not system_topic(topic) or \
+            topic.startswith("RMQ_SYS_TRANS_"), topic  # created by a stored half message
+    for key, queues in (ask(check, RequestCode.GET_ALL_CONSUMER_OFFSET, {}) or {}).items():
+        assert all(safe_name(part) for part in key.split("@")), key  # topic@group
+        assert all(is_int(offset, 0, 2**63 - 1) for offset in queues.values()), queues
     c.restart("broker")
     with hamq.Admin(c.namesrv) as admin:
         admin.create_topic("AfterFuzz", 1)
@@ -278,3 +385,29 @@ def routed(admin, topic: str) -> bool:
         return bool(admin.topic_route(topic).write_queues)
     except TopicNotExist:
         return False
+
+
+def test_ha_port_request_fuzz(cluster, raw_conn):
+    """The master's HA port: handshakes and acks with hostile values (a forged slave among
+    them attaches, acks past what it was sent, and reads the log bytes it is shipped), and
+    every other code."""
+    broker = cluster.procs["broker"]
+    with hamq.Admin(cluster.namesrv) as admin:
+        admin.create_topic("Fuzz", 1)
+    send_and_pull(cluster.namesrv, "Fuzz")
+    before = rss_mib(broker.pid)
+    run_campaign(raw_conn(ha_listen(cluster)), HA_FIELDS)
+    assert broker.alive()
+    assert rss_mib(broker.pid) - before < FUZZ_RSS_BOUND_MIB
+    with hamq.Admin(cluster.namesrv) as admin:
+        slaves = admin.broker_runtime_info(cluster.broker_addr())["ha"]["slaves"]
+    # no forged session counts an ack past the master's log
+    assert all(s["behind_bytes"] >= 0 for s in slaves), slaves
+    round_trip(cluster, raw_conn, "AfterHaFuzz")
+    cluster.restart("broker")
+    round_trip(cluster, raw_conn, "AfterHaRestart")
+
+
+def ha_listen(cluster) -> str:
+    text = (cluster.root / "broker.toml").read_text()
+    return next(line.split('"')[1] for line in text.splitlines() if line.startswith("ha_listen"))
