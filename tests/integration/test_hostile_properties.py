@@ -14,9 +14,11 @@ import msgpack
 import pytest
 
 import hamq
+from hamq.config import StoreConfig
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import encode_frame_bytes, pack_body, unpack_body
 from hamq.protocol.message import encode_batch, encode_message
+from hamq.store.message_store import MessageStore
 
 from helpers import free_port, scrape_metrics
 
@@ -201,3 +203,35 @@ def test_held_pops_are_capped_per_connection_and_per_queue(cluster_factory, raw_
         ResponseCode.SUCCESS
     woken = first.read_frame()
     assert woken.code == ResponseCode.SUCCESS and woken.opaque == 1, woken
+
+
+def test_transaction_check_survives_unreadable_halves_stored_before(cluster_factory):
+    """Halves stored before sends checked properties (written into the stopped broker's
+    store here): a group that is a list, properties cut short. The check task skips them
+    (logged, counted) and still checks back and commits a legitimate half after them."""
+    c = cluster_factory()
+    c.start_namesrv()
+    metrics = f"127.0.0.1:{free_port()}"
+    c.start_broker(metrics_listen=metrics, **FAST_CHECKS)
+    with hamq.Admin(c.namesrv) as admin:
+        admin.create_topic(TOPIC, 1)
+    c.procs["broker"].stop()
+    store = MessageStore(StoreConfig(store_dir=str(c.root / "broker"), disk_min_free_bytes=1))
+    try:
+        for props in (raw_props({**HALF, "PGROUP": ["pg-tx"], "REAL_TOPIC": TOPIC,
+                                 "REAL_QID": "0"}), b"\x81"):
+            payload, crc = encode_batch([encode_message(b"old", props)])
+            store.put_batch("RMQ_SYS_TRANS_HALF_TOPIC", 0, payload, 1, crc, 0)
+        store.commit()
+    finally:
+        store.close()
+    c.procs["broker"].start()
+    local = LocalTransactions({"unknown": hamq.TransactionState.UNKNOW},
+                              {"unknown": hamq.TransactionState.COMMIT_MESSAGE})
+    with local.producer(c.namesrv) as producer:
+        send(producer, "unknown")
+        assert visible(c.namesrv, wait_s=10.0, until_count=1) == ["unknown"]
+    assert local.checks == ["unknown"]
+    counted = scrape_metrics(metrics)
+    assert counted["hamq_records_skipped_total"] == 2
+    assert counted["hamq_internal_errors_total"] == 0
