@@ -117,10 +117,16 @@ def test_registration_taking_a_live_members_id_is_refused(routes):
     assert routes.get_route("Evil") is None and "6.6.6.6:1" not in routes.live
 
 
-def test_live_member_of_the_group_may_take_the_master_id(routes):
+def test_live_member_of_the_group_may_take_the_id_of_a_silent_one(routes):
     """DLedger elects a follower that is already a live member: it registers as id 0 while
-    the old leader's entry has not expired yet, and takes it over."""
-    routes.register_broker("C", "broker-a", 0, A1, topics("T"), {}, 2000)
+    the old leader's entry has not expired yet, and takes it over once the old leader has
+    missed a third of its timeout; a master still heartbeating keeps its id (else anyone
+    could join as a slave and then claim the master's id)."""
+    routes.broker_heartbeat(A1, 2000)
+    with pytest.raises(NoPermission, match="broker-a/0 is registered by live member"):
+        routes.register_broker("C", "broker-a", 0, A1, topics("T"), {}, 2000)
+    routes.broker_heartbeat(A1, 1000 + TIMEOUT_MS // 3 + 1)
+    routes.register_broker("C", "broker-a", 0, A1, topics("T"), {}, 1000 + TIMEOUT_MS // 3 + 1)
     assert routes.get_broker_member_group("C", "broker-a")["broker_addrs"] == {0: A1}
     assert A0 not in routes.live
 

@@ -30,6 +30,10 @@ class NamesrvRegistration:
         # Changes at run time in DLedger mode: 0 while this member leads its group.
         self.broker_id = config.broker_id
         self._register_now = asyncio.Event()
+        # Name servers that refused the last registration: a fellow member still holds
+        # our id (DLedger: the old leader has not gone silent yet), so it is asked again
+        # at the next heartbeat rather than in register_broker_interval_ms.
+        self._refused: set[str] = set()
         self._tasks: list[asyncio.Task] = []
 
     @property
@@ -73,6 +77,9 @@ class NamesrvRegistration:
                     functools.partial(self._heartbeat, addr))
 
     async def _heartbeat(self, addr: str) -> None:
+        if addr in self._refused:
+            await self._register(addr)
+            return
         code = await self._call(addr, RequestCode.BROKER_HEARTBEAT, self.identity)
         if code == ResponseCode.BROKER_NOT_FOUND:  # name server restarted or expired us
             await self._register(addr)
@@ -86,7 +93,11 @@ class NamesrvRegistration:
                                      "write_queue_nums": t.write_queue_nums, "perm": t.perm}
                               for name, t in self.topics.topics.items()},
             "data_version": asdict(self.topics.data_version)})
-        await self._call(addr, RequestCode.REGISTER_BROKER, ext, body)
+        code = await self._call(addr, RequestCode.REGISTER_BROKER, ext, body)
+        if code == ResponseCode.NO_PERMISSION:
+            self._refused.add(addr)
+        else:
+            self._refused.discard(addr)
 
     async def _call(self, addr: str, code: int, ext: dict, body: bytes = b"") -> int | None:
         """The response code, or None; never raises, so the loops keep running."""

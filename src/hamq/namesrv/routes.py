@@ -12,6 +12,9 @@ from hamq.store.metadata import PERM_READ_WRITE
 # RocketMQ's TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC: brokers that auto-create topics
 # register it, and producers of unknown topics route through it.
 AUTO_CREATE_TOPIC_KEY_TOPIC = "TBW102"
+# A member silent for 1/3 of its liveness timeout may have its id taken by a fellow
+# member (see _check_conflict).
+SILENT_FRACTION = 3
 
 
 @dataclass
@@ -147,16 +150,24 @@ class RouteInfoManager:
         info = self.live.get(addr)
         return info is not None and now_ms - info.last_update_ms <= info.timeout_ms
 
+    def _is_silent(self, addr: str, now_ms: int) -> bool:
+        """Not heard from for a third of its timeout (three heartbeats of a broker with
+        the defaults: 1 s heartbeats, 10 s timeout)."""
+        info = self.live[addr]
+        return now_ms - info.last_update_ms > info.timeout_ms // SILENT_FRACTION
+
     def _check_conflict(self, cluster_name: str, broker_name: str, broker_id: int, addr: str,
                         now_ms: int) -> None:
         """Without authentication, a registration may not take over what a live member
-        holds: its broker id (unless the address is already a live member of the group,
-        as when DLedger elects a follower) or its group's cluster."""
+        holds: its broker id or its group's cluster. A live member of the group may take
+        the id of one that has gone silent (DLedger elected it after the leader died) but
+        not of one still heartbeating: else anyone could join as a slave under a free id
+        and then claim the master's."""
         holder = self.broker_addr_table.get(broker_name, {}).get(broker_id)
         if holder is not None and holder != addr and self._is_live(holder, now_ms):
             promoted = self.live.get(addr)
             if not (promoted is not None and promoted.broker_name == broker_name
-                    and self._is_live(addr, now_ms)):
+                    and self._is_live(addr, now_ms) and self._is_silent(holder, now_ms)):
                 raise NoPermission(f"broker {broker_name}/{broker_id} is registered by live "
                                    f"member {holder}; refused for {addr}")
         cluster = self.broker_cluster.get(broker_name)
