@@ -175,11 +175,14 @@ class NamesrvConfig(ServerConfig):
     data_dir: str = "./namesrv"                          # kvConfigPath's directory
     scan_not_active_broker_interval_ms: int = 5000       # scanNotActiveBrokerInterval
     broker_not_active_timeout_ms: int = 10_000           # brokerNotActiveTimeoutMillis
+    max_route_entries: int = 1_000_000  # live members plus (topic, group) routes held (about
+    #   0.5 KiB each), past which a registration that would add more is SYSTEM_BUSY
     metrics_listen: str = ""                             # HOST:PORT of /metrics, "" = off
 
     def __post_init__(self) -> None:
         self.check_server_limits()
-        _positive(self, "scan_not_active_broker_interval_ms", "broker_not_active_timeout_ms")
+        _positive(self, "scan_not_active_broker_interval_ms", "broker_not_active_timeout_ms",
+                  "max_route_entries")
         _address("listen", self.listen)
 
 

@@ -220,6 +220,33 @@ def test_a_flood_of_registrations_does_not_slow_every_later_one(cluster, raw_con
     send_and_pull(cluster.namesrv, topic)
 
 
+def test_registrations_past_max_route_entries_are_refused(cluster_factory, raw_conn):
+    """Forged groups cost the name server memory until they expire (at most 10 min, their
+    choice): past max_route_entries a registration that adds routes or members is
+    SYSTEM_BUSY naming the key, and the brokers already there keep registering."""
+    c = cluster_factory()
+    c.start_namesrv(max_route_entries=40)
+    c.start_broker()
+    conn = raw_conn(c.namesrv_addrs[0])
+    forged = {"cluster_name": "Flood", "broker_id": 0}
+    for i, (topics, code) in enumerate([(30, ResponseCode.SUCCESS),
+                                        (30, ResponseCode.SYSTEM_BUSY),
+                                        (0, ResponseCode.SUCCESS)]):
+        body = pack_body({"topic_configs": {
+            f"F{i}_{t}": {"read_queue_nums": 1, "write_queue_nums": 1, "perm": 6}
+            for t in range(topics)}})
+        answer = ask(conn, RequestCode.REGISTER_BROKER, 40 + i,
+                     {**forged, "broker_name": f"f{i}", "broker_addr": f"127.0.0.1:{i + 1}"},
+                     body)
+        assert answer.code == code, (i, answer)
+        assert code == ResponseCode.SUCCESS or "max_route_entries" in answer.remark, answer
+    with hamq.Admin(c.namesrv) as admin:
+        assert "F1_0" not in admin.topic_list()
+    with hamq.Admin(c.namesrv) as admin:  # the broker re-registers with one more
+        admin.create_topic("Alive", 1, cluster="TestCluster")
+    send_and_pull(c.namesrv, "Alive")
+
+
 # -- 7. slowloris ---------------------------------------------------------------------
 SLOW_CONNECTIONS = 32
 SLOWLORIS_RSS_BOUND_MIB = 24  # 32 connections declaring 16 MiB each cost 512 MiB before

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hamq.errors import NoPermission
+from hamq.errors import NoPermission, SystemBusy
 from hamq.store.metadata import PERM_READ_WRITE
 
 # RocketMQ's TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC: brokers that auto-create topics
@@ -37,8 +37,13 @@ class QueueData:
 
 
 class RouteInfoManager:
-    def __init__(self, broker_not_active_timeout_ms: int) -> None:
+    def __init__(self, broker_not_active_timeout_ms: int,
+                 max_route_entries: int = 1_000_000) -> None:
         self.default_timeout_ms = broker_not_active_timeout_ms
+        # Registrations cost memory until they expire (up to 10 min, the broker's choice):
+        # a flood of forged groups and topics is bounded by this many members and routes.
+        self.max_route_entries = max_route_entries
+        self.route_count = 0  # (topic, broker name) pairs in topic_queue_table
         self.cluster_addr_table: dict[str, set[str]] = {}          # cluster -> broker names
         self.broker_addr_table: dict[str, dict[int, str]] = {}    # broker name -> id -> addr
         self.broker_cluster: dict[str, str] = {}                   # broker name -> cluster
@@ -53,8 +58,10 @@ class RouteInfoManager:
                         topic_configs: dict[str, dict[str, int]], data_version: dict[str, int],
                         now_ms: int, timeout_ms: int | None = None, ha_addr: str = "") -> bool:
         """Returns whether the group's membership changed (members are then notified).
-        ``NoPermission`` if it conflicts with a live member (nothing is changed then)."""
+        ``NoPermission`` if it conflicts with a live member, ``SystemBusy`` if it would
+        grow the routes past ``max_route_entries`` (nothing is changed then)."""
         self._check_conflict(cluster_name, broker_name, broker_id, addr, now_ms)
+        self._check_room(broker_name, broker_id, addr, topic_configs)
         before = dict(self.broker_addr_table.get(broker_name, {}))
         self.cluster_addr_table.setdefault(cluster_name, set()).add(broker_name)
         members = self.broker_addr_table.setdefault(broker_name, {})
@@ -106,6 +113,7 @@ class RouteInfoManager:
         queues = self.topic_queue_table.pop(topic, None)
         for broker_name in queues or ():
             self.topics_of[broker_name].discard(topic)
+            self.route_count -= 1
         return queues is not None
 
     # -- queries ------------------------------------------------------------------------
@@ -177,10 +185,21 @@ class RouteInfoManager:
             raise NoPermission(f"broker group {broker_name} belongs to cluster {cluster} with "
                                f"live members; refused in cluster {cluster_name} for {addr}")
 
+    def _check_room(self, broker_name: str, broker_id: int, addr: str,
+                    topic_configs: dict[str, dict[str, int]]) -> None:
+        grow = addr not in self.live
+        if broker_id == 0:
+            grow += len(topic_configs) - len(self.topics_of.get(broker_name, ()))
+        if grow > 0 and len(self.live) + self.route_count + grow > self.max_route_entries:
+            raise SystemBusy(f"this name server holds {len(self.live)} members and "
+                             f"{self.route_count} routes; {addr} would add {grow} more than "
+                             f"max_route_entries ({self.max_route_entries}) allows")
+
     def _replace_topics_of(self, broker_name: str,
                            topic_configs: dict[str, dict[str, int]]) -> None:
         self._drop_topics_of(broker_name, self.topics_of.get(broker_name, set()) -
                              topic_configs.keys())
+        self.route_count += len(topic_configs) - len(self.topics_of.get(broker_name, ()))
         for topic, cfg in topic_configs.items():
             self.topic_queue_table.setdefault(topic, {})[broker_name] = QueueData(
                 broker_name, cfg["read_queue_nums"], cfg["write_queue_nums"], cfg["perm"])
@@ -202,4 +221,6 @@ class RouteInfoManager:
             names.discard(broker_name)
             if not names:
                 self.cluster_addr_table.pop(cluster, None)
-        self._drop_topics_of(broker_name, self.topics_of.pop(broker_name, set()))
+        topics = self.topics_of.pop(broker_name, set())
+        self.route_count -= len(topics)
+        self._drop_topics_of(broker_name, topics)

@@ -30,7 +30,8 @@ def _now_ms() -> int:
 class NamesrvProcessor:
     def __init__(self, config: NamesrvConfig) -> None:
         self.config = config
-        self.routes = RouteInfoManager(config.broker_not_active_timeout_ms)
+        self.routes = RouteInfoManager(config.broker_not_active_timeout_ms,
+                                       config.max_route_entries)
         # The connection each broker last registered or heartbeated on: the way back to it
         # for reverse notifications (as RocketMQ uses the broker's channel).
         self.broker_conns: dict[str, Connection] = {}
