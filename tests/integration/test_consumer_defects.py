@@ -372,6 +372,33 @@ def test_orderly_member_stops_after_a_broker_restart_lost_its_lock(cluster):
         owner.shutdown()
 
 
+def test_orderly_member_resumes_soon_after_a_broker_restart(cluster):
+    """A restarted broker knows no client until it heartbeats, and refuses it locks until
+    then; the member heartbeats as soon as a lock request fails instead of stalling until
+    its next periodic heartbeat (30 s) or rebalance (20 s)."""
+    create_topic(cluster, "Resume")
+    got = Deliveries()
+
+    def listener(messages):
+        got.add(messages)
+        return ConsumeOrderlyStatus.SUCCESS
+
+    member = hamq.PushConsumer("resume", cluster.namesrv, consume_from_where="first",
+                               pull_suspend_ms=500, persist_offset_interval_s=0.5)
+    member.subscribe("Resume")
+    member.register_message_listener(listener, orderly=True)
+    member.start()
+    try:
+        send(cluster, "Resume", b"before")
+        wait_for(lambda: b"before" in got.bodies(), 20, "consumed before the restart")
+        cluster.procs["broker"].kill9()
+        cluster.procs["broker"].start()
+        send(cluster, "Resume", b"after")
+        wait_for(lambda: b"after" in got.bodies(), 10, "consumed soon after the restart")
+    finally:
+        member.shutdown()
+
+
 # -- 8, 9: name servers down or hung --------------------------------------------------------
 def test_consumption_continues_while_the_name_server_is_down(cluster):
     create_topic(cluster, "NoNamesrv", 2)

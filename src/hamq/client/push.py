@@ -667,6 +667,10 @@ class AsyncPushConsumer:
                 log.warning("%s on %s failed: %s", RequestCode(code).name, broker_name,
                             err.message)
                 frame = None
+                if code == RequestCode.LOCK_BATCH_MQ:
+                    # A restarted broker (or one whose connection to us closed) locks only
+                    # for clients that heartbeat to it: heartbeat now, not a period later.
+                    await self.core.heart_beat([addr], self._heartbeat_body())
             yield group, frame, addr
 
     # -- offsets --------------------------------------------------------------------------------
