@@ -16,6 +16,7 @@ import msgpack
 import pyarrow as pa
 
 from hamq.client.message import PROPERTY_KEYS, PROPERTY_TAGS
+from hamq.protocol.properties import PROPERTY_UNIQ_KEY
 from hamq.protocol.message import (MSG_HEAD, MSG_HEAD_BYTES, encode_properties, message_head,
                                    parse_record_header)
 from hamq.spark.schema import ARROW_SCHEMA
@@ -92,7 +93,9 @@ def records_to_batch(data: bytes | memoryview, start: int, end: int, topic: str,
 
 def _property_columns(n: int, props: list[tuple[int, bytes]]
                       ) -> tuple[pa.Array, pa.Array, pa.Array]:
-    """key (from KEYS), tags (from TAGS) and the remaining properties as a map."""
+    """key (from KEYS), tags (from TAGS) and the remaining properties as a map; the
+    producer's UNIQ_KEY is a system property (RocketMQ's client id of the send), not one
+    the user set, so it stays out of the map as KEYS and TAGS do."""
     if not props:
         empty = pa.MapArray.from_arrays(pa.array(repeat(0, n + 1), pa.int32(), size=n + 1),
                                         _EMPTY_STRINGS, _EMPTY_STRINGS)
@@ -110,6 +113,7 @@ def _property_columns(n: int, props: list[tuple[int, bytes]]
             key = decoded.pop(PROPERTY_KEYS, None)
             keys[row] = None if key is None else key.encode()
             tags[row] = decoded.pop(PROPERTY_TAGS, None)
+            decoded.pop(PROPERTY_UNIQ_KEY, None)
             names.extend(decoded)
             items.extend(decoded.values())
         map_offsets[row + 1] = len(names)
