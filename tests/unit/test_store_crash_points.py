@@ -16,12 +16,13 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
+from helpers import read_queue
 
 from hamq.config import StoreConfig
 from hamq.errors import HamqError
-from hamq.protocol.message import decode_records, encode_batch, encode_message
+from hamq.protocol.message import encode_batch, encode_message
 from hamq.sim.fs import ProcessCrash, SimDisk
-from hamq.store.message_store import GetStatus, MessageStore
+from hamq.store.message_store import MessageStore
 
 SEEDS = 300
 QUEUES = (("T", 0), ("T", 1), ("D", 0))
@@ -42,17 +43,6 @@ class Model:
     def may_lose(self, keep) -> None:
         """About to remove what ``keep`` rejects: a crash may leave it or not."""
         self.acked = {k for k in self.acked if keep(k, self.written[k])}
-
-
-def read_queue(store: MessageStore, topic: str, queue_id: int) -> dict[int, bytes]:
-    offset, got = store.min_offset(topic, queue_id), {}
-    while True:
-        r = store.get_messages(topic, queue_id, offset, 32, 1 << 20)
-        if r.status is not GetStatus.FOUND:
-            return got
-        got.update(decode_records(r.records, offset,
-                                  lambda h, index, off, props, body: (off, body)))
-        offset = r.next_begin_offset
 
 
 def read_all(store: MessageStore) -> dict[Key, bytes]:

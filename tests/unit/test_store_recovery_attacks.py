@@ -12,16 +12,17 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import read_queue
 
 from hamq.config import StoreConfig
 from hamq.errors import BrokerSystemError, DiskFull
-from hamq.protocol.message import decode_records, encode_batch, encode_message
+from hamq.protocol.message import encode_batch, encode_message
 from hamq.raft import Entry, FileStorage
 from hamq.sim.fs import SimDisk
 from hamq.store.commitlog import CommitLog
 from hamq.store.consume_queue import ENTRY_BYTES
 from hamq.store.flush import FlushService
-from hamq.store.message_store import GetStatus, MessageStore
+from hamq.store.message_store import MessageStore
 
 SEGMENT_BYTES = 1024
 
@@ -36,17 +37,6 @@ def _put(store: MessageStore, topic: str, queue_id: int, body: bytes) -> int:
     put = store.put_batch(topic, queue_id, payload, 1, crc, 0)
     store.commit()
     return put.base_queue_offset
-
-
-def _read(store: MessageStore, topic: str, queue_id: int = 0) -> dict[int, bytes]:
-    offset, got = store.min_offset(topic, queue_id), {}
-    while True:
-        r = store.get_messages(topic, queue_id, offset, 32, 1 << 20)
-        if r.status is not GetStatus.FOUND:
-            return got
-        got.update(decode_records(r.records, offset,
-                                  lambda h, index, off, props, body: (off, body)))
-        offset = r.next_begin_offset
 
 
 def _lose_power(disk: SimDisk, seed: int = 0) -> MessageStore:
@@ -117,7 +107,7 @@ def test_a_restart_after_a_topic_delete_does_not_bring_its_messages_back():
     store = MessageStore(_config(), disk=disk)
     assert ("T", 0) not in store.queues, "recovery re-dispatched a deleted topic's records"
     assert _put(store, "T", 0, b"new") == 0
-    assert _read(store, "T") == {0: b"new"}
+    assert read_queue(store, "T") == {0: b"new"}
 
 
 def test_a_power_loss_after_a_topic_delete_and_re_create_serves_only_the_new_topic():
@@ -133,7 +123,7 @@ def test_a_power_loss_after_a_topic_delete_and_re_create_serves_only_the_new_top
         store.commitlog.flush()  # what a sync-flush send waits for before its answer
         after = _lose_power(disk, seed)
         assert list(after.queue("T", 0).base) == [0], f"seed {seed}: old entries came back"
-        assert _read(after, "T") == {0: b"new"}, f"seed {seed}"
+        assert read_queue(after, "T") == {0: b"new"}, f"seed {seed}"
 
 
 # -- a log shorter than its checkpoint --------------------------------------------------------
@@ -178,7 +168,7 @@ def test_a_power_loss_right_after_a_cut_recovers_the_kept_prefix(monkeypatch):
         with pytest.raises(_Crash):
             store.truncate_to(cut)
         after = _lose_power(disk, seed)
-        assert sorted(_read(after, "T")) == list(range(5)), f"seed {seed}"
+        assert sorted(read_queue(after, "T")) == list(range(5)), f"seed {seed}"
         assert _put(after, "T", 0, b"next") == 5
 
 
@@ -262,7 +252,7 @@ def test_a_failed_consume_queue_fsync_is_never_vouched_for_by_a_checkpoint():
     except OSError:
         pass  # refusing to checkpoint is one right answer
     after = _lose_power(disk)
-    assert sorted(_read(after, "T")) == list(range(5))
+    assert sorted(read_queue(after, "T")) == list(range(5))
 
 
 def test_a_checkpoint_never_vouches_for_queue_entries_another_thread_has_yet_to_fsync():
@@ -280,7 +270,7 @@ def test_a_checkpoint_never_vouches_for_queue_entries_another_thread_has_yet_to_
         store.commitlog.flush()
         store.flush_consume_queues()  # on the loop
         after = _lose_power(disk, seed)
-        assert sorted(_read(after, "T")) == list(range(4)), f"seed {seed}"
+        assert sorted(read_queue(after, "T")) == list(range(4)), f"seed {seed}"
 
 
 # -- a clean restart ------------------------------------------------------------------------------
@@ -316,8 +306,8 @@ def test_a_checkpoint_after_a_failed_queue_write_claims_nothing_unwritten():
         disk.capacity_bytes = (1 << 40) - 1
         store.write_checkpoint()  # a worker's, from an earlier candidate
         after = _lose_power(disk, seed)
-        assert sorted(_read(after, "T")) == list(range(4)), f"seed {seed}"
-        assert sorted(_read(after, "U")) == list(range(3)), f"seed {seed}"
+        assert sorted(read_queue(after, "T")) == list(range(4)), f"seed {seed}"
+        assert sorted(read_queue(after, "U")) == list(range(3)), f"seed {seed}"
 
 
 def test_a_sync_flush_whose_fsync_fails_acknowledges_nothing_and_refuses_writes():
