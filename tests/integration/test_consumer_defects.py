@@ -399,6 +399,35 @@ def test_orderly_member_resumes_soon_after_a_broker_restart(cluster):
         member.shutdown()
 
 
+def test_orderly_lock_lease_survives_a_wall_clock_step(cluster_factory, tmp_path, monkeypatch):
+    """The broker's wall clock steps 90 s ahead (NTP, a resumed VM): a lease measured on it
+    lapsed at once and another member took the queue its owner still consumed."""
+    shift = tmp_path / "clock_shift"
+    shift.write_text("0")
+    c = cluster_factory()
+    c.start_namesrv()
+    with monkeypatch.context() as env:  # only the broker's clock is shifted
+        env.setenv("PYTHONPATH", os.pathsep.join(
+            [str(Path(__file__).with_name("shifted_clock")), os.environ.get("PYTHONPATH", "")]))
+        env.setenv("HAMQ_TEST_CLOCK_SHIFT_FILE", str(shift))
+        c.start_broker()
+    create_topic(c, "Locked")
+    addr = c.broker_addr()
+
+    async def scenario() -> None:
+        owner, other = ClientCore(c.namesrv), ClientCore(c.namesrv)
+        try:
+            assert await _lock(owner, addr, "owner") == [["Locked", 0]]
+            shift.write_text("90")  # past the 60 s lease, within the 120 s client expiry
+            assert await _lock(other, addr, "other") == [], "lock taken after a clock step"
+            assert await _lock(owner, addr, "owner") == [["Locked", 0]]  # still renewable
+        finally:
+            await owner.close()
+            await other.close()
+
+    asyncio.run(scenario())
+
+
 # -- 8, 9: name servers down or hung --------------------------------------------------------
 def test_consumption_continues_while_the_name_server_is_down(cluster):
     create_topic(cluster, "NoNamesrv", 2)

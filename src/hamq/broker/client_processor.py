@@ -8,7 +8,7 @@ the group it consumed from cannot take it back (``client/retry.py``)."""
 from __future__ import annotations
 
 from hamq.broker.clients import ClientManager, parse_heartbeat
-from hamq.broker.locks import RebalanceLockManager
+from hamq.broker.locks import RebalanceLockManager, lease_clock_ms
 from hamq.broker.send_back import RETRY_QUEUE_NUMS
 from hamq.broker.topics import TopicService
 from hamq.errors import InvalidArgument
@@ -58,7 +58,7 @@ class ClientProcessor:
         # Queues of topics this broker does not have are not locked (not held in the
         # answer), as if another client held them: nothing is kept for a name.
         held = self.locks.try_lock_batch(group, [q for q in queues if self._exists(*q)],
-                                         client_id, self.store.clock_ms())
+                                         client_id, lease_clock_ms())
         return response_pieces(frame, body=pack_body([list(k) for k in held]))
 
     def _exists(self, topic: str, queue_id: int) -> bool:

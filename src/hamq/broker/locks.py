@@ -7,6 +7,7 @@ trusts its lock for its own, shorter lease (30 s against 60 s) and may still be 
 through the batch in hand, reconnecting meanwhile. Only an unlock or the lapse frees it."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 REBALANCE_LOCK_MAX_LIVE_TIME_MS = 60_000  # rocketmq.broker.rebalance.lockMaxLiveTime
@@ -18,6 +19,13 @@ QueueKey = tuple[str, int]  # (topic, queue id) on this broker
 class LockEntry:
     client_id: str
     last_update_ms: int
+
+
+def lease_clock_ms() -> int:
+    """The clock leases are measured on: monotonic, so a step of the wall clock (NTP, a
+    resumed VM) neither lapses every lock at once (another member would take a queue its
+    owner still consumes) nor keeps a dead member's locks."""
+    return time.monotonic_ns() // 1_000_000
 
 
 class RebalanceLockManager:

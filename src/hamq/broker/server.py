@@ -13,7 +13,7 @@ from hamq.broker.clients import ClientManager
 from hamq.broker.dledger.driver import DLedgerCommitLog
 from hamq.broker.ha import HAMaster, HASlave
 from hamq.broker.held_back import HeldBackPut
-from hamq.broker.locks import RebalanceLockManager
+from hamq.broker.locks import RebalanceLockManager, lease_clock_ms
 from hamq.broker.member_group import MemberGroup
 from hamq.broker.processor import BrokerProcessor
 from hamq.broker.pop import PopService
@@ -208,7 +208,7 @@ class Broker:
         while True:
             await asyncio.sleep(CLIENT_SCAN_INTERVAL_S)
             self.clients.scan_expired(self.store.clock_ms())
-            self.locks.remove_expired(self.store.clock_ms())
+            self.locks.remove_expired(lease_clock_ms())
 
     async def stop(self) -> None:
         """Clean shutdown: stop serving, flush and checkpoint, deregister."""
