@@ -92,7 +92,7 @@ def test_a_topic_delete_applied_before_the_store_claims_what_precedes_it_is_caug
     assert failure is not None and "differ" in failure
 
 
-DISK_WIPE_SEEDS = (41, 54, 72, 96, 97)  # bug 8 in regression_seeds.txt
+DISK_WIPE_SEEDS = (41, 54, 72, 96, 171)  # bug 8 in regression_seeds.txt
 
 
 def test_a_wiped_member_that_votes_at_once_is_caught(monkeypatch):

@@ -116,11 +116,10 @@ def test_a_refused_write_pauses_applying_and_a_retry_resumes_at_the_same_entry(m
     assert [r.base_queue_offset for _, r in sorted(member.answers)] == list(range(8))
 
 
-def test_a_failed_log_write_is_undone_and_applied_again_from_the_last_commit(member):
-    member.send(0)
-    member.run(50)
-    real_write = member.store.commitlog.write_pending
-    failures = []
+def fail_next_log_write(store: MessageStore) -> list[int]:
+    """The store's next commit-log write fails with ENOSPC; the list records that it did."""
+    real_write = store.commitlog.write_pending
+    failures: list[int] = []
 
     def fail_once() -> None:
         if not failures:
@@ -128,7 +127,14 @@ def test_a_failed_log_write_is_undone_and_applied_again_from_the_last_commit(mem
             raise OSError(errno.ENOSPC, "No space left on device")
         real_write()
 
-    member.store.commitlog.write_pending = fail_once
+    store.commitlog.write_pending = fail_once  # type: ignore[method-assign]
+    return failures
+
+
+def test_a_failed_log_write_is_undone_and_applied_again_from_the_last_commit(member):
+    member.send(0)
+    member.run(50)
+    failures = fail_next_log_write(member.store)
     # one entry: a send, a topic change, a send — the failure hits the last write
     member.core.propose(encode_command([KIND_TOPIC, "U", 1, 1, 6]),
                         lambda result, err: member.answers.append((-1, err)))
@@ -141,6 +147,26 @@ def test_a_failed_log_write_is_undone_and_applied_again_from_the_last_commit(mem
     assert member.bodies() == [(0, b"m0"), (1, b"m1")]
     assert sorted(n for n, _ in member.answers) == [-1, 0, 1]
     assert "U" in member.store.topics.topics
+
+
+def test_a_failed_roll_undoes_the_sends_before_it_and_they_are_applied_again(member):
+    """A send that rolls the segment writes the entry's earlier sends first: when that
+    fails they are undone too, so applying goes back to the last commit (resuming at the
+    failed send lost the one before it, which every other member stored)."""
+    member.send(0)
+    member.run(50)
+    record = member.store.commitlog.written_offset
+    member.store.commitlog.segment_bytes = record * 5 // 2  # the third send rolls
+    failures = fail_next_log_write(member.store)
+    member.send(1)
+    member.send(2)
+    member.run(TICK_MS)
+    assert failures and "earlier uncommitted writes" in member.core.status()["apply_error"]
+    member.store.check_disk()  # the store refuses writes until its next disk check
+    member.run(APPLY_RETRY_MS + TICK_MS)
+    assert member.core.status()["apply_error"] == ""
+    assert member.bodies() == [(i, b"m%d" % i) for i in range(3)]
+    assert [r.base_queue_offset for _, r in sorted(member.answers)] == [0, 1, 2]
 
 
 def test_a_clean_restart_reapplies_nothing(tmp_path):

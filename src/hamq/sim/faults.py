@@ -25,6 +25,9 @@ class FaultMix:
     # per tick, that one member's disk fills up (until up to heal_ms_max later): writes of
     # the store and of the Raft log fail with ENOSPC
     disk_full_probability: float
+    # whether the store refuses sends short of a full disk (RocketMQ's guard, normally on);
+    # off, its own writes hit ENOSPC, undoing appends of the turn (bugs found only so)
+    store_disk_guard: bool
     restart_ms_max: int  # a stopped member restarts after up to this long
     crash_during_persist_probability: float  # per Ready, a kill or power loss before it is written
     partition_probability: float  # per tick, that the network splits
@@ -67,6 +70,7 @@ def choose_fault_mix(rng: random.Random, nodes: int | None,
         clean_stop_probability=rng.choice((0.0, 0.002, 0.005)),
         disk_wipe_probability=later_rng.choice((0.0, 0.0, 0.003, 0.01)),
         disk_full_probability=later_rng.choice((0.0, 0.0, 0.003, 0.01)),
+        store_disk_guard=later_rng.choice((True, True, False)),
         restart_ms_max=rng.choice((100, 1000)),
         crash_during_persist_probability=rng.choice((0.0, 0.0, 0.01, 0.03)),
         partition_probability=rng.choice((0.0, 0.003, 0.01, 0.03)),

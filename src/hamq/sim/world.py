@@ -47,7 +47,7 @@ TOPICS = ("T0", "T1", "D")
 DELETABLE = "D"  # the topic admins delete and create again; its sends are not tracked as
 # acknowledged (a delete takes them away), its queues and bytes are checked like the rest
 QUEUES = 2
-MIN_FREE_BYTES = 4096  # the store refuses sends below this (a full disk, see FaultMix)
+MIN_FREE_BYTES = 4096  # the store's guard refuses sends below this (see FaultMix)
 STORE_DIR = Path("/store")
 RAFT_DIR = Path("/dledger")
 
@@ -130,7 +130,8 @@ class World:
         self._store_config = StoreConfig(
             store_dir=str(STORE_DIR), flush_disk_type=mix.flush_disk_type,
             mapped_file_size_commitlog=mix.commitlog_segment_bytes,
-            disk_min_free_bytes=MIN_FREE_BYTES, disk_max_used_space_ratio=1.0)
+            disk_min_free_bytes=MIN_FREE_BYTES if mix.store_disk_guard else 0,
+            disk_max_used_space_ratio=1.0)
         self.crashes = 0
         self._sends = 0
         self._partitioned = False
@@ -404,7 +405,7 @@ class World:
             full = rng.choice(live)
             full.disk.capacity_bytes = full.disk.used_bytes() + rng.randint(0, MIN_FREE_BYTES)
             # the broker's periodic disk check, at once: the store refuses sends before
-            # the disk is full (RocketMQ's guard); the Raft log has no such guard
+            # the disk is full (RocketMQ's guard, if the mix has it); the Raft log has none
             if full.process is not None:  # (it may have crashed in this very tick)
                 full.process.store.check_disk()
             self._push(self.now_ms + rng.randint(1, mix.heal_ms_max), _Event.DISK_FREED,

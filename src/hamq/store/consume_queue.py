@@ -83,9 +83,13 @@ class ConsumeQueue:
         keep = bisect.bisect_left(self.phys, phys_end)
         if keep == len(self.phys):
             return
-        if keep == 0:  # emptied: the queue continues at the first dropped offset
+        if keep == 0 and self.base[0] != self._empty_offset:
+            # emptied: the queue continues at the first dropped offset, written before the
+            # entries go (see _rewrite). Undoing a failed send on a full disk drops entries
+            # that began where the queue already continued: nothing to write, so the undo
+            # cannot fail half-way and leave them for the retry to append again.
+            self._write_min(self.base[0])
             self._empty_offset = self.base[0]
-            self._write_min()  # before the entries go (see _rewrite)
         in_file = len(self.phys) - len(self._unwritten) // ENTRY_BYTES
         for arr in (self.phys, self.size, self.base, self.count, self.store_ts):
             del arr[keep:]
@@ -153,10 +157,10 @@ class ConsumeQueue:
         self._unwritten.clear()
         # ".min" first: it counts only while the entries are empty, so a crash between the
         # two writes never leaves an emptied queue without where it continues
-        self._write_min()
+        self._write_min(self._empty_offset)
         atomic_write(self.disk, self.path, b"".join(
             ENTRY.pack(*e) for e in zip(self.phys, self.size, self.base, self.count,
                                         self.store_ts)))
 
-    def _write_min(self) -> None:
-        atomic_write(self.disk, self.path.with_suffix(".min"), str(self._empty_offset).encode())
+    def _write_min(self, offset: int) -> None:
+        atomic_write(self.disk, self.path.with_suffix(".min"), str(offset).encode())

@@ -55,6 +55,12 @@ class GetResult:
     message_count: int = 0
 
 
+class WritesUndone(DiskFull):
+    """A write failed and the store undid every append since the last ``commit`` (the
+    turn), those a segment roll had already written included: a caller that counts the
+    turn's earlier puts as stored (DLedger's applied index) must go back to that commit."""
+
+
 class MessageStore:
     def __init__(self, config: StoreConfig, clock_ms: Callable[[], int] = now_ms, *,
                  disk: Disk = OS_DISK) -> None:
@@ -71,6 +77,7 @@ class MessageStore:
         self.topics = TopicConfigManager(self.root, clock_ms(), disk=disk)
         self.offsets = ConsumerOffsetManager(self.root, clock_ms(), disk=disk)
         self._touched: list[ConsumeQueue] = []
+        self._turn_start = 0  # where this turn's first append went (while _touched has any)
         # A checkpoint is written (maybe in a worker thread) only once every queue file
         # written before it was taken is fsynced: _unsynced counts the writes per file (or
         # directory) since its last fsync. Candidates are numbered so an older one never
@@ -169,11 +176,13 @@ class MessageStore:
         total = RECORD_HEADER_BYTES + len(topic_raw) + len(payload)
         try:
             phys = self.commitlog.reserve(total)
-        except OSError as exc:  # a roll writes this turn's appends first: that failed
+        except OSError as exc:  # a segment roll writes this turn's appends first
             touched, self._touched = self._touched, []
             self._undo_failed_write(touched, exc)
         header = encode_record_header(topic_raw, queue_id, len(payload), payload_crc, count,
                                       base, phys, store_ts, born_timestamp_ms, sys_flag)
+        if not self._touched:
+            self._turn_start = phys
         self.commitlog.append([header, payload], total)
         cq.append(phys, total, base, count, store_ts)
         self._touched.append(cq)
@@ -195,14 +204,20 @@ class MessageStore:
             self.check_disk()
 
     def _undo_failed_write(self, touched: list[ConsumeQueue], exc: OSError) -> NoReturn:
-        """The commit log keeps only what it wrote whole: the queue entries of appends past
-        its end go with them (they would point at the next records written there), and
-        writes are refused until a disk check finds room."""
-        for cq in touched:
-            cq.drop_from_physical(self.commitlog.written_offset)
+        """A failed write undoes the whole turn (``WritesUndone``), so that its callers can
+        go back to their last ``commit``: the appends past the log's end, their queue
+        entries (they would point at the next records written there), and what a segment
+        roll already wrote of the turn. Writes are refused until a disk check finds room."""
         self._disk_refusal = f"write to commit log failed: {exc.strerror or exc}"
         log.error("%s; refusing writes until the next disk check", self._disk_refusal)
-        raise DiskFull(self._disk_refusal) from None
+        if not touched:
+            raise DiskFull(self._disk_refusal) from None
+        if self.commitlog.written_offset > self._turn_start:
+            self.commitlog.truncate(self._turn_start)  # nothing past it was fsynced yet
+        for cq in touched:
+            cq.drop_from_physical(self.commitlog.written_offset)
+        raise WritesUndone(f"{self._disk_refusal}; this turn's earlier uncommitted writes "
+                           f"were undone") from None
 
     @property
     def durable_offset(self) -> int:

@@ -48,7 +48,7 @@ from hamq.raft import (EMPTY_INDEX, Checkpoint, Entry, EntryId, FailureReason,
                        FileStorage, Message, RaftConfig, RaftError, RawNode, Ready, Rng, Role)
 from hamq.raft.log import UNKNOWN_VOTE
 from hamq.raft.storage import persist
-from hamq.store.message_store import MessageStore, PutResult
+from hamq.store.message_store import MessageStore, PutResult, WritesUndone
 from hamq.store.metadata import TopicConfig
 
 log = logging.getLogger(__name__)
@@ -392,7 +392,8 @@ class DLedgerCore:
     def _pause(self, err: Exception, committed: _Cursor, arrived: list[tuple[str, int]],
                now_ms: int) -> None:
         """Stop applying at the first command not on disk; retry later from there."""
-        undone = isinstance(err, _WritesUndone)
+        # a put whose segment roll failed undid the puts since the last commit too
+        undone = isinstance(err, (_WritesUndone, WritesUndone))
         if not undone:
             try:
                 self._commit(arrived)  # the writes before the failed one
