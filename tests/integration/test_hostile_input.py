@@ -433,6 +433,48 @@ def test_held_pulls_of_a_client_that_does_not_read_wait_for_it(cluster, raw_conn
         sock.close()
 
 
+HALF_SCRAPES = 300
+METRICS_THREADS_BOUND = 40  # 300 half-sent scrapes made 300 threads, for good, before
+
+
+def _threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("Threads:"))
+
+
+def test_half_sent_scrapes_do_not_pile_up_threads(cluster_factory):
+    """The metrics port is a thread-per-request HTTP server: connections that send half a
+    request hold a bounded number of threads, a scrape still gets through, and SIGTERM
+    still stops the process cleanly (1000 such threads made it hang)."""
+    c = cluster_factory()
+    c.start_namesrv()
+    metrics = f"127.0.0.1:{free_port()}"
+    proc = c.start_broker(metrics_listen=metrics)
+    host, port = metrics.rsplit(":", 1)
+    socks = []
+    try:
+        for i in range(HALF_SCRAPES):
+            source = f"127.0.{1 + i // 250}.{2 + i % 250}"  # past the per-address cap
+            sock = socket.create_connection((host, int(port)), timeout=5,
+                                            source_address=(source, 0))
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            socks.append(sock)
+        assert _threads(proc.pid) < METRICS_THREADS_BOUND, _threads(proc.pid)
+        wait_for(lambda: _scraped(metrics), 30, "a scrape past the half-sent ones")
+    finally:
+        for sock in socks:
+            sock.close()
+    proc.stop()
+    assert proc.popen.returncode == 0, proc.popen.returncode
+
+
+def _scraped(metrics: str) -> bool:
+    try:
+        return "hamq_internal_errors_total" in scrape_metrics(metrics)
+    except OSError:  # every slot taken by a half-sent request: closed unanswered
+        return False
+
+
 # -- 7, 8. what all connections hold together ---------------------------------------------
 CROWD = 16  # connections, each from its own loopback address (past the per-address cap)
 CROWD_HELD_MIB = 16  # max_held_bytes of the broker under test
