@@ -59,3 +59,22 @@ def test_send_back_retries_then_dead_letters(cluster):
         assert m.properties["ORIGIN_MESSAGE_ID"] == sent.msg_id
     assert dead.topic == dlq_topic
     assert dead.reconsume_times == 3
+
+
+def test_send_back_of_a_message_whose_producer_set_a_bad_reconsume_time(cluster):
+    """A plain message's properties are not decoded at send, so a producer can store any
+    RECONSUME_TIME; its send-back counts it as 0 (it used to fail with an internal error
+    and the message could never be handed back)."""
+    with hamq.Admin(cluster.namesrv) as admin:
+        admin.create_topic("BadCount", 1)
+    with hamq.Producer(cluster.namesrv) as producer:
+        for bad in ("x", "-5", "١", "9" * 5000):
+            producer.send(Message("BadCount", bad.encode()[:16],
+                                  properties={"RECONSUME_TIME": bad}))
+    with hamq.PullConsumer("g-bad-count", cluster.namesrv) as consumer:
+        for offset in range(4):
+            msg = next_message(consumer, "BadCount", offset)
+            assert msg.reconsume_times == 0
+            consumer.send_back(msg, delay_level=1, max_reconsume_times=2)
+            again = next_message(consumer, "%RETRY%g-bad-count", offset)
+            assert again.reconsume_times == 1 and again.body == msg.body

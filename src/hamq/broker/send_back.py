@@ -26,7 +26,7 @@ from hamq.protocol.properties import (DEFAULT_MAX_RECONSUME_TIMES, DLQ_GROUP_TOP
                                       PROPERTY_REAL_QUEUE_ID,
                                       PROPERTY_REAL_TOPIC, PROPERTY_RECONSUME_TIME,
                                       PROPERTY_RETRY_TOPIC, RETRY_GROUP_TOPIC_PREFIX,
-                                      SCHEDULE_PROPERTIES)
+                                      SCHEDULE_PROPERTIES, reconsume_times_of)
 from hamq.store.flush import FlushService
 from hamq.store.message_store import MessageStore, PutResult
 from hamq.store.metadata import PERM_READ_WRITE
@@ -63,7 +63,7 @@ class ConsumerSendMsgBackProcessor:
         original = read_message(self.store, topic, queue_id, queue_offset)
         if original is None:
             raise QueryNotFound(f"no message at offset {queue_offset} of {topic}:{queue_id}")
-        reconsume_times = int(original.properties.get(PROPERTY_RECONSUME_TIME, 0))
+        reconsume_times = reconsume_times_of(original.properties)
         properties = copy_properties(original, topic, reconsume_times + 1)
         if reconsume_times >= max_reconsume_times:
             dlq, put = put_dead_letter(self.store, self.topics, group, original, properties,

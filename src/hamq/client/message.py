@@ -8,9 +8,10 @@ from hamq.errors import MessageIllegal
 from hamq.protocol.message import (RecordHeader, decode_properties, encode_message,
                                    encode_properties, offset_msg_id)
 from hamq.protocol.properties import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_ORIGIN_MESSAGE_ID,
-                                      PROPERTY_RECONSUME_TIME, PROPERTY_RETRY_TOPIC,
+                                      PROPERTY_RETRY_TOPIC,
                                       PROPERTY_TIMER_DELIVER_MS, PROPERTY_UNIQ_KEY,
-                                      RETRY_GROUP_TOPIC_PREFIX, leading_held_back_properties)
+                                      RETRY_GROUP_TOPIC_PREFIX, leading_held_back_properties,
+                                      reconsume_times_of)
 
 PROPERTY_KEYS = "KEYS"
 PROPERTY_TAGS = "TAGS"
@@ -142,7 +143,7 @@ class MessageExt:
     @property
     def reconsume_times(self) -> int:
         """How many times the message came back through CONSUMER_SEND_MSG_BACK."""
-        return int(self.properties.get(PROPERTY_RECONSUME_TIME, 0))
+        return reconsume_times_of(self.properties)
 
     def __repr__(self) -> str:
         return (f"MessageExt(topic={self.topic!r}, queue={self.broker_name}:{self.queue_id}, "

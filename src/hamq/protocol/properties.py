@@ -128,12 +128,23 @@ def validate_properties(properties: object) -> dict[str, str]:
     return properties
 
 
+def reconsume_times_of(properties: dict[str, str]) -> int:
+    """How often a stored message was consumed again. A plain message's properties are not
+    decoded at send (that would cost every send a decode), so a producer may have put
+    anything under RECONSUME_TIME: such a value counts as 0, and the copy a send-back
+    writes carries a valid count from then on."""
+    try:
+        return property_int(properties, PROPERTY_RECONSUME_TIME, 0, INT64_MAX)
+    except (KeyError, MessageIllegal):
+        return 0
+
+
 def property_int(properties: dict[str, str], key: str, low: int, high: int) -> int:
     """The integer in property ``key``: ASCII digits only (``str.isdigit`` accepts
     superscripts that ``int`` refuses), in ``low..high``."""
     raw = properties[key]
     if not isinstance(raw, str) or not raw.isascii() or not raw.isdigit() \
-            or not low <= int(raw) <= high:
+            or len(raw) > len(str(high)) or not low <= int(raw) <= high:
         raise MessageIllegal(f"property {key} must be an integer in {low}..{high} written in "
                              f"ASCII digits, got {raw!r}")
     return int(raw)
