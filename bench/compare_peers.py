@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Run hamq through the same steps as the peer benchmarks (/work/shared/peers) and write the
-result in their JSON layout, so /work/shared/peers/summarize.py lists hamq next to RabbitMQ
+"""Run hamq through the same steps as the peer benchmarks (../shared/peers) and write the
+result in their JSON layout, so ../shared/peers/summarize.py lists hamq next to RabbitMQ
 and NATS.
 
 Setups (every run of every setup on a fresh `hamq dev` cluster, all on 127.0.0.1):
@@ -336,7 +336,7 @@ def one_run(setup, run, a, logdir, startup_cpu):
 
 
 def snapshot_src(dest_root):
-    """Copy /work/main/src/hamq to dest_root/hamq (others edit the tree during the run; the editable
+    """Copy this checkout's src/hamq to dest_root/hamq (others edit the tree during the run; the editable
     install would otherwise load whatever is on disk at each process start). Bounded retries until
     the copy imports cleanly."""
     src = os.path.join(REPO, "src", "hamq")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Run hamq through the peer-broker benchmark steps (see /work/shared/peers/README.md) and write
+# Run hamq through the peer-broker benchmark steps (see ../shared/peers/README.md) and write
 # $PEERS_DIR/results/hamq-latest.json (+ a timestamped copy) in the peers' JSON layout, so
-# /work/shared/peers/summarize.py lists hamq next to RabbitMQ and NATS.
+# ../shared/peers/summarize.py lists hamq next to RabbitMQ and NATS.
 #
 #   bench/compare_peers.sh --runs 3                       # all four setups, peers' parameters
 #   bench/compare_peers.sh --runs 1 --setups single       # quick check
