@@ -13,6 +13,7 @@ from hamq import Message, SendStatus
 from hamq.client.consumer import PullStatus
 from hamq.errors import HamqError
 from hamq.protocol.codes import RequestCode
+from hamq.protocol.frame import unpack_body
 
 from helpers import free_port, wait_for
 
@@ -252,5 +253,23 @@ def test_topic_deleted_and_recreated_while_a_follower_lags_leaves_logs_identical
             for i in range(10):
                 assert producer.send(Message("Again", b"new-%d" % i)).status is SendStatus.SEND_OK
         assert_identical_logs(group)
+    finally:
+        group.close()
+
+
+def test_admin_deletes_a_topic_on_a_dledger_group(cluster_factory):
+    """Admin.delete_topic asks every member; the followers answer NOT_LEADER (they apply
+    the delete from the log) and that is not a failure: the topic is gone everywhere."""
+    group = Group(cluster_factory)
+    try:
+        group.admin.delete_topic("Raft")
+
+        def topics(m: int) -> set[str]:
+            frame = group.admin.submit(group.admin.async_client.core.invoke(
+                group.c.broker_addr(f"m{m}"), RequestCode.GET_ALL_TOPIC_CONFIG)).result(10)
+            return set(unpack_body(frame.body) or {})
+        for m in group.members:
+            wait_for(lambda: "Raft" not in topics(m), 15, f"member {m} applying the delete")
+        assert "Raft" not in group.admin.topic_list()
     finally:
         group.close()

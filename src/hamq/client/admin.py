@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from hamq.client.core import MASTER_ID, ClientCore, TopicRoute
 from hamq.client.message import MessageQueue
-from hamq.errors import BrokerNotFound, TopicNotExist
+from hamq.errors import BrokerNotFound, NotLeader, TopicNotExist
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import unpack_body
 from hamq.store.metadata import PERM_READ_WRITE
@@ -63,11 +63,20 @@ class AsyncAdmin:
         return masters
 
     async def delete_topic(self, topic: str) -> None:
+        """Delete ``topic`` on every member of every group that has it, then on the name
+        servers. A DLedger follower answers NOT_LEADER: it applies the delete from its
+        group's log, so only the leader (brokerId 0) must take it."""
         route = await self.topic_route(topic)
-        await asyncio.gather(*(self.core.invoke(addr, RequestCode.DELETE_TOPIC_IN_BROKER,
-                                                {"topic": topic})
-                               for members in route.brokers.values()
-                               for addr in members.values()))
+        members = [(broker_id, addr) for ids in route.brokers.values()
+                   for broker_id, addr in ids.items()]
+        results = await asyncio.gather(
+            *(self.core.invoke(addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic})
+              for _, addr in members), return_exceptions=True)
+        for (broker_id, _), result in zip(members, results):
+            if isinstance(result, NotLeader) and broker_id != MASTER_ID:
+                continue
+            if isinstance(result, BaseException):
+                raise result
         await asyncio.gather(*(self.core.invoke(addr, RequestCode.DELETE_TOPIC_IN_NAMESRV,
                                                 {"topic": topic})
                                for addr in self.core.namesrv))
