@@ -84,10 +84,6 @@ class FlushJob:
     checkpoint: Checkpoint | None
 
 
-class _WritesUndone(Exception):
-    """The store failed to write this turn's appends and undid them all."""
-
-
 @dataclass(slots=True)
 class _Cursor:
     """Where applying stands: the next command of the next entry, and the results of the
@@ -347,7 +343,7 @@ class DLedgerCore:
                             committed = self._cursor.copy()
                 self._entry_applied(entry)
             self._commit(arrived)
-        except (HamqError, OSError, _WritesUndone) as err:
+        except (HamqError, OSError) as err:
             self._pause(err, committed, arrived, now_ms)
             return
         if self._cursor.command == 0 and entries:
@@ -382,10 +378,7 @@ class DLedgerCore:
     def _commit(self, arrived: list[tuple[str, int]]) -> None:
         if not arrived:
             return
-        try:
-            self.store.commit()
-        except (HamqError, OSError) as err:
-            raise _WritesUndone(err) from err
+        self.store.commit()  # WritesUndone when it failed: the store undid the whole turn
         self.on_applied(list(arrived))
         arrived.clear()
 
@@ -393,11 +386,11 @@ class DLedgerCore:
                now_ms: int) -> None:
         """Stop applying at the first command not on disk; retry later from there."""
         # a put whose segment roll failed undid the puts since the last commit too
-        undone = isinstance(err, (_WritesUndone, WritesUndone))
+        undone = isinstance(err, WritesUndone)
         if not undone:
             try:
                 self._commit(arrived)  # the writes before the failed one
-            except _WritesUndone as commit_err:
+            except WritesUndone as commit_err:
                 undone, err = True, commit_err
         if undone:
             # the store undid every write since the last commit: resume where it ended
