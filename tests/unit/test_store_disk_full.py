@@ -9,7 +9,6 @@ import pytest
 from helpers import read_queue
 
 from hamq.config import StoreConfig
-from hamq.errors import DiskFull
 from hamq.protocol.message import encode_batch, encode_message
 from hamq.sim.fs import SimDisk
 from hamq.store.message_store import MessageStore, WritesUndone
