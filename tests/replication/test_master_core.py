@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hamq.broker.ha import StoreRecords
+from hamq.broker.ha.service import StoreRecords
 from hamq.config import StoreConfig
 from hamq.replication.master import MasterReplication, ReplicaStatus
 from hamq.replication.quorum import QuorumConfig

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hamq.broker.ha import MasterLink, SlaveLink
+from hamq.broker.ha.service import MasterLink, SlaveLink
 from hamq.config import StoreConfig
 from hamq.errors import HamqError
 from hamq.replication.master import MAX_PROBES, MasterReplication

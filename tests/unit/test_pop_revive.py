@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hamq.broker.pop import PopService
-from hamq.broker.revive_log import ReviveLog
+from hamq.broker.pop.service import PopService
+from hamq.broker.pop.revive_log import ReviveLog
 from hamq.broker.topics import TopicService
 from hamq.config import BrokerConfig
 from hamq.protocol.frame import Frame

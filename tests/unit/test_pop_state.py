@@ -1,6 +1,6 @@
 """PopQueueState: in-flight bookkeeping, the acked prefix, redelivery order and stale
 receipt handles."""
-from hamq.broker.pop_state import AckedRanges, AckResult, PopQueueState
+from hamq.broker.pop.state import AckedRanges, AckResult, PopQueueState
 
 
 def test_acked_prefix_advances_over_out_of_order_acks():

@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from hamq.broker.schedule import ScheduleMessageService
+from hamq.broker.schedule.service import ScheduleMessageService
 from hamq.broker.stored_message import read_messages
-from hamq.broker.timer_wheel import WINDOW
+from hamq.broker.schedule.timer_wheel import WINDOW
 from hamq.broker.topics import TopicService
 from hamq.config import BrokerConfig
 from hamq.protocol.properties import PROPERTY_TIMER_DELIVER_MS

@@ -8,8 +8,8 @@ import random
 import sys
 from pathlib import Path
 
-from hamq.broker.timer_log import RECORD_SIZE, TimerLog, TimerRecord
-from hamq.broker.timer_wheel import SLOT_MS, WHEEL_SLOTS, TimerWheel
+from hamq.broker.schedule.timer_log import RECORD_SIZE, TimerLog, TimerRecord
+from hamq.broker.schedule.timer_wheel import SLOT_MS, WHEEL_SLOTS, TimerWheel
 from hamq.sim.fs import SimDisk
 
 T0 = 1_700_000_000_000  # a slot start

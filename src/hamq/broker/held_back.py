@@ -3,8 +3,8 @@ service that keeps it instead of its topic. Like RocketMQ, such messages are nev
 so exactly one message's properties are decoded here."""
 from __future__ import annotations
 
-from hamq.broker.schedule import ScheduleMessageService
-from hamq.broker.transaction import TransactionalMessageService
+from hamq.broker.schedule.service import ScheduleMessageService
+from hamq.broker.transaction.service import TransactionalMessageService
 from hamq.errors import MessageIllegal
 from hamq.protocol.properties import (HELD_BACK_PROPERTIES, PROPERTY_TRANSACTION_PREPARED,
                                       SCHEDULE_PROPERTIES, decode_single_message)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from hamq.broker.dledger.driver import DLedgerCommitLog
 from hamq.broker.dledger.wire import encode_entry
-from hamq.broker.ha import HAMaster
+from hamq.broker.ha.service import HAMaster
 from hamq.broker.topics import TopicService
 from hamq.errors import HamqError, MessageIllegal
 from hamq.net.connection import Connection, error_pieces, response_pieces

@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Callable
 
 from hamq.broker.durable import answer_when_durable
-from hamq.broker.schedule import ScheduleMessageService
+from hamq.broker.schedule.service import ScheduleMessageService
 from hamq.broker.stored_message import StoredMessage, read_message
 from hamq.broker.topics import TopicService
 from hamq.errors import QueryNotFound

@@ -11,21 +11,21 @@ from wsgiref.simple_server import WSGIServer
 from hamq.broker.client_processor import ClientProcessor
 from hamq.broker.clients import ClientManager
 from hamq.broker.dledger.driver import DLedgerCommitLog
-from hamq.broker.ha import HAMaster, HASlave
+from hamq.broker.ha.service import HAMaster, HASlave
 from hamq.broker.held_back import HeldBackPut
 from hamq.broker.locks import RebalanceLockManager, lease_clock_ms
-from hamq.broker.member_group import MemberGroup
+from hamq.broker.ha.member_group import MemberGroup
 from hamq.broker.processor import BrokerProcessor
-from hamq.broker.pop import PopService
+from hamq.broker.pop.service import PopService
 from hamq.broker.pull import PullProcessor
 from hamq.broker.registration import NamesrvRegistration
-from hamq.broker.schedule import ScheduleMessageService
+from hamq.broker.schedule.service import ScheduleMessageService
 from hamq.broker.send import SendProcessor
 from hamq.broker.send_back import ConsumerSendMsgBackProcessor
 from hamq.broker.topics import TopicService
-from hamq.broker.slave_sync import SlaveSynchronize
-from hamq.broker.transaction import TransactionalMessageService
-from hamq.broker.transaction_check import TransactionalMessageCheckService
+from hamq.broker.ha.slave_sync import SlaveSynchronize
+from hamq.broker.transaction.service import TransactionalMessageService
+from hamq.broker.transaction.check import TransactionalMessageCheckService
 from hamq.config import BrokerConfig
 from hamq.errors import RequestCodeNotSupported
 from hamq.net.connection import Connection

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hamq.broker.revive_log import REVIVE_LOG_TOPIC
-from hamq.broker.schedule import SCHEDULE_TOPIC
-from hamq.broker.transaction import HALF_TOPIC, OP_HALF_TOPIC
+from hamq.broker.pop.revive_log import REVIVE_LOG_TOPIC
+from hamq.broker.schedule.service import SCHEDULE_TOPIC
+from hamq.broker.transaction.service import HALF_TOPIC, OP_HALF_TOPIC
 from hamq.errors import InvalidArgument, NoPermission, QueueNotExist, TopicNotExist
 from hamq.namesrv.routes import AUTO_CREATE_TOPIC_KEY_TOPIC
 from hamq.protocol.frame import optional

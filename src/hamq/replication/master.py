@@ -4,7 +4,7 @@ replication.
 
 Time comes in as ``now_ms``; outputs are return values (what to send, which waiters
 finished); the commit log is read through a ``RecordLog``. The asyncio shell
-(``broker/ha.py``) and the simulator (``sim/master_slave.py``) drive the same object.
+(``broker/ha/service.py``) and the simulator (``sim/master_slave.py``) drive the same object.
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ class Probe:
 
 
 class RecordLog(Protocol):
-    """What the HA cores read of a member's commit log (``broker/ha.py`` adapts the store)."""
+    """What the HA cores read of a member's commit log (``broker/ha/service.py`` adapts the store)."""
 
     @property
     def min_offset(self) -> int: ...

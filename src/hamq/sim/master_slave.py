@@ -1,7 +1,7 @@
 """Master–slave replication (seed 000) under the simulator, on the production code of both
 sides: the master's ``MessageStore`` + ``MasterReplication`` and each slave's
 ``MessageStore`` + slave handshake core, each store on its own ``SimDisk``, driven through
-``MasterLink`` / ``SlaveLink`` exactly as ``broker/ha.py`` drives them over TCP.
+``MasterLink`` / ``SlaveLink`` exactly as ``broker/ha/service.py`` drives them over TCP.
 
 One seed draws the group (1, 2 or 4 slaves), the quorum settings, the flush type, and
 the faults: slaves that hang (SIGSTOP: frames wait, nothing is read), slaves and the
@@ -20,7 +20,7 @@ import heapq
 import random
 from dataclasses import dataclass, field
 
-from hamq.broker.ha import MasterLink, SlaveLink
+from hamq.broker.ha.service import MasterLink, SlaveLink
 from hamq.config import StoreConfig
 from hamq.errors import HamqError
 from hamq.protocol.message import encode_batch, encode_message, offset_msg_id

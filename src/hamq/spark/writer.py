@@ -1,7 +1,7 @@
 """Writes to hamq from Spark, as transactional batches.
 
 An executor stores its rows as *half* batches (``TRAN_MSG`` + ``TRAN_BATCH``, see
-``broker/transaction.py``): invisible to consumers, one per queue and ~1 MiB. Its commit
+``broker/transaction/service.py``): invisible to consumers, one per queue and ~1 MiB. Its commit
 message lists where they landed; the driver's commit then ends them all with
 END_TRANSACTION COMMIT, and an abort rolls them back. Halves a failed task left behind
 are never named in a commit, so the broker's check rolls them back (an hour later, see

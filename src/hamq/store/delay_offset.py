@@ -3,7 +3,7 @@ progress), a versioned table so a restart resumes where delivery stopped and a s
 take its master's progress.
 
 Delay levels are FIFO, so one offset per level says what was delivered. Timer messages are
-delivered by due time through the timer wheel (``hamq.broker.timer_wheel``), so their
+delivered by due time through the timer wheel (``hamq.broker.schedule.timer_wheel``), so their
 progress is a read cursor over due time, as RocketMQ's ``TimerCheckpoint`` keeps
 (``lastReadTimeMs``, ``lastTimerQueueOffset``): its size does not depend on how many timers
 wait.

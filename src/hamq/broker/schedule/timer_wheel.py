@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from array import array
 
-from hamq.broker.timer_log import TimerLog, TimerRecord
+from hamq.broker.schedule.timer_log import TimerLog, TimerRecord
 
 SLOT_MS = 1000  # RocketMQ timerPrecisionMs
 # Four days of slots: more than timerMaxDelaySec (3 days) ahead of a cursor that is on

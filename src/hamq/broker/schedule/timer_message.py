@@ -17,8 +17,8 @@ import logging
 from collections.abc import Callable
 
 from hamq.broker.stored_message import StoredMessage, read_message, read_messages
-from hamq.broker.timer_log import TimerLog, TimerRecord
-from hamq.broker.timer_wheel import SLOT_MS, TimerWheel
+from hamq.broker.schedule.timer_log import TimerLog, TimerRecord
+from hamq.broker.schedule.timer_wheel import SLOT_MS, TimerWheel
 from hamq.errors import HamqError
 from hamq.protocol.properties import PROPERTY_TIMER_DELIVER_MS
 from hamq.store.delay_offset import DelayOffsetManager, TimerProgress

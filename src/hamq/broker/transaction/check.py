@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from hamq.broker.clients import ClientManager
 from hamq.broker.stored_message import StoredMessage
-from hamq.broker.transaction import TransactionalMessageService
+from hamq.broker.transaction.service import TransactionalMessageService
 from hamq.errors import HamqError, MessageIllegal
 from hamq.net.counts import COUNTS
 from hamq.net.tasks import cancel_all, every

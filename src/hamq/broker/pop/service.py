@@ -27,8 +27,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from hamq.broker.pop_state import AckResult, PopQueueState
-from hamq.broker.revive_log import KIND_CK, REVIVE_LOG_TOPIC, AckEntry, CkEntry, ReviveLog
+from hamq.broker.pop.state import AckResult, PopQueueState
+from hamq.broker.pop.revive_log import KIND_CK, REVIVE_LOG_TOPIC, AckEntry, CkEntry, ReviveLog
 from hamq.broker.send_back import copy_properties, put_dead_letter
 from hamq.broker.stored_message import read_message
 from hamq.broker.topics import TopicService

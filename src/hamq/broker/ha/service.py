@@ -21,7 +21,7 @@ import zlib
 from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterator, Sequence
 
-from hamq.broker.member_group import MemberGroup
+from hamq.broker.ha.member_group import MemberGroup
 from hamq.config import BrokerConfig
 from hamq.errors import (CrcMismatch, HamqError, InSyncReplicasNotEnough,
                          RequestCodeNotSupported)

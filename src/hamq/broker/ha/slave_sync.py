@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from hamq.broker.member_group import MASTER_ID, MemberGroup
+from hamq.broker.ha.member_group import MASTER_ID, MemberGroup
 from hamq.broker.topics import TopicService
 from hamq.errors import HamqError
 from hamq.net.pool import ConnectionPool

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from hamq.broker.durable import when_durable
 from hamq.broker.stored_message import StoredMessage, read_messages
-from hamq.broker.timer_message import DELIVER_BATCH, DELIVER_RETRY_MS, TimerMessageService
+from hamq.broker.schedule.timer_message import DELIVER_BATCH, DELIVER_RETRY_MS, TimerMessageService
 from hamq.errors import HamqError, MessageIllegal
 from hamq.net.connection import Connection, response_pieces
 from hamq.protocol.frame import Frame, pack_body

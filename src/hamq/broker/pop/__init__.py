@@ -1,0 +1,1 @@
+"""Pop consumption (RocketMQ 5): the service, its per-queue state and the revive log."""

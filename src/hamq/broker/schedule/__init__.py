@@ -1,0 +1,1 @@
+"""Delay levels and timer messages (RocketMQ's ScheduleMessageService and TimerMessageStore)."""

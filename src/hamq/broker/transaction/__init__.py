@@ -1,0 +1,1 @@
+"""Transaction messages: half messages, op records and the check-back service."""
