@@ -38,11 +38,6 @@ class ConnectionPool:
                 del self._connecting[address]
         return await asyncio.shield(pending)
 
-    def drop(self, address: str) -> None:
-        conn = self._conns.pop(address, None)
-        if conn is not None:
-            conn.close()
-
     async def close(self) -> None:
         conns = list(self._conns.values())
         self._conns.clear()

@@ -76,7 +76,6 @@ class ResponseCode(IntEnum):
     CRC_MISMATCH = 1003
     QUEUE_NOT_EXIST = 1004
     BROKER_NOT_FOUND = 1005
-    SLAVE_DIVERGED = 1006
     NOT_LEADER = 1007  # DLedger: only the group's leader takes writes; the remark names it
 
 

@@ -46,10 +46,6 @@ class Frame:
         self.body = body
 
     @property
-    def is_response(self) -> bool:
-        return bool(self.flags & Flag.RESPONSE)
-
-    @property
     def is_oneway(self) -> bool:
         return bool(self.flags & Flag.ONEWAY)
 

@@ -39,7 +39,6 @@ class ResponseCode(IntEnum):
 REQUEST_TYPES = frozenset(
     {MessageType.APPEND, MessageType.COMPARE, MessageType.TRUNCATE, MessageType.COMMIT}
 )
-VOTE_REQUEST_TYPES = frozenset({MessageType.PRE_VOTE, MessageType.VOTE})
 _FIELD_COUNT = 16
 # decode looks codes up here: calling an IntEnum for every field costs microseconds each
 _MESSAGE_TYPES = {int(t): t for t in MessageType}

@@ -34,8 +34,3 @@ class Ready:
     committed_entries: list[Entry] = field(default_factory=list)
     completed_proposals: list[EntryId] = field(default_factory=list)
     failed_proposals: list[FailedProposal] = field(default_factory=list)
-
-    def is_empty(self) -> bool:
-        return not (self.hard_state or self.entries or self.checkpoint or self.messages
-                    or self.committed_entries or self.completed_proposals
-                    or self.failed_proposals)

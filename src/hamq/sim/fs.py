@@ -150,7 +150,6 @@ class SimFile:
             inode.fsync_failed()
             raise OSError(errno.EIO, f"Input/output error (simulated) syncing {self.path}")
         inode.fsync()
-        self._disk.fsyncs += 1
 
     def dup(self) -> SimFile:
         self._live()
@@ -172,7 +171,6 @@ class SimDisk:
         self.names: dict[str, _Inode] = {}          # the page cache's directory entries
         self.durable_names: dict[str, _Inode] = {}  # those a power loss keeps
         self.dirs: set[str] = {"/"}
-        self.fsyncs = 0
         # ids of the handles the current process holds (a dead process's handles are not)
         self.open_handles: set[int] = set()
         self.failing_fsyncs: set[str] = set()  # files whose next fsync fails (EIO)
@@ -232,12 +230,6 @@ class SimDisk:
         self.removed_dirs.clear()
         for inode in self._inodes():
             inode.lose_unsynced(rng)
-
-    def sync_all(self) -> None:
-        """Everything written becomes durable (a clean shutdown's end state)."""
-        for inode in self.names.values():
-            inode.fsync()
-        self.durable_names = dict(self.names)
 
     # -- the Disk interface ---------------------------------------------------------------
     def open(self, path: Path, create: bool = True, append: bool = False) -> SimFile:
@@ -308,7 +300,6 @@ class SimDisk:
         for name, inode in self.names.items():
             if _parent(name) == directory:
                 self.durable_names[name] = inode
-        self.fsyncs += 1
 
     def read_bytes(self, path: Path) -> bytes:
         inode = self.names.get(_key(path))

@@ -170,9 +170,6 @@ class ConsumerOffsetManager:
         if changed:
             self._t.touch(now_ms)
 
-    def groups_of(self, topic: str) -> list[str]:
-        return [key.split("@", 1)[1] for key in self._t.table if key.split("@", 1)[0] == topic]
-
     def delete_topic(self, topic: str, now_ms: int) -> None:
         for key in [k for k in self._t.table if k.split("@", 1)[0] == topic]:
             del self._t.table[key]
