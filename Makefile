@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test pipeline clean
+.PHONY: run test lint pipeline clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,8 +15,15 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/hamq dev
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest -q
+
+# Lint, format and types as pyproject.toml configures them; make test runs this first,
+# so CI fails on a finding before it spends minutes on the suite.
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+	$(BIN)/mypy
 
 # The Spark example (examples/pipeline): a throwaway hamq dev cluster, orders in,
 # per-minute aggregates out to Parquet and to the topic order-aggregates.
@@ -24,4 +31,4 @@ pipeline: $(STAMP)
 	$(BIN)/python examples/pipeline/run.py
 
 clean:
-	rm -rf $(VENV) .hamq-dev .pytest_cache
+	rm -rf $(VENV) .hamq-dev .pytest_cache .ruff_cache .mypy_cache

@@ -21,6 +21,7 @@ from hamq.protocol.message import validate_name
 _PREFIX = struct.Struct(">II")
 PREFIX_BYTES = _PREFIX.size
 _packb = msgpack.Packer(use_bin_type=True).pack
+Piece = bytes | memoryview  # a buffer handed to writelines as it is, never copied
 # The read buffer grows with what actually arrives, never with what a frame declares (a
 # peer declaring 16 MiB and sending one byte must not cost 16 MiB): reads are offered at
 # least _MIN_READ_BYTES, doubling while reads fill what they are offered (a busy pipelined
@@ -55,7 +56,7 @@ class Frame:
 
 
 def encode_frame(code: int, opaque: int, flags: int = 0, ext: dict[str, Any] | None = None,
-                 remark: str = "", body: bytes | memoryview | list = b"") -> list:
+                 remark: str = "", body: Piece | list[Piece] = b"") -> list[Piece]:
     """Pieces for ``transport.writelines``; the body is never copied. It may itself be a
     list of pieces (one large piece shared by several frames is then written by reference)."""
     header = _packb([code, opaque, flags, ext or None, remark or None])
@@ -169,7 +170,7 @@ class FrameDecoder:
 def _decode_header(raw: bytes | memoryview, body: bytes) -> Frame:
     try:
         fields = msgpack.unpackb(raw, raw=False, use_list=True, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several unrelated types
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types
         raise BadFrame(f"frame header is not valid msgpack: {exc}") from None
     if not isinstance(fields, list) or len(fields) != 5:
         raise BadFrame("frame header must be [code, opaque, flags, ext, remark]")
@@ -191,7 +192,7 @@ def pack_body(obj: Any) -> bytes:
 def unpack_body(body: bytes) -> Any:
     try:
         return msgpack.unpackb(body, raw=False, strict_map_key=False) if body else None
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types
         raise InvalidArgument(f"request body is not valid msgpack: {exc}") from None
 
 

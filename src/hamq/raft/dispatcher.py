@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from hamq.raft.config import RaftConfig
-from hamq.raft.log import EMPTY_INDEX, Entry
+from hamq.raft.log import EMPTY_INDEX, NO_TERM, Entry
 from hamq.raft.messages import Message, MessageType, ResponseCode
 from hamq.raft.raft_log import LEDGER_BEGIN_INDEX, RaftLog
 
@@ -69,12 +69,14 @@ class EntryDispatcher:
                              log_term=log.term(index - 1), committed_index=committed_index,
                              next_term=log.term(index + 1))
 
-    def _request(self, mtype: MessageType, log: RaftLog, index: int, now_ms: int,
-                 **fields: int) -> Message:
+    def _request(self, mtype: MessageType, log: RaftLog, index: int, now_ms: int, *,
+                 log_term: int = NO_TERM, committed_index: int = EMPTY_INDEX,
+                 next_term: int = NO_TERM) -> Message:
         self.awaiting = True
         self.last_send_ms = now_ms
         return Message(mtype, self.leader_id, self.peer_id, self.term, index=index,
-                       entries=(log.entry(index),), **fields)
+                       log_term=log_term, entries=(log.entry(index),),
+                       committed_index=committed_index, next_term=next_term)
 
     def _append(self, log: RaftLog, water_mark: int, committed_index: int,
                 now_ms: int) -> list[Message]:

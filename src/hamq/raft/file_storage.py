@@ -88,7 +88,7 @@ def _parse_record(data: bytes, offset: int) -> tuple[int, int, int] | str:
     return end - offset, index, term
 
 
-def _decode_body(body: bytes) -> Entry:
+def _decode_body(body: bytes | memoryview) -> Entry:
     index, term, is_noop = _ENTRY_HEAD.unpack_from(body)
     return Entry(index, term, bytes(body[_ENTRY_HEAD.size:]), is_noop)
 
@@ -367,4 +367,7 @@ class FileStorage(LogStorage):
         payload = data[_HEADER.size:_HEADER.size + length]
         if len(payload) != length or zlib.crc32(payload) != crc:
             raise CorruptLogError(f"{path} fails its CRC")
-        return msgpack.unpackb(payload)
+        fields = msgpack.unpackb(payload)
+        if not isinstance(fields, list):
+            raise CorruptLogError(f"{path} does not hold a list of numbers")
+        return fields

@@ -64,7 +64,8 @@ class RaftLog:
         return [self.entry(i) for i in range(start, min(stop, self.ledger_end_index + 1))]
 
     def matches(self, index: int, term: int) -> bool:
-        """True if our log holds an entry at `index` with `term` (the empty prefix always matches)."""
+        """True if our log holds an entry at `index` with `term` (the empty prefix always
+        matches)."""
         if index == EMPTY_INDEX:
             return True
         return index <= self.ledger_end_index and self._terms[index] == term

@@ -124,8 +124,8 @@ def persist(storage: LogStorage, ready: Ready, *, checkpoint: bool = True,
         storage.save_hard_state(ready.hard_state)
     if ready.entries:
         storage.append(ready.entries)
-    saves_checkpoint = checkpoint and ready.checkpoint is not None
-    if sync or saves_checkpoint or ready.hard_state is not None:
+    checkpoint_to_save = ready.checkpoint if checkpoint else None
+    if sync or checkpoint_to_save is not None or ready.hard_state is not None:
         storage.sync()
-    if saves_checkpoint:
-        storage.save_checkpoint(ready.checkpoint)
+    if checkpoint_to_save is not None:
+        storage.save_checkpoint(checkpoint_to_save)

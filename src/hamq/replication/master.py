@@ -65,7 +65,8 @@ class Probe:
 
 
 class RecordLog(Protocol):
-    """What the HA cores read of a member's commit log (``broker/ha/service.py`` adapts the store)."""
+    """What the HA cores read of a member's commit log (``broker/ha/service.py`` adapts the
+    store)."""
 
     @property
     def min_offset(self) -> int: ...

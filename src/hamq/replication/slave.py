@@ -26,7 +26,7 @@ class AttachRequest:
     offset: int             # where this slave's log agrees with the master's, it claims
     proof: Probe | None     # its record ending at ``offset``; None: ``offset`` is its log start
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, object]:
         return {"attach": self.offset,
                 "proof": self.proof.to_wire() if self.proof is not None else None}
 
@@ -35,7 +35,7 @@ class AttachRequest:
 class CompareRequest:
     probes: tuple[Probe, ...]   # ascending offsets
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, object]:
         return {"probes": [p.to_wire() for p in self.probes]}
 
 
@@ -50,7 +50,7 @@ class Attached:
     start: int
 
 
-def parse_request(ext: dict) -> HandshakeRequest:
+def parse_request(ext: dict[str, object]) -> HandshakeRequest:
     """A handshake request off the wire (master side); ``HandshakeError`` if malformed."""
     if "probes" in ext:
         raw = ext["probes"]
