@@ -91,7 +91,7 @@ class BrokerConfig(StoreConfig, ServerConfig):
     in_sync_replicas: int = 1                      # inSyncReplicas
     min_in_sync_replicas: int = 1                  # minInSyncReplicas
     enable_auto_in_sync_replicas: bool = False     # enableAutoInSyncReplicas
-    ha_max_gap_not_in_sync: int = 256 * 1024       # haMaxGapNotInSync
+    ha_max_gap_not_in_sync: int = 256 * 1024 * 1024  # haMaxGapNotInSync (RocketMQ's default)
     sync_broker_member_group_period_ms: int = 1000  # syncBrokerMemberGroupPeriod
     slave_sync_interval_ms: int = 3000             # SlaveSynchronize: metadata from the master
     # -- DLedger commit log (seed 002) ----------------------------------------------------

@@ -156,8 +156,9 @@ def test_hung_slave_without_degradation_fails_then_recovers(cluster_factory):
 
 @pytest.mark.slow
 def test_slave_restarted_after_missing_100mb_catches_up_and_rejoins(cluster_factory):
+    # In sync again only within 256 KiB, not the default 256 MiB the slave starts within.
     c = start_group(cluster_factory, slaves=1, in_sync_replicas=2, min_in_sync_replicas=1,
-                    enable_auto_in_sync_replicas=True)
+                    enable_auto_in_sync_replicas=True, ha_max_gap_not_in_sync=256 * 1024)
     c.procs["slave1"].stop()
     body = os.urandom(1024)
     with hamq.Producer(c.namesrv) as producer:

@@ -74,9 +74,9 @@ def broker(config_path: str) -> None:
 @click.option("--min-in-sync-replicas", type=int, default=1, show_default=True,
               help="minInSyncReplicas: the floor of automatic degradation.")
 @click.option("--auto-degrade", is_flag=True, help="enableAutoInSyncReplicas.")
-@click.option("--ha-max-gap-not-in-sync", type=int, default=256 * 1024, show_default=True,
-              help="haMaxGapNotInSync (bytes): raise it for heavy pipelined traffic, as the "
-                   "seed advises, or slaves fall out of sync and quorum sends are refused.")
+@click.option("--ha-max-gap-not-in-sync", type=int, default=256 * 1024 * 1024, show_default=True,
+              help="haMaxGapNotInSync (bytes): a slave further behind the master is not "
+                   "counted in sync (RocketMQ's default, 256 MiB).")
 def dev(data_dir: str, port_base: int, mode: str, replicas: int, flush_disk_type: str,
         broker_role: str | None, total_replicas: int | None, in_sync_replicas: int,
         min_in_sync_replicas: int, auto_degrade: bool, ha_max_gap_not_in_sync: int) -> None:

@@ -13,7 +13,7 @@ class QuorumConfig:
     in_sync_replicas: int = 1            # inSyncReplicas
     min_in_sync_replicas: int = 1        # minInSyncReplicas
     enable_auto_in_sync_replicas: bool = False  # enableAutoInSyncReplicas
-    ha_max_gap_not_in_sync: int = 256 * 1024    # haMaxGapNotInSync (bytes)
+    ha_max_gap_not_in_sync: int = 256 * 1024 * 1024  # haMaxGapNotInSync (bytes)
 
 
 def is_in_sync(master_offset: int, slave_ack_offset: int, max_gap: int) -> bool:
