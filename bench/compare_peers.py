@@ -9,10 +9,6 @@ Setups (every run of every setup on a fresh `hamq dev` cluster, all on 127.0.0.1
                          (sync_master, async flush; ~ RabbitMQ quorum / NATS R3)
   single-syncflush       single      + --flush-disk-type sync     (fsync before ack)
   r3-quorum2-syncflush   r3-quorum2  + --flush-disk-type sync
-  r3-quorum2-gap256m, r3-quorum2-syncflush-gap256m
-                         the same two groups with --ha-max-gap-not-in-sync 268435456 (the seed's
-                         256 KiB default makes most of 1000 in-flight sends fail with
-                         InSyncReplicasNotEnough unless auto-degradation is on)
 
 Per run and setup (same parameters as the peers):
   0. warm-up: 2000 msgs to a separate topic (not measured)
@@ -24,7 +20,7 @@ Server CPU = utime+stime of the name server and broker PIDs (from the ready line
 phase's elapsed_s; client CPU = CPU of the `hamq bench` child minus the CPU of a bare
 `hamq bench ... --help` start (interpreter + imports), over elapsed_s (approximate).
 
-By default the run uses a snapshot of src/hamq copied to /tmp (PYTHONPATH), because the editable
+By default the run uses a snapshot of src/hamq copied to a temporary directory (PYTHONPATH), because the editable
 install otherwise loads whatever is on disk when each process starts while others edit the tree
 (--live-src disables this). Standard library only (plus the hamq CLI). Every wait is bounded. Processes are stopped by
 PID only (SIGTERM to the `hamq dev` PID, which stops its children, then wait).
@@ -51,8 +47,15 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 HAMQ = os.environ.get("HAMQ_BIN", os.path.join(REPO, ".venv", "bin", "hamq"))
-PEERS_DIR = os.environ.get("PEERS_DIR", "/tmp/peers")
-RESULTS_DIR = os.path.join(PEERS_DIR, "results")
+# The peer kit (../shared/peers next to the repo, or $PEERS_KIT) decides where results and
+# logs go, so hamq's land next to the peers' wherever the kit keeps its state.
+PEERS_KIT = os.environ.get("PEERS_KIT", os.path.join(REPO, "..", "shared", "peers"))
+sys.path.insert(0, PEERS_KIT)
+try:
+    from benchlib import PEERS_DIR, RESULTS_DIR
+except ImportError:
+    sys.exit(f"no peer kit at {PEERS_KIT} (set PEERS_KIT)")
+TMP_DIR = tempfile.gettempdir()
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 SETUPS = {
@@ -61,16 +64,8 @@ SETUPS = {
     "single-syncflush": ["--mode", "single", "--flush-disk-type", "sync"],
     "r3-quorum2-syncflush": ["--mode", "master-slave", "--replicas", "3", "--in-sync-replicas", "2",
                              "--flush-disk-type", "sync"],
-    # ha_max_gap_not_in_sync raised to 256 MiB (RocketMQ 4's haSlaveFallbehindMax): the seed's
-    # 256 KiB is exceeded by 1000 in-flight 1 KiB sends, so quorum sends would be refused.
-    "r3-quorum2-gap256m": ["--mode", "master-slave", "--replicas", "3", "--in-sync-replicas", "2",
-                           "--ha-max-gap-not-in-sync", str(256 * 1024 * 1024)],
-    "r3-quorum2-syncflush-gap256m": ["--mode", "master-slave", "--replicas", "3",
-                                     "--in-sync-replicas", "2", "--flush-disk-type", "sync",
-                                     "--ha-max-gap-not-in-sync", str(256 * 1024 * 1024)],
 }
-DEFAULT_SETUPS = ("single,r3-quorum2,single-syncflush,r3-quorum2-syncflush,"
-                  "r3-quorum2-gap256m,r3-quorum2-syncflush-gap256m")
+DEFAULT_SETUPS = "single,r3-quorum2,single-syncflush,r3-quorum2-syncflush"
 READY_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 40.0
 
@@ -165,14 +160,14 @@ class DevCluster:
         self.data = None
 
     def start(self):
-        self.data = tempfile.mkdtemp(prefix=f"hamq-cmp-{self.setup}-", dir="/tmp")
+        self.data = tempfile.mkdtemp(prefix=f"hamq-cmp-{self.setup}-")
         self.port_base = pick_port_base(self.replicas)
         self.cmd = [HAMQ, "dev", "--data", self.data, "--port-base", str(self.port_base), *self.args]
         self.stderr_path = os.path.join(self.logdir, f"dev-{os.path.basename(self.data)}.stderr")
         self.stderr = open(self.stderr_path, "wb")
         log("start: " + " ".join(self.cmd))
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     stdin=subprocess.DEVNULL, cwd="/tmp")
+                                     stdin=subprocess.DEVNULL, cwd=TMP_DIR)
         deadline = time.monotonic() + READY_TIMEOUT_S
         buf = b""
         while time.monotonic() < deadline:
@@ -256,7 +251,7 @@ def run_bench(cluster: DevCluster, args, timeout_s, startup_cpu):
     s0 = proc_cpu_s(cluster.server_pids)
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, capture_output=True, timeout=timeout_s, cwd="/tmp")
+        p = subprocess.run(cmd, capture_output=True, timeout=timeout_s, cwd=TMP_DIR)
     except subprocess.TimeoutExpired as e:
         raise BenchError(f"timeout after {timeout_s} s: {' '.join(cmd)}; stderr: "
                          f"{(e.stderr or b'').decode(errors='replace')[-2000:]}")
@@ -429,12 +424,18 @@ def summarize(raw, count, lat_count):
     return summary
 
 
+def without_machine_paths(text: str) -> str:
+    """Results name paths relative to the repo and the temporary directory, not this
+    machine's (they are committed to bench/peers-results/)."""
+    return text.replace(REPO + os.sep, "").replace(TMP_DIR + os.sep, "$TMPDIR" + os.sep)
+
+
 def write_and_print(data, name, ts):
     info, summary = data["info"], data["summary"]
     p = info["params"]
     path = os.path.join(RESULTS_DIR, f"{name}-{ts}.json")
     with open(path, "w") as fh:
-        json.dump(data, fh, indent=2, default=str)
+        fh.write(without_machine_paths(json.dumps(data, indent=2, default=str)))
     shutil.copy(path, os.path.join(RESULTS_DIR, f"{name}-latest.json"))
     print()
     print(f"hamq {info['server_version']}: {p['count']} x {p['size']} B, batch 1, {p['window']} in flight, "
@@ -507,7 +508,7 @@ def main():
     snap = None
     snap_root = None
     if not a.live_src:
-        snap_root = tempfile.mkdtemp(prefix="hamq-cmp-src-", dir="/tmp")
+        snap_root = tempfile.mkdtemp(prefix="hamq-cmp-src-")
         snap = snapshot_src(snap_root)
         os.environ["PYTHONPATH"] = snap_root  # inherited by hamq dev, its servers and hamq bench
         log(f"using source snapshot {snap}")
