@@ -1,27 +1,24 @@
 """Typed, frozen configuration per role, read from TOML.
 
-Each field's comment gives the RocketMQ name it corresponds to. Unknown keys and values of
-the wrong type are errors (RocketMQ's loaders silently ignore them; we do not).
+Each field's comment gives the RocketMQ name it corresponds to. Unknown keys are errors here;
+every other rule (types, ranges, allowed values, combinations) is in ``config_check`` and
+runs whenever a config is built, so a bad one never reaches a server (RocketMQ's loaders
+silently ignore what they do not understand; we do not).
 """
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import tomllib
-import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hamq import config_check as check
 from hamq.errors import ConfigError
 
 T = TypeVar("T")
-
-FLUSH_DISK_TYPES = ("async", "sync")
-BROKER_ROLES = ("async_master", "sync_master", "slave")
-REPLICATION_MODES = ("master-slave", "dledger")
 
 
 @dataclass(frozen=True)
@@ -38,10 +35,9 @@ class ServerConfig:
     max_held_bytes: int = 256 * 1024 * 1024  # unfinished frames and unread answers of all
     #   connections of a port, past which connections holding more than 256 KiB wait
 
-    def check_server_limits(self) -> None:
-        _positive(self, "max_connections", "max_connections_per_address",
-                  "connection_idle_timeout_ms", "frame_read_timeout_ms",
-                  "max_pending_response_bytes", "max_held_bytes")
+    def __post_init__(self) -> None:
+        check.check_types(self)
+        check.check_server(self)
 
 
 @dataclass(frozen=True)
@@ -59,11 +55,8 @@ class StoreConfig:
     max_message_size: int = 4 * 1024 * 1024        # maxMessageSize
 
     def __post_init__(self) -> None:
-        _one_of("flush_disk_type", self.flush_disk_type, FLUSH_DISK_TYPES)
-        _positive(self, "sync_flush_timeout_ms", "flush_interval_commitlog_ms",
-                  "mapped_file_size_commitlog", "clean_resource_interval_ms", "max_message_size")
-        if not 0.0 < self.disk_max_used_space_ratio <= 1.0:
-            raise ConfigError("disk_max_used_space_ratio must be in (0, 1]")
+        check.check_types(self)
+        check.check_store(self)
 
 
 @dataclass(frozen=True)
@@ -116,50 +109,14 @@ class BrokerConfig(StoreConfig, ServerConfig):
     #   must outlive the clients' own lease (30 s by default)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        self.check_server_limits()
-        _one_of("broker_role", self.broker_role, BROKER_ROLES)
-        _address("listen", self.listen)
-        for addr in self.namesrv:
-            _address("namesrv", addr)
-        _one_of("replication_mode", self.replication_mode, REPLICATION_MODES)
-        if self.broker_id < 0:
-            raise ConfigError("broker_id must be >= 0")
-        if self.replication_mode == "dledger":
-            peers = self.dledger_peer_map  # checks the format
-            if self.dledger_self_id not in peers:
-                raise ConfigError(f"dledger_self_id {self.dledger_self_id} is not among "
-                                  f"dledger_peers {sorted(peers)}")
-        elif (self.broker_id == 0) == (self.broker_role == "slave"):
-            raise ConfigError(f"broker_id {self.broker_id} does not fit broker_role "
-                              f"{self.broker_role!r}: 0 is the master, slaves have ids >= 1")
-        _positive(self, "default_topic_queue_nums", "broker_heartbeat_interval_ms",
-                  "register_broker_interval_ms", "ha_send_heartbeat_interval_ms",
-                  "ha_transfer_batch_bytes", "ha_window_bytes", "total_replicas",
-                  "in_sync_replicas", "min_in_sync_replicas", "ha_max_gap_not_in_sync",
-                  "flush_delay_offset_interval_ms", "pop_inflight_message_threshold",
-                  "revive_interval_ms", "max_held_pops_per_queue",
-                  "max_held_pops_per_connection", "transaction_check_interval_ms",
-                  "transaction_check_max", "rebalance_lock_max_live_time_ms")
-        if self.ha_transfer_batch_bytes > self.ha_window_bytes:
-            raise ConfigError("ha_transfer_batch_bytes must not exceed ha_window_bytes")
-        if not self.min_in_sync_replicas <= self.in_sync_replicas <= self.total_replicas:
-            raise ConfigError("need min_in_sync_replicas <= in_sync_replicas <= total_replicas, "
-                              f"got {self.min_in_sync_replicas}, {self.in_sync_replicas}, "
-                              f"{self.total_replicas}")
+        check.check_types(self)
+        check.check_server(self)
+        check.check_store(self)
+        check.check_broker(self)
 
     @property
     def dledger_peer_map(self) -> dict[int, str]:
-        peers = {}
-        for spec in self.dledger_peers:
-            member, _, addr = spec.partition("@")
-            if not member.isdigit() or int(member) < 1:
-                raise ConfigError(f"dledger_peers entry {spec!r} must be ID@HOST:PORT, ID >= 1")
-            _address("dledger_peers", addr)
-            peers[int(member)] = addr
-        if len(peers) != len(self.dledger_peers):
-            raise ConfigError("dledger_peers lists a member id twice")
-        return peers
+        return check.dledger_peers(self.dledger_peers)
 
     @property
     def ha_address(self) -> str:
@@ -180,10 +137,9 @@ class NamesrvConfig(ServerConfig):
     metrics_listen: str = ""                             # HOST:PORT of /metrics, "" = off
 
     def __post_init__(self) -> None:
-        self.check_server_limits()
-        _positive(self, "scan_not_active_broker_interval_ms", "broker_not_active_timeout_ms",
-                  "max_route_entries")
-        _address("listen", self.listen)
+        check.check_types(self)
+        check.check_server(self)
+        check.check_namesrv(self)
 
 
 def load_config(cls: type[T], path: str | Path | None = None, **overrides: Any) -> T:
@@ -202,57 +158,28 @@ def load_config(cls: type[T], path: str | Path | None = None, **overrides: Any) 
 
 
 def from_dict(cls: type[T], values: dict[str, Any], source: str = "config") -> T:
+    """Build ``cls`` from TOML values; every error names ``source`` (the file or "options")."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for key, value in values.items():
+    for key in values:
         if key not in fields:
-            close = difflib.get_close_matches(key, fields, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{source}: unknown config key {key!r}{hint}")
-        kwargs[key] = _coerce(key, value, hints[key], source)
-    return cls(**kwargs)
+            raise ConfigError(f"{source}: unknown key {key!r}{check.did_you_mean(key, fields)}")
+    try:
+        return cls(**{key: _from_toml(value, hints[key]) for key, value in values.items()})
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err.message}") from None
 
 
-def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
-    origin = typing.get_origin(hint)
-    if origin is tuple:
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{source}: {key} must be a list of strings")
+def _from_toml(value: Any, hint: Any) -> Any:
+    """TOML's spelling of a field's type: an array (or one string) for a tuple of strings,
+    an integer for a float. Anything else is passed on for ``check_types`` to judge."""
+    if typing.get_origin(hint) is tuple and isinstance(value, str):
+        return (value,)
+    if typing.get_origin(hint) is tuple and isinstance(value, list):
         return tuple(value)
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
-        return value
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if hint in (int, str, float):
-        if not isinstance(value, hint) or isinstance(value, bool):
-            raise ConfigError(f"{source}: {key} must be of type {hint.__name__}, got {value!r}")
-        return value
-    if isinstance(hint, types.UnionType):
-        return value
-    raise AssertionError(f"unhandled config type {hint} for {key}")
-
-
-def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
-
-
-def _address(name: str, value: str) -> None:
-    host, _, port = value.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{name} must be HOST:PORT with a port in 1..65535, got {value!r}")
-
-
-def _positive(obj: Any, *names: str) -> None:
-    for name in names:
-        if getattr(obj, name) <= 0:
-            raise ConfigError(f"{name} must be > 0")
-
+    return value
 
 
 def dump_toml(values: dict[str, Any]) -> str:

@@ -122,7 +122,10 @@ class RequestTimeout(HamqError):
 
 
 class ConfigError(HamqError):
-    """A configuration file or option is invalid (unknown key, wrong type)."""
+    """A configuration that cannot work: an unknown key, a wrong type, a number out of
+    range, a value not among the allowed ones, or a combination that contradicts itself.
+    The one class for every configuration, the Raft core's included; the message is one
+    line naming the key, the value and what is allowed (``hamq.config_check``)."""
     code = ResponseCode.INVALID_ARGUMENT
 
 

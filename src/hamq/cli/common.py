@@ -1,4 +1,5 @@
-"""Shared CLI plumbing: output as text or JSON, errors as one clear line and exit code 1."""
+"""Shared CLI plumbing: output as text or JSON, errors as one clear line and exit code 1
+(a bad configuration: exit code 2, as for any other bad usage)."""
 from __future__ import annotations
 
 import asyncio
@@ -34,6 +35,15 @@ def emit(obj: Any, as_json: bool, text: Callable[[Any], str] | None = None) -> N
         click.echo(json.dumps(obj, sort_keys=True, default=str))
     else:
         click.echo(text(obj) if text else json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+class BadConfig(click.ClickException):
+    """A ``ConfigError`` as the user sees it: ``config error: <key> = <value>: <allowed>``,
+    one line on stderr, no traceback."""
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"config error: {self.message}", err=True)
 
 
 def run_async(fn: Callable) -> Callable:

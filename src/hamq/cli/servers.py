@@ -13,8 +13,8 @@ from pathlib import Path
 import click
 
 from hamq.broker.server import serve_broker
+from hamq.cli.common import BadConfig, setup_logging
 from hamq.client.sync import Admin
-from hamq.cli.common import setup_logging
 from hamq.config import BrokerConfig, NamesrvConfig, dump_toml, load_config
 from hamq.errors import ConfigError
 from hamq.namesrv.server import serve_namesrv
@@ -28,7 +28,7 @@ def _load(cls, path, **overrides):
     try:
         return load_config(cls, path, **overrides)
     except ConfigError as err:
-        raise click.ClickException(err.message) from None
+        raise BadConfig(err.message) from None
 
 
 @click.command()
@@ -62,7 +62,7 @@ def broker(config_path: str) -> None:
 @click.option("--mode", type=click.Choice(["single", "master-slave", "dledger"]),
               default="single", show_default=True,
               help="One broker; one group of a master and slaves; or one DLedger (Raft) group.")
-@click.option("--replicas", default=1, show_default=True,
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
               help="Members of the group (master-slave: a master and replicas-1 slaves).")
 @click.option("--flush-disk-type", type=click.Choice(["async", "sync"]), default="async",
               show_default=True)
@@ -84,9 +84,8 @@ def dev(data_dir: str, port_base: int, mode: str, replicas: int, flush_disk_type
     if mode == "single" and replicas != 1:
         raise click.BadParameter("--replicas needs --mode master-slave", param_hint="--replicas")
     root = Path(data_dir).resolve()
-    root.mkdir(parents=True, exist_ok=True)
     namesrv_addr = f"127.0.0.1:{port_base}"
-    members = []
+    members: dict[str, dict] = {}  # name: settings
     raft_peers = [f"{i}@127.0.0.1:{port_base + 1035 + 10 * (i - 1) + 2}"
                   for i in range(1, replicas + 1)]
     for broker_id in range(replicas):
@@ -106,8 +105,11 @@ def dev(data_dir: str, port_base: int, mode: str, replicas: int, flush_disk_type
                             replication_mode="dledger", dledger_self_id=broker_id + 1,
                             dledger_peers=raft_peers)
         _load(BrokerConfig, None, **settings)  # a bad flag combination fails here, clearly
+        members[name] = settings
+    _load(NamesrvConfig, None, listen=namesrv_addr, data_dir=str(root / "namesrv"))
+    root.mkdir(parents=True, exist_ok=True)  # only once every config is known to be good
+    for name, settings in members.items():
         (root / f"{name}.toml").write_text(dump_toml(settings))
-        members.append(dict(settings, name=name))
     children: list[subprocess.Popen] = []
     stopping = False
 
@@ -123,8 +125,7 @@ def dev(data_dir: str, port_base: int, mode: str, replicas: int, flush_disk_type
         children.append(ns)
         _wait_ready(ns, "namesrv")
         brokers = []
-        for m in members:
-            name = m.pop("name")
+        for name, m in members.items():
             proc = _spawn(["broker", "-c", str(root / f"{name}.toml")], root, name)
             children.append(proc)
             _wait_ready(proc, name)

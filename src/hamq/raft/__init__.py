@@ -1,9 +1,9 @@
 """Sans-IO Raft with DLedger's replication states (EntryDispatcher, EntryHandler,
 QuorumAckChecker), plus the log storage its drivers persist into."""
 
+from hamq.errors import ConfigError
 from hamq.raft.config import RaftConfig
 from hamq.raft.errors import (
-    ConfigError,
     CorruptLogError,
     LogIndexError,
     MessageDecodeError,

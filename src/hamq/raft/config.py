@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hamq.raft.errors import ConfigError
+from hamq.errors import ConfigError
 
 # A follower waits this long without hearing from a leader, plus a random extra of up to
 # the same again, before campaigning; the spread makes split votes rare.

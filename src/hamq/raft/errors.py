@@ -1,7 +1,8 @@
 """Typed errors of the Raft core: bad input from the caller, or a damaged log on disk.
 
 Invariant violations inside the core are `assert`s, not these classes: they are bugs,
-while these are conditions a caller can provoke and handle.
+while these are conditions a caller can provoke and handle. A bad `RaftConfig` raises
+`hamq.errors.ConfigError`, the one configuration error of the code base.
 """
 
 
@@ -23,10 +24,6 @@ class TransferInProgressError(RaftError):
 
 class UnknownPeerError(RaftError):
     """A member id that is not part of the configured group."""
-
-
-class ConfigError(RaftError):
-    """A configuration that cannot work (e.g. this member missing from its group)."""
 
 
 class LogIndexError(RaftError):

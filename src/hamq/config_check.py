@@ -1,0 +1,301 @@
+"""Every rule a configuration value must follow, in one place.
+
+The config dataclasses call these checks when they are built, so a bad value — wrong type,
+number out of range, string not among the allowed ones, or a combination that cannot work —
+is a ``ConfigError`` before a server creates anything on disk or binds a port. Each message
+names the key, the value given and what is allowed, in one line the CLI prints as it is.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import typing
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from hamq.errors import ConfigError
+from hamq.namesrv.requests import MAX_HEARTBEAT_TIMEOUT_MS
+from hamq.protocol.limits import MAX_BROKER_ID, MAX_MESSAGE_BYTES, MAX_QUEUE_NUMS
+from hamq.protocol.message import validate_name
+from hamq.raft.config import HEARTBEAT_INTERVAL_MS
+
+if TYPE_CHECKING:
+    from hamq.config import BrokerConfig, NamesrvConfig, ServerConfig, StoreConfig
+
+FLUSH_DISK_TYPES = ("async", "sync")
+BROKER_ROLES = ("async_master", "sync_master", "slave")
+REPLICATION_MODES = ("master-slave", "dledger")
+# Hosts that bind every interface: they collide with any other host on the same port.
+_WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+# A value longer than this is cut in messages, which stay one line.
+_SHOW_CHARS = 80
+
+
+class Range(NamedTuple):
+    """The numbers a key allows: ``low`` (excluded when ``low_open``) up to ``high``."""
+    low: float
+    high: float | None = None
+    low_open: bool = False
+
+    def allows(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        return above and (self.high is None or value <= self.high)
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"must be {'>' if self.low_open else '>='} {self.low}"
+        if self.low_open:
+            return f"must be > {self.low} and <= {self.high}"
+        return f"allowed {self.low}..{self.high}"
+
+
+POSITIVE = Range(0, low_open=True)
+NOT_NEGATIVE = Range(0)
+
+SERVER_RANGES = {
+    "max_connections": POSITIVE,
+    "max_connections_per_address": POSITIVE,
+    "connection_idle_timeout_ms": POSITIVE,
+    "frame_read_timeout_ms": POSITIVE,
+    "max_pending_response_bytes": POSITIVE,
+    "max_held_bytes": POSITIVE,
+}
+STORE_RANGES = {
+    "sync_flush_timeout_ms": POSITIVE,
+    "flush_interval_commitlog_ms": POSITIVE,
+    "flush_interval_consume_queue_ms": POSITIVE,
+    "mapped_file_size_commitlog": POSITIVE,  # a larger record gets a segment of its own
+    "file_reserved_hours": POSITIVE,
+    "clean_resource_interval_ms": POSITIVE,
+    "disk_max_used_space_ratio": Range(0, 1, low_open=True),
+    "disk_min_free_bytes": NOT_NEGATIVE,  # 0: no guard
+    "max_message_size": Range(1, MAX_MESSAGE_BYTES),  # no client encodes a larger body
+}
+BROKER_RANGES = {
+    "broker_id": Range(0, MAX_BROKER_ID),  # the name server refuses larger ids
+    "default_topic_queue_nums": Range(1, MAX_QUEUE_NUMS),
+    "broker_heartbeat_interval_ms": POSITIVE,
+    "register_broker_interval_ms": POSITIVE,
+    # 0: the name server's default; it refuses a registration asking for more than its cap
+    "broker_not_active_timeout_ms": Range(0, MAX_HEARTBEAT_TIMEOUT_MS),
+    "long_polling_max_wait_ms": NOT_NEGATIVE,  # 0: a pull finding nothing answers at once
+    "ha_send_heartbeat_interval_ms": POSITIVE,
+    "ha_housekeeping_interval_ms": POSITIVE,
+    "ha_transfer_batch_bytes": POSITIVE,
+    "ha_window_bytes": POSITIVE,
+    "total_replicas": POSITIVE,
+    "in_sync_replicas": POSITIVE,
+    "min_in_sync_replicas": POSITIVE,
+    "ha_max_gap_not_in_sync": POSITIVE,
+    "sync_broker_member_group_period_ms": POSITIVE,
+    "slave_sync_interval_ms": POSITIVE,
+    "dledger_self_id": Range(0, MAX_BROKER_ID),  # 0: not a DLedger member
+    "dledger_election_timeout_ms": POSITIVE,
+    "flush_delay_offset_interval_ms": POSITIVE,
+    "transaction_check_interval_ms": POSITIVE,
+    "transaction_timeout_ms": NOT_NEGATIVE,
+    "transaction_check_max": POSITIVE,
+    "pop_inflight_message_threshold": POSITIVE,
+    "max_held_pops_per_queue": POSITIVE,
+    "max_held_pops_per_connection": POSITIVE,
+    "revive_interval_ms": POSITIVE,
+    "rebalance_lock_max_live_time_ms": POSITIVE,
+}
+NAMESRV_RANGES = {
+    "scan_not_active_broker_interval_ms": POSITIVE,
+    "broker_not_active_timeout_ms": POSITIVE,
+    "max_route_entries": POSITIVE,
+}
+
+
+def show(value: Any) -> str:
+    """A value as the user wrote it in TOML (``true``, a list), cut to fit one line."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = repr(list(value) if isinstance(value, tuple) else value)
+    return text if len(text) <= _SHOW_CHARS else text[:_SHOW_CHARS - 3] + "..."
+
+
+def bad(key: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(f"{key} = {show(value)}: {allowed}")
+
+
+def did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest choice, or ``""``."""
+    by_lower = {c.lower(): c for c in choices}
+    close = difflib.get_close_matches(word.lower(), by_lower, n=1)
+    return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
+
+
+# -- one value -----------------------------------------------------------------------------
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+# What a field of each type accepts, and how to say so (to Python a bool is an int; to a
+# config it is not).
+_ACCEPTS: dict[type, tuple[tuple[type, ...], str]] = {
+    bool: ((bool,), "must be true or false"),
+    int: ((int,), "must be an integer"),
+    float: ((int, float), "must be a number"),
+    str: ((str,), "must be a string"),
+}
+
+
+def check_types(config: Any) -> None:
+    """Every field holds its declared type."""
+    hints = _hints(type(config))
+    for field in dataclasses.fields(config):
+        key, value, hint = field.name, getattr(config, field.name), hints[field.name]
+        if typing.get_origin(hint) is tuple:  # the only container: a list of strings
+            ok = isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+            allowed = "must be a list of strings"
+        else:
+            types, allowed = _ACCEPTS[hint]
+            ok = isinstance(value, types) and (hint is bool or not isinstance(value, bool))
+        if not ok:
+            raise bad(key, value, allowed)
+
+
+def check_ranges(config: Any, ranges: dict[str, Range]) -> None:
+    for key, allowed in ranges.items():
+        value = getattr(config, key)
+        if not allowed.allows(value):
+            raise bad(key, value, str(allowed))
+
+
+def one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise bad(key, value, f"allowed values are {', '.join(allowed)}"
+                  + did_you_mean(value, allowed))
+
+
+def address(key: str, value: str) -> tuple[str, int]:
+    """``HOST:PORT`` as a server binds or dials it; returns (host, port)."""
+    host, _, port = value.rpartition(":")
+    if not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
+        raise bad(key, value, "must be HOST:PORT with a port in 1..65535")
+    return host, int(port)
+
+
+def not_empty(key: str, value: str) -> None:
+    if not value:
+        raise bad(key, value, "must not be empty")
+
+
+def name(key: str, value: str) -> None:
+    """Cluster and broker names travel to the name server, which takes only safe names."""
+    try:
+        validate_name(value, key, error=ConfigError)
+    except ConfigError as err:  # its message repeats the key and the value
+        reason = err.message.removeprefix(key).lstrip().removeprefix(repr(value)).lstrip()
+        raise bad(key, value, reason) from None
+
+
+def dledger_peers(specs: tuple[str, ...]) -> dict[int, str]:
+    """``ID@HOST:PORT`` entries as {member id: address}; ids >= 1, each id and address once."""
+    peers: dict[int, str] = {}
+    for spec in specs:
+        member, _, addr = spec.partition("@")
+        if not member.isascii() or not member.isdigit() or not 1 <= int(member) <= MAX_BROKER_ID:
+            raise bad("dledger_peers", specs,
+                      f"entry {spec!r} must be ID@HOST:PORT with an ID in 1..{MAX_BROKER_ID}")
+        address("dledger_peers", addr)
+        if int(member) in peers:
+            raise bad("dledger_peers", specs, f"member id {member} is listed twice")
+        if addr in peers.values():
+            raise bad("dledger_peers", specs, f"address {addr} is listed twice")
+        peers[int(member)] = addr
+    return peers
+
+
+def _greater(config: Any, key: str, than: str) -> None:
+    value, other = getattr(config, key), getattr(config, than)
+    if not value > other:
+        raise bad(key, value, f"must be more than {than} ({other})")
+
+
+def _distinct_ports(binds: dict[str, str]) -> None:
+    """The addresses one process listens on must not collide (the second bind would fail
+    after the store is already open)."""
+    seen: list[tuple[str, str, int]] = []
+    for key, value in binds.items():
+        host, port = address(key, value)
+        for other_key, other_host, other_port in seen:
+            if port == other_port and (host == other_host or host in _WILDCARD_HOSTS
+                                       or other_host in _WILDCARD_HOSTS):
+                raise bad(key, value, f"collides with {other_key} ({other_host}:{other_port})")
+        seen.append((key, host, port))
+
+
+# -- one config class ----------------------------------------------------------------------
+
+def check_server(config: ServerConfig) -> None:
+    check_ranges(config, SERVER_RANGES)
+
+
+def check_store(config: StoreConfig) -> None:
+    not_empty("store_dir", config.store_dir)
+    one_of("flush_disk_type", config.flush_disk_type, FLUSH_DISK_TYPES)
+    check_ranges(config, STORE_RANGES)
+
+
+def check_namesrv(config: NamesrvConfig) -> None:
+    not_empty("data_dir", config.data_dir)
+    check_ranges(config, NAMESRV_RANGES)
+    binds = {"listen": config.listen}
+    if config.metrics_listen:
+        binds["metrics_listen"] = config.metrics_listen
+    _distinct_ports(binds)
+
+
+def check_broker(config: BrokerConfig) -> None:
+    name("cluster_name", config.cluster_name)
+    name("broker_name", config.broker_name)
+    one_of("broker_role", config.broker_role, BROKER_ROLES)
+    one_of("replication_mode", config.replication_mode, REPLICATION_MODES)
+    check_ranges(config, BROKER_RANGES)
+    if not config.namesrv:
+        raise bad("namesrv", config.namesrv, "must name at least one name server")
+    for addr in config.namesrv:
+        address("namesrv", addr)
+    binds = {"listen": config.listen}
+    if config.ha_listen:
+        binds["ha_listen"] = config.ha_listen
+    else:
+        _, port = address("listen", config.listen)
+        if port == 65535:
+            raise bad("listen", config.listen, "port must be below 65535 when ha_listen is "
+                      "empty (the HA port is the listen port + 1)")
+        binds["ha_listen (listen port + 1)"] = config.ha_address
+    if config.metrics_listen:
+        binds["metrics_listen"] = config.metrics_listen
+    if config.replication_mode == "dledger":
+        peers = dledger_peers(config.dledger_peers)
+        if config.dledger_self_id not in peers:
+            raise bad("dledger_self_id", config.dledger_self_id,
+                      f"must be one of the dledger_peers ids {sorted(peers)}")
+        binds["dledger_peers (this member)"] = peers[config.dledger_self_id]
+        # the Raft leader's heartbeat must come several times within a follower's patience
+        if config.dledger_election_timeout_ms <= HEARTBEAT_INTERVAL_MS:
+            raise bad("dledger_election_timeout_ms", config.dledger_election_timeout_ms,
+                      f"must be more than the Raft heartbeat interval ({HEARTBEAT_INTERVAL_MS})")
+    elif (config.broker_id == 0) == (config.broker_role == "slave"):
+        raise bad("broker_id", config.broker_id, f"does not fit broker_role "
+                  f"{config.broker_role!r}: 0 is the master, slaves have ids >= 1")
+    _distinct_ports(binds)
+    if config.ha_transfer_batch_bytes > config.ha_window_bytes:
+        raise bad("ha_transfer_batch_bytes", config.ha_transfer_batch_bytes,
+                  f"must not exceed ha_window_bytes ({config.ha_window_bytes})")
+    if config.in_sync_replicas > config.total_replicas:
+        raise bad("in_sync_replicas", config.in_sync_replicas,
+                  f"must not exceed total_replicas ({config.total_replicas})")
+    if config.min_in_sync_replicas > config.in_sync_replicas:
+        raise bad("min_in_sync_replicas", config.min_in_sync_replicas,
+                  f"must not exceed in_sync_replicas ({config.in_sync_replicas})")
+    # a slave heard from at every heartbeat must never look silent to the master
+    _greater(config, "ha_housekeeping_interval_ms", "ha_send_heartbeat_interval_ms")
+    if config.broker_not_active_timeout_ms:  # or the name server drops us between heartbeats
+        _greater(config, "broker_not_active_timeout_ms", "broker_heartbeat_interval_ms")
