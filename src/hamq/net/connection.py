@@ -12,6 +12,11 @@ socket is not read until the peer catches up, so a client that never reads costs
 the bound plus one answer (held requests answered later wait the same way, see
 ``reply_when_drained``). What all connections of a server hold together is bounded too
 (``net/held.py``).
+
+A client keeps at most ``MAX_INFLIGHT_REQUESTS`` requests unanswered on one connection; more
+wait here, unwritten and in order, until answers (or timeouts) make room — the caller is not
+told, as RocketMQ's async semaphore would, only its request leaves later. The hot path pays
+one length check for it.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import asyncio
 import logging
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -27,10 +33,13 @@ from hamq.net.counts import COUNTS
 from hamq.net.held import FAIR_SHARE_BYTES, HeldBytes
 from hamq.protocol.codes import Flag, ResponseCode
 from hamq.protocol.frame import Frame, FrameDecoder, encode_frame
+from hamq.protocol.limits import MAX_INFLIGHT_REQUESTS
 
 log = logging.getLogger(__name__)
 
 ResponseCallback = Callable[[Frame | None, HamqError | None], None]
+# A request not written yet: (deadline, code, callback, ext, body).
+WaitingRequest = tuple[float, int, ResponseCallback, dict[str, Any] | None, bytes | memoryview]
 # Pending requests are swept for timeouts at this period instead of one timer per request.
 TIMEOUT_SWEEP_INTERVAL_S = 0.05
 
@@ -69,6 +78,10 @@ class Connection(asyncio.BufferedProtocol):
         self._next_opaque = 1
         # opaque -> (deadline, callback); dicts keep insertion order, so the oldest first.
         self._pending: dict[int, tuple[float, ResponseCallback]] = {}
+        # Requests beyond MAX_INFLIGHT_REQUESTS, oldest first. Room in _pending goes to them
+        # before anything else runs, so while one waits _pending is full (and a new request
+        # queues behind it).
+        self._waiting: deque[WaitingRequest] = deque()
         self._sweeper: asyncio.TimerHandle | None = None
         self._paused = False
         self._drain_waiters: list[asyncio.Future] = []
@@ -143,6 +156,8 @@ class Connection(asyncio.BufferedProtocol):
             if frame.flags & Flag.RESPONSE:
                 entry = pending.pop(frame.opaque, None)
                 if entry is not None:
+                    if self._waiting:
+                        self._write_waiting()
                     entry[1](frame, None)
             elif handler is None:
                 out += error_pieces(frame, HamqError("this endpoint serves no requests"))
@@ -182,8 +197,11 @@ class Connection(asyncio.BufferedProtocol):
         if self._sweeper is not None:
             self._sweeper.cancel()
         pending, self._pending = self._pending, {}
+        waiting, self._waiting = self._waiting, deque()
         err = ConnectionLost(f"connection to {self.peer} lost" + (f": {exc}" if exc else ""))
         for _, callback in pending.values():
+            callback(None, err)
+        for _, _, callback, _, _ in waiting:
             callback(None, err)
         for waiter in self._drain_waiters:
             if not waiter.done():
@@ -321,13 +339,22 @@ class Connection(asyncio.BufferedProtocol):
 
     def request_cb(self, code: int, callback: ResponseCallback, ext: dict[str, Any] | None = None,
                    body: bytes | memoryview = b"", timeout_s: float = 3.0) -> None:
-        """Send a request; ``callback(frame, error)`` runs exactly once."""
+        """Send a request; ``callback(frame, error)`` runs exactly once. ``timeout_s`` counts
+        from now, time spent waiting for room among the requests in flight included."""
         if self.is_closed:
             callback(None, ConnectionLost(f"connection to {self.peer} is closed"))
             return
+        deadline = time.monotonic() + timeout_s
+        if len(self._pending) >= MAX_INFLIGHT_REQUESTS:  # always so while any request waits
+            self._waiting.append((deadline, code, callback, ext, body))
+        else:
+            self._write_request(deadline, code, callback, ext, body)
+
+    def _write_request(self, deadline: float, code: int, callback: ResponseCallback,
+                       ext: dict[str, Any] | None, body: bytes | memoryview) -> None:
         opaque = self._next_opaque
         self._next_opaque = opaque + 1 if opaque < 0x7FFFFFFF else 1
-        self._pending[opaque] = (time.monotonic() + timeout_s, callback)
+        self._pending[opaque] = (deadline, callback)
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().call_later(
                 TIMEOUT_SWEEP_INTERVAL_S, self._sweep)
@@ -371,12 +398,24 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.close()
 
     # -- internals --------------------------------------------------------------------
+    def _write_waiting(self) -> None:
+        """Write waiting requests, oldest first, while fewer than MAX_INFLIGHT_REQUESTS are
+        unanswered."""
+        waiting, pending = self._waiting, self._pending
+        while waiting and len(pending) < MAX_INFLIGHT_REQUESTS:
+            self._write_request(*waiting.popleft())
+
     def _sweep(self) -> None:
         self._sweeper = None
         now = time.monotonic()
         expired = [op for op, (deadline, _) in self._pending.items() if deadline <= now]
-        for opaque in expired:
-            _, callback = self._pending.pop(opaque)
+        callbacks = [self._pending.pop(opaque)[1] for opaque in expired]
+        if self._waiting:
+            # Waiting requests time out too, without ever being written.
+            callbacks += [w[2] for w in self._waiting if w[0] <= now]
+            self._waiting = deque(w for w in self._waiting if w[0] > now)
+            self._write_waiting()
+        for callback in callbacks:
             callback(None, RequestTimeout(f"no response from {self.peer} in time"))
         if self._pending and not self.is_closed:
             self._sweeper = asyncio.get_running_loop().call_later(
