@@ -26,6 +26,8 @@ T = TypeVar("T")
 
 MSG_HEAD = struct.Struct(">IH")
 MSG_HEAD_BYTES = MSG_HEAD.size
+_SIZE_BYTES = 4  # a message's size counts what follows these
+_unpack_head = MSG_HEAD.unpack_from
 
 RECORD_MAGIC = 0x48414D51  # "HAMQ"
 # magic, header_crc | total_size, payload_crc, physical_offset, base_queue_offset,
@@ -77,6 +79,24 @@ def encode_message(body: bytes, props: bytes = b"") -> bytes:
     return message_head(len(body), props) + body
 
 
+def message_bounds(buf: bytes | bytearray | memoryview, pos: int,
+                   end: int) -> tuple[int, int, int]:
+    """``(props_start, body_start, next_pos)`` of the message encoded at ``buf[pos:]``: its
+    properties, then its body up to ``next_pos``, where the next message starts. The one
+    reader of a message head: every walk over a batch or a record's messages steps with
+    it (a generator would cost more than the walk itself on a one-message batch).
+    ``MessageIllegal`` unless the message lies within ``buf[pos:end]``."""
+    if end - pos < MSG_HEAD_BYTES:
+        raise MessageIllegal(f"the message at byte {pos} is truncated")
+    msg_size, props_len = _unpack_head(buf, pos)
+    props_start = pos + MSG_HEAD_BYTES
+    body_start = props_start + props_len
+    next_pos = pos + _SIZE_BYTES + msg_size
+    if body_start > next_pos or next_pos > end:
+        raise MessageIllegal(f"the message at byte {pos} declares inconsistent sizes")
+    return props_start, body_start, next_pos
+
+
 def message_head(body_len: int, props: bytes = b"") -> bytes:
     """What goes before a body of ``body_len`` bytes: callers that hold the body in pieces
     send it after this without joining it first."""
@@ -107,21 +127,14 @@ def validate_batch(payload: bytes | memoryview, count: int, payload_crc: int,
         raise CrcMismatch("batch CRC does not match its bytes (corrupted in transit?)")
     pos = 0
     seen = 0
-    unpack = MSG_HEAD.unpack_from
     while pos < size:
-        if size - pos < MSG_HEAD_BYTES:
-            raise MessageIllegal(f"message {seen} of the batch is truncated")
-        msg_size, props_len = unpack(payload, pos)
-        body_len = msg_size - 2 - props_len
-        if body_len < 0 or pos + 4 + msg_size > size:
-            raise MessageIllegal(f"message {seen} of the batch declares inconsistent sizes")
-        if body_len > max_message_bytes:
-            raise MessageIllegal(f"message {seen} is {body_len} bytes, more than the limit of "
-                                 f"{max_message_bytes}")
-        if props_len and payload[pos + MSG_HEAD_BYTES] not in _MAP_HEADS:
+        props_start, body_start, pos = message_bounds(payload, pos, size)
+        if pos - body_start > max_message_bytes:
+            raise MessageIllegal(f"message {seen} is {pos - body_start} bytes, more than the "
+                                 f"limit of {max_message_bytes}")
+        if body_start > props_start and payload[props_start] not in _MAP_HEADS:
             raise MessageIllegal(f"message {seen} has properties that are not a map of string "
                                  "to string")
-        pos += 4 + msg_size
         seen += 1
     if seen != count:
         raise MessageIllegal(f"batch declares {count} messages but holds {seen}")
@@ -221,21 +234,19 @@ def decode_records(data: bytes, min_queue_offset: int, factory: Callable[..., T]
     append = out.append
     pos = 0
     size = len(data)
-    unpack = MSG_HEAD.unpack_from
     while pos < size:
         h = parse_record_header(data, pos)
         mpos = pos + h.payload_start
+        end = pos + h.total_size
         offset = h.base_queue_offset
         for index in range(h.count):
-            msg_size, props_len = unpack(data, mpos)
+            props_start, body_start, mpos = message_bounds(data, mpos, end)
             if offset >= min_queue_offset:
-                body_start = mpos + MSG_HEAD_BYTES + props_len
                 append(factory(*context, h, index, offset,
-                               data[mpos + MSG_HEAD_BYTES:body_start] if props_len else b"",
-                               data[body_start:mpos + 4 + msg_size]))
-            mpos += 4 + msg_size
+                               data[props_start:body_start] if body_start > props_start
+                               else b"", data[body_start:mpos]))
             offset += 1
-        pos += h.total_size
+        pos = end
     return out
 
 

@@ -16,7 +16,7 @@ import msgpack
 
 from hamq.errors import MessageIllegal
 from hamq.protocol.limits import INT64_MAX, MAX_BATCH_MESSAGES, MAX_QUEUE_NUMS, MAX_TOPIC_LENGTH
-from hamq.protocol.message import MSG_HEAD, MSG_HEAD_BYTES, decode_properties, validate_name
+from hamq.protocol.message import decode_properties, message_bounds, validate_name
 
 PROPERTY_DELAY_TIME_LEVEL = "DELAY"
 PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
@@ -58,12 +58,11 @@ _FIXMAP_FIRST_KEY_AT = 1
 def first_message_is_held_back(payload: bytes) -> bool:
     """True if the batch's first message leads its properties with a held-back property.
     The batch must already be validated (``validate_batch``)."""
-    props_len = MSG_HEAD.unpack_from(payload, 0)[1]
-    if not props_len:
+    props_start, body_start, _ = message_bounds(payload, 0, len(payload))
+    if body_start == props_start:
         return False
-    map_head = payload[MSG_HEAD_BYTES]
-    key_at = MSG_HEAD_BYTES + _FIRST_KEY_AT.get(map_head, _FIXMAP_FIRST_KEY_AT)
-    return key_at < MSG_HEAD_BYTES + props_len and payload.startswith(_LEADING_KEYS, key_at)
+    key_at = props_start + _FIRST_KEY_AT.get(payload[props_start], _FIXMAP_FIRST_KEY_AT)
+    return key_at < body_start and payload.startswith(_LEADING_KEYS, key_at)
 
 
 def leading_held_back_properties(properties: dict[str, str]) -> dict[str, str]:
@@ -75,12 +74,11 @@ def leading_held_back_properties(properties: dict[str, str]) -> dict[str, str]:
 def decode_single_message(payload: bytes) -> tuple[dict[str, str], bytes]:
     """(properties, body) of a one-message batch payload, its properties checked (see
     ``validate_properties``)."""
-    msg_size, props_len = MSG_HEAD.unpack_from(payload, 0)
-    if MSG_HEAD_BYTES - 2 + msg_size != len(payload):
+    props_start, body_start, end = message_bounds(payload, 0, len(payload))
+    if end != len(payload):
         raise MessageIllegal("expected exactly one message in the payload")
-    body_start = MSG_HEAD_BYTES + props_len
     try:
-        properties = decode_properties(payload[MSG_HEAD_BYTES:body_start])
+        properties = decode_properties(payload[props_start:body_start])
     except ValueError as err:  # msgpack's errors
         raise MessageIllegal(f"message properties are not a msgpack map of string to string: "
                              f"{err}") from None

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from hamq.client.message import PROPERTY_KEYS, PROPERTY_TAGS
 from hamq.protocol.properties import PROPERTY_UNIQ_KEY
-from hamq.protocol.message import (MSG_HEAD, MSG_HEAD_BYTES, encode_properties, message_head,
+from hamq.protocol.message import (MSG_HEAD, encode_properties, message_bounds, message_head,
                                    parse_record_header)
 from hamq.spark.schema import ARROW_SCHEMA
 
@@ -29,7 +29,6 @@ def records_to_batch(data: bytes | memoryview, start: int, end: int, topic: str,
     """Messages with ``start <= offset < end`` from a pull's records, as one Arrow batch
     (None if there were none), and the offset after the last message seen."""
     view = memoryview(data)
-    unpack = MSG_HEAD.unpack_from
     bodies: list[memoryview] = []
     append = bodies.append
     stamps = array("q")
@@ -40,36 +39,32 @@ def records_to_batch(data: bytes | memoryview, start: int, end: int, topic: str,
     while pos < size:
         h = parse_record_header(view, pos)
         mpos = pos + h.payload_start
+        record_end = pos + h.total_size
         offset = h.base_queue_offset
         taken = 0
         if start <= offset and offset + h.count <= end:  # the whole record: no range checks
             if first < 0:
                 first = offset
             for _ in range(h.count):
-                msg_size, props_len = unpack(view, mpos)
-                body_start = mpos + MSG_HEAD_BYTES + props_len
-                if props_len:
-                    props.append((len(bodies), bytes(view[mpos + MSG_HEAD_BYTES:body_start])))
-                mpos += 4 + msg_size
+                props_start, body_start, mpos = message_bounds(view, mpos, record_end)
+                if body_start > props_start:
+                    props.append((len(bodies), bytes(view[props_start:body_start])))
                 append(view[body_start:mpos])
             taken = h.count
             offset += taken
         else:
             for _ in range(h.count):
-                msg_size, props_len = unpack(view, mpos)
+                props_start, body_start, mpos = message_bounds(view, mpos, record_end)
                 if start <= offset < end:
                     if first < 0:
                         first = offset
-                    body_start = mpos + MSG_HEAD_BYTES + props_len
-                    if props_len:
-                        props.append((len(bodies),
-                                      bytes(view[mpos + MSG_HEAD_BYTES:body_start])))
-                    append(view[body_start:mpos + 4 + msg_size])
+                    if body_start > props_start:
+                        props.append((len(bodies), bytes(view[props_start:body_start])))
+                    append(view[body_start:mpos])
                     taken += 1
-                mpos += 4 + msg_size
                 offset += 1
         stamps.extend(repeat(h.born_timestamp_ms * 1000, taken))
-        pos += h.total_size
+        pos = record_end
     n = len(bodies)
     if not n:
         return None, max(offset, start)
