@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import threading
 import time
 import tomllib
 
@@ -15,7 +16,7 @@ import hamq
 from hamq import Message, SendStatus
 from hamq.client.consumer import PullStatus
 from hamq.config import StoreConfig
-from hamq.errors import InSyncReplicasNotEnough
+from hamq.errors import HamqError, InSyncReplicasNotEnough
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import encode_frame_bytes
 from hamq.protocol.message import decode_records
@@ -92,6 +93,82 @@ def test_killed_master_loses_no_acknowledged_message(cluster_factory):
         assert any(s.get(key) == body for s in on_slaves), f"acknowledged {key} lost"
     for s in on_slaves:  # and what a slave has is exactly what was sent
         assert all(acked[k] == v for k, v in s.items())
+
+
+HELD_SENDS = 50
+
+
+class FreezeAtAck:
+    """Pipelined sends to a master whose slaves are held (SIGSTOP). At the first SEND_OK
+    the slaves are frozen for good and the master killed -9, so the slaves' stores keep
+    what they held at that moment (a slave let run would still take what was on the wire
+    when the master died)."""
+
+    def __init__(self, master, slaves) -> None:
+        self.master, self.slaves = master, slaves
+        self.acked: dict[tuple[int, int], bytes] = {}
+        self.frozen = threading.Event()
+        self.answered = threading.Semaphore(0)
+        self.lock = threading.Lock()  # a release and the freeze never interleave
+        self.signal_slaves(signal.SIGSTOP)
+
+    def signal_slaves(self, signum: int) -> None:
+        for slave in self.slaves:
+            os.kill(slave.pid, signum)
+
+    def release_slaves(self) -> None:
+        with self.lock:
+            if not self.frozen.is_set():
+                self.signal_slaves(signal.SIGCONT)
+
+    def send(self, producer, body: bytes) -> None:
+        def done(result, err) -> None:
+            if err is None and result.status is SendStatus.SEND_OK:
+                with self.lock:
+                    if not self.frozen.is_set():
+                        self.signal_slaves(signal.SIGSTOP)
+                        os.kill(self.master.pid, signal.SIGKILL)
+                        self.frozen.set()
+                self.acked[(result.queue.queue_id, result.queue_offset)] = body
+            self.answered.release()
+        producer.send_async(Message("Rep", body), done)
+
+    def held_sends_stored(self, namesrv: str, count: int) -> bool:
+        """The master stored all ``count`` sends, or it answered one (and is dead now)."""
+        try:
+            with hamq.PullConsumer("g-count", namesrv) as consumer:
+                stored = sum(consumer.max_offset(mq)
+                             for mq in consumer.fetch_message_queues("Rep"))
+        except HamqError:
+            stored = -1
+        return self.frozen.is_set() or stored == count
+
+
+def test_an_acknowledged_quorum_send_is_on_a_slave_the_moment_it_is_acknowledged(
+        cluster_factory):
+    """SEND_OK under in_sync_replicas = 2 means a slave holds the message already. The
+    slaves are held (SIGSTOP) while the master takes a series of sends, then let go; at the
+    first acknowledgement they are frozen again and the master killed, and every message
+    acknowledged must be in a slave's store. A master that answered before a slave
+    acknowledged answers while the slaves are held, and its messages are on no slave."""
+    c = start_group(cluster_factory, in_sync_replicas=2, sync_flush_timeout_ms=20_000)
+    master, slaves = c.procs["master"], [c.procs["slave1"], c.procs["slave2"]]
+    with hamq.Producer(c.namesrv, retry_times_when_send_failed=0) as producer:
+        sends = FreezeAtAck(master, slaves)
+        for i in range(HELD_SENDS):
+            sends.send(producer, os.urandom(1000) + b"#%d" % i)
+        wait_for(lambda: sends.held_sends_stored(c.namesrv, HELD_SENDS), 15,
+                 "the master to store every held send")
+        sends.release_slaves()
+        for _ in range(HELD_SENDS):  # each send is answered, or fails with the master
+            assert sends.answered.acquire(timeout=30), "a send never completed"
+    assert sends.frozen.is_set() and sends.acked, "nothing was acknowledged"
+    master.popen.wait(10)
+    for slave in slaves:
+        slave.kill9()  # frozen since the first acknowledgement: their stores as they were
+    on_slaves = [read_store(c.root / name) for name in ("slave1", "slave2")]
+    lost = [k for k, body in sends.acked.items() if not any(s.get(k) == body for s in on_slaves)]
+    assert not lost, f"{len(lost)} of {len(sends.acked)} acknowledged sends on no slave"
 
 
 def _send_for(producer, seconds: float) -> list[tuple[float, str]]:

@@ -182,3 +182,19 @@ def test_an_ack_beyond_what_was_sent_counts_only_what_was_sent(attach):
     assert statuses == []
     assert m.slaves["s1"].ack_offset == 16 * KB
     assert m.in_sync_slave_nums(100 * KB) == 0
+
+
+def test_bytes_shipped_but_not_acknowledged_complete_no_send(attach):
+    """A send waits for the slave's ack, not for the master shipping it: bytes on the wire
+    are lost with the master if it dies before the slave has them."""
+    m = core(total_replicas=2, in_sync_replicas=2)
+    attach(m, "s1", 1, 0)
+    while m.next_transfer("s1", 64 * KB) is not None:
+        pass
+    assert m.slaves["s1"].sent_offset == 64 * KB
+    statuses = []
+    m.wait_for_acks(32 * KB, 2, 0, 1000, statuses.append)
+    run(m.on_ack("s1", 16 * KB, 1))
+    assert statuses == []
+    run(m.on_ack("s1", 32 * KB, 2))
+    assert statuses == [ReplicaStatus.PUT_OK]
