@@ -6,6 +6,7 @@ import time
 import urllib.request
 
 import hamq
+from hamq.errors import TopicNotExist
 
 
 def free_port() -> int:
@@ -24,6 +25,14 @@ def wait_for(predicate, timeout_s: float, what: str):
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def topic_routed(admin: hamq.Admin, topic: str) -> bool:
+    """Whether the name servers route ``topic`` yet (a predicate for ``wait_for``)."""
+    try:
+        return bool(admin.topic_route(topic).read_queues)
+    except TopicNotExist:
+        return False
 
 
 def send_and_pull(namesrv: str, topic: str) -> None:

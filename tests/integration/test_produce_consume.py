@@ -8,9 +8,11 @@ import time
 import pytest
 
 import hamq
-from hamq import Message, MessageQueue
+from hamq import Message, MessageQueue, SendStatus
 from hamq.client.consumer import PullStatus
 from hamq.errors import TopicNotExist
+from hamq.store.metadata import PERM_READ
+from helpers import topic_routed, wait_for
 
 
 def drain(consumer: hamq.PullConsumer, queues: list[MessageQueue], start: dict) -> dict:
@@ -109,6 +111,19 @@ def test_unknown_topic_is_a_clear_error(cluster):
     with hamq.Producer(cluster.namesrv) as producer:
         with pytest.raises(TopicNotExist, match="does not exist"):
             producer.send(Message("NoSuchTopic", b"x"))
+
+
+def test_a_producer_that_found_no_writable_queue_looks_again(cluster):
+    """A route without a writable queue (a read-only topic here; a group between two
+    masters during a role change) is looked up again on the next send: the producer used
+    to keep it and fail every later send, whatever the name servers said."""
+    with hamq.Admin(cluster.namesrv) as admin, hamq.Producer(cluster.namesrv) as producer:
+        admin.create_topic("Frozen", 1, perm=PERM_READ, wait_s=0)
+        wait_for(lambda: topic_routed(admin, "Frozen"), 5, "the read-only route")
+        with pytest.raises(TopicNotExist, match="no writable queue"):
+            producer.send(Message("Frozen", b"refused"))
+        admin.create_topic("Frozen", 1)  # writable again
+        assert producer.send(Message("Frozen", b"taken")).status is SendStatus.SEND_OK
 
 
 def test_long_polling_pull_wakes_on_arrival(cluster):

@@ -250,6 +250,9 @@ class AsyncProducer:
             self.core.routes[topic] = route
             self._stale.add(topic)  # look up the real route next time
         if not route.write_queues:
+            # looked up again at the next send: a group between two masters has none for a
+            # moment (a role change), and the route alone says when one is back
+            self._stale.add(topic)
             raise TopicNotExist(f"topic {topic!r} has no writable queue (no master alive?)")
         return route
 
