@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from hamq.spark.writer import FAILPOINT_ENV
+
 JOB = Path(__file__).parent / "spark" / "stream_job.py"
 JOB_TIMEOUT_S = 180
 
@@ -28,13 +30,18 @@ def spark_env() -> dict[str, str]:
 
 
 class StreamJob:
-    def __init__(self, log: Path, **spec) -> None:
+    """``failpoint`` ("<stage>:<batch id>:<marker file>") arms the sink's test hook in the
+    driver's environment (``hamq.spark.writer.Failpoint``)."""
+
+    def __init__(self, log: Path, failpoint: str | None = None, **spec) -> None:
         spec.setdefault("conf", SPARK_CONF)
         self.log = log
+        env = {**os.environ, **spark_env()}
+        if failpoint is not None:
+            env[FAILPOINT_ENV] = failpoint
         self.proc = subprocess.Popen([sys.executable, str(JOB), json.dumps(spec)],
                                      stdout=open(log, "ab"), stderr=subprocess.STDOUT,
-                                     env={**os.environ, **spark_env()},
-                                     start_new_session=True)
+                                     env=env, start_new_session=True)
 
     def wait(self, timeout_s: float = JOB_TIMEOUT_S) -> int:
         try:

@@ -26,8 +26,6 @@ def main(spec: dict) -> None:
     else:
         writer = df.selectExpr("value", "key").writeStream.format("hamq") \
             .option("namesrv", spec["namesrv"]).option("topic", spec["output"])
-        if spec.get("failpoint"):
-            writer = writer.option("_failpoint", spec["failpoint"])
     writer = writer.option("checkpointLocation", spec["checkpoint"])
     if spec["trigger"] == "available_now":
         writer.trigger(availableNow=True).start().awaitTermination()

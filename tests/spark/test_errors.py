@@ -80,3 +80,21 @@ def test_write_to_unknown_topic(spark, ns):
     df = spark.range(3).selectExpr("cast(id as string) as value")
     expect_error(lambda: df.write.format("hamq").option("namesrv", ns)
                  .option("topic", "NoSuchSinkTopic").mode("append").save(), "NoSuchSinkTopic")
+
+
+def test_the_sinks_test_hook_is_no_option(spark, ns, tmp_path):
+    """The sink's crash hook stops a driver until it is killed: only the test harness arms
+    it (through the driver's environment); as an option it is refused before anything is
+    written, batch or streaming."""
+    df = spark.range(3).selectExpr("cast(id as string) as value")
+    hook = f"before_journal:0:{tmp_path / 'marker'}"
+    expect_error(lambda: df.write.format("hamq").option("namesrv", ns).option("topic", TOPIC)
+                 .option("_failpoint", hook).mode("append").save(),
+                 "unknown option '_failpoint'")
+    stream = spark.readStream.format("rate").option("rowsPerSecond", 1).load() \
+        .selectExpr("cast(value as string) as value").writeStream.format("hamq") \
+        .option("namesrv", ns).option("topic", TOPIC).option("_failpoint", hook) \
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+    expect_error(lambda: stream.start().awaitTermination(FAIL_FAST_S),
+                 "unknown option '_failpoint'")
+    assert not (tmp_path / "marker").exists()

@@ -77,17 +77,15 @@ class WriteOptions:
     group: str
     checkpoint_location: str | None
     timeout_s: float
-    # tests only: "<stage>:<batch id>:<marker file>" stops the streaming commit at a stage
-    # (see writer.Failpoint) so a test can kill the driver exactly there
-    failpoint: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
+        if "_failpoint" in options:  # once a test hook: refused, not silently ignored
+            raise ValueError("unknown option '_failpoint' of the hamq data source")
         return cls(
             namesrv=_required(options, "namesrv"),
             topic=options.get("topic"),
             group=options.get("producergroup", DEFAULT_SINK_GROUP),
             checkpoint_location=options.get("checkpointlocation"),
             timeout_s=(_positive_int(options, "timeoutMs") or 10_000) / 1000,
-            failpoint=options.get("_failpoint"),
         )

@@ -206,17 +206,26 @@ async def end_halves(core: ClientCore, group: str, halves: Halves,
             for addr, offset in requests[i:i + END_TRANSACTIONS_IN_FLIGHT]))
 
 
+FAILPOINT_ENV = "HAMQ_TEST_FAILPOINT"
+
+
 class Failpoint:
-    """A test hook (option ``_failpoint``): at ``stage`` of committing micro-batch
-    ``batch``, touch a marker file and wait to be killed, so a test can crash the driver
-    exactly between the sink's steps. Stages: ``before_journal``, ``after_journal``,
-    ``after_commit``."""
+    """A test hook: at ``stage`` of committing micro-batch ``batch``, touch a marker file
+    and wait to be killed, so a test can crash the driver exactly between the sink's steps.
+    Stages: ``before_journal``, ``after_journal``, ``after_commit``. Armed only by the
+    driver's environment (``HAMQ_TEST_FAILPOINT="<stage>:<batch id>:<marker file>"``),
+    which the test harness sets; no query option reaches it, so no user can stop a driver
+    with it."""
 
     def __init__(self, spec: str | None) -> None:
         self.stage, self.batch_id, self.marker = (None, -1, "")
         if spec:
             stage, batch_id, marker = spec.split(":", 2)
             self.stage, self.batch_id, self.marker = stage, int(batch_id), marker
+
+    @classmethod
+    def from_environment(cls) -> Failpoint:
+        return cls(os.environ.get(FAILPOINT_ENV))
 
     def reached(self, stage: str, batch_id: int) -> None:
         if stage == self.stage and batch_id == self.batch_id:
@@ -271,7 +280,7 @@ class HamqStreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         halves = merge_halves(messages)
         group = self.options.group
-        failpoint = Failpoint(self.options.failpoint)
+        failpoint = Failpoint.from_environment()
 
         async def commit(producer: AsyncProducer) -> None:
             core = producer.core
