@@ -13,6 +13,8 @@ from hamq import Message
 from hamq.client.consumer import PullStatus
 from hamq.errors import InvalidArgument, MessageIllegal
 
+from helpers import wait_for
+
 LATE_MS_MAX = 1000  # the issue's accuracy bound: delivered within 1 s after due
 WAIT_S = 12.0
 
@@ -96,15 +98,21 @@ def test_delay_levels_and_timer_delivered_in_their_window(cluster):
     assert [m.keys for m, _ in got] == ["plain", "level1", "timer", "level2"]
 
 
+def delivered_first(cluster, topic: str, key: str) -> None:
+    """Wait until the first message delivered into the topic's queue is ``key``."""
+    with hamq.PullConsumer("g-delay-first", cluster.namesrv) as consumer:
+        assert [m.keys for m, _ in collect(consumer, topic, 1)] == [key]
+
+
 def test_delivered_once_and_on_time_across_a_broker_restart(cluster):
     windows = send_level1_level2_timer(cluster, "DelayedRestart")
-    time.sleep(1.5)  # level 1 is delivered before the restart, the others are not
+    delivered_first(cluster, "DelayedRestart", "level1")  # before the restart; not the others
     cluster.restart("broker")
     assert now_ms() < windows["timer"][0], "restart took too long for this test"
     with hamq.PullConsumer("g-delay", cluster.namesrv) as consumer:
         got = collect(consumer, "DelayedRestart", 3)
-        time.sleep(1.0)  # nothing is delivered twice
-        assert len(collect(consumer, "DelayedRestart", 4, timeout_s=1.0)) == 3
+        # two seconds in which nothing more may arrive: nothing is delivered twice
+        assert len(collect(consumer, "DelayedRestart", 4, timeout_s=2.0)) == 3
     check_on_time(got, windows, watched=False)
 
 
@@ -149,20 +157,16 @@ def test_slave_takes_its_masters_delay_offsets(cluster_factory):
     with hamq.Producer(c.namesrv) as producer:
         producer.send(make_message("DelayedSync", "a", delay_level=1))
     table = c.root / "slave" / "delay_offsets.json"
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if table.exists() and json.loads(table.read_text())["table"]["delay_offsets"] == {"1": 1}:
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError("the slave never took the master's delay offset")
+    wait_for(lambda: table.exists()
+             and json.loads(table.read_text())["table"]["delay_offsets"] == {"1": 1},
+             WAIT_S, "the slave to take the master's delay offset")
     with hamq.PullConsumer("g-delay", c.namesrv) as consumer:
         assert [m.keys for m, _ in collect(consumer, "DelayedSync", 1)] == ["a"]
 
 
 def test_kill9_before_due_still_delivers_at_least_once(cluster):
     windows = send_level1_level2_timer(cluster, "DelayedKill")
-    time.sleep(1.5)  # level 1 delivered, its progress not yet persisted (every 10 s)
+    delivered_first(cluster, "DelayedKill", "level1")  # its progress not yet persisted
     broker = cluster.procs["broker"]
     broker.kill9()
     broker.start()
@@ -186,6 +190,7 @@ def send_timers(cluster, topic: str, dues: dict[str, int]) -> None:
 
 
 def wait_until_ms(epoch_ms: int) -> None:
+    """Time itself is the condition: timers fall due while the broker is down."""
     time.sleep(max(0.0, (epoch_ms - now_ms()) / 1000))
 
 
@@ -230,9 +235,13 @@ def test_kill9_mid_delivery_with_a_torn_timer_log_still_delivers_every_timer(
     start = now_ms() + 2500
     dues = {f"k{i:03d}": start + i * 5 for i in range(400)}  # two seconds of timers
     send_timers(cluster, "TimersKill", dues)
-    wait_until_ms(start + 1000)  # about half delivered
+    with hamq.PullConsumer("g-delay-count", cluster.namesrv) as consumer:
+        mq = consumer.fetch_message_queues("TimersKill")[0]
+        delivered = wait_for(lambda: consumer.max_offset(mq) >= 50 and consumer.max_offset(mq),
+                             WAIT_S, "the first timers delivered")
     broker = cluster.procs["broker"]
     broker.kill9()
+    assert delivered < len(dues), "every timer was delivered before the kill: nothing tested"
     segments = sorted((cluster.root / "broker" / "timerlog").glob("0*"))
     with open(segments[-1], "r+b") as f:  # as if the last append was torn by the crash
         f.truncate(f.seek(0, 2) - 13)

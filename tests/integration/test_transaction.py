@@ -22,6 +22,8 @@ from hamq.protocol.properties import (PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
                                       PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_BATCH,
                                       PROPERTY_TRANSACTION_PREPARED)
 
+from helpers import wait_for
+
 TOPIC = "Tx"
 FAST_CHECKS = {"transaction_check_interval_ms": 300, "transaction_timeout_ms": 1000}
 HEARTBEAT_S = 0.3
@@ -119,11 +121,11 @@ def test_rolled_back_after_transaction_check_max(cluster_factory):
     local = LocalTransactions({"never": TransactionState.UNKNOW})
     with local.producer(c.namesrv) as producer:
         send(producer, "never")
-        deadline = time.monotonic() + 5.0
-        while len(local.checks) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        undecided = log_end(c)
+        wait_for(lambda: log_end(c) > undecided, 10, "the half rolled back")
+        # Five more check rounds: no third check, and the half stays rolled back.
         assert visible(c.namesrv, wait_s=1.5) == []
-    assert local.checks == ["never", "never"]  # then rolled back: no third check
+    assert local.checks == ["never", "never"]
 
 
 def test_decisions_and_checks_survive_a_broker_restart(cluster_factory):
@@ -152,6 +154,13 @@ def half_batch(producer: hamq.Producer, keys: list[str], count: int | None = Non
     if immunity_s is not None:
         properties[PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS] = str(immunity_s)
     return producer.send(Message(TOPIC, payload, properties=properties)).queue_offset
+
+
+def log_end(c) -> int:
+    """The broker's commit-log end: once the halves are stored, only a decision (its op
+    record, and for a commit the message) writes more; a check writes nothing."""
+    with hamq.Admin(c.namesrv) as admin:
+        return admin.broker_runtime_info(c.broker_addr())["commitlog_max_offset"]
 
 
 def end(c, half_offset: int, state: TransactionState) -> None:
@@ -184,7 +193,10 @@ def test_check_immunity_keeps_a_half_from_check_and_rollback(cluster_factory):
                                      heartbeat_interval_s=HEARTBEAT_S):
         immune = half_batch(producer, ["kept"], immunity_s=4)
         doomed = half_batch(producer, ["lost"])
-        time.sleep(2.5)  # past transaction_timeout_ms and two check rounds
+        undecided = log_end(c)
+        # checked once, then rolled back (transaction_check_max=1) by the same rounds
+        # that passed over the immune half
+        wait_for(lambda: log_end(c) > undecided, 10, "the half without immunity rolled back")
         end(c, doomed, TransactionState.COMMIT_MESSAGE)  # too late: rolled back already
         end(c, immune, TransactionState.COMMIT_MESSAGE)
         assert visible(c.namesrv, wait_s=1.0) == ["kept"]
@@ -198,8 +210,11 @@ def test_a_restarted_producer_is_checked_instead_of_rolled_back(cluster_factory)
     crashed = LocalTransactions({"committed": TransactionState.UNKNOW})
     with crashed.producer(c.namesrv) as producer:
         send(producer, "committed")
-    # Past the transaction timeout and well over transaction_check_max check rounds.
+    undecided = log_end(c)
+    # Time is the point: past the transaction timeout and well over transaction_check_max
+    # check rounds with no producer to ask, which must not count (nothing else to wait on).
     time.sleep(FAST_CHECKS["transaction_timeout_ms"] / 1000 + 5 * 0.3)
+    assert log_end(c) == undecided  # not rolled back
     restarted = LocalTransactions({}, {"committed": TransactionState.COMMIT_MESSAGE})
     with restarted.producer(c.namesrv):
         assert visible(c.namesrv, wait_s=5.0, until_count=1) == ["committed"]
