@@ -149,6 +149,7 @@ def test_leader_kill9_failover_loses_and_duplicates_nothing(group):
 def test_leader_cut_off_from_both_followers_acknowledges_nothing(group):
     old = group.leader()
     old_addr = group.c.broker_addr(f"m{old}")
+    before = group.info(old)["ha"]
     group.isolate(old)
     cut_at = time.monotonic()
     # Sends still routed to the cut-off leader must not be acknowledged by it.
@@ -163,6 +164,10 @@ def test_leader_cut_off_from_both_followers_acknowledges_nothing(group):
                 outcomes.append((route.master_addr("dl") if route else None, r.status))
             except HamqError as err:
                 outcomes.append((None, type(err).__name__))
+    # The sends reached the cut-off leader: it appended them, and committed none.
+    cut_off = group.info(old)["ha"]
+    assert cut_off["ledger_end_index"] > before["ledger_end_index"], (before, cut_off)
+    assert cut_off["committed_index"] == before["committed_index"], (before, cut_off)
     assert not any(addr == old_addr and status is SendStatus.SEND_OK
                    for addr, status in outcomes), outcomes
     new = group.leader(timeout_s=20)

@@ -463,6 +463,8 @@ class DLedgerCore:
 
     def status(self) -> dict:
         return {"term": self.node.term, "committed_index": self.node.committed_index,
+                # past committed_index: entries this member holds that no quorum has yet
+                "ledger_end_index": self.node.log.ledger_end_index,
                 # False: started on an empty disk, votes for nobody until caught up
                 "vouched": self.node.voted_for != UNKNOWN_VOTE,
                 "applied_index": self.applied_index, "apply_error": self.apply_error,
