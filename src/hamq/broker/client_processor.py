@@ -8,9 +8,10 @@ the group it consumed from cannot take it back (``client/retry.py``)."""
 from __future__ import annotations
 
 from hamq.broker.clients import ClientManager, parse_heartbeat
-from hamq.broker.locks import RebalanceLockManager, lease_clock_ms
+from hamq.broker.locks import RebalanceLockManager
 from hamq.broker.send_back import RETRY_QUEUE_NUMS
 from hamq.broker.topics import TopicService
+from hamq.clock import monotonic_ms
 from hamq.errors import InvalidArgument
 from hamq.net.connection import Connection, response_pieces
 from hamq.protocol.frame import Frame, pack_body, require, require_name, unpack_body
@@ -30,7 +31,7 @@ class ClientProcessor:
 
     def heart_beat(self, conn: Connection, frame: Frame) -> list | None:
         heartbeat = parse_heartbeat(unpack_body(frame.body))
-        self.clients.heart_beat(conn, heartbeat, self.store.clock_ms())
+        self.clients.heart_beat(conn, heartbeat, monotonic_ms())
         if not self.topics.is_slave:  # slaves copy topics; DLedger replicates them first
             for entry in heartbeat.consumer_groups:
                 if entry.message_model == "clustering":
@@ -58,7 +59,7 @@ class ClientProcessor:
         # Queues of topics this broker does not have are not locked (not held in the
         # answer), as if another client held them: nothing is kept for a name.
         held = self.locks.try_lock_batch(group, [q for q in queues if self._exists(*q)],
-                                         client_id, lease_clock_ms())
+                                         client_id, monotonic_ms())
         return response_pieces(frame, body=pack_body([list(k) for k in held]))
 
     def _exists(self, topic: str, queue_id: int) -> bool:

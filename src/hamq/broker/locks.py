@@ -1,13 +1,15 @@
 """Broker-side queue locks for ordered consumption (RocketMQ's RebalanceLockManager): a
 queue of a consumer group is locked by at most one client at a time; a lock lapses if not
-renewed within ``REBALANCE_LOCK_MAX_LIVE_TIME_MS``.
+renewed within ``REBALANCE_LOCK_MAX_LIVE_TIME_MS``, measured on the monotonic clock
+(``hamq.clock``): a step of the wall clock (NTP, a resumed VM) neither lapses every lock
+at once (another member would take a queue its owner still consumes) nor keeps a dead
+member's locks.
 
 A lock is never released because a connection closed (RocketMQ does not either): the client
 trusts its lock for its own, shorter lease (30 s against 60 s) and may still be working
 through the batch in hand, reconnecting meanwhile. Only an unlock or the lapse frees it."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 REBALANCE_LOCK_MAX_LIVE_TIME_MS = 60_000  # rocketmq.broker.rebalance.lockMaxLiveTime
@@ -19,13 +21,6 @@ QueueKey = tuple[str, int]  # (topic, queue id) on this broker
 class LockEntry:
     client_id: str
     last_update_ms: int
-
-
-def lease_clock_ms() -> int:
-    """The clock leases are measured on: monotonic, so a step of the wall clock (NTP, a
-    resumed VM) neither lapses every lock at once (another member would take a queue its
-    owner still consumes) nor keeps a dead member's locks."""
-    return time.monotonic_ns() // 1_000_000
 
 
 class RebalanceLockManager:

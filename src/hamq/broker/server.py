@@ -5,7 +5,6 @@ import asyncio
 import json
 import logging
 import os
-import time
 from wsgiref.simple_server import WSGIServer
 
 from hamq.broker.client_processor import ClientProcessor
@@ -13,7 +12,7 @@ from hamq.broker.clients import ClientManager
 from hamq.broker.dledger.driver import DLedgerCommitLog
 from hamq.broker.ha.service import HAMaster, HASlave
 from hamq.broker.held_back import HeldBackPut
-from hamq.broker.locks import RebalanceLockManager, lease_clock_ms
+from hamq.broker.locks import RebalanceLockManager
 from hamq.broker.ha.member_group import MemberGroup
 from hamq.broker.processor import BrokerProcessor
 from hamq.broker.pop.service import PopService
@@ -26,6 +25,7 @@ from hamq.broker.topics import TopicService
 from hamq.broker.ha.slave_sync import SlaveSynchronize
 from hamq.broker.transaction.service import TransactionalMessageService
 from hamq.broker.transaction.check import TransactionalMessageCheckService
+from hamq.clock import monotonic_ms, wall_ms
 from hamq.config import BrokerConfig
 from hamq.errors import RequestCodeNotSupported
 from hamq.net.connection import Connection
@@ -61,7 +61,7 @@ class _NamesrvRequests:
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self.started_ms = int(time.time() * 1000)
+        self.started_ms = wall_ms()
         self.dledger_mode = config.replication_mode == "dledger"
         # A DLedger member starts as a follower; it takes writes only once elected.
         self.is_slave = config.broker_role == "slave" or self.dledger_mode
@@ -207,8 +207,8 @@ class Broker:
     async def _scan_clients(self) -> None:
         while True:
             await asyncio.sleep(CLIENT_SCAN_INTERVAL_S)
-            self.clients.scan_expired(self.store.clock_ms())
-            self.locks.remove_expired(lease_clock_ms())
+            self.clients.scan_expired(monotonic_ms())
+            self.locks.remove_expired(monotonic_ms())
 
     async def stop(self) -> None:
         """Clean shutdown: stop serving, flush and checkpoint, deregister."""

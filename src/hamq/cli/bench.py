@@ -16,6 +16,7 @@ from hamq.aio import (AsyncAdmin, AsyncProducer, AsyncPullConsumer, AsyncPushCon
                       ConsumeConcurrentlyStatus)
 from hamq.cli.common import emit, namesrv_option, run_async
 from hamq.client.consumer import PullStatus
+from hamq.clock import wall_ms
 from hamq.errors import HamqError, InvalidArgument, TopicNotExist
 from hamq.protocol.message import encode_batch, encode_message
 
@@ -262,13 +263,13 @@ async def bench_consume(count: int, group: str | None, pop: bool, push: bool, to
     """Pull (or pop, or push) throughput from the start of every queue of TOPIC."""
     if push:
         emit(await run_push_consume(namesrv, topic, count,
-                                    group or f"bench_push_{int(time.time() * 1000)}",
+                                    group or f"bench_push_{wall_ms()}",
                                     max_seconds), as_json, _text)
         return
     if pop:
         from hamq.cli.pop import run_pop_consume
         consumed, nbytes, errors, elapsed, latencies, params = await run_pop_consume(
-            namesrv, topic, count, group or f"bench_pop_{int(time.time() * 1000)}", max_seconds)
+            namesrv, topic, count, group or f"bench_pop_{wall_ms()}", max_seconds)
         emit(summary("consume_pop", consumed, nbytes // consumed if consumed else 0, elapsed,
                      latencies, errors, params), as_json, _text)
         return

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import click
 
 from hamq.client.simple import AsyncSimpleConsumer, PopMessageExt
+from hamq.clock import monotonic_s
 from hamq.errors import HamqError
 
 CONSUME_POP_BATCH = 32
@@ -35,11 +36,11 @@ async def consume_pop(namesrv: str, topic: str, group: str, from_beginning: bool
             click.echo(f"ack failed: {type(err).__name__}: {err.message}", err=True)
 
     remaining = max_messages
-    last_message_at = time.monotonic()
+    last_message_at = monotonic_s()
     try:
         await consumer.start()
         while remaining is None or remaining > 0:
-            if timeout is not None and time.monotonic() - last_message_at > timeout:
+            if timeout is not None and monotonic_s() - last_message_at > timeout:
                 break
             try:
                 batch = await consumer.receive(min(remaining or CONSUME_POP_BATCH,
@@ -51,7 +52,7 @@ async def consume_pop(namesrv: str, topic: str, group: str, from_beginning: bool
             for message in batch:
                 print_message(message)
                 consumer.ack_async(message, acked)
-                last_message_at = time.monotonic()
+                last_message_at = monotonic_s()
             if remaining is not None:
                 remaining -= len(batch)
     finally:

@@ -15,6 +15,7 @@ import click
 from hamq.broker.server import serve_broker
 from hamq.cli.common import BadConfig, setup_logging
 from hamq.client.sync import Admin
+from hamq.clock import monotonic_s
 from hamq.config import BrokerConfig, NamesrvConfig, dump_toml, load_config
 from hamq.errors import ConfigError
 from hamq.namesrv.server import serve_namesrv
@@ -160,9 +161,9 @@ def _spawn(args: list[str], root: Path, name: str) -> subprocess.Popen:
 
 
 def _wait_for_master(namesrv_addr: str, broker_name: str) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
+    deadline = monotonic_s() + READY_TIMEOUT_S
     with Admin(namesrv_addr) as admin:
-        while time.monotonic() < deadline:
+        while monotonic_s() < deadline:
             if broker_name in admin.master_addrs():
                 return
             time.sleep(0.1)
@@ -171,9 +172,9 @@ def _wait_for_master(namesrv_addr: str, broker_name: str) -> None:
 
 
 def _wait_ready(proc: subprocess.Popen, name: str) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        readable, _, _ = select.select([proc.stdout], [], [], deadline - time.monotonic())
+    deadline = monotonic_s() + READY_TIMEOUT_S
+    while monotonic_s() < deadline:
+        readable, _, _ = select.select([proc.stdout], [], [], deadline - monotonic_s())
         if not readable:
             break
         line = proc.stdout.readline()
@@ -192,10 +193,10 @@ def _stop_children(children: list[subprocess.Popen]) -> None:
     for child in reversed(children):
         if child.poll() is None:
             child.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
+    deadline = monotonic_s() + STOP_GRACE_S
     for child in reversed(children):
         try:
-            child.wait(max(0.1, deadline - time.monotonic()))
+            child.wait(max(0.1, deadline - monotonic_s()))
         except subprocess.TimeoutExpired:
             os.kill(child.pid, signal.SIGKILL)
             child.wait()

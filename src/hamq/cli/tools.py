@@ -5,13 +5,13 @@ import asyncio
 import base64
 import datetime
 import sys
-import time
 
 import click
 
 from hamq.aio import (AsyncAdmin, AsyncProducer, AsyncPushConsumer, ConsumeConcurrentlyStatus,
                       Message, MessageExt)
 from hamq.cli.common import emit, json_option, namesrv_option, run_async
+from hamq.clock import monotonic_s
 from hamq.errors import HamqError, MessageIllegal
 from hamq.protocol.properties import MAX_DELAY_LEVEL, validate_properties
 
@@ -224,14 +224,14 @@ async def consume(topic_name: str, group: str, from_beginning: bool, max_message
         raise
     consumer.subscribe(topic_name, expression)
     remaining = max_messages
-    last_message_at = time.monotonic()
+    last_message_at = monotonic_s()
     done = asyncio.Event()
 
     async def listener(messages: list[MessageExt]) -> ConsumeConcurrentlyStatus:
         nonlocal remaining, last_message_at
         for msg in messages:
             _print_message(msg, as_json)
-        last_message_at = time.monotonic()
+        last_message_at = monotonic_s()
         if remaining is not None:
             remaining -= len(messages)
             if remaining <= 0:
@@ -247,7 +247,7 @@ async def consume(topic_name: str, group: str, from_beginning: bool, max_message
                 await asyncio.wait_for(done.wait(), 0.2)
             except asyncio.TimeoutError:
                 pass
-            if timeout is not None and time.monotonic() - last_message_at > timeout:
+            if timeout is not None and monotonic_s() - last_message_at > timeout:
                 break
     finally:
         await consumer.shutdown()

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterable
 
 from hamq.client.core import MASTER_ID, ClientCore, TopicRoute
 from hamq.client.message import MessageQueue
+from hamq.clock import monotonic_s
 from hamq.errors import BrokerNotFound, NotLeader, TopicNotExist
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import unpack_body
@@ -48,7 +48,7 @@ class AsyncAdmin:
                "perm": perm}
         await asyncio.gather(*(self.core.invoke(addr, RequestCode.UPDATE_AND_CREATE_TOPIC, ext)
                                for addr in masters.values()))
-        deadline = time.monotonic() + wait_s
+        deadline = monotonic_s() + wait_s
         while True:
             try:
                 route = await self.core.route(topic, refresh=True)
@@ -57,7 +57,7 @@ class AsyncAdmin:
                     break
             except TopicNotExist:
                 pass
-            if time.monotonic() > deadline:
+            if monotonic_s() > deadline:
                 break
             await asyncio.sleep(0.05)
         return masters
@@ -140,8 +140,8 @@ class AsyncAdmin:
             raise BrokerNotFound(f"broker group {broker_name} has no leader right now")
         await self.core.invoke(leader, RequestCode.DLEDGER_TRANSFER_LEADERSHIP,
                                {"member_id": member_id})
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
+        deadline = monotonic_s() + wait_s
+        while monotonic_s() < deadline:
             await asyncio.sleep(0.1)
             entry = (await self.cluster_info())["broker_addr_table"].get(broker_name, {})
             new = {int(k): v for k, v in entry.get("broker_addrs", {}).items()}.get(0)

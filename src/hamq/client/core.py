@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from hamq.client.message import MessageQueue
+from hamq.clock import monotonic_s
 from hamq.errors import BrokerNotFound, ConnectionLost, HamqError, RequestTimeout, TopicNotExist
 from hamq.net.pool import ConnectionPool
 from hamq.protocol.codes import RequestCode, ResponseCode
@@ -44,7 +44,7 @@ class TopicRoute:
                 write += [MessageQueue(topic, name, i) for i in range(qd["write_queue_nums"])]
             if qd["perm"] & PERM_READ and brokers.get(name):
                 read += [MessageQueue(topic, name, i) for i in range(qd["read_queue_nums"])]
-        return TopicRoute(topic, tuple(write), tuple(read), brokers, time.monotonic())
+        return TopicRoute(topic, tuple(write), tuple(read), brokers, monotonic_s())
 
     def master_addr(self, broker_name: str) -> str | None:
         return self.brokers.get(broker_name, {}).get(MASTER_ID)
@@ -79,11 +79,11 @@ class ClientCore:
         self._unreachable: dict[str, float] = {}  # address -> avoid until (monotonic)
 
     def mark_unreachable(self, addr: str) -> None:
-        self._unreachable[addr] = time.monotonic() + FAULT_AVOID_S
+        self._unreachable[addr] = monotonic_s() + FAULT_AVOID_S
 
     def reachable(self, addr: str) -> bool:
         until = self._unreachable.get(addr)
-        if until is not None and until < time.monotonic():
+        if until is not None and until < monotonic_s():
             del self._unreachable[addr]
             return True
         return until is None
@@ -124,7 +124,7 @@ class ClientCore:
         be healthy, and a client must not stop because its name servers are down."""
         cached = self.routes.get(topic)
         if cached is not None and not refresh and \
-                time.monotonic() - cached.fetched_at < self.route_refresh_interval_s:
+                monotonic_s() - cached.fetched_at < self.route_refresh_interval_s:
             return cached
         try:
             frame = await self.invoke_namesrv(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
@@ -138,7 +138,7 @@ class ClientCore:
                         err.message)
             # Next attempt after another interval, so requests do not each wait on a
             # name server that is down.
-            cached = self.routes[topic] = replace(cached, fetched_at=time.monotonic())
+            cached = self.routes[topic] = replace(cached, fetched_at=monotonic_s())
             return cached
         route = TopicRoute.from_wire(topic, unpack_body(frame.body))
         self.routes[topic] = route

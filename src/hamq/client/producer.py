@@ -14,13 +14,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import time
 import zlib
 from collections.abc import Callable, Iterable
 
 from hamq.client.core import ClientCore, TopicRoute
 from hamq.client.message import (UNIQ_KEY_CHARS, Message, MessageQueue, SendResult,
                                  SendStatus)
+from hamq.clock import monotonic_s, wall_ms
 from hamq.errors import (ConnectionLost, HamqError, InvalidArgument, RequestTimeout,
                          ServiceNotAvailable, TopicNotExist)
 from hamq.net.connection import Connection
@@ -246,7 +246,7 @@ class AsyncProducer:
                                     "servers) and no broker auto-creates topics") from None
             route = TopicRoute(topic, tuple(MessageQueue(topic, q.broker_name, q.queue_id)
                                             for q in template.write_queues), (),
-                               template.brokers, time.monotonic())
+                               template.brokers, monotonic_s())
             self.core.routes[topic] = route
             self._stale.add(topic)  # look up the real route next time
         if not route.write_queues:
@@ -272,7 +272,7 @@ class AsyncProducer:
     @staticmethod
     def _ext(mq: MessageQueue, crc: int, count: int) -> dict:
         return {"topic": mq.topic, "queue_id": mq.queue_id, "count": count, "crc": crc,
-                "born_ts": int(time.time() * 1000)}
+                "born_ts": wall_ms()}
 
 
 __all__ = ["AsyncProducer"]

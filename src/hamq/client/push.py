@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import socket
-import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from hamq.client.core import ROUTE_REFRESH_INTERVAL_S, ClientCore
 from hamq.client.message import MessageExt, MessageQueue
 from hamq.client.rebalance import allocate_averagely, parse_tag_expression
 from hamq.client.retry import SendBack
+from hamq.clock import monotonic_s, wall_ms
 from hamq.errors import ConnectionLost, HamqError, InvalidArgument, TopicNotExist
 from hamq.net.connection import Connection
 from hamq.protocol.codes import RequestCode
@@ -140,7 +140,7 @@ class AsyncPushConsumer:
         self.message_model = message_model
         self.consume_from_where = consume_from_where
         self.consume_timestamp_ms = consume_timestamp_ms if consume_timestamp_ms is not None \
-            else int(time.time() * 1000) - CONSUME_TIMESTAMP_AGO_MS
+            else wall_ms() - CONSUME_TIMESTAMP_AGO_MS
         self.pull_batch_size = pull_batch_size
         self.consume_message_batch_max_size = consume_message_batch_max_size
         self.max_reconsume_times = max_reconsume_times
@@ -386,7 +386,7 @@ class AsyncPushConsumer:
             # RocketMQ: an orderly queue is taken only once its lock is ours, and its offset
             # read after that, so the previous owner's last commit is seen.
             await self._lock([pq])
-            if pq.locked_until < time.monotonic():
+            if pq.locked_until < monotonic_s():
                 self._refused.add(mq)  # asked again by _take_refused_loop, not a rebalance
                 return
             self._refused.discard(mq)
@@ -460,7 +460,7 @@ class AsyncPushConsumer:
             if self.orderly and not await self._ensure_locked(pq):
                 await asyncio.sleep(SUSPEND_CURRENT_QUEUE_S)
                 continue
-            wait_s = pq.retry_at - time.monotonic()
+            wait_s = pq.retry_at - monotonic_s()
             if pq.kept and wait_s <= 0:
                 await self._consume_batch(pq, self._reconsume_kept, pq)
                 continue
@@ -543,7 +543,7 @@ class AsyncPushConsumer:
         """A concurrent listener failed on ``chunk``: what could not be handed back is kept."""
         not_taken = await self._hand_back(pq, chunk)
         if not_taken and not pq.kept:
-            pq.retry_at = time.monotonic() + RECONSUME_KEPT_S
+            pq.retry_at = monotonic_s() + RECONSUME_KEPT_S
         pq.kept += not_taken
 
     async def _hand_back(self, pq: ProcessQueue, chunk: list[MessageExt]) -> list[MessageExt]:
@@ -573,16 +573,16 @@ class AsyncPushConsumer:
             elif statuses[i] is not ConsumeConcurrentlyStatus.CONSUME_SUCCESS:
                 still += await self._hand_back(pq, chunk)
         pq.kept = still
-        pq.retry_at = time.monotonic() + RECONSUME_KEPT_S
+        pq.retry_at = monotonic_s() + RECONSUME_KEPT_S
 
     async def _ensure_locked(self, pq: ProcessQueue) -> bool:
         """Orderly: hold the queue's broker lock. A lock that lapsed and is won back may have
         been someone else's meanwhile, so the offset moves up to the group's commit."""
-        if pq.locked_until >= time.monotonic() and pq.lock_conn is not None \
+        if pq.locked_until >= monotonic_s() and pq.lock_conn is not None \
                 and not pq.lock_conn.is_closed:
             return True
         await self._lock([pq])
-        if pq.locked_until < time.monotonic():
+        if pq.locked_until < monotonic_s():
             return False
         try:
             committed = await self.puller.fetch_offset(pq.mq)
@@ -638,7 +638,7 @@ class AsyncPushConsumer:
                 await self._add(mq)
 
     async def _lock(self, pqs: list[ProcessQueue]) -> None:
-        until = time.monotonic() + self.lock_max_live_s
+        until = monotonic_s() + self.lock_max_live_s
         async for group, frame, addr in self._lock_requests(RequestCode.LOCK_BATCH_MQ, pqs):
             held = {tuple(k) for k in unpack_body(frame.body) or []} if frame else set()
             conn = self.core.pool.get_ready(addr)

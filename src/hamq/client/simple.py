@@ -15,12 +15,12 @@ is acked at once and never returned, so it is consumed (and skipped) for the gro
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterable
 
 from hamq.client.core import ClientCore
 from hamq.client.message import MessageExt
 from hamq.client.rebalance import parse_tag_expression
+from hamq.clock import monotonic_s
 from hamq.errors import HamqError, InvalidArgument, ServiceNotAvailable
 from hamq.net.connection import Connection
 from hamq.protocol.codes import RequestCode, ResponseCode
@@ -77,9 +77,9 @@ class AsyncSimpleConsumer:
             await self.core.route(topic, refresh=True)
 
     async def close(self) -> None:
-        deadline = time.monotonic() + CLOSE_ACK_WAIT_S
+        deadline = monotonic_s() + CLOSE_ACK_WAIT_S
         while (self._pending_acks or self._ack_requests_in_flight) and \
-                time.monotonic() < deadline:
+                monotonic_s() < deadline:
             await asyncio.sleep(0.01)
         await self.core.close()
 

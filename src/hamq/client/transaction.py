@@ -19,7 +19,6 @@ import inspect
 import logging
 import os
 import socket
-import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from hamq.client.core import ROUTE_REFRESH_INTERVAL_S
 from hamq.client.message import PROPERTY_KEYS, PROPERTY_TAGS, Message, SendResult
 from hamq.client.producer import AsyncProducer
 from hamq.client.sync import _SyncFacade
+from hamq.clock import monotonic_s
 from hamq.errors import HamqError, InvalidArgument, RequestCodeNotSupported, ServiceNotAvailable
 from hamq.net.connection import Connection
 from hamq.protocol.codes import RequestCode
@@ -169,10 +169,10 @@ class AsyncTransactionProducer:
     async def _heartbeat_round(self) -> None:
         """Refresh the cluster's masters from the name server (as often as routes), then
         heartbeat to all of them; a name server that does not answer keeps the list."""
-        if time.monotonic() - self._masters_fetched_at >= ROUTE_REFRESH_INTERVAL_S:
+        if monotonic_s() - self._masters_fetched_at >= ROUTE_REFRESH_INTERVAL_S:
             try:
                 self._masters.update((await self._admin.master_addrs()).values())
-                self._masters_fetched_at = time.monotonic()
+                self._masters_fetched_at = monotonic_s()
             except HamqError as err:
                 log.warning("listing masters for producer group %s failed: %s", self.group,
                             err.message)

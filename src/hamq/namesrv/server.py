@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from pathlib import Path
 
+from hamq.clock import monotonic_ms
 from hamq.config import NamesrvConfig
 from hamq.errors import NoPermission, RequestCodeNotSupported, TopicNotExist
 from hamq.net.connection import Connection, response_pieces
@@ -21,10 +21,6 @@ from hamq.protocol.frame import Frame, pack_body, require_name
 from hamq.protocol.message import validate_topic
 
 log = logging.getLogger(__name__)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class NamesrvProcessor:
@@ -61,7 +57,7 @@ class NamesrvProcessor:
         try:
             changed = self.routes.register_broker(
                 reg.cluster_name, who.broker_name, who.broker_id, who.broker_addr,
-                reg.topic_configs, reg.data_version, _now_ms(), reg.timeout_ms, reg.ha_addr)
+                reg.topic_configs, reg.data_version, monotonic_ms(), reg.timeout_ms, reg.ha_addr)
         except NoPermission as err:
             log.warning("registration from %s refused: %s", conn.peer, err.message)
             raise
@@ -72,7 +68,7 @@ class NamesrvProcessor:
 
     def _broker_heartbeat(self, conn: Connection, frame: Frame) -> list | None:
         addr = address(frame.ext.get("broker_addr"), "broker_addr")
-        known = self.routes.broker_heartbeat(addr, _now_ms())
+        known = self.routes.broker_heartbeat(addr, monotonic_ms())
         if known:
             self.broker_conns[addr] = conn
         if frame.is_oneway:
@@ -93,7 +89,7 @@ class NamesrvProcessor:
     def scan_not_active_broker(self) -> None:
         live = dict(self.routes.live)
         groups = set()
-        for addr in self.routes.scan_not_active_broker(_now_ms()):
+        for addr in self.routes.scan_not_active_broker(monotonic_ms()):
             log.warning("broker %s silent past the timeout; removed from routes", addr)
             self.broker_conns.pop(addr, None)
             groups.add((live[addr].cluster_name, live[addr].broker_name))

@@ -23,11 +23,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from hamq.clock import monotonic_s
 from hamq.errors import BadFrame, ConnectionLost, HamqError, RequestTimeout
 from hamq.net.counts import COUNTS
 from hamq.net.held import FAIR_SHARE_BYTES, HeldBytes
@@ -117,7 +117,7 @@ class Connection(asyncio.BufferedProtocol):
         self.peer_host = peer[0] if peer else "?"
         if self.on_open is not None and not self.on_open(self):
             return
-        self._active_at = self._frame_started_at = asyncio.get_running_loop().time()
+        self._active_at = self._frame_started_at = monotonic_s()
         if self._max_pending_bytes is not None:
             # Writing pauses (and resume_writing serves what waited) before the bound is
             # reached, so a connection over its bound is always one the transport paused.
@@ -344,7 +344,7 @@ class Connection(asyncio.BufferedProtocol):
         if self.is_closed:
             callback(None, ConnectionLost(f"connection to {self.peer} is closed"))
             return
-        deadline = time.monotonic() + timeout_s
+        deadline = monotonic_s() + timeout_s
         if len(self._pending) >= MAX_INFLIGHT_REQUESTS:  # always so while any request waits
             self._waiting.append((deadline, code, callback, ext, body))
         else:
@@ -407,7 +407,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def _sweep(self) -> None:
         self._sweeper = None
-        now = time.monotonic()
+        now = monotonic_s()
         expired = [op for op, (deadline, _) in self._pending.items() if deadline <= now]
         callbacks = [self._pending.pop(opaque)[1] for opaque in expired]
         if self._waiting:

@@ -7,6 +7,7 @@ import signal
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
+from hamq.clock import monotonic_s
 from hamq.config import ServerConfig
 from hamq.errors import SystemBusy
 from hamq.net.connection import Connection, RequestHandler, split_address
@@ -84,7 +85,7 @@ class Server:
     def _sweep(self) -> None:
         """Close connections that are idle, or that began a frame and stopped sending it
         (slowloris); aborting drops whatever the peer did not read."""
-        now = asyncio.get_running_loop().time()
+        now = monotonic_s()
         idle_s = self.limits.connection_idle_timeout_ms / 1000
         frame_s = self.limits.frame_read_timeout_ms / 1000
         for conn in list(self.connections):

@@ -15,6 +15,7 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
 from hamq.client.message import MessageQueue
 from hamq.client.consumer import PullStatus
 from hamq.client.sync import Admin, PullConsumer
+from hamq.clock import monotonic_s
 from hamq.spark.arrow_codec import records_to_batch
 from hamq.spark.offsets import (OffsetSpec, QueueBounds, QueueRange, cap_to_limit,
                                 from_stream_offset, parse_queue_key, plan_ranges, queue_key,
@@ -84,8 +85,8 @@ def read_range(options: ReadOptions, part: QueueRange) -> Iterator[pa.RecordBatc
                         "; set failOnDataLoss=false to skip them")
                 offset = min(result.min_offset, part.end)
             else:
-                waited_since = waited_since or time.monotonic()
-                if time.monotonic() - waited_since > MISSING_DATA_RETRY_S:
+                waited_since = waited_since or monotonic_s()
+                if monotonic_s() - waited_since > MISSING_DATA_RETRY_S:
                     raise RuntimeError(
                         f"hamq queue {part.broker}:{part.queue_id} of {options.topic} did not "
                         f"serve offset {offset} (planned up to {part.end}) within "

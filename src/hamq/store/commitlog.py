@@ -18,7 +18,6 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -352,7 +351,3 @@ class _Window:
             self.buf = self.seg.file.pread(max(size, _SCAN_CHUNK_BYTES), pos - self.seg.start)
             self.start = pos
         return self.buf, pos - self.start
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
 
+from hamq.clock import monotonic_s
 from hamq.errors import BrokerSystemError
 from hamq.net.tasks import cancel_all, every
 from hamq.store.message_store import MessageStore
@@ -43,7 +43,7 @@ class FlushService:
         if offset <= self.store.commitlog.flushed_offset:
             callback(True)
             return
-        self._waiters.append((offset, time.monotonic() + self.timeout_s, callback))
+        self._waiters.append((offset, monotonic_s() + self.timeout_s, callback))
         self._wake.set()
 
     def start(self) -> None:
@@ -120,7 +120,7 @@ class FlushService:
 
     def _expire_waiters(self) -> None:
         # Deadlines grow with offsets (one timeout for all), so expired waiters are a prefix.
-        now = time.monotonic()
+        now = monotonic_s()
         waiters = self._waiters
         while waiters and waiters[0][1] <= now:
             waiters.popleft()[2](False)

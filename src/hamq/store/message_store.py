@@ -16,11 +16,12 @@ from enum import Enum
 from typing import NamedTuple, NoReturn
 from pathlib import Path
 
+from hamq.clock import wall_ms
 from hamq.config import StoreConfig
 from hamq.errors import BrokerSystemError, CrcMismatch, DiskFull, QueueNotExist
 from hamq.protocol.message import (RECORD_HEADER_BYTES, check_record_payload, encode_record_header,
                                    parse_record_header, peek_record_size, validate_topic)
-from hamq.store.commitlog import CommitLog, now_ms
+from hamq.store.commitlog import CommitLog
 from hamq.store.consume_queue import ConsumeQueue
 from hamq.store.disk import AFTER_FAILED_FSYNC, OS_DISK, Disk, atomic_write
 from hamq.store.metadata import ConsumerOffsetManager, TopicConfigManager
@@ -62,7 +63,7 @@ class WritesUndone(DiskFull):
 
 
 class MessageStore:
-    def __init__(self, config: StoreConfig, clock_ms: Callable[[], int] = now_ms, *,
+    def __init__(self, config: StoreConfig, clock_ms: Callable[[], int] = wall_ms, *,
                  disk: Disk = OS_DISK) -> None:
         self.config = config
         self.clock_ms = clock_ms

@@ -11,7 +11,6 @@ import asyncio
 import logging
 import os
 import random
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from hamq.broker.dledger.grouping import ProposalCallback
 from hamq.broker.dledger.wire import (KIND_DELETE_TOPIC, KIND_TOPIC, Command, decode_message,
                                       encode_command, encode_message)
 from hamq.broker.topics import TopicService, topic_args
+from hamq.clock import monotonic_ms, monotonic_s
 from hamq.config import BrokerConfig
 from hamq.errors import HamqError, InvalidArgument, NotLeader
 from hamq.net.connection import Connection, error_pieces, response_pieces
@@ -39,10 +39,6 @@ TICK_INTERVAL_S = 0.01
 # arrived together in one Ready, so more in flight means bigger writes.
 MAX_PENDING_PUSHES = 256
 RAFT_DIR = "dledger"
-
-
-def _now_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 def _ignore(result: PutResult | None, err: HamqError | None) -> None:
@@ -65,7 +61,7 @@ class DLedgerCommitLog:
                                  max_pending_pushes=MAX_PENDING_PUSHES)
         self.storage = FileStorage(Path(config.store_dir) / RAFT_DIR)
         self.core = DLedgerCore(raft_config, self.storage, store, topics,
-                                random.Random(os.urandom(8)), _now_ms(),
+                                random.Random(os.urandom(8)), monotonic_ms(),
                                 sync_appends=config.flush_disk_type == "sync",
                                 send=self._send_all, on_applied=on_applied,
                                 not_leader=self.not_leader)
@@ -74,7 +70,7 @@ class DLedgerCommitLog:
         self._pumping = False
         self._pump_again = False
         self.flush_interval_s = config.flush_interval_commitlog_ms / 1000
-        self._flushed_at = time.monotonic()
+        self._flushed_at = monotonic_s()
         self._flush_task: asyncio.Task | None = None
         self._pump_future: asyncio.Future | None = None
         self._stopping = False
@@ -200,10 +196,10 @@ class DLedgerCommitLog:
     # -- the Ready cycle ------------------------------------------------------------------------
     def _tick(self) -> None:
         if not self._pumping:  # the core applies a backlog on ticks: not mid-cycle
-            self.core.tick(_now_ms())
+            self.core.tick(monotonic_ms())
             self._maybe_flush()
         else:
-            self.core.node.tick(_now_ms())
+            self.core.node.tick(monotonic_ms())
         self._schedule_pump()
 
     def _schedule_pump(self) -> None:
@@ -225,7 +221,7 @@ class DLedgerCommitLog:
                     written = core.persist(cycle)
                 if not written:  # the core writes it again after a pause
                     break
-                core.finish_cycle(cycle, _now_ms())
+                core.finish_cycle(cycle, monotonic_ms())
                 self._pump_again = False
                 self._maybe_flush()
         except Exception:
@@ -249,7 +245,7 @@ class DLedgerCommitLog:
         in a worker thread the Ready cycle never waits for, like the commit log's flush
         thread. Only called between Readies (see ``DLedgerCore.begin_flush``)."""
         if self._flush_task is not None or \
-                time.monotonic() - self._flushed_at < self.flush_interval_s:
+                monotonic_s() - self._flushed_at < self.flush_interval_s:
             return
         self._flush_task = asyncio.ensure_future(self._flush())
 
@@ -262,7 +258,7 @@ class DLedgerCommitLog:
             self.core.flush_failed(job)
             log.exception("DLedger flush failed")
         finally:
-            self._flushed_at = time.monotonic()
+            self._flushed_at = monotonic_s()
             self._flush_task = None
 
     def _send_all(self, messages: list[Message]) -> None:

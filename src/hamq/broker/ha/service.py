@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import zlib
 from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterator, Sequence
 
 from hamq.broker.ha.member_group import MemberGroup
+from hamq.clock import monotonic_ms
 from hamq.config import BrokerConfig
 from hamq.errors import (CrcMismatch, HamqError, InSyncReplicasNotEnough,
                          RequestCodeNotSupported)
@@ -43,10 +43,6 @@ log = logging.getLogger(__name__)
 _WAITER_SWEEP_S = 0.02
 _HEADER_PEEK_BYTES = RECORD_HEADER_BYTES + MAX_TOPIC_LENGTH
 SLAVE_RECONNECT_DELAY_S = 0.5
-
-
-def _now_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 def quorum_of(config: BrokerConfig) -> QuorumConfig:
@@ -235,7 +231,7 @@ class HAMaster:
         return decision.need_ack_nums
 
     def wait_for_acks(self, end_offset: int, need_ack_nums: int, callback: AckCallback) -> None:
-        self.core.wait_for_acks(end_offset, need_ack_nums, _now_ms(),
+        self.core.wait_for_acks(end_offset, need_ack_nums, monotonic_ms(),
                                 self.config.sync_flush_timeout_ms, callback)
 
     def new_data(self) -> None:
@@ -246,7 +242,7 @@ class HAMaster:
     # -- RequestHandler (the HA port) -------------------------------------------------------
     def handle(self, conn: Connection, frame: Frame) -> list | None:
         if frame.code == RequestCode.HA_ACK:
-            _run(self.link.on_ack(conn, frame.ext, _now_ms()))
+            _run(self.link.on_ack(conn, frame.ext, monotonic_ms()))
             self._pump(conn)
             return None
         if frame.code == RequestCode.HA_HANDSHAKE:
@@ -257,7 +253,7 @@ class HAMaster:
         pass
 
     def _handshake(self, conn: Connection, frame: Frame) -> list:
-        reply, attached = self.link.handshake(conn, frame.ext, _now_ms())
+        reply, attached = self.link.handshake(conn, frame.ext, monotonic_ms())
         if attached is not None:
             broker_id = self.core.slaves[conn].broker_id
             for stale in attached.replaced:  # a half-open session of a slave that came back
@@ -290,7 +286,7 @@ class HAMaster:
         housekeeping_ms = self.config.ha_housekeeping_interval_ms
         while True:
             await asyncio.sleep(_WAITER_SWEEP_S)
-            now = _now_ms()
+            now = monotonic_ms()
             _run(self.core.expire_waiters(now))
             for conn in self.core.expire_silent(now, housekeeping_ms):
                 log.warning("slave %s silent for %d ms; closing", conn.peer, housekeeping_ms)

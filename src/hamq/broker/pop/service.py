@@ -32,6 +32,7 @@ from hamq.broker.pop.revive_log import KIND_CK, REVIVE_LOG_TOPIC, AckEntry, CkEn
 from hamq.broker.send_back import copy_properties, put_dead_letter
 from hamq.broker.stored_message import read_message
 from hamq.broker.topics import TopicService
+from hamq.clock import monotonic_ms
 from hamq.errors import HamqError, InvalidArgument, NoPermission
 from hamq.net.connection import Connection, error_pieces, response_pieces
 from hamq.net.tasks import cancel_all, every
@@ -66,7 +67,7 @@ class HeldPop:
     group: str
     topic: str
     queue_id: int  # -1: any queue of the topic
-    expires_ms: int
+    expires_ms: int  # monotonic: a poll time is a timeout, not a stored time
 
 
 class PopService:
@@ -232,7 +233,7 @@ class PopService:
         pieces = self._answer(frame, hold=poll_ms > 0 and self._may_hold(conn, topic, queue_id))
         if pieces is None:
             self.held.setdefault(topic, []).append(
-                HeldPop(conn, frame, group, topic, queue_id, self.store.clock_ms() + poll_ms))
+                HeldPop(conn, frame, group, topic, queue_id, monotonic_ms() + poll_ms))
             self._held_by_conn[conn] += 1
             self._held_by_queue[(topic, queue_id)] += 1
         return pieces
@@ -390,7 +391,7 @@ class PopService:
         due: dict[tuple[str, str], bool] = {}
 
         def wanted(h: HeldPop) -> bool:
-            if h.expires_ms <= now or h.topic in acked:
+            if h.expires_ms <= monotonic_ms() or h.topic in acked:
                 return True
             key = (h.group, h.topic)
             if key not in due:
@@ -425,7 +426,7 @@ class PopService:
                     still.append(h)
                     continue
                 try:
-                    pieces = self._answer(h.frame, hold=now < h.expires_ms)
+                    pieces = self._answer(h.frame, hold=monotonic_ms() < h.expires_ms)
                 except HamqError as err:
                     pieces = error_pieces(h.frame, err)
                 if pieces is None:
