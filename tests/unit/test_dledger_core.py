@@ -12,6 +12,7 @@ import pytest
 
 from hamq.broker.dledger.core import APPLY_RETRY_MS, PERSIST_RETRY_MS, DLedgerCore
 from hamq.broker.dledger.wire import KIND_DELETE_TOPIC, KIND_TOPIC, encode_command, encode_entry
+from hamq.broker.role import BrokerRole, RoleState
 from hamq.broker.topics import TopicService
 from hamq.config import StoreConfig
 from hamq.errors import NotLeader
@@ -34,7 +35,8 @@ class Member:
         self.now_ms = 0
         self.core = DLedgerCore(
             RaftConfig(1, (1,)), self.storage, self.store,
-            TopicService(self.store, 4, False, lambda: None, is_slave=True),
+            TopicService(self.store, RoleState(BrokerRole.SLAVE, 1), default_queue_nums=4,
+                         auto_create=False, on_change=lambda: None),
             random.Random(1), self.now_ms, sync_appends=False, send=lambda msgs: None,
             on_applied=lambda arrived: None, not_leader=NotLeader)
         self.answers: list[tuple[int, object]] = []  # (send number, result or error)

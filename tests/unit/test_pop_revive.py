@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from hamq.broker.pop.service import PopService
 from hamq.broker.pop.revive_log import ReviveLog
+from hamq.broker.pop.service import PopService
+from hamq.broker.role import BrokerRole, RoleState
 from hamq.broker.topics import TopicService
 from hamq.config import BrokerConfig
 from hamq.protocol.frame import Frame
@@ -23,12 +24,17 @@ TOPIC = "T"
 
 def open_broker(root, broker_name: str = "broker-a",
                 **store_kw) -> tuple[MessageStore, PopService]:
-    store = MessageStore(BrokerConfig(store_dir=str(root), broker_name=broker_name), **store_kw)
-    topics = TopicService(store, 2, False, lambda: None)
+    config = BrokerConfig(store_dir=str(root), broker_name=broker_name,
+                          long_polling_max_wait_ms=1000, pop_inflight_message_threshold=10_000,
+                          revive_interval_ms=1000)
+    store = MessageStore(config, **store_kw)
+    role = RoleState(BrokerRole.MASTER, 0)
+    topics = TopicService(store, role, default_queue_nums=2, auto_create=False,
+                          on_change=lambda: None)
     if store.topics.get(TOPIC) is None:
         topics.create(TOPIC, 2, 2, 6, notify=False)
-    pop = PopService(store, topics, FlushService(store), broker_name, 1000, 10_000, 1000,
-                     False, lambda: None, lambda topic, queue_id: None)
+    pop = PopService(store, topics, FlushService(store), role, config,
+                     on_written=lambda: None, on_put=lambda topic, queue_id: None)
     return store, pop
 
 

@@ -9,9 +9,10 @@ import random
 
 import pytest
 
+from hamq.broker.role import BrokerRole, RoleState
 from hamq.broker.schedule.service import ScheduleMessageService
-from hamq.broker.stored_message import read_messages
 from hamq.broker.schedule.timer_wheel import WINDOW
+from hamq.broker.stored_message import read_messages
 from hamq.broker.topics import TopicService
 from hamq.config import BrokerConfig
 from hamq.protocol.properties import PROPERTY_TIMER_DELIVER_MS
@@ -29,13 +30,16 @@ class Broker:
 
     def __init__(self, root, clock: list[int]) -> None:
         self.store = MessageStore(BrokerConfig(store_dir=str(root)), lambda: clock[0])
-        topics = TopicService(self.store, 1, False, lambda: None)
+        topics = TopicService(self.store, RoleState(BrokerRole.MASTER, 0), default_queue_nums=1,
+                              auto_create=False, on_change=lambda: None)
         if self.store.topics.get(TOPIC) is None:
             topics.create(TOPIC, 1, 1, 6, notify=False)
         self.schedule = ScheduleMessageService(self.store, FlushService(self.store),
-                                               lambda topic, queue_id: None,
-                                               self.store.commit, 10**6)
-        self.schedule.start(deliver=True)
+                                               on_put=lambda topic, queue_id: None,
+                                               after_put=self.store.commit,
+                                               flush_interval_ms=10**6)
+        self.schedule.start()
+        self.schedule.start_delivery()
 
     def delivered(self) -> list[str]:
         """Bodies stored in the real topic, in order."""

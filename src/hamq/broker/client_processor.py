@@ -32,7 +32,7 @@ class ClientProcessor:
     def heart_beat(self, conn: Connection, frame: Frame) -> list | None:
         heartbeat = parse_heartbeat(unpack_body(frame.body))
         self.clients.heart_beat(conn, heartbeat, monotonic_ms())
-        if not self.topics.is_slave:  # slaves copy topics; DLedger replicates them first
+        if self.topics.role.is_master:  # slaves copy topics; DLedger replicates them first
             for entry in heartbeat.consumer_groups:
                 if entry.message_model == "clustering":
                     self._ensure_retry_topic(RETRY_GROUP_TOPIC_PREFIX + entry.group)

@@ -9,11 +9,11 @@ import functools
 import logging
 from dataclasses import asdict
 
+from hamq.broker.role import RoleState
 from hamq.config import BrokerConfig
 from hamq.errors import HamqError
-from hamq.net.counts import COUNTS
 from hamq.net.pool import ConnectionPool
-from hamq.net.tasks import every
+from hamq.net.tasks import PeriodicTask
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import pack_body
 from hamq.store.metadata import TopicConfigManager
@@ -23,58 +23,45 @@ log = logging.getLogger(__name__)
 
 class NamesrvRegistration:
     def __init__(self, config: BrokerConfig, topics: TopicConfigManager,
-                 pool: ConnectionPool) -> None:
+                 pool: ConnectionPool, role: RoleState) -> None:
         self.config = config
         self.topics = topics
         self.pool = pool
-        # Changes at run time in DLedger mode: 0 while this member leads its group.
-        self.broker_id = config.broker_id
-        self._register_now = asyncio.Event()
+        self.role = role  # the id registered follows it: 0 while this member is the master
         # Name servers that refused the last registration: a fellow member still holds
         # our id (DLedger: the old leader has not gone silent yet), so it is asked again
         # at the next heartbeat rather than in register_broker_interval_ms.
         self._refused: set[str] = set()
-        self._tasks: list[asyncio.Task] = []
+        self._rounds = [PeriodicTask(f"heartbeat to name server {addr}",
+                                     config.broker_heartbeat_interval_ms / 1000,
+                                     functools.partial(self._heartbeat, addr))
+                        for addr in config.namesrv]
+        # a full registration every interval, and at once when asked (request_register)
+        self._rounds.append(PeriodicTask("registration with the name servers",
+                                         config.register_broker_interval_ms / 1000,
+                                         self._register_all, ()))
 
     @property
     def identity(self) -> dict:
         c = self.config
         return {"cluster_name": c.cluster_name, "broker_name": c.broker_name,
-                "broker_id": self.broker_id, "broker_addr": c.listen}
+                "broker_id": self.role.registered_id, "broker_addr": c.listen}
 
     def request_register(self) -> None:
-        self._register_now.set()
+        self._rounds[-1].wake()
 
     async def start(self) -> None:
-        await asyncio.gather(*(self._register(addr) for addr in self.config.namesrv))
-        self._tasks = [asyncio.create_task(self._heartbeat_loop(addr))
-                       for addr in self.config.namesrv]
-        self._tasks.append(asyncio.create_task(self._register_loop()))
+        await self._register_all()
+        for task in self._rounds:
+            task.start()
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(task.stop() for task in self._rounds))
         await asyncio.gather(*(self._call(addr, RequestCode.UNREGISTER_BROKER, self.identity)
                                for addr in self.config.namesrv), return_exceptions=True)
 
-    async def _register_loop(self) -> None:
-        interval_s = self.config.register_broker_interval_ms / 1000
-        while True:
-            try:
-                await asyncio.wait_for(self._register_now.wait(), interval_s)
-            except asyncio.TimeoutError:
-                pass
-            self._register_now.clear()
-            try:
-                await asyncio.gather(*(self._register(addr) for addr in self.config.namesrv))
-            except Exception:  # a bug must not stop registering for good
-                COUNTS.internal_errors += 1
-                log.exception("registration with the name servers failed")
-
-    async def _heartbeat_loop(self, addr: str) -> None:
-        await every(self.config.broker_heartbeat_interval_ms / 1000,
-                    functools.partial(self._heartbeat, addr))
+    async def _register_all(self) -> None:
+        await asyncio.gather(*(self._register(addr) for addr in self.config.namesrv))
 
     async def _heartbeat(self, addr: str) -> None:
         if addr in self._refused:

@@ -20,7 +20,6 @@ from hamq.replication.master import ReplicaStatus
 from hamq.store.flush import FlushService
 from hamq.store.message_store import MessageStore, PutResult
 
-
 _CODE_BY_REPLICA_STATUS = {
     ReplicaStatus.PUT_OK: ResponseCode.SUCCESS,
     ReplicaStatus.FLUSH_SLAVE_TIMEOUT: ResponseCode.FLUSH_SLAVE_TIMEOUT,
@@ -37,7 +36,7 @@ class SendProcessor:
         self.topics = topics
         self.flush = flush
         self.on_put = on_put  # wakes pulls held on the queue
-        self.ha = ha          # None on a slave (which refuses sends before getting here)
+        self.ha = ha          # None in DLedger mode; a slave refuses sends before it
         self.put_held_back = put_held_back  # delay, timer, half messages (broker/held_back.py)
         self.dledger = dledger  # DLedger mode: sends are Raft proposals
         self.max_message_bytes = store.config.max_message_size

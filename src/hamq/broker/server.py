@@ -10,21 +10,22 @@ from wsgiref.simple_server import WSGIServer
 from hamq.broker.client_processor import ClientProcessor
 from hamq.broker.clients import ClientManager
 from hamq.broker.dledger.driver import DLedgerCommitLog
+from hamq.broker.ha.member_group import MASTER_ID, MemberGroup
 from hamq.broker.ha.service import HAMaster, HASlave
+from hamq.broker.ha.slave_sync import SlaveSynchronize
 from hamq.broker.held_back import HeldBackPut
 from hamq.broker.locks import RebalanceLockManager
-from hamq.broker.ha.member_group import MemberGroup
-from hamq.broker.processor import BrokerProcessor
 from hamq.broker.pop.service import PopService
+from hamq.broker.processor import BrokerProcessor
 from hamq.broker.pull import PullProcessor
 from hamq.broker.registration import NamesrvRegistration
+from hamq.broker.role import BrokerRole, RoleService, RoleServices, RoleState
 from hamq.broker.schedule.service import ScheduleMessageService
 from hamq.broker.send import SendProcessor
 from hamq.broker.send_back import ConsumerSendMsgBackProcessor
 from hamq.broker.topics import TopicService
-from hamq.broker.ha.slave_sync import SlaveSynchronize
-from hamq.broker.transaction.service import TransactionalMessageService
 from hamq.broker.transaction.check import TransactionalMessageCheckService
+from hamq.broker.transaction.service import TransactionalMessageService
 from hamq.clock import monotonic_ms, wall_ms
 from hamq.config import BrokerConfig
 from hamq.errors import RequestCodeNotSupported
@@ -32,6 +33,7 @@ from hamq.net.connection import Connection
 from hamq.net.metrics import gauge, serve_metrics
 from hamq.net.pool import ConnectionPool
 from hamq.net.server import Server
+from hamq.net.tasks import PeriodicTask
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import Frame
 from hamq.store.flush import FlushService
@@ -59,44 +61,49 @@ class _NamesrvRequests:
 
 
 class Broker:
+    """One member of a broker group: the store, the request processors, replication (HA or
+    DLedger) and the services that follow the member's role (``broker/role.py``)."""
+
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.started_ms = wall_ms()
         self.dledger_mode = config.replication_mode == "dledger"
         # A DLedger member starts as a follower; it takes writes only once elected.
-        self.is_slave = config.broker_role == "slave" or self.dledger_mode
+        starts_as_slave = config.broker_role == "slave" or self.dledger_mode
+        self.role = RoleState(BrokerRole.SLAVE if starts_as_slave else BrokerRole.MASTER,
+                              config.dledger_self_id if self.dledger_mode else config.broker_id,
+                              None if starts_as_slave else config.listen)
+
+        # -- the store, the group, the name servers -------------------------------------
         self.store = MessageStore(config)
         self.flush = FlushService(self.store)
         self.pool = ConnectionPool()
         self.members = MemberGroup(config, self.pool)
+        self.members.on_change.append(self._follow_master)
         self.pool.handler = _NamesrvRequests(self.members)
-        self.registration = NamesrvRegistration(config, self.store.topics, self.pool)
-        if self.dledger_mode:
-            self.registration.broker_id = config.dledger_self_id
-        self.topics = TopicService(self.store, config.default_topic_queue_nums,
-                                   config.auto_create_topic_enable,
-                                   self.registration.request_register, self.is_slave)
+        self.registration = NamesrvRegistration(config, self.store.topics, self.pool, self.role)
+        self.topics = TopicService(self.store, self.role,
+                                   default_queue_nums=config.default_topic_queue_nums,
+                                   auto_create=config.auto_create_topic_enable,
+                                   on_change=self.registration.request_register)
+
+        # -- replication: Raft in DLedger mode, else an HA master and client (one runs) ----
+        self.dledger = DLedgerCommitLog(config, self.store, self.topics, self._arrived,
+                                        self._on_leadership) if self.dledger_mode else None
+        self.ha_master = None if self.dledger_mode else \
+            HAMaster(config, self.store, self.members)
+        self.ha_slave = None if self.dledger_mode else \
+            HASlave(config, self.store, self.members, self._replicated)
+        on_written = self.ha_master.new_data if self.ha_master else _nothing
+
+        # -- request processors -----------------------------------------------------------
         self.pull = PullProcessor(self.store, self.topics, config.long_polling_max_wait_ms)
-        self.schedule = ScheduleMessageService(self.store, self.flush, self.pull.message_arrived,
-                                               lambda: self.processor.after_batch(),
-                                               config.flush_delay_offset_interval_ms)
-        self.transactions = TransactionalMessageService(self.store, self.flush,
-                                                        self.pull.message_arrived,
-                                                        self.is_slave)
-        self.dledger = DLedgerCommitLog(config, self.store, self.topics, self._replicated,
-                                        self._on_role_change) if self.dledger_mode else None
-        if self.is_slave:
-            self.ha_master = None
-            self.ha_slave = None if self.dledger_mode else \
-                HASlave(config, self.store, self.members, self._replicated)
-            self.slave_sync = SlaveSynchronize(self.store, self.topics, self.members, self.pool,
-                                               config.slave_sync_interval_ms,
-                                               self.schedule.progress,
-                                               # DLedger: topics come only from the log
-                                               sync_topics=not self.dledger_mode)
-        else:
-            self.ha_master = HAMaster(config, self.store, self.members)
-            self.ha_slave = self.slave_sync = None
+        self.schedule = ScheduleMessageService(
+            self.store, self.flush, on_put=self.pull.message_arrived,
+            after_put=lambda: self.processor.after_batch(),
+            flush_interval_ms=config.flush_delay_offset_interval_ms)
+        self.transactions = TransactionalMessageService(self.store, self.flush, self.role,
+                                                        on_put=self.pull.message_arrived)
         send = SendProcessor(self.store, self.topics, self.flush, self.pull.message_arrived,
                              self.ha_master, HeldBackPut(self.schedule, self.transactions),
                              self.dledger)
@@ -105,7 +112,7 @@ class Broker:
         self.processor = BrokerProcessor(
             self.store, self.topics, send, self.pull,
             ClientProcessor(self.store, self.topics, self.clients, self.locks), self.runtime_info,
-            self.ha_master.new_data if self.ha_master else lambda: None)
+            on_written)
         send_back = ConsumerSendMsgBackProcessor(self.store, self.topics, self.schedule,
                                                  self.flush, self.pull.message_arrived)
         self.processor.register({
@@ -114,16 +121,9 @@ class Broker:
             RequestCode.END_TRANSACTION: self.transactions.end_transaction,
         })
         self.transaction_check = TransactionalMessageCheckService(
-            self.transactions, self.clients, self.processor.after_batch,
-            config.transaction_check_interval_ms, config.transaction_timeout_ms,
-            config.transaction_check_max)
-        self.pop = PopService(self.store, self.topics, self.flush, config.broker_name,
-                              config.long_polling_max_wait_ms,
-                              config.pop_inflight_message_threshold, config.revive_interval_ms,
-                              self.is_slave,
-                              self.ha_master.new_data if self.ha_master else lambda: None,
-                              self.pull.message_arrived, config.max_held_pops_per_connection,
-                              config.max_held_pops_per_queue)
+            self.transactions, self.clients, config, after_put=self.processor.after_batch)
+        self.pop = PopService(self.store, self.topics, self.flush, self.role, config,
+                              on_written=on_written, on_put=self.pull.message_arrived)
         self.processor.register(self.pop.handlers())
         self.pull.watch_arrivals(self.pop.held, self.pop.serve_arrivals)
         self.topics.on_delete.append(self.pop.forget_topic)
@@ -132,43 +132,90 @@ class Broker:
                 RequestCode.DLEDGER_TRANSFER_LEADERSHIP: self.dledger.handle_transfer,
                 RequestCode.UPDATE_AND_CREATE_TOPIC: self.dledger.create_topic,
                 RequestCode.DELETE_TOPIC_IN_BROKER: self.dledger.delete_topic,
-                **{code: _not_in_dledger for code in DLEDGER_UNSUPPORTED}})
+                **dict.fromkeys(DLEDGER_UNSUPPORTED, _not_in_dledger)})
+        self.slave_sync = SlaveSynchronize(self.store, self.topics, self.members, self.pool,
+                                           self.schedule.progress,
+                                           interval_ms=config.slave_sync_interval_ms,
+                                           # DLedger: topics come only from the log
+                                           sync_topics=not self.dledger_mode)
+        self.role.services = self._role_services()
+
         self.server = Server(self.processor, config)
         self.server.on_connection_closed.append(self.clients.connection_closed)
-        self._housekeeping: asyncio.Task | None = None
+        self._housekeeping = PeriodicTask("client housekeeping", CLIENT_SCAN_INTERVAL_S,
+                                          self._scan_clients)
+        self._role_changes: set[asyncio.Task] = set()
         self.metrics: WSGIServer | None = None
 
-    def _replicated(self, arrived: list[tuple[str, int]]) -> None:
-        topics = self.store.topics.topics
+    def _role_services(self) -> RoleServices:
+        """What starts and stops with the role, in start order (``broker/role.py`` has the
+        order and why). DLedger mode: Raft replicates the log, so there is no HA master or
+        client; the broker-internal writers (delay delivery, transaction check-back, pop
+        revive) would bypass Raft, so their requests are refused and they never run."""
+        slave_sync = RoleService("slave_sync", self.slave_sync.start, self.slave_sync.stop)
+        after_change = [self.registration.request_register]
+        if self.ha_master is None or self.ha_slave is None:
+            return RoleServices(master=[], slave=[slave_sync], after_change=after_change)
+        return RoleServices(
+            master=[RoleService("ha_master", self.ha_master.start, self.ha_master.stop),
+                    RoleService("delay_delivery", self.schedule.start_delivery,
+                                self.schedule.stop_delivery),
+                    RoleService("transaction_check", self.transaction_check.start,
+                                self.transaction_check.stop),
+                    RoleService("pop_revive", self.pop.start, self.pop.stop)],
+            slave=[RoleService("ha_client", self.ha_slave.start, self.ha_slave.stop),
+                   slave_sync],
+            after_change=after_change)
+
+    def _arrived(self, arrived: list[tuple[str, int]]) -> None:
+        """Records written by replication (HA transfer, DLedger apply): wake held pulls."""
         for topic, queue_id in arrived:
             self.pull.message_arrived(topic, queue_id)
-            if topic not in topics and self.is_slave and not self.dledger_mode:
-                self.slave_sync.request_sync()  # a new topic: fetch its config now
         self.pull.serve_arrivals()
 
-    def _on_role_change(self, leader: bool) -> None:
-        """DLedger: the leader registers as the group's master (brokerId 0), so producers
-        and consumers follow it within one route refresh."""
-        self.is_slave = self.topics.is_slave = not leader
-        self.registration.broker_id = 0 if leader else self.config.dledger_self_id
-        self.registration.request_register()
+    def _replicated(self, arrived: list[tuple[str, int]]) -> None:
+        self._arrived(arrived)
+        topics = self.store.topics.topics
+        if any(topic not in topics for topic, _ in arrived):
+            self.slave_sync.request_sync()  # a new topic: fetch its config now
+
+    def _follow_master(self) -> None:
+        self.role.follow(self.members.broker_addrs.get(MASTER_ID))
+
+    def _on_leadership(self, leader: bool) -> None:
+        """DLedger: the leader is the group's master (brokerId 0), so producers and
+        consumers follow it within one route refresh; its epoch is the Raft term. Called
+        from the Raft tick: the change runs as a task of its own, serialised by the role
+        state."""
+        change = self.role.change(BrokerRole.MASTER, self.config.listen,
+                                  epoch=self.dledger.node.term) if leader else \
+            self.role.change(BrokerRole.SLAVE, self.members.broker_addrs.get(MASTER_ID))
+        task = asyncio.create_task(change)
+        self._role_changes.add(task)
+        task.add_done_callback(self._role_changes.discard)
 
     def runtime_info(self) -> dict:
         log_ = self.store.commitlog
         return {
             "cluster_name": self.config.cluster_name, "broker_name": self.config.broker_name,
-            "broker_id": self.registration.broker_id,
+            "broker_id": self.role.registered_id,
             "broker_role": ("leader" if self.dledger.is_leader else "follower")
             if self.dledger else self.config.broker_role,
+            "role": self.role.info(),
             "listen": self.config.listen, "pid": os.getpid(), "started_ms": self.started_ms,
             "commitlog_min_offset": log_.min_offset, "commitlog_max_offset": log_.max_offset,
             "commitlog_flushed_offset": log_.flushed_offset,
             "flush_disk_type": self.config.flush_disk_type,
             "topics": len(self.store.topics.topics), "connections": len(self.server.connections),
             "alive_replicas": self.members.alive_replicas,
-            "ha": self.dledger.status() if self.dledger else
-            self.ha_master.status() if self.ha_master else self.ha_slave.status(),
+            "ha": self._ha_status(),
         }
+
+    def _ha_status(self) -> dict:
+        if self.dledger is not None:
+            return self.dledger.status()
+        ha = self.ha_master if self.role.is_master else self.ha_slave
+        return ha.status() if ha is not None else {}
 
     async def start(self) -> None:
         await self.server.start(self.config.listen)
@@ -182,58 +229,43 @@ class Broker:
                   lambda: len(self.server.connections))
             gauge("hamq_alive_replicas", "Members of this group the name server holds alive",
                   lambda: self.members.alive_replicas)
-        if self.ha_master is not None:
-            await self.ha_master.start()
         if self.dledger is not None:
             await self.dledger.start()
         self.flush.start()
+        self.schedule.start()
         await self.registration.start()
-        await self.members.sync_once()
+        await self.members.sync_once()  # a slave needs its master's address
         self.members.start()
-        self.schedule.start(deliver=not self.is_slave)
-        if not self.is_slave:
-            self.transactions.start()
-            self.transaction_check.start()
-        self._housekeeping = asyncio.create_task(self._scan_clients())
-        self.pop.start()
-        if self.slave_sync is not None:
-            await self.slave_sync.sync_once()
-            self.slave_sync.start()
-        if self.ha_slave is not None:
-            self.ha_slave.start()
+        self._housekeeping.start()
+        await self.role.start()
         log.info("broker %s/%d listening on %s", self.config.broker_name, self.config.broker_id,
                  self.config.listen)
 
-    async def _scan_clients(self) -> None:
-        while True:
-            await asyncio.sleep(CLIENT_SCAN_INTERVAL_S)
-            self.clients.scan_expired(monotonic_ms())
-            self.locks.remove_expired(monotonic_ms())
+    def _scan_clients(self) -> None:
+        self.clients.scan_expired(monotonic_ms())
+        self.locks.remove_expired(monotonic_ms())
 
     async def stop(self) -> None:
         """Clean shutdown: stop serving, flush and checkpoint, deregister."""
-        if self._housekeeping is not None:
-            self._housekeeping.cancel()
+        await self._housekeeping.stop()
         await self.registration.stop()
         await self.members.stop()
         if self.dledger is not None:
             await self.dledger.stop()
-        if self.ha_slave is not None:
-            await self.ha_slave.stop()
-        if self.slave_sync is not None:
-            await self.slave_sync.stop()
+        await asyncio.gather(*self._role_changes)  # each runs to its end, then all stop
+        await self.role.stop()
         await self.schedule.stop()
-        await self.transaction_check.stop()
-        await self.pop.stop()
         self.pull.close()
         await self.server.close()
-        if self.ha_master is not None:
-            await self.ha_master.stop()
         await self.flush.stop()
         self.store.close()
         if self.metrics is not None:
             self.metrics.shutdown()
         await self.pool.close()
+
+
+def _nothing() -> None:
+    """No HA master to ship new log bytes to (DLedger mode)."""
 
 
 # Features whose broker-side writes do not go through Raft yet; refused on DLedger groups.

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hamq.broker.pop.revive_log import REVIVE_LOG_TOPIC
+from hamq.broker.role import RoleState
 from hamq.broker.schedule.service import SCHEDULE_TOPIC
 from hamq.broker.transaction.service import HALF_TOPIC, OP_HALF_TOPIC
 from hamq.errors import InvalidArgument, NoPermission, QueueNotExist, TopicNotExist
@@ -44,22 +45,22 @@ def topic_args(ext: dict, default_queue_nums: int) -> tuple[str, int, int, int]:
 
 
 class TopicService:
-    def __init__(self, store: MessageStore, default_queue_nums: int, auto_create: bool,
-                 on_change: Callable[[], None], is_slave: bool = False) -> None:
+    def __init__(self, store: MessageStore, role: RoleState, *, default_queue_nums: int,
+                 auto_create: bool, on_change: Callable[[], None]) -> None:
         self.store = store
-        self.is_slave = is_slave  # slaves take topics from their master, never from admins
+        self.role = role  # slaves take topics from their master, never from admins
         self.default_queue_nums = default_queue_nums
         self.auto_create = auto_create
         self.on_change = on_change  # re-register with the name servers
         self.on_delete: list[Callable[[str], None]] = []  # state kept per topic elsewhere
-        if auto_create and not is_slave and \
+        if auto_create and role.is_master and \
                 store.topics.get(AUTO_CREATE_TOPIC_KEY_TOPIC) is None:
             self.create(AUTO_CREATE_TOPIC_KEY_TOPIC, default_queue_nums, default_queue_nums,
                         PERM_READ_WRITE, notify=False)
 
     def create(self, topic: str, read_queue_nums: int, write_queue_nums: int, perm: int,
                notify: bool = True) -> TopicConfig:
-        if self.is_slave:
+        if not self.role.is_master:
             raise NoPermission("this broker is a slave: create topics on the group's master")
         return self.install(self.build(topic, read_queue_nums, write_queue_nums, perm), notify)
 
@@ -85,7 +86,7 @@ class TopicService:
         return config
 
     def delete(self, topic: str) -> None:
-        if self.is_slave:
+        if not self.role.is_master:
             raise NoPermission("this broker is a slave: delete topics on the group's master")
         self.remove(topic)
 
@@ -100,7 +101,7 @@ class TopicService:
     def for_write(self, topic: str, queue_id: int) -> TopicConfig:
         """A client's send: the topic must exist (or be auto-created), be writable and not
         be a system topic."""
-        if self.is_slave:
+        if not self.role.is_master:
             raise NoPermission("this broker is a slave and does not accept writes; send to "
                                "the group's master")
         config = self.store.topics.get(topic)
@@ -129,7 +130,7 @@ class TopicService:
 
     def for_read(self, topic: str, queue_id: int) -> TopicConfig:
         config = self.store.topics.get(topic)
-        if config is None and self.is_slave and (topic, queue_id) in self.store.queues:
+        if config is None and not self.role.is_master and (topic, queue_id) in self.store.queues:
             # Replicated data of a topic whose config has not been synced from the master
             # yet (it may never be, if the master just died): what is here is readable.
             return TopicConfig(topic, queue_id + 1, 0, PERM_READ)

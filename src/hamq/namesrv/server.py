@@ -10,12 +10,12 @@ from pathlib import Path
 from hamq.clock import monotonic_ms
 from hamq.config import NamesrvConfig
 from hamq.errors import NoPermission, RequestCodeNotSupported, TopicNotExist
+from hamq.namesrv.requests import address, member, registration
+from hamq.namesrv.routes import RouteInfoManager
 from hamq.net.connection import Connection, response_pieces
 from hamq.net.metrics import gauge, serve_metrics
 from hamq.net.server import Server
-from hamq.net.tasks import cancel_all, every
-from hamq.namesrv.requests import address, member, registration
-from hamq.namesrv.routes import RouteInfoManager
+from hamq.net.tasks import PeriodicTask
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, pack_body, require_name
 from hamq.protocol.message import validate_topic
@@ -144,10 +144,12 @@ async def serve_namesrv(config: NamesrvConfig, stop: asyncio.Event) -> None:
               lambda: len(processor.routes.topic_queue_table))
     log.info("name server listening on %s", config.listen)
     print(json.dumps({"event": "ready", "role": "namesrv", "listen": config.listen}), flush=True)
-    scan = asyncio.create_task(every(config.scan_not_active_broker_interval_ms / 1000,
-                                     processor.scan_not_active_broker))
+    scan = PeriodicTask("scan of silent brokers",
+                        config.scan_not_active_broker_interval_ms / 1000,
+                        processor.scan_not_active_broker)
+    scan.start()
     await stop.wait()
-    await cancel_all([scan])
+    await scan.stop()
     await server.close()
     if metrics is not None:
         metrics.shutdown()

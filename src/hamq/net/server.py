@@ -13,7 +13,7 @@ from hamq.errors import SystemBusy
 from hamq.net.connection import Connection, RequestHandler, split_address
 from hamq.net.counts import COUNTS
 from hamq.net.held import HeldBytes
-from hamq.net.tasks import cancel_all, every
+from hamq.net.tasks import PeriodicTask
 from hamq.protocol.codes import Flag
 from hamq.protocol.frame import encode_frame
 
@@ -37,7 +37,7 @@ class Server:
         # Called when a connection closes (client registries forget what it registered).
         self.on_connection_closed: list[Callable[[Connection], None]] = []
         self._server: asyncio.base_events.Server | None = None
-        self._sweep_task: asyncio.Task | None = None
+        self._sweep: PeriodicTask | None = None
 
     async def start(self, address: str) -> None:
         host, port = split_address(address)
@@ -46,8 +46,9 @@ class Server:
                                                 reuse_address=True, backlog=1024)
         limits = self.limits
         shortest_s = min(limits.connection_idle_timeout_ms, limits.frame_read_timeout_ms) / 1000
-        self._sweep_task = asyncio.create_task(
-            every(min(SWEEP_INTERVAL_MAX_S, shortest_s / 4), self._sweep))
+        self._sweep = PeriodicTask("connection timeout sweep",
+                                   min(SWEEP_INTERVAL_MAX_S, shortest_s / 4), self._sweep_timeouts)
+        self._sweep.start()
 
     def _new_connection(self) -> Connection:
         return Connection(self.handler, on_close=self._closed, on_open=self._admit,
@@ -82,7 +83,7 @@ class Server:
         for callback in self.on_connection_closed:
             callback(conn)
 
-    def _sweep(self) -> None:
+    def _sweep_timeouts(self) -> None:
         """Close connections that are idle, or that began a frame and stopped sending it
         (slowloris); aborting drops whatever the peer did not read."""
         now = monotonic_s()
@@ -96,7 +97,8 @@ class Server:
                 conn.transport.abort()
 
     async def close(self) -> None:
-        await cancel_all([self._sweep_task])
+        if self._sweep is not None:
+            await self._sweep.stop()
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):

@@ -12,24 +12,77 @@ from hamq.net.counts import COUNTS
 log = logging.getLogger(__name__)
 
 
-async def every(interval_s: float, duty: Callable[[], object],
-                errors: tuple[type[BaseException], ...] = (OSError,)) -> None:
-    """Run ``duty`` (sync or async) every ``interval_s``. ``errors`` are expected (a full
-    disk must not stop the flusher for good) and logged; any other exception is a bug:
-    logged with its traceback, counted, and the duty runs again at the next interval, so
-    one bad record or reply never stops a background service for good."""
-    name = getattr(duty, "__qualname__", duty)
-    while True:
-        await asyncio.sleep(interval_s)
+class PeriodicTask:
+    """Runs ``duty`` (sync or async) every ``interval_s`` in a task of its own, from
+    ``start()`` until ``stop()``; it can be started again after a stop (a service that
+    follows the member's role does that). ``errors`` are expected (a full disk must not
+    stop the flusher for good) and logged; any other exception is a bug: logged with its
+    traceback and the task's name, counted, and the duty runs again at the next interval,
+    so one bad record or reply never stops a background service for good.
+
+    ``wake()`` runs the duty now instead of at the end of the interval (a wake during a
+    run makes the next run follow at once); the interval then starts again. The pause is
+    one timer per interval, like ``asyncio.sleep``, so a 10 ms tick costs no more."""
+
+    def __init__(self, name: str, interval_s: float, duty: Callable[[], object],
+                 errors: tuple[type[BaseException], ...] = (OSError,)) -> None:
+        self.name = name
+        self.interval_s = interval_s
+        self.duty = duty
+        self.errors = errors
+        self._task: asyncio.Task | None = None
+        self._pause: asyncio.Future | None = None  # set while waiting for the next run
+        self._woken = False
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name=self.name)
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        await cancel_all([task])
+
+    def wake(self) -> None:
+        if self._pause is not None:  # waiting: end the wait (once, however often woken)
+            _release(self._pause)
+        else:  # running the duty (or not started): run again right after
+            self._woken = True
+
+    async def _loop(self) -> None:
+        while True:
+            await self._wait()
+            try:
+                result = self.duty()
+                if inspect.isawaitable(result):
+                    await result
+            except self.errors as exc:
+                log.error("%s failed: %s", self.name, exc)
+            except Exception:
+                COUNTS.internal_errors += 1
+                log.exception("%s failed on a bug; running it again in %.3g s", self.name,
+                              self.interval_s)
+
+    async def _wait(self) -> None:
+        if self._woken:
+            self._woken = False
+            return
+        loop = asyncio.get_running_loop()
+        self._pause = pause = loop.create_future()
+        timer = loop.call_later(self.interval_s, _release, pause)
         try:
-            result = duty()
-            if inspect.isawaitable(result):
-                await result
-        except errors as exc:
-            log.error("%s failed: %s", name, exc)
-        except Exception:
-            COUNTS.internal_errors += 1
-            log.exception("%s failed on a bug; running it again in %.3g s", name, interval_s)
+            await pause
+        finally:
+            timer.cancel()
+            self._pause = None
+
+
+def _release(pause: asyncio.Future) -> None:
+    if not pause.done():
+        pause.set_result(None)
 
 
 async def cancel_all(tasks: Iterable[asyncio.Task | None]) -> None:

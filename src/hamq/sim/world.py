@@ -25,6 +25,7 @@ from pathlib import Path
 
 from hamq.broker.dledger.core import DLedgerCore
 from hamq.broker.dledger.wire import KIND_DELETE_TOPIC, KIND_TOPIC, encode_command, encode_entry
+from hamq.broker.role import BrokerRole, RoleState
 from hamq.broker.topics import TopicService
 from hamq.config import StoreConfig
 from hamq.errors import HamqError, NotLeader
@@ -218,7 +219,9 @@ class World:
                                   disk=disk)
             core = DLedgerCore(
                 self._raft_configs[member.node_id], storage, store,
-                TopicService(store, QUEUES, False, lambda: None, is_slave=True),
+                TopicService(store, RoleState(BrokerRole.SLAVE, member.node_id),
+                             default_queue_nums=QUEUES, auto_create=False,
+                             on_change=lambda: None),
                 random.Random(self.rng.getrandbits(64)), self.now_ms,
                 sync_appends=self.mix.flush_disk_type == "sync", send=self._send,
                 on_applied=lambda arrived: None, not_leader=NotLeader)

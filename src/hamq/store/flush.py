@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from hamq.clock import monotonic_s
 from hamq.errors import BrokerSystemError
-from hamq.net.tasks import cancel_all, every
+from hamq.net.tasks import PeriodicTask, cancel_all
 from hamq.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,8 @@ class FlushService:
         self.timeout_s = cfg.sync_flush_timeout_ms / 1000
         self._waiters: deque[tuple[int, float, FlushCallback]] = deque()
         self._wake = asyncio.Event()
-        self._tasks: list[asyncio.Task] = []
+        self._sync_flush: asyncio.Task | None = None  # group commit (sync flush)
+        self._duties: list[PeriodicTask] = []
 
     def wait_flushed(self, offset: int, callback: FlushCallback) -> None:
         """Call ``callback(True)`` once the log is durable up to ``offset`` (sync flush)."""
@@ -48,23 +49,28 @@ class FlushService:
 
     def start(self) -> None:
         cfg = self.store.config
-        self._tasks = [
-            asyncio.create_task(self._sync_flush_loop() if self.sync else
-                                every(cfg.flush_interval_commitlog_ms / 1000,
-                                            self._flush_commitlog)),
-            asyncio.create_task(every(cfg.flush_interval_consume_queue_ms / 1000,
-                                            self._checkpoint)),
-            asyncio.create_task(every(cfg.clean_resource_interval_ms / 1000,
-                                            self._delete_expired)),
-            asyncio.create_task(every(DISK_CHECK_INTERVAL_S, self._check_disk)),
-            asyncio.create_task(every(OFFSET_PERSIST_INTERVAL_S, self._persist_offsets)),
-        ]
+        self._duties = [
+            PeriodicTask("consume queue checkpoint", cfg.flush_interval_consume_queue_ms / 1000,
+                         self._checkpoint),
+            PeriodicTask("retention", cfg.clean_resource_interval_ms / 1000,
+                         self._delete_expired),
+            PeriodicTask("disk check", DISK_CHECK_INTERVAL_S, self._check_disk),
+            PeriodicTask("consumer offset persist", OFFSET_PERSIST_INTERVAL_S,
+                         self._persist_offsets)]
         if self.sync:
-            self._tasks.append(asyncio.create_task(every(_TIMEOUT_SWEEP_S,
-                                                               self._expire_waiters)))
+            self._sync_flush = asyncio.create_task(self._sync_flush_loop())
+            self._duties.append(PeriodicTask("sync flush timeout sweep", _TIMEOUT_SWEEP_S,
+                                             self._expire_waiters))
+        else:
+            self._duties.append(PeriodicTask("commit log flush",
+                                             cfg.flush_interval_commitlog_ms / 1000,
+                                             self._flush_commitlog))
+        for duty in self._duties:
+            duty.start()
 
     async def stop(self) -> None:
-        await cancel_all(self._tasks)
+        await asyncio.gather(cancel_all([self._sync_flush]),
+                             *(duty.stop() for duty in self._duties))
         for _, _, callback in self._waiters:
             callback(False)
         self._waiters.clear()

@@ -16,8 +16,14 @@ from pathlib import Path
 
 from hamq.broker.dledger.core import DLedgerCore
 from hamq.broker.dledger.grouping import ProposalCallback
-from hamq.broker.dledger.wire import (KIND_DELETE_TOPIC, KIND_TOPIC, Command, decode_message,
-                                      encode_command, encode_message)
+from hamq.broker.dledger.wire import (
+    KIND_DELETE_TOPIC,
+    KIND_TOPIC,
+    Command,
+    decode_message,
+    encode_command,
+    encode_message,
+)
 from hamq.broker.topics import TopicService, topic_args
 from hamq.clock import monotonic_ms, monotonic_s
 from hamq.config import BrokerConfig
@@ -25,7 +31,7 @@ from hamq.errors import HamqError, InvalidArgument, NotLeader
 from hamq.net.connection import Connection, error_pieces, response_pieces
 from hamq.net.pool import ConnectionPool
 from hamq.net.server import Server
-from hamq.net.tasks import every
+from hamq.net.tasks import PeriodicTask
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import Frame, require
 from hamq.raft import FileStorage, Message, MessageDecodeError, RaftConfig, RaftError, RawNode
@@ -77,7 +83,7 @@ class DLedgerCommitLog:
         self._was_leader = False
         # topics whose config this leader knows to be in the log (see propose_send)
         self._topics_in_log: set[str] = set()
-        self._task: asyncio.Task | None = None
+        self._ticks = PeriodicTask("DLedger tick", TICK_INTERVAL_S, self._tick)
 
     @property
     def node(self) -> RawNode:  # tests and tools inspect it
@@ -94,14 +100,12 @@ class DLedgerCommitLog:
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
         await self.server.start(self.peers[self.node_id])
-        self._task = asyncio.create_task(every(TICK_INTERVAL_S, self._tick))
+        self._ticks.start()
 
     async def stop(self) -> None:
         """Stop, then make the Raft log and its checkpoint durable, so the store's last
         checkpoint can claim everything applied and a clean restart re-applies nothing."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._ticks.stop()
         self._stopping = True
         # a Ready cycle or a flush may be writing in a worker thread: let it finish before
         # the storage's files are closed (a reused descriptor would take its writes)

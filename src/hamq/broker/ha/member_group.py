@@ -31,7 +31,7 @@ from hamq.config import BrokerConfig
 from hamq.errors import HamqError
 from hamq.net.connection import Connection, response_pieces
 from hamq.net.pool import ConnectionPool
-from hamq.net.tasks import cancel_all
+from hamq.net.tasks import PeriodicTask
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import Frame, unpack_body
 
@@ -65,7 +65,9 @@ class MemberGroup:
         # name server -> its latest answer that holds us
         self._answers: dict[str, GroupAnswer] = {}
         self._ignoring: set[str] = set()  # name servers whose answers lack us (logged once)
-        self._task: asyncio.Task | None = None
+        self._rounds = PeriodicTask("member group sync",
+                                    config.sync_broker_member_group_period_ms / 1000,
+                                    self.sync_once)
         # a DLedger member registers as the master while it leads, as its member id else
         self._own_ids = ({MASTER_ID, config.dledger_self_id}
                          if config.replication_mode == "dledger" else {config.broker_id})
@@ -81,10 +83,11 @@ class MemberGroup:
         return self.ha_addrs.get(MASTER_ID)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._sync_loop())
+        """Ask every period (after a first ``sync_once``)."""
+        self._rounds.start()
 
     async def stop(self) -> None:
-        await cancel_all([self._task])
+        await self._rounds.stop()
 
     def handle_notification(self, conn: Connection, frame: Frame) -> list | None:
         """NOTIFY_MIN_BROKER_ID_CHANGE from a name server: the group changed."""
@@ -116,11 +119,6 @@ class MemberGroup:
         if frame.code != 0:
             return None
         return unpack_body(frame.body) or {}
-
-    async def _sync_loop(self) -> None:
-        while True:
-            await self.sync_once()
-            await asyncio.sleep(self.config.sync_broker_member_group_period_ms / 1000)
 
     def _namesrv_of(self, conn: Connection) -> str:
         """The configured name server a notification came from (on the connection this

@@ -23,17 +23,23 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from hamq.broker.ha.member_group import MemberGroup
 from hamq.clock import monotonic_ms
 from hamq.config import BrokerConfig
-from hamq.errors import (CrcMismatch, HamqError, InSyncReplicasNotEnough,
-                         RequestCodeNotSupported)
+from hamq.errors import CrcMismatch, HamqError, InSyncReplicasNotEnough, RequestCodeNotSupported
 from hamq.net.connection import Connection, connect, response_pieces
 from hamq.net.counts import COUNTS
 from hamq.net.server import Server
+from hamq.net.tasks import PeriodicTask
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, require
 from hamq.protocol.limits import MAX_TOPIC_LENGTH
 from hamq.protocol.message import RECORD_HEADER_BYTES, parse_record_header
-from hamq.replication.master import (AckCallback, HAConnectionState, MasterReplication, Probe,
-                                     ReplicaStatus, SlaveAttached)
+from hamq.replication.master import (
+    AckCallback,
+    HAConnectionState,
+    MasterReplication,
+    Probe,
+    ReplicaStatus,
+    SlaveAttached,
+)
 from hamq.replication.quorum import QuorumConfig
 from hamq.replication.slave import Attached, CompareRequest, SlaveHandshake, parse_request
 from hamq.store.message_store import MessageStore
@@ -200,16 +206,17 @@ class HAMaster:
         self.server = Server(self, config)
         self.server.on_connection_closed.append(self._closed)
         self._conns: dict[Connection, int] = {}  # attached sessions -> broker id
-        self._tasks: list[asyncio.Task] = []
+        self._housekeeping = PeriodicTask("HA waiter and session sweep", _WAITER_SWEEP_S,
+                                          self._sweep)
 
     async def start(self) -> None:
+        """Listen on the HA port (again, after a stop: a member that became master)."""
         await self.server.start(self.config.ha_address)
-        self._tasks = [asyncio.create_task(self._housekeeping())]
+        self._housekeeping.start()
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Close every slave's session and answer the sends still waiting for acks."""
+        await self._housekeeping.stop()
         _run(self.core.fail_all())
         await self.server.close()
 
@@ -282,15 +289,13 @@ class HAMaster:
             log.warning("closing the session of slave %s: %s", conn.peer, err.message)
             conn.close()
 
-    async def _housekeeping(self) -> None:
+    def _sweep(self) -> None:
         housekeeping_ms = self.config.ha_housekeeping_interval_ms
-        while True:
-            await asyncio.sleep(_WAITER_SWEEP_S)
-            now = monotonic_ms()
-            _run(self.core.expire_waiters(now))
-            for conn in self.core.expire_silent(now, housekeeping_ms):
-                log.warning("slave %s silent for %d ms; closing", conn.peer, housekeeping_ms)
-                conn.close()
+        now = monotonic_ms()
+        _run(self.core.expire_waiters(now))
+        for conn in self.core.expire_silent(now, housekeeping_ms):
+            log.warning("slave %s silent for %d ms; closing", conn.peer, housekeeping_ms)
+            conn.close()
 
     def status(self) -> dict:
         master_offset = self.store.commitlog.max_offset
@@ -315,6 +320,8 @@ class HASlave:
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
+        """Follow the master (again, after a stop: a member that became a slave)."""
+        self.state = HAConnectionState.READY
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:

@@ -7,14 +7,13 @@ applied only from the log in log order; a table copied from a leader ahead of it
 make it skip a delete it later applies, and its queues would then differ from the others'."""
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from hamq.broker.ha.member_group import MASTER_ID, MemberGroup
 from hamq.broker.topics import TopicService
 from hamq.errors import HamqError
 from hamq.net.pool import ConnectionPool
-from hamq.net.tasks import cancel_all
+from hamq.net.tasks import PeriodicTask
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import unpack_body
 from hamq.store.delay_offset import DelayOffsetManager
@@ -26,26 +25,27 @@ log = logging.getLogger(__name__)
 
 class SlaveSynchronize:
     def __init__(self, store: MessageStore, topics: TopicService, members: MemberGroup,
-                 pool: ConnectionPool, interval_ms: int,
-                 delay_offsets: DelayOffsetManager, *, sync_topics: bool = True) -> None:
+                 pool: ConnectionPool, delay_offsets: DelayOffsetManager, *, interval_ms: int,
+                 sync_topics: bool) -> None:
         self.store = store
         self.delay_offsets = delay_offsets
         self.topics = topics
         self.sync_topics = sync_topics
         self.members = members
         self.pool = pool
-        self.interval_s = interval_ms / 1000
-        self._task: asyncio.Task | None = None
-        self._wake = asyncio.Event()
+        self._rounds = PeriodicTask("slave sync", interval_ms / 1000, self.sync_once)
 
     def request_sync(self) -> None:
-        self._wake.set()
+        """Sync now (a replicated record named a topic this slave does not know)."""
+        self._rounds.wake()
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop())
+    async def start(self) -> None:
+        """Slave only: sync once, then every interval."""
+        await self.sync_once()
+        self._rounds.start()
 
     async def stop(self) -> None:
-        await cancel_all([self._task])
+        await self._rounds.stop()
 
     async def sync_once(self) -> bool:
         master = self.members.broker_addrs.get(MASTER_ID)
@@ -68,12 +68,3 @@ class SlaveSynchronize:
         if delay.code == 0:
             self.delay_offsets.merge(unpack_body(delay.body) or {}, self.store.clock_ms())
         return True
-
-    async def _loop(self) -> None:
-        while True:
-            await self.sync_once()
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.interval_s)
-            except asyncio.TimeoutError:
-                pass
-            self._wake.clear()

@@ -27,15 +27,17 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from hamq.broker.pop.state import AckResult, PopQueueState
 from hamq.broker.pop.revive_log import KIND_CK, REVIVE_LOG_TOPIC, AckEntry, CkEntry, ReviveLog
+from hamq.broker.pop.state import AckResult, PopQueueState
+from hamq.broker.role import RoleState
 from hamq.broker.send_back import copy_properties, put_dead_letter
 from hamq.broker.stored_message import read_message
 from hamq.broker.topics import TopicService
 from hamq.clock import monotonic_ms
+from hamq.config import BrokerConfig
 from hamq.errors import HamqError, InvalidArgument, NoPermission
 from hamq.net.connection import Connection, error_pieces, response_pieces
-from hamq.net.tasks import cancel_all, every
+from hamq.net.tasks import PeriodicTask
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, require, unpack_body
 from hamq.protocol.limits import MAX_PULL_BYTES
@@ -72,18 +74,15 @@ class HeldPop:
 
 class PopService:
     def __init__(self, store: MessageStore, topics: TopicService, flush: FlushService,
-                 broker_name: str, max_wait_ms: int, inflight_threshold: int,
-                 checkpoint_interval_ms: int, is_slave: bool,
-                 on_written: Callable[[], None], on_put: Callable[[str, int], None],
-                 max_held_per_connection: int = 1024, max_held_per_queue: int = 1024) -> None:
+                 role: RoleState, config: BrokerConfig, *, on_written: Callable[[], None],
+                 on_put: Callable[[str, int], None]) -> None:
         self.store = store
         self.topics = topics
         self.flush = flush
-        self.revive = ReviveLog(store, broker_name)
-        self.max_wait_ms = max_wait_ms
-        self.inflight_threshold = inflight_threshold
-        self.checkpoint_interval_s = checkpoint_interval_ms / 1000
-        self.is_slave = is_slave
+        self.revive = ReviveLog(store, config.broker_name)
+        self.max_wait_ms = config.long_polling_max_wait_ms
+        self.inflight_threshold = config.pop_inflight_message_threshold
+        self.role = role
         self.on_written = on_written  # ships new log bytes to slaves
         self.on_put = on_put  # wakes pulls held on a dead-letter queue
         self.states: dict[StateKey, PopQueueState] = {}
@@ -94,18 +93,20 @@ class PopService:
         # Held pops per connection and per (topic, queue id or -1): past a cap a pop is
         # answered at once, so idle clients cannot make every write and sweep walk a
         # list of thousands (10k held pops took every request from 0.05 to 377 ms).
-        self.max_held_per_connection = max_held_per_connection
-        self.max_held_per_queue = max_held_per_queue
+        self.max_held_per_connection = config.max_held_pops_per_connection
+        self.max_held_per_queue = config.max_held_pops_per_queue
         self._held_by_conn: Counter[Connection] = Counter()
         self._held_by_queue: Counter[tuple[str, int]] = Counter()
         self._acked_topics: set[str] = set()  # acks may lift the in-flight threshold
-        self._tasks: list[asyncio.Task] = []
+        self._duties = [
+            PeriodicTask("held pop sweep", HOLD_SWEEP_INTERVAL_S, self._sweep, _DUTY_ERRORS),
+            PeriodicTask("revive checkpoint", config.revive_interval_ms / 1000,
+                         self._checkpoint, _DUTY_ERRORS)]
         self._checkpointed_at = -1  # revive offset of the last checkpoint written
         # Each queue's state as last encoded for a checkpoint, with the state object and
         # its version then: a checkpoint re-encodes only the queues that changed.
         self._encoded: dict[StateKey, tuple[PopQueueState, int, list]] = {}
-        if not is_slave and store.topics.get(REVIVE_LOG_TOPIC) is None:
-            topics.create(REVIVE_LOG_TOPIC, 1, 1, PERM_READ, notify=False)
+        self._ensure_revive_topic()
         self._recover()
 
     def forget_topic(self, topic: str) -> None:
@@ -120,6 +121,10 @@ class PopService:
 
     # -- lifecycle ------------------------------------------------------------------------
     def _recover(self) -> None:
+        """The pop state as of the revive log's end: the last checkpoint, then the records
+        after it."""
+        self.states.clear()
+        self._encoded.clear()
         checkpoint = self.revive.load_checkpoint()
         for group, topic, queue_id, data in checkpoint.get("queues", []):
             self.states[(group, topic, queue_id)] = PopQueueState.from_wire(data)
@@ -132,24 +137,37 @@ class PopService:
             else:
                 self._apply_acks(record.group, record.entries)
             replayed += 1
+        self._state_at = self.revive.end_offset  # the state holds every record below
         if replayed:
             log.info("pop state rebuilt: %d revive log records replayed, %d queues", replayed,
                      len(self.states))
 
+    def _ensure_revive_topic(self) -> None:
+        """A master's revive log topic (a slave takes it from its master)."""
+        if self.role.is_master and self.store.topics.get(REVIVE_LOG_TOPIC) is None:
+            self.topics.create(REVIVE_LOG_TOPIC, 1, 1, PERM_READ, notify=False)
+
     def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(every(HOLD_SWEEP_INTERVAL_S, self._sweep, _DUTY_ERRORS)),
-            asyncio.create_task(every(self.checkpoint_interval_s, self._checkpoint,
-                                      _DUTY_ERRORS))]
+        """Master only (pop revive): the state follows the revive log from here on. On a
+        member that was a slave the log grew with its master's records: rebuilt first."""
+        self._ensure_revive_topic()
+        if self.revive.end_offset != self._state_at:
+            self._recover()
+        for duty in self._duties:
+            duty.start()
 
     async def stop(self) -> None:
-        await cancel_all(self._tasks)
+        for duty in self._duties:
+            await duty.stop()
         held, self.held = self.held, {}
+        self._held_by_conn.clear()
+        self._held_by_queue.clear()
         for h in (h for pops in held.values() for h in pops):
             h.conn.reply(response_pieces(h.frame, ResponseCode.PULL_NOT_FOUND))
         snapshot = self._snapshot()
         if snapshot is not None:
             self._write_checkpoint(snapshot)
+        self._state_at = self.revive.end_offset
 
     def _snapshot(self) -> dict | None:
         """The state and the revive offset it covers, taken between event-loop turns (so
@@ -205,7 +223,7 @@ class PopService:
     # -- POP_MESSAGE ----------------------------------------------------------------------
     def pop(self, conn: Connection, frame: Frame) -> list | None:
         ext = frame.ext
-        if self.is_slave:
+        if not self.role.is_master:
             raise NoPermission("this broker is a slave: pop from the group's master")
         group = require(ext, "group")
         topic = require(ext, "topic")
@@ -470,7 +488,7 @@ class PopService:
 
     def _ack(self, group: str, entries: list) -> tuple[list[int], PutResult | None]:
         """Apply acks; returns the indexes of stale ones and the ACK record written."""
-        if self.is_slave:
+        if not self.role.is_master:
             raise NoPermission("this broker is a slave: ack on the group's master")
         stale: list[int] = []
         accepted: list[AckEntry] = []
@@ -522,7 +540,7 @@ class PopService:
     # -- CHANGE_MESSAGE_INVISIBLETIME -------------------------------------------------------
     def change_invisible_time(self, conn: Connection, frame: Frame) -> list:
         ext = frame.ext
-        if self.is_slave:
+        if not self.role.is_master:
             raise NoPermission("this broker is a slave: change invisible time on the master")
         group, topic = require(ext, "group"), require(ext, "topic")
         qid, offset = require(ext, "queue_id", int), require(ext, "offset", int)

@@ -24,16 +24,22 @@ import zlib
 from collections.abc import Callable
 
 from hamq.broker.durable import when_durable
-from hamq.broker.stored_message import StoredMessage, read_messages
 from hamq.broker.schedule.timer_message import DELIVER_BATCH, DELIVER_RETRY_MS, TimerMessageService
+from hamq.broker.stored_message import StoredMessage, read_messages
 from hamq.errors import HamqError, MessageIllegal
 from hamq.net.connection import Connection, response_pieces
+from hamq.net.tasks import PeriodicTask
 from hamq.protocol.frame import Frame, pack_body
 from hamq.protocol.message import encode_message, encode_properties
-from hamq.protocol.properties import (DELAY_LEVELS_MS, MAX_DELAY_LEVEL,
-                                      PROPERTY_DELAY_TIME_LEVEL, PROPERTY_REAL_QUEUE_ID,
-                                      PROPERTY_REAL_TOPIC, PROPERTY_TIMER_DELIVER_MS,
-                                      SCHEDULE_PROPERTIES)
+from hamq.protocol.properties import (
+    DELAY_LEVELS_MS,
+    MAX_DELAY_LEVEL,
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TIMER_DELIVER_MS,
+    SCHEDULE_PROPERTIES,
+)
 from hamq.store.delay_offset import DelayOffsetManager
 from hamq.store.flush import FlushService
 from hamq.store.message_store import MessageStore, PutResult
@@ -64,14 +70,13 @@ def deliver_time_of(properties: dict[str, str], now_ms: int) -> int:
 
 
 class ScheduleMessageService:
-    def __init__(self, store: MessageStore, flush: FlushService,
+    def __init__(self, store: MessageStore, flush: FlushService, *,
                  on_put: Callable[[str, int], None], after_put: Callable[[], None],
                  flush_interval_ms: int) -> None:
         self.store = store
         self.flush = flush
         self.on_put = on_put        # wakes pulls held on a real queue
         self.after_put = after_put  # writes the log and ships it, as after a request
-        self.flush_interval_s = flush_interval_ms / 1000
         self.progress = DelayOffsetManager(store.root, store.clock_ms(), disk=store.disk)
         self._timers: dict[int, asyncio.Handle] = {}  # queue id -> its armed wake-up
         self._next: dict[int, int] = {}  # level -> next offset to deliver (written before)
@@ -79,7 +84,8 @@ class ScheduleMessageService:
                                           self._deliver, after_put, self._when_durable)
         self._written_end = 0            # commit-log end of the last delivery written
         self._running = False
-        self._flush_task: asyncio.Task | None = None
+        self._persist = PeriodicTask("delay progress persist", flush_interval_ms / 1000,
+                                     self._persist_progress)
 
     # -- storing (send path and send-back) -------------------------------------------------
     def put_message(self, topic: str, queue_id: int, properties: dict[str, str], body: bytes,
@@ -117,29 +123,29 @@ class ScheduleMessageService:
         return response_pieces(frame, body=pack_body(self.progress.table()))
 
     # -- lifecycle -------------------------------------------------------------------------
-    def start(self, deliver: bool) -> None:
-        """Persist progress periodically; on the master (``deliver``) also open the timer
-        index and start every level's and the timers' delivery. A slave only keeps the
-        progress that SlaveSynchronize copies from its master."""
-        self._flush_task = asyncio.create_task(self._flush_loop())
-        if not deliver:
-            return
+    def start(self) -> None:
+        """Persist progress periodically, on either role: a slave keeps the progress that
+        SlaveSynchronize copies from its master."""
+        self._persist.start()
+
+    def start_delivery(self) -> None:
+        """Master only: open the timer index and start every level's and the timers'
+        delivery, from the progress (on a member that was a slave, its master's)."""
         self._running = True
+        self._next.clear()
         for level_queue in range(MAX_DELAY_LEVEL):
             self._arm(level_queue, 0, self._deliver_level)
         self.timers.start()
 
-    async def stop(self) -> None:
-        """Stop delivering; persist progress once every delivery written is durable (the
-        flush service still runs), so a clean restart delivers each message once."""
+    async def stop_delivery(self) -> None:
+        """Stop delivering; write the progress once every delivery written is durable (the
+        flush service still runs), so a clean restart, or the next master, delivers each
+        message once."""
         self._running = False
         self.timers.stop()
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
-        if self._flush_task is not None:
-            self._flush_task.cancel()
-            await asyncio.gather(self._flush_task, return_exceptions=True)
         if self._written_end:
             durable = asyncio.get_running_loop().create_future()
             when_durable(self.flush, self._written_end,
@@ -151,19 +157,18 @@ class ScheduleMessageService:
             self._write_progress(snapshot)
         self.timers.close()
 
-    async def _flush_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.flush_interval_s)
-            self.timers.save_progress()
-            read_ms = self.progress.timer.read_ms
-            snapshot = self.progress.snapshot()
-            if snapshot is not None:
-                try:
-                    await asyncio.to_thread(self._write_progress, snapshot)
-                except OSError as exc:
-                    log.error("persisting delay offsets failed: %s", exc)
-                    continue
-            self.timers.delete_delivered(read_ms)
+    async def stop(self) -> None:
+        await self._persist.stop()
+        await self.stop_delivery()
+
+    async def _persist_progress(self) -> None:
+        self.timers.save_progress()
+        read_ms = self.progress.timer.read_ms
+        snapshot = self.progress.snapshot()
+        if snapshot is not None:
+            # an OSError is logged by the task; the segments stay until a write succeeds
+            await asyncio.to_thread(self._write_progress, snapshot)
+        self.timers.delete_delivered(read_ms)
 
     def _write_progress(self, snapshot: bytes) -> None:
         """Write a progress snapshot, after the timer log records it counts on."""

@@ -16,9 +16,9 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from hamq.broker.stored_message import StoredMessage, read_message, read_messages
 from hamq.broker.schedule.timer_log import TimerLog, TimerRecord
 from hamq.broker.schedule.timer_wheel import SLOT_MS, TimerWheel
+from hamq.broker.stored_message import StoredMessage, read_message, read_messages
 from hamq.errors import HamqError
 from hamq.protocol.properties import PROPERTY_TIMER_DELIVER_MS
 from hamq.store.delay_offset import DelayOffsetManager, TimerProgress
@@ -68,7 +68,11 @@ class TimerMessageService:
         self._rebuilt_before_ms = 0     # ...due before this
 
     def start(self) -> None:
-        """Master only: open the index and start delivering."""
+        """Master only: open the index and start delivering. A member that was master
+        before rebuilds it from the progress, which its successor may have moved."""
+        self.close()
+        self._window, self._window_next, self._window_written = [], -1, 0
+        self._rebuilt_below = self._rebuilt_before_ms = 0
         self._running = True
         self._open_index()
         self._wake(0)
@@ -81,8 +85,11 @@ class TimerMessageService:
             self._handle = None
 
     def close(self) -> None:
+        """Close the index; the progress is left as last saved (a slave's comes from its
+        master)."""
         if self._wheel is not None:
             self._wheel.log.close()
+            self._wheel = None
 
     def put(self, due_ms: int, result: PutResult) -> None:
         """A timer message was stored: index it now if the index is caught up, else let
@@ -103,8 +110,9 @@ class TimerMessageService:
     def fsync_log(self) -> None:
         """Make the timer log durable (before a progress counting on it is written; safe
         from a worker thread)."""
-        if self._wheel is not None:
-            self._wheel.log.fsync()
+        wheel = self._wheel  # read once: a role change may close it meanwhile
+        if wheel is not None:
+            wheel.log.fsync()
 
     def delete_delivered(self, read_ms: int) -> None:
         """Delete timer-log segments a written progress (cursor at ``read_ms``) is past."""

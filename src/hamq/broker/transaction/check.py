@@ -17,21 +17,24 @@ more checks (RocketMQ keeps them by re-storing the half message).
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
 from hamq.broker.clients import ClientManager
 from hamq.broker.stored_message import StoredMessage
 from hamq.broker.transaction.service import TransactionalMessageService
+from hamq.config import BrokerConfig
 from hamq.errors import HamqError, MessageIllegal
 from hamq.net.counts import COUNTS
-from hamq.net.tasks import cancel_all, every
+from hamq.net.tasks import PeriodicTask
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.message import encode_message, encode_properties
-from hamq.protocol.properties import (PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
-                                      PROPERTY_PRODUCER_GROUP, PROPERTY_REAL_QUEUE_ID,
-                                      PROPERTY_REAL_TOPIC)
+from hamq.protocol.properties import (
+    PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+)
 from hamq.protocol.transaction import TransactionState
 
 log = logging.getLogger(__name__)
@@ -45,27 +48,27 @@ _UNPARSABLE = (KeyError, TypeError, ValueError, AttributeError, MessageIllegal)
 
 class TransactionalMessageCheckService:
     def __init__(self, transactions: TransactionalMessageService, clients: ClientManager,
-                 after_put: Callable[[], None], interval_ms: int, timeout_ms: int,
-                 check_max: int) -> None:
+                 config: BrokerConfig, *, after_put: Callable[[], None]) -> None:
         self.transactions = transactions
         self.clients = clients
         self.after_put = after_put  # writes the log and ships it, as after a request
-        self.interval_s = interval_ms / 1000
-        self.timeout_ms = timeout_ms
-        self.check_max = check_max
+        self.timeout_ms = config.transaction_timeout_ms
+        self.check_max = config.transaction_check_max
         self._checks: dict[int, int] = {}  # half offset -> checks sent
         self._resume_at = 0  # the half offset the next round starts at
         self._unreadable: set[int] = set()  # half offsets skipped: see check()
-        self._task: asyncio.Task | None = None
+        self._rounds = PeriodicTask("transaction check",
+                                    config.transaction_check_interval_ms / 1000, self.check,
+                                    (HamqError, OSError))
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop())
+        """Master only: read the decisions back (a member that was a slave has the op log
+        its master wrote meanwhile), then check every interval."""
+        self.transactions.start()
+        self._rounds.start()
 
     async def stop(self) -> None:
-        await cancel_all([self._task])
-
-    async def _loop(self) -> None:
-        await every(self.interval_s, self.check, (HamqError, OSError))
+        await self._rounds.stop()
 
     def check(self) -> None:
         store = self.transactions.store

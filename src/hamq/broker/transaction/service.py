@@ -23,14 +23,19 @@ import zlib
 from collections.abc import Callable, Iterator
 
 from hamq.broker.durable import answer_when_durable
+from hamq.broker.role import RoleState
 from hamq.broker.stored_message import StoredMessage, read_message, read_messages
 from hamq.errors import InvalidArgument, NoPermission, QueryNotFound
 from hamq.net.connection import Connection
 from hamq.protocol.frame import Frame, require, require_int, require_name
 from hamq.protocol.message import encode_message, encode_properties, validate_batch
-from hamq.protocol.properties import (PROPERTY_PRODUCER_GROUP, PROPERTY_REAL_QUEUE_ID,
-                                      PROPERTY_REAL_TOPIC, PROPERTY_TRANSACTION_BATCH,
-                                      PROPERTY_TRANSACTION_PREPARED)
+from hamq.protocol.properties import (
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TRANSACTION_BATCH,
+    PROPERTY_TRANSACTION_PREPARED,
+)
 from hamq.protocol.transaction import TransactionState
 from hamq.store.flush import FlushService
 from hamq.store.message_store import MessageStore, PutResult
@@ -46,13 +51,13 @@ SCAN_BATCH = 1024
 
 
 class TransactionalMessageService:
-    def __init__(self, store: MessageStore, flush: FlushService,
-                 on_put: Callable[[str, int], None], is_slave: bool) -> None:
+    def __init__(self, store: MessageStore, flush: FlushService, role: RoleState, *,
+                 on_put: Callable[[str, int], None]) -> None:
         self.store = store
         self.flush = flush
         self.max_message_bytes = store.config.max_message_size
         self.on_put = on_put  # wakes pulls held on a real queue
-        self.is_slave = is_slave
+        self.role = role
         # Decided half offsets: all below ``decided_below``, and those in ``_decided``.
         self.decided_below = 0
         self._decided: set[int] = set()
@@ -61,7 +66,9 @@ class TransactionalMessageService:
         self._staged: list[tuple[int, int, int]] = []
 
     def start(self) -> None:
-        """Read the op log back: every decision taken before the restart."""
+        """Read the op log back: every decision taken before the restart, or (a member
+        that was a slave) by the master it replicated."""
+        self.decided_below, self._decided = 0, set()
         offset = self.store.min_offset(OP_HALF_TOPIC, OP_QUEUE_ID)
         while batch := read_messages(self.store, OP_HALF_TOPIC, OP_QUEUE_ID, offset, SCAN_BATCH):
             for op in batch:
@@ -107,7 +114,7 @@ class TransactionalMessageService:
 
     # -- END_TRANSACTION -----------------------------------------------------------------
     def end_transaction(self, conn: Connection, frame: Frame) -> list | None:
-        if self.is_slave:
+        if not self.role.is_master:
             raise NoPermission("this broker is a slave: end transactions on the group's master")
         ext = frame.ext
         half_offset = require_int(ext, "tran_state_table_offset")

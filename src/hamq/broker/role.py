@@ -1,0 +1,183 @@
+"""A member's role as one shared state: master or slave, the master epoch, its broker id
+and the master's address. Services read it (``is_master`` is an attribute read, cheap on
+the send path) instead of keeping a copy, and the services that run on one role only are
+started and stopped by it when the role changes, with no restart of the process.
+
+A role change runs in this order (one change at a time: a change asked for while another
+is running waits for it; asking for the role the member already has changes nothing):
+
+master -> slave
+  1. the role flips first, so new sends, topic changes, pops, acks and END_TRANSACTIONs
+     are refused from here on;
+  2. the master's services stop, in the reverse of their start order: pop revive,
+     transaction check-back, delay delivery, and last the HA master, so what the others
+     wrote until they stopped is still shipped to the slaves;
+  3. the slave's services start: the HA client (following the master's HA address the
+     name servers give), then slave metadata sync;
+  4. the member re-registers with the name servers under its own broker id.
+
+slave -> master
+  1. the slave's services stop: slave metadata sync, then the HA client, so nothing the old
+     master ships is written into the log after this point;
+  2. the epoch moves on (to the Raft term of the leadership in DLedger mode, so no two
+     members are master in one epoch; else by one) and the role flips: writes are taken
+     from here on;
+  3. the master's services start: HA master, delay delivery, transaction check-back (its
+     decisions read back from the op log first), pop revive (its state rebuilt from the
+     revive log), each starting from what the old master left in the replicated log;
+  4. last, the member re-registers as brokerId 0, so clients route to it only once it is
+     ready.
+
+Which services follow the role is the broker's choice (``Broker.__init__``): in DLedger
+mode Raft replicates the log, so there is no HA master or client, slave sync copies no
+topics, and the broker-internal writers (delay delivery, check-back, pop revive) do not run
+because their writes would bypass Raft.
+
+A service whose start or stop raises is logged with its name and the change goes on with
+the others (a member half switched is better than one stuck in the old role); the error
+stays in ``errors`` (runtime info) until that service next starts or stops cleanly. A
+service whose stop failed still counts as running (``services`` shows it): every later
+change stops it again, and one back to its role stops it before starting it afresh.
+
+Without an authority (master-slave mode) the epoch is this member's own count of its
+promotions and lives in memory only: a restart starts again at 0. Controller mode
+(issue 14) brings persisted epochs given and fenced by the controller.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from hamq.broker.ha.member_group import MASTER_ID
+from hamq.net.counts import COUNTS
+
+log = logging.getLogger(__name__)
+
+
+class BrokerRole(Enum):
+    MASTER = "master"
+    SLAVE = "slave"
+
+
+@dataclass(frozen=True, slots=True)
+class RoleService:
+    """A service that runs on one role only; ``start`` and ``stop`` may be coroutines."""
+
+    name: str
+    start: Callable[[], Awaitable[None] | None]
+    stop: Callable[[], Awaitable[None] | None]
+
+
+@dataclass
+class RoleServices:
+    """What follows the role, in start order (stopped in reverse); ``after_change`` runs
+    last in every change (re-registration)."""
+
+    master: list[RoleService] = field(default_factory=list)
+    slave: list[RoleService] = field(default_factory=list)
+    after_change: list[Callable[[], None]] = field(default_factory=list)
+
+
+class RoleState:
+    def __init__(self, role: BrokerRole, broker_id: int, master_addr: str | None = None) -> None:
+        self.role = role
+        self.epoch = 0            # moves on at every slave -> master change
+        self.broker_id = broker_id  # this member's own id: registered while a slave
+        self.master_addr = master_addr  # the group's master (this member's own while master)
+        self.changes = 0          # completed role changes
+        self.services = RoleServices()
+        self.running: set[str] = set()
+        self.errors: dict[str, str] = {}  # service -> its last failed start or stop
+        self._lock = asyncio.Lock()
+
+    @property
+    def is_master(self) -> bool:
+        return self.role is BrokerRole.MASTER
+
+    @property
+    def registered_id(self) -> int:
+        """The broker id the name servers know this member by."""
+        return MASTER_ID if self.role is BrokerRole.MASTER else self.broker_id
+
+    async def start(self) -> None:
+        """Start the current role's services (the broker's start)."""
+        async with self._lock:
+            await self._start_all(self._services_of(self.role))
+
+    async def stop(self) -> None:
+        """Stop every role service still running (the broker's stop)."""
+        async with self._lock:
+            await self._stop_all(exclude=[])
+
+    async def change(self, role: BrokerRole, master_addr: str | None = None,
+                     epoch: int | None = None) -> bool:
+        """Switch to ``role`` in the order of the module docstring; False if the member
+        already had it (only ``master_addr`` is taken then). A new master takes ``epoch``
+        when an authority gives one (the Raft term in DLedger mode), else its epoch + 1."""
+        async with self._lock:
+            if role is self.role:
+                self.master_addr = master_addr or self.master_addr
+                return False
+            log.info("role change %s -> %s (epoch %d)", self.role.value, role.value, self.epoch)
+            if role is BrokerRole.SLAVE:
+                self.role, self.master_addr = role, master_addr
+                await self._stop_all(exclude=self.services.slave)
+            else:
+                await self._stop_all(exclude=self.services.master)
+                self.epoch = self.epoch + 1 if epoch is None else epoch
+                self.role, self.master_addr = role, master_addr
+            await self._start_all(self._services_of(role))
+            for callback in self.services.after_change:
+                callback()
+            self.changes += 1
+            log.info("now %s (epoch %d), running %s", role.value, self.epoch,
+                     sorted(self.running))
+            return True
+
+    def follow(self, master_addr: str | None) -> None:
+        """A slave learnt where its master is (from the name servers)."""
+        if self.role is BrokerRole.SLAVE:
+            self.master_addr = master_addr
+
+    def info(self) -> dict:
+        return {"role": self.role.value, "epoch": self.epoch, "broker_id": self.broker_id,
+                "master_addr": self.master_addr, "services": sorted(self.running),
+                "changes": self.changes, "errors": dict(self.errors)}
+
+    def _services_of(self, role: BrokerRole) -> list[RoleService]:
+        return self.services.master if role is BrokerRole.MASTER else self.services.slave
+
+    async def _start_all(self, services: list[RoleService]) -> None:
+        for service in services:
+            if service.name in self.running and not await self._run(service, "stop"):
+                continue  # its stop failed last time, and again: not started over it
+            self.running.discard(service.name)
+            if await self._run(service, "start"):
+                self.running.add(service.name)
+
+    async def _stop_all(self, exclude: list[RoleService]) -> None:
+        """Stop the running services not in ``exclude``, in the reverse of their start
+        order."""
+        keep = {service.name for service in exclude}
+        for service in reversed(self.services.master + self.services.slave):
+            if service.name in self.running and service.name not in keep and \
+                    await self._run(service, "stop"):
+                self.running.discard(service.name)
+
+    async def _run(self, service: RoleService, action: str) -> bool:
+        try:
+            result = getattr(service, action)()
+            if inspect.isawaitable(result):
+                await result
+        except Exception as exc:  # one service must not stop the others
+            COUNTS.internal_errors += 1
+            self.errors[service.name] = f"{action} failed: {exc!r}"
+            log.exception("%s of %s failed during a role change to %s; going on with the "
+                          "others", action, service.name, self.role.value)
+            return False
+        self.errors.pop(service.name, None)
+        return True
