@@ -26,7 +26,7 @@ def test_members_killed_again_and_again_lose_nothing(cluster_factory):
     producer.start()
     try:
         for kill in range(KILLS):
-            time.sleep(rng.uniform(*RUN_BETWEEN_KILLS_S))
+            time.sleep(rng.uniform(*RUN_BETWEEN_KILLS_S))  # chaos: a random run between kills
             # mostly followers (a loop of restarts), every third kill the leader
             leader = group.leader()
             victim = leader if kill % 3 == 2 else rng.choice(
@@ -34,7 +34,7 @@ def test_members_killed_again_and_again_lose_nothing(cluster_factory):
             proc = group.c.procs[f"m{victim}"]
             claimed = group.info(victim)["ha"]["claimed_applied_index"]
             proc.kill9()
-            time.sleep(rng.uniform(0.0, 0.3))
+            time.sleep(rng.uniform(0.0, 0.3))  # chaos: a random time down
             proc.start()
             # the claim was in the page cache, which a kill keeps: the restart resumes
             # from it or later, re-applying only what followed it

@@ -17,7 +17,7 @@ from helpers import wait_for
 from test_dledger import MEMBERS, Group  # noqa: E402 (tests/chaos is on sys.path via conftest)
 
 SLOW_SENDS = 5
-SEND_GAP_S = 0.3
+SEND_GAP_S = 0.3  # pacing: sends keep coming while the emptied follower restarts
 CATCH_UP_S = 10.0
 
 

@@ -459,7 +459,7 @@ def test_a_hung_first_name_server_is_skipped(cluster_factory):
             assert [mq.queue_id for mq in consumer.fetch_message_queues("Hung")] == [0]
             started = time.monotonic()
             consumer.fetch_message_queues("Hung")  # and later lookups start after it
-            assert time.monotonic() - started < 1.0
+            assert time.monotonic() - started < 2.0  # asking the hung one costs 3 s
     finally:
         os.kill(hung.pid, signal.SIGCONT)
 

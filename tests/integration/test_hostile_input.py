@@ -388,7 +388,7 @@ def test_pipelined_pulls_from_a_client_that_does_not_read_are_bounded(cluster):
         for i in range(PIPELINED_PULLS)))
     pid = cluster.procs["broker"].pid
     before = rss_mib(pid)
-    time.sleep(2.0)
+    time.sleep(2.0)  # the point: time for the pulls to pile up answers, if they could
     grown = rss_mib(pid) - before
     try:
         assert grown < PENDING_RSS_BOUND_MIB, f"RSS grew {grown:.0f} MiB"
@@ -560,7 +560,7 @@ def test_unread_answers_of_many_connections_are_bounded_together(crowded):
             sock.sendall(b"".join(encode_frame_bytes(RequestCode.PULL_MESSAGE, i + 1, ext={
                 "topic": "Big", "queue_id": 0, "queue_offset": 0, "max_msgs": 65536})
                 for i in range(pulls)))
-        time.sleep(3.0)
+        time.sleep(3.0)  # the point: time for the pulls to pile up answers, if they could
         grown = rss_mib(pid) - before
         assert grown < HELD_OUT_BOUND_MIB, f"RSS grew {grown:.0f} MiB"
         send_and_pull(c.namesrv, "Big")

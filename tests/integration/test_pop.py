@@ -65,7 +65,7 @@ def test_unacked_reappear_with_reconsume_times_acked_never(cluster, pop_topic):
             consumer.ack(again[-1])  # its handle is from the previous delivery
         consumer.ack(third[0])
         consumer.ack(again[-1])  # once acked, acking again is a no-op
-        time.sleep(INVISIBLE_S * 1.5)
+        time.sleep(INVISIBLE_S * 1.5)  # the point: an unacked one would be visible again
         assert consumer.receive(32, INVISIBLE_S) == []
     # The group's consumer offset followed the acked prefix of each queue.
     with hamq.PullConsumer("g-pop", cluster.namesrv) as pull:
@@ -84,10 +84,10 @@ def test_change_invisible_duration_extends_and_shortens(cluster, pop_topic):
         back = receive_all(consumer, 1, 10.0, timeout_s=2.0)
         assert [(m.body, m.reconsume_times) for m in back] == [(b"b", 1)]
         consumer.ack(back[0])
-        time.sleep(INVISIBLE_S * 1.5)
+        time.sleep(INVISIBLE_S * 1.5)  # the point: past the original invisible time
         assert consumer.receive(32, 10.0) == []  # "a" is still invisible past 1 s
         consumer.ack(by_body[b"a"])  # the changed handle acks it
-        time.sleep(3.0)
+        time.sleep(3.0)  # the point: past the extended invisible time, "a" stays acked
         assert consumer.receive(32, 10.0) == []
 
 
@@ -104,7 +104,7 @@ def test_tag_filter_returns_matching_and_consumes_the_rest(cluster, pop_topic):
         assert sorted(m.body for m in got) == [b"a1", b"b1"]
         for m in got:
             consumer.ack(m)
-        time.sleep(INVISIBLE_S * 1.5)
+        time.sleep(INVISIBLE_S * 1.5)  # the point: an unacked one would be visible again
         assert consumer.receive(32, INVISIBLE_S) == []  # filtered ones were acked
 
 
@@ -158,7 +158,7 @@ def test_restart_keeps_acks_and_redelivers_unacked(cluster, pop_topic, stop):
         assert all(m.reconsume_times == 1 for m in again)
         for m in again:
             consumer.ack(m)
-        time.sleep(2.5)
+        time.sleep(2.5)  # the point: past their invisible time, acked ones stay gone
         assert consumer.receive(32, 2.0) == []
 
 

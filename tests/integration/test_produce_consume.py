@@ -90,7 +90,8 @@ def test_route_appears_within_one_heartbeat_and_disappears_after_kill9(cluster):
                 route = admin.topic_route("Routes")
                 break
             except TopicNotExist:
-                assert time.monotonic() - start < 1.5, "route not visible within a heartbeat"
+                # room for a loaded machine; the next periodic registration is 30 s away
+                assert time.monotonic() - start < 3.0, "route not visible within a heartbeat"
                 time.sleep(0.02)
         assert route.brokers == {"broker-a": {0: addr}}
         assert len(route.write_queues) == 4
@@ -101,8 +102,9 @@ def test_route_appears_within_one_heartbeat_and_disappears_after_kill9(cluster):
                 admin.topic_route("Routes")
             except TopicNotExist:
                 break
-            # broker_not_active_timeout_ms=3000 plus one scan interval of 500 ms
-            assert time.monotonic() - killed < 3.0 + 0.5 + 1.0, "dead broker still routed"
+            # broker_not_active_timeout_ms=3000 plus one scan interval of 500 ms, and room
+            # for a loaded machine
+            assert time.monotonic() - killed < 3.0 + 0.5 + 2.0, "dead broker still routed"
             time.sleep(0.1)
         assert time.monotonic() - killed >= 2.5  # not dropped before the timeout
 
@@ -161,4 +163,4 @@ def test_sends_fail_over_to_another_group_when_a_master_dies(cluster_factory):
         elapsed = time.monotonic() - started
     assert all(r.status is hamq.SendStatus.SEND_OK for r in after)
     assert {r.queue.broker_name for r in after} == {"broker-b"}
-    assert elapsed < 5.0  # no timeout paid per send
+    assert elapsed < 10.0  # no send timeout (3 s) paid per send: 200 would take 600 s
