@@ -12,7 +12,6 @@ import hamq
 from hamq import Message
 from hamq.client.consumer import PullStatus
 from hamq.errors import InvalidArgument, MessageIllegal
-
 from helpers import wait_for
 
 LATE_MS_MAX = 1000  # the accuracy bound: delivered within 1 s after due
