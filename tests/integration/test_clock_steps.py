@@ -8,7 +8,6 @@ import signal
 from pathlib import Path
 
 import hamq
-
 from helpers import wait_for
 
 NS_TIMEOUT_MS = 3000

@@ -17,7 +17,6 @@ from hamq.net.server import Server
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame
 from hamq.protocol.limits import MAX_INFLIGHT_REQUESTS
-
 from helpers import free_port
 
 BEYOND = 100  # requests sent past the limit
