@@ -84,7 +84,7 @@ def message_bounds(buf: bytes | bytearray | memoryview, pos: int,
     """``(props_start, body_start, next_pos)`` of the message encoded at ``buf[pos:]``: its
     properties, then its body up to ``next_pos``, where the next message starts. The one
     reader of a message head: every walk over a batch or a record's messages steps with
-    it (a generator would cost more than the walk itself on a one-message batch).
+    it (a function, not a generator, whose set-up would cost every one-message send).
     ``MessageIllegal`` unless the message lies within ``buf[pos:end]``."""
     if end - pos < MSG_HEAD_BYTES:
         raise MessageIllegal(f"the message at byte {pos} is truncated")
