@@ -42,10 +42,14 @@ from hamq.client.retry import SendBack
 from hamq.clock import monotonic_s, wall_ms
 from hamq.errors import ConnectionLost, HamqError, InvalidArgument, TopicNotExist
 from hamq.net.connection import Connection
+from hamq.net.tasks import PeriodicTask
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import Frame, pack_body, unpack_body
-from hamq.protocol.properties import (DEFAULT_MAX_RECONSUME_TIMES, PROPERTY_RECONSUME_TIME,
-                                      RETRY_GROUP_TOPIC_PREFIX)
+from hamq.protocol.properties import (
+    DEFAULT_MAX_RECONSUME_TIMES,
+    PROPERTY_RECONSUME_TIME,
+    RETRY_GROUP_TOPIC_PREFIX,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +59,7 @@ LOCAL_LOCK_MAX_LIVE_S = 30.0         # REBALANCE_LOCK_MAX_LIVE_TIME on the clien
 CONSUME_THREADS = 20                 # consumeThreadMax
 CONSUME_DRAIN_TIMEOUT_S = 10.0       # how long a dropped concurrent queue waits for its listener
 AWAIT_TERMINATION_S = 30.0           # awaitTerminationMillisWhenShutdown
-STOP_LOOPS_TIMEOUT_S = 5.0           # shutdown: heartbeat/rebalance/persist loops to end
+STOP_LOOPS_TIMEOUT_S = 5.0           # shutdown: the lock loop to end
 LOCK_RETRY_S = 1.0                   # orderly: ask again for a lock that was refused
 RECONSUME_KEPT_S = 5.0               # submitConsumeRequestLater: retry of a kept message
 KEPT_MAX = 1000                      # pullThresholdForQueue: no pulls while this many wait
@@ -144,9 +148,6 @@ class AsyncPushConsumer:
         self.pull_batch_size = pull_batch_size
         self.consume_message_batch_max_size = consume_message_batch_max_size
         self.max_reconsume_times = max_reconsume_times
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.rebalance_interval_s = rebalance_interval_s
-        self.persist_offset_interval_s = persist_offset_interval_s
         self.lock_renew_interval_s = lock_renew_interval_s
         self.lock_max_live_s = lock_max_live_s
         self.pull_suspend_ms = pull_suspend_ms
@@ -169,8 +170,15 @@ class AsyncPushConsumer:
         self._offset_file_lock: int | None = None  # broadcasting: the file is ours alone
         self._refused: set[MessageQueue] = set()  # orderly: wanted, but locked by another
         self._releases: set[asyncio.Task] = set()
-        self._rebalance_now = asyncio.Event()
-        self._tasks: list[asyncio.Task] = []
+        self._heartbeats = PeriodicTask(f"heartbeat of consumer group {group}",
+                                        heartbeat_interval_s, self._send_heartbeats)
+        # every interval, and at once when a broker says the group changed
+        self._rebalances = PeriodicTask(f"rebalance of consumer group {group}",
+                                        rebalance_interval_s, self._rebalance_round)
+        self._persists = PeriodicTask(f"offset persist of consumer group {group}",
+                                      persist_offset_interval_s, self._persist_all)
+        self._take_refused = PeriodicTask(f"lock retry of consumer group {group}",
+                                          LOCK_RETRY_S, self._take_refused_queues)
         self._lock_task: asyncio.Task | None = None
         self._adding: set[MessageQueue] = set()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -202,11 +210,9 @@ class AsyncPushConsumer:
         self._running = True
         await self._send_heartbeats()
         await self._rebalance()
-        self._tasks = [asyncio.create_task(self._heartbeat_loop()),
-                       asyncio.create_task(self._rebalance_loop()),
-                       asyncio.create_task(self._persist_loop())]
+        for duty in self._duties():
+            duty.start()
         if self.orderly:
-            self._tasks.append(asyncio.create_task(self._take_refused_loop()))
             self._lock_task = asyncio.create_task(self._lock_loop())
 
     def suspend(self) -> None:
@@ -223,8 +229,8 @@ class AsyncPushConsumer:
         running after ``await_termination_s`` is neither committed nor unlocked: its lock
         lapses on the broker, never under a running listener."""
         self._running = False
-        for task in self._tasks:  # not the lock loop: locks stay renewed while listeners finish
-            task.cancel()
+        # not the lock loop: locks stay renewed while listeners finish
+        await asyncio.gather(*(duty.stop() for duty in self._duties()))
         for pq in list(self.process_queues.values()):
             if not pq.dropped:  # a dropped one is being released already
                 self._release_later(pq)
@@ -239,12 +245,10 @@ class AsyncPushConsumer:
             if pq.task is not None:
                 pq.task.cancel()
         if self._lock_task is not None:
-            self._tasks.append(self._lock_task)
             self._lock_task.cancel()
-        # Bounded: asyncio.wait_for (3.11) can swallow a cancel that meets a completion,
-        # so the loops also stop by themselves once not running.
-        if self._tasks:  # none if start() failed
-            await asyncio.wait(self._tasks, timeout=STOP_LOOPS_TIMEOUT_S)
+            # Bounded: asyncio.wait_for (3.11) can swallow a cancel that meets a
+            # completion, so the loop also stops by itself once nothing is left to renew.
+            await asyncio.wait([self._lock_task], timeout=STOP_LOOPS_TIMEOUT_S)
         await self._unregister()
         if self._executor is not None:
             # Not waited for: a listener still running was given up on above (its queue
@@ -276,7 +280,7 @@ class AsyncPushConsumer:
     # -- RequestHandler: what brokers send us ----------------------------------------------
     def handle(self, conn: Connection, frame: Frame) -> list | None:
         if frame.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
-            self._rebalance_now.set()
+            self._rebalances.wake()
             return None
         raise HamqError(f"consumer does not serve request code {frame.code}")
 
@@ -302,11 +306,6 @@ class AsyncPushConsumer:
     async def _send_heartbeats(self) -> None:
         await self.core.heart_beat(await self._broker_addrs(), self._heartbeat_body())
 
-    async def _heartbeat_loop(self) -> None:
-        while self._running:
-            await asyncio.sleep(self.heartbeat_interval_s)
-            await self._send_heartbeats()
-
     async def _unregister(self) -> None:
         for addr in await self._broker_addrs():
             try:
@@ -316,20 +315,16 @@ class AsyncPushConsumer:
                 pass
 
     # -- rebalance --------------------------------------------------------------------------
-    async def _rebalance_loop(self) -> None:
-        while self._running:
-            try:
-                await asyncio.wait_for(self._rebalance_now.wait(), self.rebalance_interval_s)
-            except asyncio.TimeoutError:
-                pass
-            if not self._running:
-                return
-            self._rebalance_now.clear()
-            await self._send_heartbeats()  # new brokers of the topic learn about us too
-            try:
-                await self._rebalance()
-            except HamqError as err:  # the next round tries again
-                log.warning("rebalance of %s failed: %s", self.group, err.message)
+    def _duties(self) -> list[PeriodicTask]:
+        return [self._heartbeats, self._rebalances, self._persists] + \
+            ([self._take_refused] if self.orderly else [])
+
+    async def _rebalance_round(self) -> None:
+        await self._send_heartbeats()  # new brokers of the topic learn about us too
+        try:
+            await self._rebalance()
+        except HamqError as err:  # the next round tries again
+            log.warning("rebalance of %s failed: %s", self.group, err.message)
 
     async def _rebalance(self) -> None:
         wanted: set[MessageQueue] = set()
@@ -434,7 +429,7 @@ class AsyncPushConsumer:
         if self.process_queues.get(pq.mq) is pq:
             del self.process_queues[pq.mq]
         if self._running:
-            self._rebalance_now.set()  # the queue may be wanted again meanwhile
+            self._rebalances.wake()  # the queue may be wanted again meanwhile
 
     async def _committed_offset(self, mq: MessageQueue) -> int | None:
         if self.offset_file is not None:
@@ -629,13 +624,11 @@ class AsyncPushConsumer:
             await asyncio.sleep(self.lock_renew_interval_s)
             await self._lock(list(self.process_queues.values()))
 
-    async def _take_refused_loop(self) -> None:
+    async def _take_refused_queues(self) -> None:
         """A refused lock is asked for again on its own, not by a whole rebalance (which
         would also heartbeat every broker and refresh every route each second)."""
-        while self._running:
-            await asyncio.sleep(LOCK_RETRY_S)
-            for mq in sorted(self._refused - set(self.process_queues)):
-                await self._add(mq)
+        for mq in sorted(self._refused - set(self.process_queues)):
+            await self._add(mq)
 
     async def _lock(self, pqs: list[ProcessQueue]) -> None:
         until = monotonic_s() + self.lock_max_live_s
@@ -674,10 +667,8 @@ class AsyncPushConsumer:
             yield group, frame, addr
 
     # -- offsets --------------------------------------------------------------------------------
-    async def _persist_loop(self) -> None:
-        while self._running:
-            await asyncio.sleep(self.persist_offset_interval_s)
-            await self._persist_offsets(list(self.process_queues.values()))
+    async def _persist_all(self) -> None:
+        await self._persist_offsets(list(self.process_queues.values()))
 
     async def _persist_offsets(self, pqs: list[ProcessQueue]) -> None:
         if self.offset_file is None:

@@ -32,10 +32,14 @@ from hamq.client.sync import _SyncFacade
 from hamq.clock import monotonic_s
 from hamq.errors import HamqError, InvalidArgument, RequestCodeNotSupported, ServiceNotAvailable
 from hamq.net.connection import Connection
+from hamq.net.tasks import PeriodicTask, cancel_all
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import Frame, pack_body
-from hamq.protocol.properties import (PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED,
-                                      decode_single_message)
+from hamq.protocol.properties import (
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_TRANSACTION_PREPARED,
+    decode_single_message,
+)
 from hamq.protocol.transaction import TransactionState
 
 log = logging.getLogger(__name__)
@@ -62,7 +66,6 @@ class AsyncTransactionProducer:
         self.group = group
         self.execute_local_transaction = execute_local_transaction
         self.check_local_transaction = check_local_transaction
-        self.heartbeat_interval_s = heartbeat_interval_s
         self.client_id = f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
         self.producer = AsyncProducer(namesrv, group, send_timeout_s)
         self.core = self.producer.core
@@ -70,22 +73,20 @@ class AsyncTransactionProducer:
         self._admin = AsyncAdmin(core=self.core)
         self._masters: set[str] = set()  # brokers that may hold our half messages
         self._masters_fetched_at = -ROUTE_REFRESH_INTERVAL_S
-        self._heartbeats: asyncio.Task | None = None
+        self._heartbeats = PeriodicTask(f"heartbeat of producer group {group}",
+                                        heartbeat_interval_s, self._heartbeat_round)
         self._checks: set[asyncio.Task] = set()
 
     async def start(self) -> None:
         """Heartbeat the group to every master now, then periodically, so the brokers can
         check the half messages of an earlier run of this group at once."""
-        if self._heartbeats is None:
+        if not self._heartbeats.running:
             await self._heartbeat_round()
-            self._heartbeats = asyncio.create_task(self._heartbeat_loop())
+            self._heartbeats.start()
 
     async def close(self) -> None:
-        for task in (self._heartbeats, *self._checks):
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(*(t for t in (self._heartbeats, *self._checks) if t),
-                             return_exceptions=True)
+        await self._heartbeats.stop()
+        await cancel_all(self._checks)
         await self.producer.close()
 
     async def send_message_in_transaction(self, message: Message,
@@ -100,8 +101,7 @@ class AsyncTransactionProducer:
         if master not in self._masters:  # a master that joined since the last refresh
             self._masters.add(master)
             await self._heartbeat([master])
-        if self._heartbeats is None:
-            self._heartbeats = asyncio.create_task(self._heartbeat_loop())
+        self._heartbeats.start()  # if not running yet
         state = await self._run_callback(self.execute_local_transaction, message, arg)
         if state is not TransactionState.UNKNOW:
             try:
@@ -177,11 +177,6 @@ class AsyncTransactionProducer:
                 log.warning("listing masters for producer group %s failed: %s", self.group,
                             err.message)
         await self._heartbeat(list(self._masters))
-
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.heartbeat_interval_s)
-            await self._heartbeat_round()
 
 
 class TransactionProducer(_SyncFacade):

@@ -44,6 +44,8 @@ class PeriodicTask:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
+        if self._pause is not None:
+            _release(self._pause)
         await cancel_all([task])
 
     def wake(self) -> None:
@@ -53,8 +55,11 @@ class PeriodicTask:
             self._woken = True
 
     async def _loop(self) -> None:
+        this_run = asyncio.current_task()
         while True:
             await self._wait()
+            if self._task is not this_run:
+                return  # stopped, though a duty's asyncio.wait_for swallowed the cancel (3.11)
             try:
                 result = self.duty()
                 if inspect.isawaitable(result):
