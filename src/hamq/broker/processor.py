@@ -19,7 +19,7 @@ Handler = Callable[[Connection, Frame], "list | None"]
 
 class BrokerProcessor:
     def __init__(self, store: MessageStore, topics: TopicService, send: SendProcessor,
-                 pull: PullProcessor, clients: ClientProcessor,
+                 pull: PullProcessor, clients: ClientProcessor, *,
                  runtime_info: Callable[[], dict], on_written: Callable[[], None]) -> None:
         self.store = store
         self.on_written = on_written  # ships new log bytes to slaves

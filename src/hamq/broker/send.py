@@ -29,9 +29,9 @@ _CODE_BY_REPLICA_STATUS = {
 
 class SendProcessor:
     def __init__(self, store: MessageStore, topics: TopicService, flush: FlushService,
-                 on_put: Callable[[str, int], None], ha: HAMaster | None,
-                 put_held_back: Callable[[str, int, bytes, int, int], PutResult],
-                 dledger: DLedgerCommitLog | None = None) -> None:
+                 ha: HAMaster | None, dledger: DLedgerCommitLog | None, *,
+                 on_put: Callable[[str, int], None],
+                 put_held_back: Callable[[str, int, bytes, int, int], PutResult]) -> None:
         self.store = store
         self.topics = topics
         self.flush = flush

@@ -43,7 +43,7 @@ def retry_delay_level(reconsume_times: int) -> int:
 
 class ConsumerSendMsgBackProcessor:
     def __init__(self, store: MessageStore, topics: TopicService,
-                 schedule: ScheduleMessageService, flush: FlushService,
+                 schedule: ScheduleMessageService, flush: FlushService, *,
                  on_put: Callable[[str, int], None]) -> None:
         self.store = store
         self.flush = flush

@@ -88,8 +88,9 @@ class Broker:
                                    on_change=self.registration.request_register)
 
         # -- replication: Raft in DLedger mode, else an HA master and client (one runs) ----
-        self.dledger = DLedgerCommitLog(config, self.store, self.topics, self._arrived,
-                                        self._on_leadership) if self.dledger_mode else None
+        self.dledger = DLedgerCommitLog(
+            config, self.store, self.topics, on_applied=self._arrived,
+            on_role_change=self._on_leadership) if self.dledger_mode else None
         self.ha_master = None if self.dledger_mode else \
             HAMaster(config, self.store, self.members)
         self.ha_slave = None if self.dledger_mode else \
@@ -104,17 +105,17 @@ class Broker:
             flush_interval_ms=config.flush_delay_offset_interval_ms)
         self.transactions = TransactionalMessageService(self.store, self.flush, self.role,
                                                         on_put=self.pull.message_arrived)
-        send = SendProcessor(self.store, self.topics, self.flush, self.pull.message_arrived,
-                             self.ha_master, HeldBackPut(self.schedule, self.transactions),
-                             self.dledger)
+        send = SendProcessor(self.store, self.topics, self.flush, self.ha_master, self.dledger,
+                             on_put=self.pull.message_arrived,
+                             put_held_back=HeldBackPut(self.schedule, self.transactions))
         self.clients = ClientManager()
         self.locks = RebalanceLockManager(config.rebalance_lock_max_live_time_ms)
         self.processor = BrokerProcessor(
             self.store, self.topics, send, self.pull,
-            ClientProcessor(self.store, self.topics, self.clients, self.locks), self.runtime_info,
-            on_written)
+            ClientProcessor(self.store, self.topics, self.clients, self.locks),
+            runtime_info=self.runtime_info, on_written=on_written)
         send_back = ConsumerSendMsgBackProcessor(self.store, self.topics, self.schedule,
-                                                 self.flush, self.pull.message_arrived)
+                                                 self.flush, on_put=self.pull.message_arrived)
         self.processor.register({
             RequestCode.CONSUMER_SEND_MSG_BACK: send_back.send_back,
             RequestCode.GET_ALL_DELAY_OFFSET: self.schedule.get_all_delay_offset,

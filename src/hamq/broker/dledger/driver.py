@@ -52,7 +52,7 @@ def _ignore(result: PutResult | None, err: HamqError | None) -> None:
 
 
 class DLedgerCommitLog:
-    def __init__(self, config: BrokerConfig, store: MessageStore, topics: TopicService,
+    def __init__(self, config: BrokerConfig, store: MessageStore, topics: TopicService, *,
                  on_applied: Callable[[list[tuple[str, int]]], None],
                  on_role_change: Callable[[bool], None]) -> None:
         self.config = config
