@@ -68,9 +68,10 @@ class MemberGroup:
         self._rounds = PeriodicTask("member group sync",
                                     config.sync_broker_member_group_period_ms / 1000,
                                     self.sync_once)
-        # a DLedger member registers as the master while it leads, as its member id else
-        self._own_ids = ({MASTER_ID, config.dledger_self_id}
-                         if config.replication_mode == "dledger" else {config.broker_id})
+        # a member registers as the master (0) while it is one (broker/role.py), under its
+        # own id else (its DLedger member id in DLedger mode)
+        self._own_ids = {MASTER_ID, config.dledger_self_id
+                         if config.replication_mode == "dledger" else config.broker_id}
 
     @property
     def alive_replicas(self) -> int:
