@@ -5,7 +5,8 @@ revive) and both slave services (HA client, slave sync) stop and start again wit
 restart, none fails, writes follow the role, and the name server routes the member as
 brokerId 0 only while it is master. In process (one event loop), with a real name
 server; nothing triggers a master-slave role change yet (seeds 001 and 004 bring that),
-so the test asks the role state directly."""
+so the tests ask the role state directly: one broker alone, then two that hand mastership
+to each other under sends, the slave following the new master each time."""
 from __future__ import annotations
 
 import asyncio
@@ -16,10 +17,12 @@ import pytest
 from hamq.broker.ha.member_group import MASTER_ID
 from hamq.broker.role import BrokerRole
 from hamq.broker.server import Broker
+from hamq.client.message import Message
+from hamq.client.producer import AsyncProducer
 from hamq.config import BrokerConfig, NamesrvConfig
 from hamq.errors import NoPermission
 from hamq.namesrv.server import serve_namesrv
-from helpers import free_port
+from helpers import free_port, read_queue
 
 MASTER_SERVICES = ["delay_delivery", "ha_master", "pop_revive", "transaction_check"]
 SLAVE_SERVICES = ["ha_client", "slave_sync"]
@@ -54,21 +57,34 @@ async def until_registered_as(broker: Broker, broker_id: int) -> None:
         await asyncio.sleep(0.05)
 
 
+async def until(predicate, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out: {what}"
+        await asyncio.sleep(0.01)
+
+
+async def start_namesrv(tmp_path) -> tuple[NamesrvConfig, asyncio.Event, asyncio.Task]:
+    stop = asyncio.Event()
+    config = NamesrvConfig(listen=f"127.0.0.1:{free_port()}", data_dir=str(tmp_path / "ns"))
+    task = asyncio.create_task(serve_namesrv(config, stop))
+    await until(lambda: accepts(config.listen), "name server up")
+    return config, stop, task
+
+
+def slave_broker(tmp_path, namesrv: NamesrvConfig, broker_id: int) -> Broker:
+    return Broker(BrokerConfig(
+        store_dir=str(tmp_path / f"broker{broker_id}"), broker_name="g", broker_id=broker_id,
+        broker_role="slave", listen=f"127.0.0.1:{free_port()}",
+        ha_listen=f"127.0.0.1:{free_port()}", namesrv=(namesrv.listen,),
+        transaction_check_interval_ms=200, revive_interval_ms=200,
+        sync_broker_member_group_period_ms=200, slave_sync_interval_ms=200))
+
+
 def test_a_broker_switches_its_services_in_place(tmp_path):
     async def scenario() -> None:
-        stop_namesrv = asyncio.Event()
-        namesrv = NamesrvConfig(listen=f"127.0.0.1:{free_port()}",
-                                data_dir=str(tmp_path / "namesrv"))
-        namesrv_task = asyncio.create_task(serve_namesrv(namesrv, stop_namesrv))
-        deadline = asyncio.get_running_loop().time() + WAIT_S
-        while not accepts(namesrv.listen):
-            assert asyncio.get_running_loop().time() < deadline, "name server not up"
-            await asyncio.sleep(0.01)
-        broker = Broker(BrokerConfig(
-            store_dir=str(tmp_path / "broker"), broker_name="g", broker_id=1,
-            broker_role="slave", listen=f"127.0.0.1:{free_port()}",
-            ha_listen=f"127.0.0.1:{free_port()}", namesrv=(namesrv.listen,),
-            transaction_check_interval_ms=200, revive_interval_ms=200))
+        namesrv, stop_namesrv, namesrv_task = await start_namesrv(tmp_path)
+        broker = slave_broker(tmp_path, namesrv, 1)
         await broker.start()
         try:
             def role() -> dict:
@@ -109,3 +125,51 @@ def test_a_broker_switches_its_services_in_place(tmp_path):
         assert broker.role.running == set()
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_two_members_hand_mastership_to_each_other_under_sends(tmp_path):
+    """Each hand-over stops writes on the master, lets the slave catch up, then promotes
+    it (with no controller yet, whoever switches picks an in-sync slave); the old master's
+    HA client then follows the new one. Every acknowledged send ends up on both."""
+    async def scenario() -> None:
+        namesrv, stop_namesrv, namesrv_task = await start_namesrv(tmp_path)
+        a, b = slave_broker(tmp_path, namesrv, 1), slave_broker(tmp_path, namesrv, 2)
+        producer = AsyncProducer(namesrv.listen, "p", send_timeout_s=3.0)
+        acked: list[bytes] = []
+        try:
+            await a.start()
+            await b.start()
+            await a.role.change(BrokerRole.MASTER, a.config.listen)
+            a.topics.create("T", 1, 1, 6)
+            await producer.start()
+            master, slave = a, b
+            for round_ in range(3):
+                await until(lambda s=slave: s.runtime_info()["ha"]["state"] == "TRANSFER",
+                            f"round {round_}: the slave attached to the new master")
+                for i in range(20):
+                    body = b"round %d message %d" % (round_, i)
+                    await producer.send(Message("T", body))
+                    acked.append(body)
+                # hand over: writes stop, the slave catches up, then it is promoted
+                await master.role.change(BrokerRole.SLAVE, slave.config.listen)
+                end = master.store.commitlog.max_offset
+                await until(lambda s=slave, e=end: s.store.commitlog.max_offset == e,
+                            f"round {round_}: the slave caught up")
+                await slave.role.change(BrokerRole.MASTER, slave.config.listen)
+                master, slave = slave, master
+                assert master.runtime_info()["role"]["services"] == MASTER_SERVICES
+                assert slave.runtime_info()["role"]["services"] == SLAVE_SERVICES
+            await until(lambda: a.store.commitlog.max_offset == b.store.commitlog.max_offset,
+                        "both logs equal")
+            for member in (a, b):
+                assert sorted(read_queue(member.store, "T").values()) == sorted(acked)
+                assert member.runtime_info()["role"]["errors"] == {}
+            assert a.role.changes == 4 and b.role.changes == 3
+        finally:
+            await producer.close()
+            await a.stop()
+            await b.stop()
+            stop_namesrv.set()
+            await namesrv_task
+
+    asyncio.run(asyncio.wait_for(scenario(), 180))
