@@ -30,6 +30,7 @@ from hamq.clock import monotonic_ms, wall_ms
 from hamq.config import BrokerConfig
 from hamq.errors import RequestCodeNotSupported
 from hamq.net.connection import Connection
+from hamq.net.counts import COUNTS
 from hamq.net.metrics import gauge, serve_metrics
 from hamq.net.pool import ConnectionPool
 from hamq.net.server import Server
@@ -193,7 +194,13 @@ class Broker:
             self.role.change(BrokerRole.SLAVE, self.members.broker_addrs.get(MASTER_ID))
         task = asyncio.create_task(change)
         self._role_changes.add(task)
-        task.add_done_callback(self._role_changes.discard)
+        task.add_done_callback(self._role_change_done)
+
+    def _role_change_done(self, task: asyncio.Task) -> None:
+        self._role_changes.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            COUNTS.internal_errors += 1  # the role state logs a service's failure itself
+            log.error("role change failed", exc_info=task.exception())
 
     def runtime_info(self) -> dict:
         log_ = self.store.commitlog
@@ -253,7 +260,8 @@ class Broker:
         await self.members.stop()
         if self.dledger is not None:
             await self.dledger.stop()
-        await asyncio.gather(*self._role_changes)  # each runs to its end, then all stop
+        # each change runs to its end, then everything stops
+        await asyncio.gather(*self._role_changes, return_exceptions=True)
         await self.role.stop()
         await self.schedule.stop()
         self.pull.close()
