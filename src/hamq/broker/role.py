@@ -1,5 +1,5 @@
 """A member's role as one shared state: master or slave, the master epoch, its broker id
-and the master's address. Services read it (``is_master`` is an attribute read, cheap on
+and the master's address. Services read it (``is_master``, one property read, cheap on
 the send path) instead of keeping a copy, and the services that run on one role only are
 started and stopped by it when the role changes, with no restart of the process.
 
@@ -41,7 +41,9 @@ change stops it again, and one back to its role stops it before starting it afre
 
 Without an authority (master-slave mode) the epoch is this member's own count of its
 promotions and lives in memory only: a restart starts again at 0. Controller mode
-(issue 14) brings persisted epochs given and fenced by the controller.
+(issue 14) brings persisted epochs given and fenced by the controller, and broker ids: a
+member configured as the master (``broker_id = 0``) has no id of its own to register
+under as a slave until then.
 """
 from __future__ import annotations
 
