@@ -21,8 +21,8 @@ test: lint
 # Lint, format and types as pyproject.toml configures them; make test runs this first,
 # so CI fails on a finding before it spends minutes on the suite.
 lint: $(STAMP)
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy
 
 # The Spark example (examples/pipeline): a throwaway hamq dev cluster, orders in,

@@ -25,6 +25,7 @@ install otherwise loads whatever is on disk when each process starts while other
 (--live-src disables this). Standard library only (plus the hamq CLI). Every wait is bounded. Processes are stopped by
 PID only (SIGTERM to the `hamq dev` PID, which stops its children, then wait).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,16 @@ SETUPS = {
     "single": ["--mode", "single"],
     "r3-quorum2": ["--mode", "master-slave", "--replicas", "3", "--in-sync-replicas", "2"],
     "single-syncflush": ["--mode", "single", "--flush-disk-type", "sync"],
-    "r3-quorum2-syncflush": ["--mode", "master-slave", "--replicas", "3", "--in-sync-replicas", "2",
-                             "--flush-disk-type", "sync"],
+    "r3-quorum2-syncflush": [
+        "--mode",
+        "master-slave",
+        "--replicas",
+        "3",
+        "--in-sync-replicas",
+        "2",
+        "--flush-disk-type",
+        "sync",
+    ],
 }
 DEFAULT_SETUPS = "single,r3-quorum2,single-syncflush,r3-quorum2-syncflush"
 READY_TIMEOUT_S = 90.0
@@ -80,6 +89,7 @@ def log(msg: str) -> None:
 
 # ---- small stats helpers (same semantics as peers/benchlib.spread) -------------------------
 
+
 def spread(vals):
     vals = [x for x in vals if x is not None]
     if not vals:
@@ -90,7 +100,7 @@ def spread(vals):
 def fmt_spread(s, digits=0):
     if s["median"] is None:
         return "n/a"
-    f = "{:,.%df}" % digits
+    f = f"{{:,.{digits}f}}"
     return f"{f.format(s['median'])} [{f.format(s['min'])}-{f.format(s['max'])}]"
 
 
@@ -121,6 +131,7 @@ def children_cpu_s():
 
 # ---- ports ----------------------------------------------------------------------------------
 
+
 def ports_for(base: int, replicas: int):
     ports = [base]
     for i in range(replicas):
@@ -149,11 +160,14 @@ def pick_port_base(replicas: int) -> int:
 
 # ---- the cluster ------------------------------------------------------------------------------
 
+
 class DevCluster:
     def __init__(self, setup: str, logdir: str):
         self.setup = setup
         self.args = SETUPS[setup]
-        self.replicas = int(self.args[self.args.index("--replicas") + 1]) if "--replicas" in self.args else 1
+        self.replicas = (
+            int(self.args[self.args.index("--replicas") + 1]) if "--replicas" in self.args else 1
+        )
         self.logdir = logdir
         self.proc = None
         self.ready = None
@@ -162,22 +176,39 @@ class DevCluster:
     def start(self):
         self.data = tempfile.mkdtemp(prefix=f"hamq-cmp-{self.setup}-")
         self.port_base = pick_port_base(self.replicas)
-        self.cmd = [HAMQ, "dev", "--data", self.data, "--port-base", str(self.port_base), *self.args]
+        self.cmd = [
+            HAMQ,
+            "dev",
+            "--data",
+            self.data,
+            "--port-base",
+            str(self.port_base),
+            *self.args,
+        ]
         self.stderr_path = os.path.join(self.logdir, f"dev-{os.path.basename(self.data)}.stderr")
-        self.stderr = open(self.stderr_path, "wb")
+        self.stderr = open(self.stderr_path, "wb")  # noqa: SIM115 (the child holds it)
         log("start: " + " ".join(self.cmd))
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     stdin=subprocess.DEVNULL, cwd=TMP_DIR)
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            stdin=subprocess.DEVNULL,
+            cwd=TMP_DIR,
+        )
         deadline = time.monotonic() + READY_TIMEOUT_S
         buf = b""
         while time.monotonic() < deadline:
-            r, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            r, _, _ = select.select(
+                [self.proc.stdout], [], [], max(0.0, deadline - time.monotonic())
+            )
             if not r:
                 break
             chunk = os.read(self.proc.stdout.fileno(), 65536)
             if not chunk:
-                raise BenchError(f"hamq dev exited before ready (code {self.proc.wait(10)}); "
-                                 f"see {self.stderr_path}")
+                raise BenchError(
+                    f"hamq dev exited before ready (code {self.proc.wait(10)}); "
+                    f"see {self.stderr_path}"
+                )
             buf += chunk
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
@@ -200,8 +231,10 @@ class DevCluster:
             try:
                 self.proc.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                problems.append(f"hamq dev pid {self.proc.pid} did not exit {STOP_TIMEOUT_S} s after SIGTERM; "
-                                f"sent SIGKILL to that pid")
+                problems.append(
+                    f"hamq dev pid {self.proc.pid} did not exit {STOP_TIMEOUT_S} s after SIGTERM; "
+                    f"sent SIGKILL to that pid"
+                )
                 self.proc.kill()
                 self.proc.wait(10)
         if self.proc is not None:
@@ -213,7 +246,9 @@ class DevCluster:
             time.sleep(0.2)
             for pid in self.server_pids:
                 if _pid_is_ours(pid):
-                    problems.append(f"server pid {pid} still alive after hamq dev exited; sent SIGTERM")
+                    problems.append(
+                        f"server pid {pid} still alive after hamq dev exited; sent SIGTERM"
+                    )
                     try:
                         os.kill(pid, signal.SIGTERM)
                     except OSError:
@@ -224,8 +259,10 @@ class DevCluster:
             if keep_logs or problems:
                 for f in os.listdir(self.data):
                     if f.endswith(".log"):
-                        shutil.copy(os.path.join(self.data, f),
-                                    os.path.join(self.logdir, f"{os.path.basename(self.data)}-{f}"))
+                        shutil.copy(
+                            os.path.join(self.data, f),
+                            os.path.join(self.logdir, f"{os.path.basename(self.data)}-{f}"),
+                        )
             shutil.rmtree(self.data, ignore_errors=True)
         for p in problems:
             log("PROBLEM: " + p)
@@ -245,6 +282,7 @@ def _pid_is_ours(pid):
 
 # ---- running one `hamq bench` phase --------------------------------------------------------
 
+
 def run_bench(cluster: DevCluster, args, timeout_s, startup_cpu):
     cmd = [HAMQ, "bench", *args, "--namesrv", cluster.namesrv, "--json"]
     c0 = children_cpu_s()
@@ -253,18 +291,22 @@ def run_bench(cluster: DevCluster, args, timeout_s, startup_cpu):
     try:
         p = subprocess.run(cmd, capture_output=True, timeout=timeout_s, cwd=TMP_DIR)
     except subprocess.TimeoutExpired as e:
-        raise BenchError(f"timeout after {timeout_s} s: {' '.join(cmd)}; stderr: "
-                         f"{(e.stderr or b'').decode(errors='replace')[-2000:]}")
+        raise BenchError(
+            f"timeout after {timeout_s} s: {' '.join(cmd)}; stderr: "
+            f"{(e.stderr or b'').decode(errors='replace')[-2000:]}"
+        ) from None
     wall = time.perf_counter() - t0
     s1 = proc_cpu_s(cluster.server_pids)
     c1 = children_cpu_s()
     if p.returncode != 0:
-        raise BenchError(f"exit {p.returncode}: {' '.join(cmd)}\nstdout: {p.stdout.decode(errors='replace')[-2000:]}"
-                         f"\nstderr: {p.stderr.decode(errors='replace')[-3000:]}")
+        raise BenchError(
+            f"exit {p.returncode}: {' '.join(cmd)}\nstdout: {p.stdout.decode(errors='replace')[-2000:]}"
+            f"\nstderr: {p.stderr.decode(errors='replace')[-3000:]}"
+        )
     try:
         res = json.loads(p.stdout.decode().strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise BenchError(f"no JSON from {' '.join(cmd)}: {p.stdout!r} {p.stderr!r}")
+        raise BenchError(f"no JSON from {' '.join(cmd)}: {p.stdout!r} {p.stderr!r}") from None
     el = max(res.get("elapsed_s") or 0, 1e-6)
     res["command"] = " ".join(cmd)
     res["process_wall_s"] = wall
@@ -292,35 +334,109 @@ def one_run(setup, run, a, logdir, startup_cpu):
     ok = False
     try:
         ready = cl.start()
-        res["cluster"] = {"command": cl.cmd if isinstance(cl.cmd, str) else " ".join(cl.cmd), "ready": ready}
+        res["cluster"] = {
+            "command": cl.cmd if isinstance(cl.cmd, str) else " ".join(cl.cmd),
+            "ready": ready,
+        }
         if a.warmup:
-            w = run_bench(cl, ["produce", "--topic", "WarmUp", "--batch", "1", "--inflight", str(a.window),
-                               "--count", str(a.warmup), "--size", str(a.size), "--queues", str(a.queues)],
-                          120, startup_cpu)
-            res["warmup"] = {k: w.get(k) for k in ("messages", "errors", "first_error", "msgs_per_s")}
+            w = run_bench(
+                cl,
+                [
+                    "produce",
+                    "--topic",
+                    "WarmUp",
+                    "--batch",
+                    "1",
+                    "--inflight",
+                    str(a.window),
+                    "--count",
+                    str(a.warmup),
+                    "--size",
+                    str(a.size),
+                    "--queues",
+                    str(a.queues),
+                ],
+                120,
+                startup_cpu,
+            )
+            res["warmup"] = {
+                k: w.get(k) for k in ("messages", "errors", "first_error", "msgs_per_s")
+            }
             if w["errors"]:
-                res["problems"].append(f"warm-up: {w['messages']} of {a.warmup} msgs, errors {w['errors']}, "
-                                       f"first_error {w.get('first_error')}")
+                res["problems"].append(
+                    f"warm-up: {w['messages']} of {a.warmup} msgs, errors {w['errors']}, "
+                    f"first_error {w.get('first_error')}"
+                )
         ms = str(a.phase_timeout)
-        pub = run_bench(cl, ["produce", "--topic", "BenchTopic", "--batch", "1", "--inflight", str(a.window),
-                             "--count", str(a.count), "--size", str(a.size), "--queues", str(a.queues),
-                             "--max-seconds", ms], a.phase_timeout + 60, startup_cpu)
+        pub = run_bench(
+            cl,
+            [
+                "produce",
+                "--topic",
+                "BenchTopic",
+                "--batch",
+                "1",
+                "--inflight",
+                str(a.window),
+                "--count",
+                str(a.count),
+                "--size",
+                str(a.size),
+                "--queues",
+                str(a.queues),
+                "--max-seconds",
+                ms,
+            ],
+            a.phase_timeout + 60,
+            startup_cpu,
+        )
         res["publish"] = pub
         if pub["errors"] or pub["messages"] != a.count:
-            res["problems"].append(f"produce: {pub['messages']} of {a.count} msgs, errors {pub['errors']}, "
-                                   f"first_error {pub.get('first_error')}")
-        cons = run_bench(cl, ["consume", "--topic", "BenchTopic", "--count", str(pub["messages"]),
-                              "--max-seconds", ms], a.phase_timeout + 60, startup_cpu)
+            res["problems"].append(
+                f"produce: {pub['messages']} of {a.count} msgs, errors {pub['errors']}, "
+                f"first_error {pub.get('first_error')}"
+            )
+        cons = run_bench(
+            cl,
+            [
+                "consume",
+                "--topic",
+                "BenchTopic",
+                "--count",
+                str(pub["messages"]),
+                "--max-seconds",
+                ms,
+            ],
+            a.phase_timeout + 60,
+            startup_cpu,
+        )
         res["consume"] = cons
         if cons["messages"] != pub["messages"]:
             res["problems"].append(f"consume: {cons['messages']} of {pub['messages']} msgs")
-        lat = run_bench(cl, ["latency", "--topic", "LatencyTopic", "--count", str(a.lat_count),
-                             "--size", str(a.size), "--queues", str(a.queues), "--max-seconds", ms],
-                        a.phase_timeout + 60, startup_cpu)
+        lat = run_bench(
+            cl,
+            [
+                "latency",
+                "--topic",
+                "LatencyTopic",
+                "--count",
+                str(a.lat_count),
+                "--size",
+                str(a.size),
+                "--queues",
+                str(a.queues),
+                "--max-seconds",
+                ms,
+            ],
+            a.phase_timeout + 60,
+            startup_cpu,
+        )
         res["latency"] = lat
         if lat["errors"] or lat["messages"] != a.lat_count:
-            res["problems"].append(f"latency: {lat['messages']} of {a.lat_count} sends, errors {lat['errors']}, "
-                                   f"first_error {lat.get('first_error')}")
+            res["problems"].append(
+                f"latency: {lat['messages']} of {a.lat_count} sends, errors {lat['errors']}, "
+                f"first_error {lat.get('first_error')}"
+            )
         ok = True
     except BenchError as e:
         res["problems"].append(str(e))
@@ -342,9 +458,18 @@ def snapshot_src(dest_root):
         shutil.rmtree(dst, ignore_errors=True)
         shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         env = dict(os.environ, PYTHONPATH=dest_root)
-        p = subprocess.run([vpy, "-c", "import hamq, hamq.cli.main, hamq.broker.server, hamq.namesrv.server, "
-                            "hamq.cli.bench; print(hamq.__file__)"], capture_output=True, text=True,
-                           timeout=60, env=env)
+        p = subprocess.run(
+            [
+                vpy,
+                "-c",
+                "import hamq, hamq.cli.main, hamq.broker.server, hamq.namesrv.server, "
+                "hamq.cli.bench; print(hamq.__file__)",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
         if p.returncode == 0 and p.stdout.strip().startswith(dest_root):
             h = hashlib.sha256()
             for d, _, files in sorted(os.walk(dst)):
@@ -353,20 +478,34 @@ def snapshot_src(dest_root):
                     h.update(os.path.relpath(fp, dst).encode())
                     with open(fp, "rb") as fh:
                         h.update(fh.read())
-            return {"path": dst, "attempts": attempt, "sha256": h.hexdigest()[:16],
-                    "taken_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            return {
+                "path": dst,
+                "attempts": attempt,
+                "sha256": h.hexdigest()[:16],
+                "taken_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
         last = (p.stdout + p.stderr)[-1500:]
-        log(f"source snapshot attempt {attempt} does not import: {last.strip().splitlines()[-1] if last.strip() else '?'}")
+        log(
+            f"source snapshot attempt {attempt} does not import: {last.strip().splitlines()[-1] if last.strip() else '?'}"
+        )
         time.sleep(10)
     raise BenchError(f"no importable snapshot of {src} after 6 attempts; last error:\n{last}")
 
 
 def git_rev():
     try:
-        rev = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        rev = subprocess.run(
+            ["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return rev + ("+dirty" if dirty else "")
     except Exception:  # noqa: BLE001
         return None
@@ -374,9 +513,16 @@ def git_rev():
 
 def hamq_version():
     try:
-        p = subprocess.run([os.path.join(os.path.dirname(HAMQ), "python"), "-c",
-                            "import importlib.metadata as m; print(m.version('hamq'))"],
-                           capture_output=True, text=True, timeout=30)
+        p = subprocess.run(
+            [
+                os.path.join(os.path.dirname(HAMQ), "python"),
+                "-c",
+                "import importlib.metadata as m; print(m.version('hamq'))",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         return p.stdout.strip() or None
     except Exception:  # noqa: BLE001
         return None
@@ -398,8 +544,11 @@ def phase_ok(r, phase, count, lat_count):
 
 def summarize(raw, count, lat_count):
     def vals(rs, phase, key, only_ok=True):
-        return [x[phase][key] for x in rs
-                if phase in x and (not only_ok or phase_ok(x, phase, count, lat_count))]
+        return [
+            x[phase][key]
+            for x in rs
+            if phase in x and (not only_ok or phase_ok(x, phase, count, lat_count))
+        ]
 
     summary = {}
     for s, rs in raw.items():
@@ -438,21 +587,37 @@ def write_and_print(data, name, ts):
         fh.write(without_machine_paths(json.dumps(data, indent=2, default=str)))
     shutil.copy(path, os.path.join(RESULTS_DIR, f"{name}-latest.json"))
     print()
-    print(f"hamq {info['server_version']}: {p['count']} x {p['size']} B, batch 1, {p['window']} in flight, "
-          f"latency over {p['lat_count']} one-at-a-time sends; median [min-max] of {p['runs']} runs "
-          f"(phases whose sends failed left out)")
-    hdr = ["setup", "publish msg/s", "consume msg/s", "sync p50 ms", "sync p99 ms",
-           "pub CPU client/servers %", "runs with problems", "failed sends per run"]
+    print(
+        f"hamq {info['server_version']}: {p['count']} x {p['size']} B, batch 1, {p['window']} in flight, "
+        f"latency over {p['lat_count']} one-at-a-time sends; median [min-max] of {p['runs']} runs "
+        f"(phases whose sends failed left out)"
+    )
+    hdr = [
+        "setup",
+        "publish msg/s",
+        "consume msg/s",
+        "sync p50 ms",
+        "sync p99 ms",
+        "pub CPU client/servers %",
+        "runs with problems",
+        "failed sends per run",
+    ]
     print("| " + " | ".join(hdr) + " |")
     print("|" + "|".join("---" for _ in hdr) + "|")
     for s, m in summary.items():
         c = m["publish_client_cpu_pct"]["median"]
         v = m["publish_servers_cpu_pct"]["median"]
         e = m["publish_errors_all_runs"]
-        row = [s, fmt_spread(m["publish_msgs_per_s"]), fmt_spread(m["consume_msgs_per_s"]),
-               fmt_spread(m["sync_p50_ms"], 2), fmt_spread(m["sync_p99_ms"], 2),
-               "n/a" if c is None else f"{c:.0f} / {v:.0f}", f"{m['runs_with_problems']} of {m['runs']}",
-               fmt_spread(e) if e["median"] else "0"]
+        row = [
+            s,
+            fmt_spread(m["publish_msgs_per_s"]),
+            fmt_spread(m["consume_msgs_per_s"]),
+            fmt_spread(m["sync_p50_ms"], 2),
+            fmt_spread(m["sync_p99_ms"], 2),
+            "n/a" if c is None else f"{c:.0f} / {v:.0f}",
+            f"{m['runs_with_problems']} of {m['runs']}",
+            fmt_spread(e) if e["median"] else "0",
+        ]
         print("| " + " | ".join(row) + " |")
     for s, probs in info.get("problems", {}).items():
         for pr in probs:
@@ -474,22 +639,33 @@ def resummarize(path, name):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--setups", default=DEFAULT_SETUPS,
-                    help=f"comma list of {', '.join(SETUPS)}")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--setups", default=DEFAULT_SETUPS, help=f"comma list of {', '.join(SETUPS)}")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--count", type=int, default=50000)
-    ap.add_argument("--window", type=int, default=1000, help="sends in flight (--inflight, --batch 1)")
+    ap.add_argument(
+        "--window", type=int, default=1000, help="sends in flight (--inflight, --batch 1)"
+    )
     ap.add_argument("--lat-count", type=int, default=2000)
     ap.add_argument("--size", type=int, default=1024)
-    ap.add_argument("--queues", type=int, default=4, help="queues of each bench topic (hamq bench default)")
+    ap.add_argument(
+        "--queues", type=int, default=4, help="queues of each bench topic (hamq bench default)"
+    )
     ap.add_argument("--warmup", type=int, default=2000)
     ap.add_argument("--phase-timeout", type=float, default=180.0)
     ap.add_argument("--name", default="hamq", help="result file prefix in $PEERS_DIR/results")
-    ap.add_argument("--live-src", action="store_true",
-                    help="use the editable install as is instead of a snapshot of src/hamq")
-    ap.add_argument("--resummarize", metavar="RESULT_JSON",
-                    help="only recompute the summary of an existing result file and write it again")
+    ap.add_argument(
+        "--live-src",
+        action="store_true",
+        help="use the editable install as is instead of a snapshot of src/hamq",
+    )
+    ap.add_argument(
+        "--resummarize",
+        metavar="RESULT_JSON",
+        help="only recompute the summary of an existing result file and write it again",
+    )
     a = ap.parse_args()
     if a.resummarize:
         resummarize(a.resummarize, a.name)
@@ -515,24 +691,45 @@ def main():
     ver = hamq_version()
     rev = git_rev()
     startup_cpu = measure_startup_cpu()
-    info = {"tool": "bench/compare_peers.py", "server_version": f"{ver} ({rev})" if rev else ver,
-            "hamq_version": ver, "git": rev, "hamq_bin": HAMQ,
-            "params": {"runs": a.runs, "count": a.count, "size": a.size, "window": a.window,
-                       "lat_count": a.lat_count, "batch": 1, "queues": a.queues, "warmup": a.warmup,
-                       "phase_timeout": a.phase_timeout, "setups": ",".join(setups),
-                       "consume_pull_batch": 1024},
-            "setup_commands": {s: "hamq dev --data <tmpdir> --port-base <free> " + " ".join(SETUPS[s])
-                               for s in setups},
-            "client_startup_cpu_s_subtracted": startup_cpu,
-            "source_snapshot": snap or "live editable install (--live-src)",
-            "env": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                    "loadavg_at_start": loadavg(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-                    "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-            "notes": ["each run of each setup on a fresh hamq dev cluster (new tmp data dir)",
-                      "consume = hamq bench consume: pulls of 1024 from every queue concurrently, no per-message "
-                      "ack (pull consumers track offsets; the bench does not commit them)",
-                      "CPU: servers = name server + all brokers; client = hamq bench process minus its "
-                      "startup (approximate)"]}
+    info = {
+        "tool": "bench/compare_peers.py",
+        "server_version": f"{ver} ({rev})" if rev else ver,
+        "hamq_version": ver,
+        "git": rev,
+        "hamq_bin": HAMQ,
+        "params": {
+            "runs": a.runs,
+            "count": a.count,
+            "size": a.size,
+            "window": a.window,
+            "lat_count": a.lat_count,
+            "batch": 1,
+            "queues": a.queues,
+            "warmup": a.warmup,
+            "phase_timeout": a.phase_timeout,
+            "setups": ",".join(setups),
+            "consume_pull_batch": 1024,
+        },
+        "setup_commands": {
+            s: "hamq dev --data <tmpdir> --port-base <free> " + " ".join(SETUPS[s]) for s in setups
+        },
+        "client_startup_cpu_s_subtracted": startup_cpu,
+        "source_snapshot": snap or "live editable install (--live-src)",
+        "env": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "loadavg_at_start": loadavg(),
+            "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+        "notes": [
+            "each run of each setup on a fresh hamq dev cluster (new tmp data dir)",
+            "consume = hamq bench consume: pulls of 1024 from every queue concurrently, no per-message "
+            "ack (pull consumers track offsets; the bench does not commit them)",
+            "CPU: servers = name server + all brokers; client = hamq bench process minus its "
+            "startup (approximate)",
+        ],
+    }
     log(f"hamq {info['server_version']}; setups {setups}; runs {a.runs}; logs {logdir}")
 
     raw = {s: [] for s in setups}
@@ -542,11 +739,13 @@ def main():
             r = one_run(s, run, a, logdir, startup_cpu)
             raw[s].append(r)
             if "latency" in r:
-                log(f"run {run} {s:22s} publish {r['publish']['msgs_per_s']:8,.0f} msg/s "
+                log(
+                    f"run {run} {s:22s} publish {r['publish']['msgs_per_s']:8,.0f} msg/s "
                     f"(client {r['publish']['client_cpu_pct']:.0f}%, servers {r['publish']['servers_cpu_pct']:.0f}%)"
                     f" | consume {r['consume']['msgs_per_s']:8,.0f} msg/s"
                     f" | sync p50 {r['latency']['p50_ms']:.2f} ms p99 {r['latency']['p99_ms']:.2f} ms"
-                    f" | problems {len(r['problems'])}")
+                    f" | problems {len(r['problems'])}"
+                )
             for p in r["problems"]:
                 log(f"run {run} {s} problem: {p}")
     info["total_seconds"] = time.monotonic() - t_start

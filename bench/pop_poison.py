@@ -12,6 +12,7 @@ behind it (issue 11, item 12).
 3. prints one JSON line: pop+ack msgs/s, and the broker's resident memory (VmRSS of the pid
    from GET_BROKER_RUNTIME_INFO) before and after the acks.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,9 @@ async def broker_pid(admin: AsyncAdmin) -> int:
 async def pop_all_but_poison(namesrv: str, count: int, max_seconds: float) -> tuple[int, float]:
     """Pop until ``count`` messages besides the poison were acked; returns (acked without
     error, seconds)."""
-    consumer = AsyncSimpleConsumer(f"pop_poison_{int(time.time())}", namesrv, {TOPIC: "*"},
-                                   await_duration_s=0)
+    consumer = AsyncSimpleConsumer(
+        f"pop_poison_{int(time.time())}", namesrv, {TOPIC: "*"}, await_duration_s=0
+    )
     acked = received = errors = 0
     done = asyncio.Event()
 
@@ -75,8 +77,9 @@ async def pop_all_but_poison(namesrv: str, count: int, max_seconds: float) -> tu
     await consumer.start()
     started = time.perf_counter()
     try:
-        await asyncio.wait_for(asyncio.gather(*(receiver() for _ in range(RECEIVERS)),
-                                              done.wait()), max_seconds)
+        await asyncio.wait_for(
+            asyncio.gather(*(receiver() for _ in range(RECEIVERS)), done.wait()), max_seconds
+        )
     finally:
         elapsed = time.perf_counter() - started
         await consumer.close()
@@ -95,16 +98,41 @@ async def main(namesrv: str, count: int, max_seconds: float) -> dict:
         await producer.send(Message(TOPIC, POISON))
     finally:
         await producer.close()
-    subprocess.run([sys.executable, "-m", "hamq.cli.main", "bench", "produce", "--count",
-                    str(count), "--size", "100", "--queues", "1", "--topic", TOPIC,
-                    "--max-seconds", str(max_seconds), "--namesrv", namesrv, "--json"],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(  # noqa: ASYNC221 (the bench's last step; nothing else runs)
+        [
+            sys.executable,
+            "-m",
+            "hamq.cli.main",
+            "bench",
+            "produce",
+            "--count",
+            str(count),
+            "--size",
+            "100",
+            "--queues",
+            "1",
+            "--topic",
+            TOPIC,
+            "--max-seconds",
+            str(max_seconds),
+            "--namesrv",
+            namesrv,
+            "--json",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     before = rss_mb(pid)
     acked, elapsed = await pop_all_but_poison(namesrv, count, max_seconds)
     await asyncio.sleep(2.0)  # a revive checkpoint or two after the last ack
-    return {"acked": acked, "seconds": round(elapsed, 2),
-            "pop_ack_msgs_per_s": round(acked / elapsed), "broker_rss_mb_before": round(before),
-            "broker_rss_mb_after": round(rss_mb(pid)), "poison_message": "never acked"}
+    return {
+        "acked": acked,
+        "seconds": round(elapsed, 2),
+        "pop_ack_msgs_per_s": round(acked / elapsed),
+        "broker_rss_mb_before": round(before),
+        "broker_rss_mb_after": round(rss_mb(pid)),
+        "poison_message": "never acked",
+    }
 
 
 if __name__ == "__main__":

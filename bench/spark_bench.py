@@ -11,6 +11,7 @@
    sink) into topic SparkBenchOut with Trigger.AvailableNow.
 Prints one JSON line per measurement.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,9 +31,19 @@ def timed(label: str, run, rows: int, **extra) -> float:
     started = time.perf_counter()
     result = run()
     elapsed = time.perf_counter() - started
-    print(json.dumps({"bench": label, "rows": rows, "elapsed_s": round(elapsed, 3),
-                      "rows_per_s": round(rows / elapsed), "result": str(result), **extra}),
-          flush=True)
+    print(
+        json.dumps(
+            {
+                "bench": label,
+                "rows": rows,
+                "elapsed_s": round(elapsed, 3),
+                "rows_per_s": round(rows / elapsed),
+                "result": str(result),
+                **extra,
+            }
+        ),
+        flush=True,
+    )
     return elapsed
 
 
@@ -50,17 +61,35 @@ def main() -> None:
         admin.create_topic(args.topic + "Out", queue_nums=4)
         held = sum(r["max_offset"] - r["min_offset"] for r in admin.topic_offsets(args.topic))
     if held < args.count:
-        subprocess.run([Path(sys.executable).with_name("hamq"), "bench", "produce",
-                        "--namesrv", args.namesrv, "--topic", args.topic, "--count",
-                        str(args.count - held), "--json"], check=True)
+        subprocess.run(
+            [
+                Path(sys.executable).with_name("hamq"),
+                "bench",
+                "produce",
+                "--namesrv",
+                args.namesrv,
+                "--topic",
+                args.topic,
+                "--count",
+                str(args.count - held),
+                "--json",
+            ],
+            check=True,
+        )
 
     from pyspark.sql import SparkSession
-    spark = (SparkSession.builder.master("local[2]").appName("hamq-spark-bench")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .getOrCreate())
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("hamq-spark-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
-    hamq_df = spark.read.format("hamq").option("namesrv", args.namesrv) \
-        .option("topic", args.topic).load()
+    hamq_df = (
+        spark.read.format("hamq").option("namesrv", args.namesrv).option("topic", args.topic).load()
+    )
     query = "count(*) as n", "sum(length(value)) as bytes"
     rows = hamq_df.count()
     work = Path(tempfile.mkdtemp(prefix="hamq-spark-bench-"))
@@ -69,26 +98,52 @@ def main() -> None:
         parquet_df = spark.read.parquet(str(work / "rows"))
         for attempt in (1, 2):
             count_s = timed("batch_count_hamq", hamq_df.count, rows, attempt=attempt)
-            parquet_count_s = timed("batch_count_parquet", parquet_df.count, rows,
-                                    attempt=attempt)
-            print(json.dumps({"bench": "batch_count_ratio", "attempt": attempt,
-                              "hamq_over_parquet_rows_per_s":
-                              round(parquet_count_s / count_s, 3)}), flush=True)
-            hamq_s = timed("batch_read_hamq", lambda: hamq_df.selectExpr(*query).collect(),
-                           rows, attempt=attempt)
-            parquet_s = timed("batch_read_parquet",
-                              lambda: parquet_df.selectExpr(*query).collect(), rows,
-                              attempt=attempt)
-            print(json.dumps({"bench": "batch_read_ratio", "attempt": attempt,
-                              "hamq_over_parquet_rows_per_s": round(parquet_s / hamq_s, 3)}),
-                  flush=True)
+            parquet_count_s = timed("batch_count_parquet", parquet_df.count, rows, attempt=attempt)
+            print(
+                json.dumps(
+                    {
+                        "bench": "batch_count_ratio",
+                        "attempt": attempt,
+                        "hamq_over_parquet_rows_per_s": round(parquet_count_s / count_s, 3),
+                    }
+                ),
+                flush=True,
+            )
+            hamq_s = timed(
+                "batch_read_hamq",
+                lambda: hamq_df.selectExpr(*query).collect(),
+                rows,
+                attempt=attempt,
+            )
+            parquet_s = timed(
+                "batch_read_parquet",
+                lambda: parquet_df.selectExpr(*query).collect(),
+                rows,
+                attempt=attempt,
+            )
+            print(
+                json.dumps(
+                    {
+                        "bench": "batch_read_ratio",
+                        "attempt": attempt,
+                        "hamq_over_parquet_rows_per_s": round(parquet_s / hamq_s, 3),
+                    }
+                ),
+                flush=True,
+            )
 
         def stream_write() -> int:
-            q = (spark.readStream.schema(parquet_df.schema).parquet(str(work / "rows"))
-                 .selectExpr("value", "key").writeStream.format("hamq")
-                 .option("namesrv", args.namesrv).option("topic", args.topic + "Out")
-                 .option("checkpointLocation", str(work / "ckpt"))
-                 .trigger(availableNow=True).start())
+            q = (
+                spark.readStream.schema(parquet_df.schema)
+                .parquet(str(work / "rows"))
+                .selectExpr("value", "key")
+                .writeStream.format("hamq")
+                .option("namesrv", args.namesrv)
+                .option("topic", args.topic + "Out")
+                .option("checkpointLocation", str(work / "ckpt"))
+                .trigger(availableNow=True)
+                .start()
+            )
             q.awaitTermination()
             return sum(p["numInputRows"] for p in q.recentProgress)
 

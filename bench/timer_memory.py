@@ -9,6 +9,7 @@
 2. prints one JSON line: send rate, and the broker's resident memory (VmRSS of the pid from
    GET_BROKER_RUNTIME_INFO) before the sends and after them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,10 +18,11 @@ import json
 import os
 import time
 
+from pop_poison import broker_pid, rss_mb  # bench/ is the script's directory
+
 from hamq import Message
 from hamq.client.admin import AsyncAdmin
 from hamq.client.producer import AsyncProducer
-from pop_poison import broker_pid, rss_mb  # bench/ is the script's directory
 
 TOPIC = "TimerMemory"
 IN_FLIGHT = 2048  # sends awaiting their answer
@@ -78,14 +80,19 @@ async def main(namesrv: str, count: int) -> dict:
         after = rss_mb(pid)
     finally:
         await admin.close()
-    return {"pending_timers": sent, "seconds": round(elapsed, 2),
-            "send_msgs_per_s": round(sent / elapsed), "broker_rss_mb_before": round(before),
-            "broker_rss_mb_after": round(after)}
+    return {
+        "pending_timers": sent,
+        "seconds": round(elapsed, 2),
+        "send_msgs_per_s": round(sent / elapsed),
+        "broker_rss_mb_before": round(before),
+        "broker_rss_mb_after": round(after),
+    }
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=1_000_000)
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(main(os.environ.get("HAMQ_NAMESRV", "127.0.0.1:9876"),
-                                      args.count))))
+    print(
+        json.dumps(asyncio.run(main(os.environ.get("HAMQ_NAMESRV", "127.0.0.1:9876"), args.count)))
+    )

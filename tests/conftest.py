@@ -3,6 +3,7 @@
 Every process a test starts is stopped by its PID (SIGTERM, then SIGKILL) when the test
 ends, whatever happened in it.
 """
+
 from __future__ import annotations
 
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # test modules import helpers.py, harness.py
-from harness import Cluster  # noqa: E402
+from harness import Cluster
 
 
 @pytest.fixture

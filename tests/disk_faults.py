@@ -1,6 +1,7 @@
 """The real disk, watched: ``RecordingDisk`` notes every write, truncation and fsync in the
 order the stores make them (so a test can check what was durable before what), and fails
 appends with ENOSPC while ``full`` is set, as a file system running out of space does."""
+
 from __future__ import annotations
 
 import errno

@@ -1,5 +1,6 @@
 """Real hamq processes on loopback with ports chosen at run time: the harness behind the
 ``cluster`` fixtures. Every process is stopped by its PID (SIGTERM, then SIGKILL)."""
+
 from __future__ import annotations
 
 import json
@@ -29,12 +30,16 @@ class Proc:
     def pid(self) -> int:
         return self.popen.pid
 
-    def start(self) -> "Proc":
-        log = open(self.log_path, "ab")
+    def start(self) -> Proc:
+        log = open(self.log_path, "ab")  # noqa: SIM115 (the child process holds it)
         env = dict(os.environ, HAMQ_LOG_LEVEL=os.environ.get("HAMQ_LOG_LEVEL", "INFO"))
-        self.popen = subprocess.Popen([sys.executable, "-m", "hamq.cli.main", *self.args],
-                                      stdout=subprocess.PIPE, stderr=log, env=env,
-                                      start_new_session=True)
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "hamq.cli.main", *self.args],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env=env,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             ready, _, _ = select.select([self.popen.stdout], [], [], 0.5)
@@ -88,10 +93,16 @@ class Cluster:
 
     def write_broker_config(self, name: str, **settings) -> Path:
         addr = settings.pop("listen", None) or f"127.0.0.1:{free_port()}"
-        values = {"cluster_name": "TestCluster", "broker_name": "broker-a", "broker_id": 0,
-                  "listen": addr, "ha_listen": f"127.0.0.1:{free_port()}",
-                  "namesrv": self.namesrv_addrs,
-                  "store_dir": str(self.root / name), **settings}
+        values = {
+            "cluster_name": "TestCluster",
+            "broker_name": "broker-a",
+            "broker_id": 0,
+            "listen": addr,
+            "ha_listen": f"127.0.0.1:{free_port()}",
+            "namesrv": self.namesrv_addrs,
+            "store_dir": str(self.root / name),
+            **settings,
+        }
         cfg = self.root / f"{name}.toml"
         cfg.write_text(dump_toml(values))
         return cfg
@@ -104,8 +115,7 @@ class Cluster:
 
     def broker_addr(self, name: str = "broker") -> str:
         text = (self.root / f"{name}.toml").read_text()
-        return next(line.split('"')[1] for line in text.splitlines()
-                    if line.startswith("listen"))
+        return next(line.split('"')[1] for line in text.splitlines() if line.startswith("listen"))
 
     def restart(self, name: str) -> Proc:
         proc = self.procs[name]

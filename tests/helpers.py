@@ -1,4 +1,5 @@
 """Plain helpers shared by test modules (fixtures live in conftest.py)."""
+
 from __future__ import annotations
 
 import socket
@@ -47,19 +48,24 @@ def send_and_pull(namesrv: str, topic: str) -> None:
 def scrape_metrics(addr: str) -> dict[str, float]:
     """The samples a server's ``metrics_listen`` serves, by name."""
     text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=5).read().decode()
-    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
-            if line and not line.startswith("#")}
+    return {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
 
 
 def read_queue(store, topic: str, queue_id: int = 0) -> dict[int, bytes]:
     """Every message a store serves from one queue, by queue offset (for recovery tests)."""
     from hamq.protocol.message import decode_records
     from hamq.store.message_store import GetStatus
+
     offset, got = store.min_offset(topic, queue_id), {}
     while True:
         r = store.get_messages(topic, queue_id, offset, 32, 1 << 20)
         if r.status is not GetStatus.FOUND:
             return got
-        got.update(decode_records(r.records, offset,
-                                  lambda h, index, off, props, body: (off, body)))
+        got.update(
+            decode_records(r.records, offset, lambda h, index, off, props, body: (off, body))
+        )
         offset = r.next_begin_offset

@@ -1,5 +1,6 @@
 """Spark test support: the session settings, and ``spark/stream_job.py`` run in its own
 process group, killed (by that group's id) when a test is done with it or wants it dead."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,11 @@ SPARK_CONF = {
 def spark_env() -> dict[str, str]:
     """Workers must run the venv's interpreter (it has hamq and pyarrow) and bind to
     loopback."""
-    return {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-            "SPARK_LOCAL_IP": "127.0.0.1"}
+    return {
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
 
 
 class StreamJob:
@@ -39,9 +43,13 @@ class StreamJob:
         env = {**os.environ, **spark_env()}
         if failpoint is not None:
             env[FAILPOINT_ENV] = failpoint
-        self.proc = subprocess.Popen([sys.executable, str(JOB), json.dumps(spec)],
-                                     stdout=open(log, "ab"), stderr=subprocess.STDOUT,
-                                     env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(JOB), json.dumps(spec)],
+            stdout=open(log, "ab"),  # noqa: SIM115 (the child holds it)
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
 
     def wait(self, timeout_s: float = JOB_TIMEOUT_S) -> int:
         try:
@@ -53,12 +61,15 @@ class StreamJob:
         deadline = time.monotonic() + timeout_s
         while not condition():
             if self.proc.poll() is not None:
-                raise AssertionError(f"stream job exited early ({self.proc.returncode}); log:\n"
-                                     + self.log.read_text()[-4000:])
+                raise AssertionError(
+                    f"stream job exited early ({self.proc.returncode}); log:\n"
+                    + self.log.read_text()[-4000:]
+                )
             if time.monotonic() > deadline:
                 self.kill9()
-                raise AssertionError("stream job did not get there in time; log:\n"
-                                     + self.log.read_text()[-4000:])
+                raise AssertionError(
+                    "stream job did not get there in time; log:\n" + self.log.read_text()[-4000:]
+                )
             time.sleep(0.2)
 
     def kill9(self) -> None:

@@ -25,6 +25,7 @@ own window never closes, and it has no order_id, so ``orders > 0`` keeps it out 
 
     python examples/pipeline/aggregate_job.py --namesrv 127.0.0.1:9876 --out /tmp/agg
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,68 +44,98 @@ SINK_TOPIC = "order-aggregates"
 WATERMARK_DELAY = "2 minutes"
 WINDOW = "1 minute"
 
-ORDER_SCHEMA = StructType([
-    StructField("order_id", StringType()),
-    StructField("customer", StringType()),
-    StructField("amount", DecimalType(12, 2)),  # exact: sums must match to the cent
-    StructField("event_time", StringType()),
-])
+ORDER_SCHEMA = StructType(
+    [
+        StructField("order_id", StringType()),
+        StructField("customer", StringType()),
+        StructField("amount", DecimalType(12, 2)),  # exact: sums must match to the cent
+        StructField("event_time", StringType()),
+    ]
+)
 
 
 def spark_session(app: str = "hamq-pipeline") -> SparkSession:
     """A local session set up as this machine needs (see the README's Spark notes)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need pyarrow + hamq
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = (SparkSession.builder.master("local[2]").appName(app)
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.session.timeZone", "UTC")
-             # a stateful aggregation keeps one state store per shuffle partition: the
-             # default 200 would make every micro-batch slow for a few thousand rows
-             .config("spark.sql.shuffle.partitions", "4")
-             .getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        # a stateful aggregation keeps one state store per shuffle partition: the
+        # default 200 would make every micro-batch slow for a few thousand rows
+        .config("spark.sql.shuffle.partitions", "4")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
 def aggregates(orders: DataFrame) -> DataFrame:
     """hamq rows → (window_start, window_end, customer, orders, amount)."""
-    parsed = orders.select(F.from_json(F.col("value").cast("string"), ORDER_SCHEMA)
-                           .alias("o")).select("o.*")
-    return (parsed.withColumn("event_time", F.to_timestamp("event_time"))
-            .withWatermark("event_time", WATERMARK_DELAY)
-            .groupBy(F.window("event_time", WINDOW), "customer")
-            .agg(F.count("order_id").alias("orders"), F.sum("amount").alias("amount"))
-            .where(F.col("orders") > 0)  # the end-of-stream marker's group has no order
-            .select(F.col("window.start").alias("window_start"),
-                    F.col("window.end").alias("window_end"), "customer", "orders", "amount"))
+    parsed = orders.select(
+        F.from_json(F.col("value").cast("string"), ORDER_SCHEMA).alias("o")
+    ).select("o.*")
+    return (
+        parsed.withColumn("event_time", F.to_timestamp("event_time"))
+        .withWatermark("event_time", WATERMARK_DELAY)
+        .groupBy(F.window("event_time", WINDOW), "customer")
+        .agg(F.count("order_id").alias("orders"), F.sum("amount").alias("amount"))
+        .where(F.col("orders") > 0)  # the end-of-stream marker's group has no order
+        .select(
+            F.col("window.start").alias("window_start"),
+            F.col("window.end").alias("window_end"),
+            "customer",
+            "orders",
+            "amount",
+        )
+    )
 
 
-def run(spark: SparkSession, namesrv: str, out_dir: Path,
-        max_records_per_trigger: int = 5000) -> None:
+def run(
+    spark: SparkSession, namesrv: str, out_dir: Path, max_records_per_trigger: int = 5000
+) -> None:
     """Run both queries to completion. ``out_dir`` holds ``parquet/`` and the two
     checkpoints; a second run on the same ``out_dir`` resumes where the first ended."""
-    orders = (spark.readStream.format("hamq")
-              .option("namesrv", namesrv).option("topic", SOURCE_TOPIC)
-              .option("startingOffsets", "earliest")
-              .option("maxRecordsPerTrigger", str(max_records_per_trigger))
-              .load())
+    orders = (
+        spark.readStream.format("hamq")
+        .option("namesrv", namesrv)
+        .option("topic", SOURCE_TOPIC)
+        .option("startingOffsets", "earliest")
+        .option("maxRecordsPerTrigger", str(max_records_per_trigger))
+        .load()
+    )
     result = aggregates(orders)
-    aggregate = (result.writeStream.queryName("aggregate").format("parquet")
-                 .outputMode("append").option("path", str(out_dir / "parquet"))
-                 .option("checkpointLocation", str(out_dir / "checkpoints" / "aggregate"))
-                 .trigger(availableNow=True).start())
+    aggregate = (
+        result.writeStream.queryName("aggregate")
+        .format("parquet")
+        .outputMode("append")
+        .option("path", str(out_dir / "parquet"))
+        .option("checkpointLocation", str(out_dir / "checkpoints" / "aggregate"))
+        .trigger(availableNow=True)
+        .start()
+    )
     wait_and_report(aggregate)
 
     # The file source reads only files the Parquet sink committed (its _spark_metadata log).
     committed = spark.readStream.schema(result.schema).parquet(str(out_dir / "parquet"))
     as_json = F.to_json(F.struct("window_start", "window_end", "customer", "orders", "amount"))
-    publish = (committed.select(F.col("customer").alias("key"), as_json.alias("value"),
-                                F.lit("order-aggregate").alias("tags"))
-               .writeStream.queryName("publish").format("hamq")
-               .option("namesrv", namesrv).option("topic", SINK_TOPIC)
-               .option("checkpointLocation", str(out_dir / "checkpoints" / "publish"))
-               .trigger(availableNow=True).start())
+    publish = (
+        committed.select(
+            F.col("customer").alias("key"),
+            as_json.alias("value"),
+            F.lit("order-aggregate").alias("tags"),
+        )
+        .writeStream.queryName("publish")
+        .format("hamq")
+        .option("namesrv", namesrv)
+        .option("topic", SINK_TOPIC)
+        .option("checkpointLocation", str(out_dir / "checkpoints" / "publish"))
+        .trigger(availableNow=True)
+        .start()
+    )
     wait_and_report(publish)
 
 
@@ -113,9 +144,12 @@ def wait_and_report(query: StreamingQuery) -> None:
     ``aggregate`` reads nothing: it is the one that emits the windows the watermark closed)."""
     query.awaitTermination()
     progress = query.recentProgress
-    print(f"query {query.name}: {len(progress)} micro-batch(es), "
-          f"{sum(p['numInputRows'] for p in progress)} input rows, rows per batch "
-          f"{[p['numInputRows'] for p in progress]}", flush=True)
+    print(
+        f"query {query.name}: {len(progress)} micro-batch(es), "
+        f"{sum(p['numInputRows'] for p in progress)} input rows, rows per batch "
+        f"{[p['numInputRows'] for p in progress]}",
+        flush=True,
+    )
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ past every real window, so an append-mode job emits the last windows too.
 
     python examples/pipeline/produce_orders.py --namesrv 127.0.0.1:9876 --count 20000
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,7 @@ import random
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from hamq.client.message import Message, MessageQueue
@@ -29,7 +30,7 @@ TOPIC = "orders"
 ORDER_TAG = "order"
 END_TAG = "end-of-stream"
 # Event time of the first order: fixed, so that a run is reproducible.
-BASE_TIME = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
+BASE_TIME = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 # How far orders arrive out of event-time order; the job's watermark delay must exceed it.
 MAX_LATENESS = timedelta(seconds=20)
 # The marker's distance past the last order; the job's watermark delay must be below it.
@@ -46,13 +47,18 @@ class Order:
     event_time: datetime
 
     def to_json(self) -> bytes:
-        return json.dumps({"order_id": self.order_id, "customer": self.customer,
-                           "amount": float(self.amount),
-                           "event_time": iso(self.event_time)}).encode()
+        return json.dumps(
+            {
+                "order_id": self.order_id,
+                "customer": self.customer,
+                "amount": float(self.amount),
+                "event_time": iso(self.event_time),
+            }
+        ).encode()
 
 
 def iso(t: datetime) -> str:
-    return t.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return t.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def generate(count: int, seed: int = 7, minutes: int = 5) -> Iterator[Order]:
@@ -63,23 +69,28 @@ def generate(count: int, seed: int = 7, minutes: int = 5) -> Iterator[Order]:
     weights = [rng.uniform(0.5, 3.0) for _ in CUSTOMERS]  # a few customers order more
     for i in range(count):
         at_ms = i * span_ms // max(count, 1) - rng.randint(0, lateness_ms)
-        yield Order(order_id=f"o-{seed}-{i:07d}",
-                    customer=rng.choices(CUSTOMERS, weights)[0],
-                    amount=Decimal(rng.randint(100, 50_000)) / 100,
-                    event_time=BASE_TIME + timedelta(milliseconds=max(at_ms, 0)))
+        yield Order(
+            order_id=f"o-{seed}-{i:07d}",
+            customer=rng.choices(CUSTOMERS, weights)[0],
+            amount=Decimal(rng.randint(100, 50_000)) / 100,
+            event_time=BASE_TIME + timedelta(milliseconds=max(at_ms, 0)),
+        )
 
 
 @dataclass
 class Summary:
     """What was sent, for run.py and the test to compare the job's output against."""
+
     orders: int
     amount: Decimal
     per_customer: dict[str, tuple[int, Decimal]]
 
     def to_dict(self) -> dict:
-        return {"orders": self.orders, "amount": str(self.amount),
-                "per_customer": {c: [n, str(a)] for c, (n, a) in
-                                 sorted(self.per_customer.items())}}
+        return {
+            "orders": self.orders,
+            "amount": str(self.amount),
+            "per_customer": {c: [n, str(a)] for c, (n, a) in sorted(self.per_customer.items())},
+        }
 
 
 def summarize(orders: Iterator[Order]) -> Summary:
@@ -88,22 +99,27 @@ def summarize(orders: Iterator[Order]) -> Summary:
     for order in orders:
         counts[order.customer] += 1
         sums[order.customer] += order.amount
-    return Summary(sum(counts.values()), sum(sums.values(), Decimal(0)),
-                   {c: (counts[c], sums[c]) for c in counts})
+    return Summary(
+        sum(counts.values()),
+        sum(sums.values(), Decimal(0)),
+        {c: (counts[c], sums[c]) for c in counts},
+    )
 
 
-def produce(namesrv: str, count: int, seed: int = 7, minutes: int = 5,
-            topic: str = TOPIC) -> Summary:
+def produce(
+    namesrv: str, count: int, seed: int = 7, minutes: int = 5, topic: str = TOPIC
+) -> Summary:
     """Send the orders (one customer's orders stay in one queue, in order), then the
     end-of-stream marker last, after every order is acknowledged."""
     orders = list(generate(count, seed, minutes))
     with Producer(namesrv, "order-producer") as producer:
         for start in range(0, len(orders), SEND_CHUNK):
             by_queue: dict[MessageQueue, list[Message]] = defaultdict(list)
-            for order in orders[start:start + SEND_CHUNK]:
+            for order in orders[start : start + SEND_CHUNK]:
                 queue = producer.select_queue(topic, order.customer)
-                by_queue[queue].append(Message(topic, order.to_json(), keys=order.customer,
-                                               tags=ORDER_TAG))
+                by_queue[queue].append(
+                    Message(topic, order.to_json(), keys=order.customer, tags=ORDER_TAG)
+                )
             for queue, messages in by_queue.items():
                 producer.send_batch(messages, queue)
         last = max((o.event_time for o in orders), default=BASE_TIME)

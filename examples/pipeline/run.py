@@ -9,6 +9,7 @@ cluster by its PIDs. Exit status 1 when the output does not match the input.
 
     python examples/pipeline/run.py [--count 20000] [--work-dir DIR] [--report FILE]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,25 +30,33 @@ from types import TracebackType
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import (DecimalType, LongType, StringType, StructField, StructType,
-                               TimestampType)
+from pyspark.sql.types import (
+    DecimalType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from hamq.client.sync import Admin
 
 sys.path.insert(0, str(Path(__file__).parent))  # the sibling modules, however run.py runs
-import aggregate_job  # noqa: E402
-import produce_orders  # noqa: E402
+import aggregate_job
+import produce_orders
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
 # The message a consumer of order-aggregates receives: to_json of a Parquet row.
-AGGREGATE_JSON = StructType([
-    StructField("window_start", TimestampType()),
-    StructField("window_end", TimestampType()),
-    StructField("customer", StringType()),
-    StructField("orders", LongType()),
-    StructField("amount", DecimalType(22, 2)),
-])
+AGGREGATE_JSON = StructType(
+    [
+        StructField("window_start", TimestampType()),
+        StructField("window_end", TimestampType()),
+        StructField("customer", StringType()),
+        StructField("orders", LongType()),
+        StructField("amount", DecimalType(22, 2)),
+    ]
+)
 
 
 def _port_free(port: int) -> bool:
@@ -87,8 +96,15 @@ class DevCluster:
     @property
     def pids(self) -> list[int | None]:
         """hamq dev's own PID first, then its children's (None until it is ready)."""
-        return [self.proc.pid, self.ready.get("namesrv_pid"),
-                *(b["pid"] for b in self.ready.get("brokers", []))] if self.proc else []
+        return (
+            [
+                self.proc.pid,
+                self.ready.get("namesrv_pid"),
+                *(b["pid"] for b in self.ready.get("brokers", [])),
+            ]
+            if self.proc
+            else []
+        )
 
     def start(self) -> DevCluster:
         self.data.mkdir(parents=True, exist_ok=True)
@@ -98,11 +114,22 @@ class DevCluster:
         raise RuntimeError(f"hamq dev did not start; see the logs in {self.data}")
 
     def _try_start(self, port_base: int) -> bool:
-        log = open(self.data / "dev.log", "ab")
+        log = open(self.data / "dev.log", "ab")  # noqa: SIM115 (the child holds it)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hamq.cli.main", "dev", "--data", str(self.data),
-             "--port-base", str(port_base)],
-            stdout=subprocess.PIPE, stderr=log, start_new_session=True)  # Ctrl-C is ours
+            [
+                sys.executable,
+                "-m",
+                "hamq.cli.main",
+                "dev",
+                "--data",
+                str(self.data),
+                "--port-base",
+                str(port_base),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            start_new_session=True,
+        )  # Ctrl-C is ours
         log.close()
         (self.data / "cluster.json").write_text(json.dumps({"pids": [self.proc.pid]}))
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -144,8 +171,9 @@ class DevCluster:
     def __enter__(self) -> DevCluster:
         return self.start()
 
-    def __exit__(self, exc_type: type | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
 
@@ -171,29 +199,41 @@ def create_topics(namesrv: str) -> None:
             admin.create_topic(topic, queue_nums=4)
 
 
-def read_back(spark: SparkSession, namesrv: str, out_dir: Path,
-              sent: produce_orders.Summary) -> dict:
+def read_back(
+    spark: SparkSession, namesrv: str, out_dir: Path, sent: produce_orders.Summary
+) -> dict:
     """Print what the job wrote and check it against what was sent; returns a report."""
     parquet = spark.read.parquet(str(out_dir / "parquet"))
-    messages = (spark.read.format("hamq").option("namesrv", namesrv)
-                .option("topic", aggregate_job.SINK_TOPIC).load()
-                .select(F.col("key").cast("string").alias("key"), "tags",
-                        F.col("value").cast("string").alias("value"))).cache()
+    messages = (
+        spark.read.format("hamq")
+        .option("namesrv", namesrv)
+        .option("topic", aggregate_job.SINK_TOPIC)
+        .load()
+        .select(
+            F.col("key").cast("string").alias("key"),
+            "tags",
+            F.col("value").cast("string").alias("value"),
+        )
+    ).cache()
     published = messages.select(F.from_json("value", AGGREGATE_JSON).alias("a")).select("a.*")
 
     n_rows, n_messages = parquet.count(), messages.count()
     windows = parquet.select("window_start").distinct().count()
-    print(f"\nParquet {out_dir / 'parquet'}: {n_rows} rows "
-          f"({windows} one-minute windows x customers); a few:")
+    print(
+        f"\nParquet {out_dir / 'parquet'}: {n_rows} rows "
+        f"({windows} one-minute windows x customers); a few:"
+    )
     parquet.orderBy("window_start", "customer").show(5, truncate=False)
     print(f"topic {aggregate_job.SINK_TOPIC}: {n_messages} messages; a few:")
     messages.orderBy("value").show(3, truncate=False)
 
-    totals = {r.customer: (r.orders, r.amount) for r in
-              parquet.groupBy("customer").agg(F.sum("orders").alias("orders"),
-                                              F.sum("amount").alias("amount")).collect()}
-    print(f"{'customer':<14}{'sent':>8}{'in parquet':>12}{'amount sent':>16}"
-          f"{'in parquet':>16}")
+    totals = {
+        r.customer: (r.orders, r.amount)
+        for r in parquet.groupBy("customer")
+        .agg(F.sum("orders").alias("orders"), F.sum("amount").alias("amount"))
+        .collect()
+    }
+    print(f"{'customer':<14}{'sent':>8}{'in parquet':>12}{'amount sent':>16}{'in parquet':>16}")
     for customer, (n, amount) in sorted(sent.per_customer.items()):
         got_n, got_amount = totals.get(customer, (0, Decimal(0)))
         flag = "" if (got_n, got_amount) == (n, amount) else "   MISMATCH"
@@ -206,13 +246,18 @@ def read_back(spark: SparkSession, namesrv: str, out_dir: Path,
     missing = parquet.exceptAll(published).count()
     extra = published.exceptAll(parquet).count()
     bad_keys = messages.where(F.col("key") != F.get_json_object("value", "$.customer")).count()
-    print(f"topic vs Parquet: {missing} rows missing, {extra} extra, {bad_keys} with a key "
-          "other than the customer")
-    ok = (totals == sent.per_customer and missing == extra == bad_keys == 0
-          and n_messages == n_rows)
+    print(
+        f"topic vs Parquet: {missing} rows missing, {extra} extra, {bad_keys} with a key "
+        "other than the customer"
+    )
+    ok = totals == sent.per_customer and missing == extra == bad_keys == 0 and n_messages == n_rows
     print("OK: the output matches the orders sent" if ok else "FAILED: output differs")
-    return {"ok": ok, "produced": sent.to_dict(), "parquet_rows": n_rows,
-            "topic_messages": [r.asDict() for r in messages.collect()]}
+    return {
+        "ok": ok,
+        "produced": sent.to_dict(),
+        "parquet_rows": n_rows,
+        "topic_messages": [r.asDict() for r in messages.collect()],
+    }
 
 
 def main() -> int:
@@ -221,9 +266,12 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--minutes", type=int, default=5, help="event-time span of orders")
     parser.add_argument("--max-records-per-trigger", type=int, default=5000)
-    parser.add_argument("--work-dir", type=Path,
-                        help="keep cluster data and output here (default: a temporary "
-                             "directory, removed at the end)")
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        help="keep cluster data and output here (default: a temporary "
+        "directory, removed at the end)",
+    )
     parser.add_argument("--report", type=Path, help="also write the read-back as JSON here")
     args = parser.parse_args()
     # SIGTERM (a test's timeout) unwinds like Ctrl-C, so the cluster is stopped below.
@@ -235,16 +283,18 @@ def main() -> int:
             kept = "" if args.work_dir else " (removed at the end; --work-dir keeps it)"
             print(f"hamq dev on {cluster.namesrv} (pids {cluster.pids}), data in {work}{kept}")
             create_topics(cluster.namesrv)
-            sent = produce_orders.produce(cluster.namesrv, args.count, args.seed,
-                                          args.minutes)
-            print(f"produced {sent.orders} orders (amount {sent.amount}) of "
-                  f"{len(sent.per_customer)} customers to '{produce_orders.TOPIC}', then the "
-                  f"end-of-stream marker")
+            sent = produce_orders.produce(cluster.namesrv, args.count, args.seed, args.minutes)
+            print(
+                f"produced {sent.orders} orders (amount {sent.amount}) of "
+                f"{len(sent.per_customer)} customers to '{produce_orders.TOPIC}', then the "
+                f"end-of-stream marker"
+            )
             spark = aggregate_job.spark_session()
             try:
                 job_started = time.monotonic()
-                aggregate_job.run(spark, cluster.namesrv, work / "out",
-                                  args.max_records_per_trigger)
+                aggregate_job.run(
+                    spark, cluster.namesrv, work / "out", args.max_records_per_trigger
+                )
                 print(f"Spark job done in {time.monotonic() - job_started:.1f} s")
                 report = read_back(spark, cluster.namesrv, work / "out", sent)
             finally:

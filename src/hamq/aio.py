@@ -1,4 +1,5 @@
 """The asyncio client API."""
+
 from hamq.client.admin import AsyncAdmin
 from hamq.client.consumer import AsyncPullConsumer, PullResult, PullStatus
 from hamq.client.message import Message, MessageExt, MessageQueue, SendResult, SendStatus
@@ -8,8 +9,23 @@ from hamq.client.simple import AsyncSimpleConsumer, PopMessageExt
 from hamq.client.transaction import AsyncTransactionProducer, TransactionSendResult
 from hamq.protocol.transaction import TransactionState
 
-__all__ = ["AsyncAdmin", "AsyncProducer", "AsyncPullConsumer", "AsyncPushConsumer",
-           "AsyncSimpleConsumer", "ConsumeConcurrentlyStatus", "ConsumeOrderlyStatus",
-           "Message", "MessageExt", "MessageQueue", "PopMessageExt", "PullResult", "PullStatus",
-           "SendResult", "SendStatus", "AsyncTransactionProducer", "TransactionSendResult",
-           "TransactionState"]
+__all__ = [
+    "AsyncAdmin",
+    "AsyncProducer",
+    "AsyncPullConsumer",
+    "AsyncPushConsumer",
+    "AsyncSimpleConsumer",
+    "AsyncTransactionProducer",
+    "ConsumeConcurrentlyStatus",
+    "ConsumeOrderlyStatus",
+    "Message",
+    "MessageExt",
+    "MessageQueue",
+    "PopMessageExt",
+    "PullResult",
+    "PullStatus",
+    "SendResult",
+    "SendStatus",
+    "TransactionSendResult",
+    "TransactionState",
+]

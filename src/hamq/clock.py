@@ -12,6 +12,7 @@ The sans-IO cores (``raft/``, ``replication/``) read no clock: their drivers pas
 ``monotonic_ms()`` in. The store takes its wall clock as an argument (``MessageStore``'s
 ``clock_ms``) so tests can run it on a virtual one.
 """
+
 from __future__ import annotations
 
 import time

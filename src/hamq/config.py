@@ -5,6 +5,7 @@ every other rule (types, ranges, allowed values, combinations) is in ``config_ch
 runs whenever a config is built, so a bad one never reaches a server (RocketMQ's loaders
 silently ignore what they do not understand; we do not).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,11 +26,12 @@ T = TypeVar("T")
 class ServerConfig:
     """Limits of every port a server process listens on (client, HA and Raft ports), so a
     client that opens, trickles or never reads cannot exhaust its memory."""
-    max_connections: int = 4096                    # per listening port; more are closed at once
-    max_connections_per_address: int = 512         # per client IP address, per port
-    connection_idle_timeout_ms: int = 120_000      # serverChannelMaxIdleTimeSeconds: nothing read
+
+    max_connections: int = 4096  # per listening port; more are closed at once
+    max_connections_per_address: int = 512  # per client IP address, per port
+    connection_idle_timeout_ms: int = 120_000  # serverChannelMaxIdleTimeSeconds: nothing read
     #   and nothing written for this long closes the connection
-    frame_read_timeout_ms: int = 30_000            # a frame begun must be complete within this
+    frame_read_timeout_ms: int = 30_000  # a frame begun must be complete within this
     max_pending_response_bytes: int = 16 * 1024 * 1024  # answers not yet read by the peer, per
     #   connection, past which its requests are not read until it catches up
     max_held_bytes: int = 256 * 1024 * 1024  # unfinished frames and unread answers of all
@@ -42,17 +44,17 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class StoreConfig:
-    store_dir: str = "./store"                     # storePathRootDir
-    flush_disk_type: str = "async"                 # flushDiskType (ASYNC_FLUSH / SYNC_FLUSH)
-    sync_flush_timeout_ms: int = 5000              # syncFlushTimeout
-    flush_interval_commitlog_ms: int = 500         # flushIntervalCommitLog
-    flush_interval_consume_queue_ms: int = 1000    # flushIntervalConsumeQueue
+    store_dir: str = "./store"  # storePathRootDir
+    flush_disk_type: str = "async"  # flushDiskType (ASYNC_FLUSH / SYNC_FLUSH)
+    sync_flush_timeout_ms: int = 5000  # syncFlushTimeout
+    flush_interval_commitlog_ms: int = 500  # flushIntervalCommitLog
+    flush_interval_consume_queue_ms: int = 1000  # flushIntervalConsumeQueue
     mapped_file_size_commitlog: int = 256 * 1024 * 1024  # mappedFileSizeCommitLog (1 GiB there)
-    file_reserved_hours: float = 72.0              # fileReservedTime
-    clean_resource_interval_ms: int = 10_000       # cleanResourceInterval
-    disk_max_used_space_ratio: float = 0.95        # diskMaxUsedSpaceRatio: refuse writes above
-    disk_min_free_bytes: int = 64 * 1024 * 1024    # refuse writes with less free space than this
-    max_message_size: int = 4 * 1024 * 1024        # maxMessageSize
+    file_reserved_hours: float = 72.0  # fileReservedTime
+    clean_resource_interval_ms: int = 10_000  # cleanResourceInterval
+    disk_max_used_space_ratio: float = 0.95  # diskMaxUsedSpaceRatio: refuse writes above
+    disk_min_free_bytes: int = 64 * 1024 * 1024  # refuse writes with less free space than this
+    max_message_size: int = 4 * 1024 * 1024  # maxMessageSize
 
     def __post_init__(self) -> None:
         check.check_types(self)
@@ -61,49 +63,49 @@ class StoreConfig:
 
 @dataclass(frozen=True)
 class BrokerConfig(StoreConfig, ServerConfig):
-    cluster_name: str = "DefaultCluster"           # brokerClusterName
-    broker_name: str = "broker-a"                  # brokerName
-    broker_id: int = 0                             # brokerId (0 = master)
-    broker_role: str = "async_master"              # brokerRole
-    listen: str = "127.0.0.1:10911"                # listenPort (and host)
+    cluster_name: str = "DefaultCluster"  # brokerClusterName
+    broker_name: str = "broker-a"  # brokerName
+    broker_id: int = 0  # brokerId (0 = master)
+    broker_role: str = "async_master"  # brokerRole
+    listen: str = "127.0.0.1:10911"  # listenPort (and host)
     namesrv: tuple[str, ...] = ("127.0.0.1:9876",)  # namesrvAddr
-    default_topic_queue_nums: int = 4              # defaultTopicQueueNums
-    auto_create_topic_enable: bool = False         # autoCreateTopicEnable
-    broker_heartbeat_interval_ms: int = 1000       # brokerHeartbeatInterval
-    register_broker_interval_ms: int = 30_000      # registerNameServerPeriod
-    broker_not_active_timeout_ms: int = 0          # brokerNotActiveTimeoutMillis; 0 = namesrv's
-    long_polling_max_wait_ms: int = 15_000         # longPollingEnable's upper bound
-    metrics_listen: str = ""                       # HOST:PORT of /metrics (Prometheus), "" = off
+    default_topic_queue_nums: int = 4  # defaultTopicQueueNums
+    auto_create_topic_enable: bool = False  # autoCreateTopicEnable
+    broker_heartbeat_interval_ms: int = 1000  # brokerHeartbeatInterval
+    register_broker_interval_ms: int = 30_000  # registerNameServerPeriod
+    broker_not_active_timeout_ms: int = 0  # brokerNotActiveTimeoutMillis; 0 = namesrv's
+    long_polling_max_wait_ms: int = 15_000  # longPollingEnable's upper bound
+    metrics_listen: str = ""  # HOST:PORT of /metrics (Prometheus), "" = off
     # -- master-slave replication (seed 000, RIP-34) ----------------------------------
-    ha_listen: str = ""                            # haListenPort; "" = listen port + 1
-    ha_send_heartbeat_interval_ms: int = 1000      # haSendHeartbeatInterval
-    ha_housekeeping_interval_ms: int = 20_000      # haHousekeepingInterval
-    ha_transfer_batch_bytes: int = 1024 * 1024     # haTransferBatchSize
-    ha_window_bytes: int = 8 * 1024 * 1024         # bytes in flight to one slave (flow control)
-    total_replicas: int = 1                        # totalReplicas
-    in_sync_replicas: int = 1                      # inSyncReplicas
-    min_in_sync_replicas: int = 1                  # minInSyncReplicas
-    enable_auto_in_sync_replicas: bool = False     # enableAutoInSyncReplicas
+    ha_listen: str = ""  # haListenPort; "" = listen port + 1
+    ha_send_heartbeat_interval_ms: int = 1000  # haSendHeartbeatInterval
+    ha_housekeeping_interval_ms: int = 20_000  # haHousekeepingInterval
+    ha_transfer_batch_bytes: int = 1024 * 1024  # haTransferBatchSize
+    ha_window_bytes: int = 8 * 1024 * 1024  # bytes in flight to one slave (flow control)
+    total_replicas: int = 1  # totalReplicas
+    in_sync_replicas: int = 1  # inSyncReplicas
+    min_in_sync_replicas: int = 1  # minInSyncReplicas
+    enable_auto_in_sync_replicas: bool = False  # enableAutoInSyncReplicas
     ha_max_gap_not_in_sync: int = 256 * 1024 * 1024  # haMaxGapNotInSync (RocketMQ's default)
     sync_broker_member_group_period_ms: int = 1000  # syncBrokerMemberGroupPeriod
-    slave_sync_interval_ms: int = 3000             # SlaveSynchronize: metadata from the master
+    slave_sync_interval_ms: int = 3000  # SlaveSynchronize: metadata from the master
     # -- DLedger commit log (seed 002) ----------------------------------------------------
-    replication_mode: str = "master-slave"         # "dledger" = enableDLegerCommitLog
-    dledger_self_id: int = 0                       # dLegerSelfId (1-based here)
-    dledger_peers: tuple[str, ...] = ()            # dLegerPeers: "ID@HOST:PORT" raft endpoints
-    dledger_election_timeout_ms: int = 1000        # a follower's wait before campaigning;
+    replication_mode: str = "master-slave"  # "dledger" = enableDLegerCommitLog
+    dledger_self_id: int = 0  # dLegerSelfId (1-based here)
+    dledger_peers: tuple[str, ...] = ()  # dLegerPeers: "ID@HOST:PORT" raft endpoints
+    dledger_election_timeout_ms: int = 1000  # a follower's wait before campaigning;
     #   an unanswered APPEND is resent after 2/5 of it (large batches under load need time)
     # -- delay and timer messages ------------------------------------------------------
-    flush_delay_offset_interval_ms: int = 10_000   # flushDelayOffsetInterval
+    flush_delay_offset_interval_ms: int = 10_000  # flushDelayOffsetInterval
     # -- transaction messages ----------------------------------------------------------
-    transaction_check_interval_ms: int = 30_000    # transactionCheckInterval
-    transaction_timeout_ms: int = 6_000            # transactionTimeOut: check half messages older
-    transaction_check_max: int = 15                # transactionCheckMax: then roll back
+    transaction_check_interval_ms: int = 30_000  # transactionCheckInterval
+    transaction_timeout_ms: int = 6_000  # transactionTimeOut: check half messages older
+    transaction_check_max: int = 15  # transactionCheckMax: then roll back
     # -- pop consumption ----------------------------------------------------------------
-    pop_inflight_message_threshold: int = 10_000   # popInflightMessageThreshold (per queue)
-    max_held_pops_per_queue: int = 1024            # popPollingSize: more are answered at once
-    max_held_pops_per_connection: int = 1024       # the same, per client connection
-    revive_interval_ms: int = 1000                 # reviveInterval: pop state checkpoint
+    pop_inflight_message_threshold: int = 10_000  # popInflightMessageThreshold (per queue)
+    max_held_pops_per_queue: int = 1024  # popPollingSize: more are answered at once
+    max_held_pops_per_connection: int = 1024  # the same, per client connection
+    revive_interval_ms: int = 1000  # reviveInterval: pop state checkpoint
     # -- ordered consumption ------------------------------------------------------------
     rebalance_lock_max_live_time_ms: int = 60_000  # rocketmq.broker.rebalance.lockMaxLiveTime
     #   must outlive the clients' own lease (30 s by default)
@@ -128,13 +130,13 @@ class BrokerConfig(StoreConfig, ServerConfig):
 
 @dataclass(frozen=True)
 class NamesrvConfig(ServerConfig):
-    listen: str = "127.0.0.1:9876"                       # listenPort
-    data_dir: str = "./namesrv"                          # kvConfigPath's directory
-    scan_not_active_broker_interval_ms: int = 5000       # scanNotActiveBrokerInterval
-    broker_not_active_timeout_ms: int = 10_000           # brokerNotActiveTimeoutMillis
+    listen: str = "127.0.0.1:9876"  # listenPort
+    data_dir: str = "./namesrv"  # kvConfigPath's directory
+    scan_not_active_broker_interval_ms: int = 5000  # scanNotActiveBrokerInterval
+    broker_not_active_timeout_ms: int = 10_000  # brokerNotActiveTimeoutMillis
     max_route_entries: int = 1_000_000  # live members plus (topic, group) routes held (about
     #   0.5 KiB each), past which a registration that would add more is SYSTEM_BUSY
-    metrics_listen: str = ""                             # HOST:PORT of /metrics, "" = off
+    metrics_listen: str = ""  # HOST:PORT of /metrics, "" = off
 
     def __post_init__(self) -> None:
         check.check_types(self)

@@ -5,6 +5,7 @@ number out of range, string not among the allowed ones, or a combination that ca
 is a ``ConfigError`` before a server creates anything on disk or binds a port. Each message
 names the key, the value given and what is allowed, in one line the CLI prints as it is.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,6 +34,7 @@ _SHOW_CHARS = 80
 
 class Range(NamedTuple):
     """The numbers a key allows: ``low`` (excluded when ``low_open``) up to ``high``."""
+
     low: float
     high: float | None = None
     low_open: bool = False
@@ -113,7 +115,7 @@ def show(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     text = repr(list(value) if isinstance(value, tuple) else value)
-    return text if len(text) <= _SHOW_CHARS else text[:_SHOW_CHARS - 3] + "..."
+    return text if len(text) <= _SHOW_CHARS else text[: _SHOW_CHARS - 3] + "..."
 
 
 def bad(key: str, value: Any, allowed: str) -> ConfigError:
@@ -128,6 +130,7 @@ def did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
 
 
 # -- one value -----------------------------------------------------------------------------
+
 
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
@@ -168,8 +171,9 @@ def check_ranges(config: Any, ranges: dict[str, Range]) -> None:
 
 def one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise bad(key, value, f"allowed values are {', '.join(allowed)}"
-                  + did_you_mean(value, allowed))
+        raise bad(
+            key, value, f"allowed values are {', '.join(allowed)}" + did_you_mean(value, allowed)
+        )
 
 
 def address(key: str, value: str) -> tuple[str, int]:
@@ -200,8 +204,11 @@ def dledger_peers(specs: tuple[str, ...]) -> dict[int, str]:
     for spec in specs:
         member, _, addr = spec.partition("@")
         if not member.isascii() or not member.isdigit() or not 1 <= int(member) <= MAX_BROKER_ID:
-            raise bad("dledger_peers", specs,
-                      f"entry {spec!r} must be ID@HOST:PORT with an ID in 1..{MAX_BROKER_ID}")
+            raise bad(
+                "dledger_peers",
+                specs,
+                f"entry {spec!r} must be ID@HOST:PORT with an ID in 1..{MAX_BROKER_ID}",
+            )
         address("dledger_peers", addr)
         if int(member) in peers:
             raise bad("dledger_peers", specs, f"member id {member} is listed twice")
@@ -224,13 +231,15 @@ def _distinct_ports(binds: dict[str, str]) -> None:
     for key, value in binds.items():
         host, port = address(key, value)
         for other_key, other_host, other_port in seen:
-            if port == other_port and (host == other_host or host in _WILDCARD_HOSTS
-                                       or other_host in _WILDCARD_HOSTS):
+            if port == other_port and (
+                host == other_host or host in _WILDCARD_HOSTS or other_host in _WILDCARD_HOSTS
+            ):
                 raise bad(key, value, f"collides with {other_key} ({other_host}:{other_port})")
         seen.append((key, host, port))
 
 
 # -- one config class ----------------------------------------------------------------------
+
 
 def check_server(config: ServerConfig) -> None:
     check_ranges(config, SERVER_RANGES)
@@ -267,34 +276,57 @@ def check_broker(config: BrokerConfig) -> None:
     else:
         _, port = address("listen", config.listen)
         if port == 65535:
-            raise bad("listen", config.listen, "port must be below 65535 when ha_listen is "
-                      "empty (the HA port is the listen port + 1)")
+            raise bad(
+                "listen",
+                config.listen,
+                "port must be below 65535 when ha_listen is "
+                "empty (the HA port is the listen port + 1)",
+            )
         binds["ha_listen (listen port + 1)"] = config.ha_address
     if config.metrics_listen:
         binds["metrics_listen"] = config.metrics_listen
     if config.replication_mode == "dledger":
         peers = dledger_peers(config.dledger_peers)
         if config.dledger_self_id not in peers:
-            raise bad("dledger_self_id", config.dledger_self_id,
-                      f"must be one of the dledger_peers ids {sorted(peers)}")
+            raise bad(
+                "dledger_self_id",
+                config.dledger_self_id,
+                f"must be one of the dledger_peers ids {sorted(peers)}",
+            )
         binds["dledger_peers (this member)"] = peers[config.dledger_self_id]
         # the Raft leader's heartbeat must come several times within a follower's patience
         if config.dledger_election_timeout_ms <= HEARTBEAT_INTERVAL_MS:
-            raise bad("dledger_election_timeout_ms", config.dledger_election_timeout_ms,
-                      f"must be more than the Raft heartbeat interval ({HEARTBEAT_INTERVAL_MS})")
+            raise bad(
+                "dledger_election_timeout_ms",
+                config.dledger_election_timeout_ms,
+                f"must be more than the Raft heartbeat interval ({HEARTBEAT_INTERVAL_MS})",
+            )
     elif (config.broker_id == 0) == (config.broker_role == "slave"):
-        raise bad("broker_id", config.broker_id, f"does not fit broker_role "
-                  f"{config.broker_role!r}: 0 is the master, slaves have ids >= 1")
+        raise bad(
+            "broker_id",
+            config.broker_id,
+            f"does not fit broker_role "
+            f"{config.broker_role!r}: 0 is the master, slaves have ids >= 1",
+        )
     _distinct_ports(binds)
     if config.ha_transfer_batch_bytes > config.ha_window_bytes:
-        raise bad("ha_transfer_batch_bytes", config.ha_transfer_batch_bytes,
-                  f"must not exceed ha_window_bytes ({config.ha_window_bytes})")
+        raise bad(
+            "ha_transfer_batch_bytes",
+            config.ha_transfer_batch_bytes,
+            f"must not exceed ha_window_bytes ({config.ha_window_bytes})",
+        )
     if config.in_sync_replicas > config.total_replicas:
-        raise bad("in_sync_replicas", config.in_sync_replicas,
-                  f"must not exceed total_replicas ({config.total_replicas})")
+        raise bad(
+            "in_sync_replicas",
+            config.in_sync_replicas,
+            f"must not exceed total_replicas ({config.total_replicas})",
+        )
     if config.min_in_sync_replicas > config.in_sync_replicas:
-        raise bad("min_in_sync_replicas", config.min_in_sync_replicas,
-                  f"must not exceed in_sync_replicas ({config.in_sync_replicas})")
+        raise bad(
+            "min_in_sync_replicas",
+            config.min_in_sync_replicas,
+            f"must not exceed in_sync_replicas ({config.in_sync_replicas})",
+        )
     # a slave heard from at every heartbeat must never look silent to the master
     _greater(config, "ha_housekeeping_interval_ms", "ha_send_heartbeat_interval_ms")
     if config.broker_not_active_timeout_ms:  # or the name server drops us between heartbeats

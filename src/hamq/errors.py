@@ -4,6 +4,7 @@ Each class maps to a wire ``ResponseCode``; the client raises the class that mat
 code it received, and its retry logic reads ``retriable`` / ``refresh_route`` instead of
 matching strings (aiokafka's ``errors.py`` idea).
 """
+
 from __future__ import annotations
 
 from hamq.protocol.codes import ResponseCode
@@ -19,7 +20,7 @@ class HamqError(Exception):
         self.message = message or self.__class__.__name__
 
     @staticmethod
-    def for_code(code: int, remark: str = "") -> "HamqError":
+    def for_code(code: int, remark: str = "") -> HamqError:
         cls = _BY_CODE.get(code, BrokerSystemError)
         err = cls(remark or f"broker answered code {code}")
         if cls is BrokerSystemError and code != ResponseCode.SYSTEM_ERROR:
@@ -76,11 +77,13 @@ class InSyncReplicasNotEnough(HamqError):
 
 class BadFrame(HamqError):
     """The peer broke the framing rules; the connection is closed after this."""
+
     code = ResponseCode.BAD_FRAME
 
 
 class NotLeader(HamqError):
     """DLedger: this member is not the group's leader; the route will name the new one."""
+
     code = ResponseCode.NOT_LEADER
     retriable = True
     refresh_route = True
@@ -112,12 +115,14 @@ class BrokerNotFound(HamqError):
 
 class ConnectionLost(HamqError):
     """Client side: the connection closed or could not be opened."""
+
     retriable = True
     refresh_route = True
 
 
 class RequestTimeout(HamqError):
     """Client side: no response within the request's timeout."""
+
     retriable = True
 
 
@@ -126,15 +131,29 @@ class ConfigError(HamqError):
     range, a value not among the allowed ones, or a combination that contradicts itself.
     The one class for every configuration, the Raft core's included; the message is one
     line naming the key, the value and what is allowed (``hamq.config_check``)."""
+
     code = ResponseCode.INVALID_ARGUMENT
 
 
 _BY_CODE: dict[int, type[HamqError]] = {
     cls.code: cls
     for cls in (
-        BrokerSystemError, SystemBusy, RequestCodeNotSupported, MessageIllegal,
-        ServiceNotAvailable, NoPermission, TopicNotExist, TopicExistAlready, QueryNotFound,
-        InSyncReplicasNotEnough, BadFrame, InvalidArgument, NotLeader, DiskFull, CrcMismatch,
-        QueueNotExist, BrokerNotFound,
+        BrokerSystemError,
+        SystemBusy,
+        RequestCodeNotSupported,
+        MessageIllegal,
+        ServiceNotAvailable,
+        NoPermission,
+        TopicNotExist,
+        TopicExistAlready,
+        QueryNotFound,
+        InSyncReplicasNotEnough,
+        BadFrame,
+        InvalidArgument,
+        NotLeader,
+        DiskFull,
+        CrcMismatch,
+        QueueNotExist,
+        BrokerNotFound,
     )
 }

@@ -1,4 +1,5 @@
 """Chaos tests import their helpers (the fault proxy) as plain modules."""
+
 import sys
 from pathlib import Path
 

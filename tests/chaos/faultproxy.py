@@ -3,6 +3,7 @@
 Cut means a partition as TCP users see it: open connections are reset and new ones are
 closed at once, until the link is restored (dropping bytes inside a stream instead would
 corrupt framing, which no real network does to TCP)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -56,7 +57,8 @@ class FaultProxy:
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._server = self._loop.run_until_complete(
-            asyncio.start_server(self._link, "127.0.0.1", self.port))
+            asyncio.start_server(self._link, "127.0.0.1", self.port)
+        )
         self._ready.set()
         self._loop.run_forever()
 
@@ -70,8 +72,9 @@ class FaultProxy:
             writer.transport.abort()
             return
         self._writers.update((writer, up_writer))
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer),
-                             return_exceptions=True)
+        await asyncio.gather(
+            self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True
+        )
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

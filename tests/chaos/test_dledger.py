@@ -1,5 +1,6 @@
 """A DLedger (Raft) broker group of three real processes: leader failover with kill -9,
 a leader cut off by a partition, leadership transfer, and identical logs everywhere."""
+
 from __future__ import annotations
 
 import threading
@@ -7,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from faultproxy import FaultProxy
 
 import hamq
 from hamq import Message, SendStatus
@@ -14,10 +16,7 @@ from hamq.client.consumer import PullStatus
 from hamq.errors import HamqError
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import unpack_body
-
 from helpers import free_port, wait_for
-
-from faultproxy import FaultProxy  # noqa: E402 (tests/chaos is on sys.path via conftest)
 
 MEMBERS = (1, 2, 3)
 
@@ -25,20 +24,25 @@ MEMBERS = (1, 2, 3)
 class Group:
     """Members (three by default) whose Raft links all go through their own FaultProxy."""
 
-    def __init__(self, cluster_factory, members: tuple[int, ...] = MEMBERS,
-                 **settings) -> None:
+    def __init__(self, cluster_factory, members: tuple[int, ...] = MEMBERS, **settings) -> None:
         self.c = cluster_factory()
         self.members = members
-        self.c.start_namesrv(scan_not_active_broker_interval_ms=500,
-                             broker_not_active_timeout_ms=3000)
+        self.c.start_namesrv(
+            scan_not_active_broker_interval_ms=500, broker_not_active_timeout_ms=3000
+        )
         raft = {m: f"127.0.0.1:{free_port()}" for m in members}
         self.proxies = {(a, b): FaultProxy(raft[b]) for a in members for b in members if a != b}
         for m in members:
-            peers = [f"{p}@{raft[p] if p == m else self.proxies[(m, p)].address}"
-                     for p in members]
-            self.c.start_broker(f"m{m}", broker_name="dl", broker_id=m,
-                                replication_mode="dledger", dledger_self_id=m,
-                                dledger_peers=peers, **settings)
+            peers = [f"{p}@{raft[p] if p == m else self.proxies[(m, p)].address}" for p in members]
+            self.c.start_broker(
+                f"m{m}",
+                broker_name="dl",
+                broker_id=m,
+                replication_mode="dledger",
+                dledger_self_id=m,
+                dledger_peers=peers,
+                **settings,
+            )
         self.admin = hamq.Admin(self.c.namesrv)
         self.leader()  # an election happened, and the leader is routed as brokerId 0:
         wait_for(lambda: "dl" in self.admin.master_addrs(), 15, "the leader's registration")
@@ -60,6 +64,7 @@ class Group:
                 if ha["is_leader"]:
                     return m
             return None
+
         return wait_for(find, timeout_s, "a leader")
 
     def isolate(self, m: int) -> None:
@@ -127,11 +132,17 @@ def test_leader_kill9_failover_loses_and_duplicates_nothing(group):
     old = group.leader()
     killed_at = time.monotonic()
     group.c.procs[f"m{old}"].kill9()
-    wait_for(lambda: any(t > killed_at for t in producer.acked.values()), 30,
-             "a send acknowledged by the new leader")
+    wait_for(
+        lambda: any(t > killed_at for t in producer.acked.values()),
+        30,
+        "a send acknowledged by the new leader",
+    )
     failover_s = min(t for t in producer.acked.values() if t > killed_at) - killed_at
-    wait_for(lambda: sum(t > killed_at for t in producer.acked.values()) > 100, 30,
-             "steady sends after failover")
+    wait_for(
+        lambda: sum(t > killed_at for t in producer.acked.values()) > 100,
+        30,
+        "steady sends after failover",
+    )
     producer.stop_flag.set()
     producer.join(10)
     new = group.leader()
@@ -153,8 +164,9 @@ def test_leader_cut_off_from_both_followers_acknowledges_nothing(group):
     group.isolate(old)
     cut_at = time.monotonic()
     # Sends still routed to the cut-off leader must not be acknowledged by it.
-    with hamq.Producer(group.c.namesrv, send_timeout_s=1.0,
-                       retry_times_when_send_failed=0) as producer:
+    with hamq.Producer(
+        group.c.namesrv, send_timeout_s=1.0, retry_times_when_send_failed=0
+    ) as producer:
         mq = hamq.MessageQueue("Raft", "dl", 0)
         outcomes = []
         while time.monotonic() - cut_at < 3.0:
@@ -168,8 +180,9 @@ def test_leader_cut_off_from_both_followers_acknowledges_nothing(group):
     cut_off = group.info(old)["ha"]
     assert cut_off["ledger_end_index"] > before["ledger_end_index"], (before, cut_off)
     assert cut_off["committed_index"] == before["committed_index"], (before, cut_off)
-    assert not any(addr == old_addr and status is SendStatus.SEND_OK
-                   for addr, status in outcomes), outcomes
+    assert not any(
+        addr == old_addr and status is SendStatus.SEND_OK for addr, status in outcomes
+    ), outcomes
     new = group.leader(timeout_s=20)
     assert new != old
     # Healed, the old leader follows the new one and catches up.
@@ -203,33 +216,43 @@ def test_admin_elect_moves_leadership_and_logs_stay_identical(group):
 
 def assert_identical_logs(group: Group) -> None:
     """Every member applies the same log; stopped, their commit logs are equal byte for byte."""
+
     def logs_equal():
         ends = {m: group.info(m)["commitlog_max_offset"] for m in group.members}
         return len(set(ends.values())) == 1 and ends
+
     wait_for(logs_equal, 20, "every member to apply the same log")
     group.c.stop_all()
-    logs = {m: b"".join(p.read_bytes() for p in sorted(
-        Path(group.c.root / f"m{m}" / "commitlog").iterdir())) for m in group.members}
+    logs = {
+        m: b"".join(
+            p.read_bytes() for p in sorted(Path(group.c.root / f"m{m}" / "commitlog").iterdir())
+        )
+        for m in group.members
+    }
     assert len(set(logs.values())) == 1, "members' commit logs differ"
 
 
 def _invoke(group: Group, m: int, code: RequestCode, ext: dict) -> dict:
-    frame = group.admin.submit(group.admin.async_client.core.invoke(
-        group.c.broker_addr(f"m{m}"), code, ext)).result(10)
+    frame = group.admin.submit(
+        group.admin.async_client.core.invoke(group.c.broker_addr(f"m{m}"), code, ext)
+    ).result(10)
     return frame.ext
 
 
 def _probe_offset(group: Group, m: int) -> int | None:
     try:
-        return _invoke(group, m, RequestCode.QUERY_CONSUMER_OFFSET,
-                       {"group": "probe", "topic": "Raft", "queue_id": 0})["offset"]
+        return _invoke(
+            group,
+            m,
+            RequestCode.QUERY_CONSUMER_OFFSET,
+            {"group": "probe", "topic": "Raft", "queue_id": 0},
+        )["offset"]
     except HamqError:
         return None
 
 
 @pytest.mark.slow
-def test_topic_deleted_and_recreated_while_a_follower_lags_leaves_logs_identical(
-        cluster_factory):
+def test_topic_deleted_and_recreated_while_a_follower_lags_leaves_logs_identical(cluster_factory):
     """Issue 10, defect 4: a lagging follower must take the delete from the log, not copy
     the leader's topic table over SlaveSynchronize (it then skipped the delete, and its
     queue offsets continued from the old topic once the topic was created again)."""
@@ -241,18 +264,34 @@ def test_topic_deleted_and_recreated_while_a_follower_lags_leaves_logs_identical
                 assert producer.send(Message("Again", b"old-%d" % i)).status is SendStatus.SEND_OK
         leader = group.leader()
         lagging = next(m for m in group.members if m != leader)
-        wait_for(lambda: group.info(lagging)["ha"]["applied_index"]
-                 == group.info(leader)["ha"]["applied_index"], 15, "the follower applying all")
+        wait_for(
+            lambda: (
+                group.info(lagging)["ha"]["applied_index"]
+                == group.info(leader)["ha"]["applied_index"]
+            ),
+            15,
+            "the follower applying all",
+        )
         group.isolate(lagging)
         _invoke(group, leader, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "Again"})
         # committed after the delete: once the lagging member holds it, its slave sync has
         # run since the delete
-        _invoke(group, leader, RequestCode.UPDATE_CONSUMER_OFFSET,
-                {"group": "probe", "topic": "Raft", "queue_id": 0, "offset": 7})
+        _invoke(
+            group,
+            leader,
+            RequestCode.UPDATE_CONSUMER_OFFSET,
+            {"group": "probe", "topic": "Raft", "queue_id": 0, "offset": 7},
+        )
         wait_for(lambda: _probe_offset(group, lagging) == 7, 15, "the lagging member's sync")
         group.heal()  # it applies the delete now, before the topic exists again
-        wait_for(lambda: group.info(lagging)["ha"]["applied_index"]
-                 == group.info(leader)["ha"]["applied_index"], 15, "the follower catching up")
+        wait_for(
+            lambda: (
+                group.info(lagging)["ha"]["applied_index"]
+                == group.info(leader)["ha"]["applied_index"]
+            ),
+            15,
+            "the follower catching up",
+        )
         group.admin.create_topic("Again", 1)
         with hamq.Producer(group.c.namesrv) as producer:
             for i in range(10):
@@ -270,11 +309,15 @@ def test_admin_deletes_a_topic_on_a_dledger_group(cluster_factory):
         group.admin.delete_topic("Raft")
 
         def topics(m: int) -> set[str]:
-            frame = group.admin.submit(group.admin.async_client.core.invoke(
-                group.c.broker_addr(f"m{m}"), RequestCode.GET_ALL_TOPIC_CONFIG)).result(10)
+            frame = group.admin.submit(
+                group.admin.async_client.core.invoke(
+                    group.c.broker_addr(f"m{m}"), RequestCode.GET_ALL_TOPIC_CONFIG
+                )
+            ).result(10)
             return set(unpack_body(frame.body) or {})
+
         for m in group.members:
-            wait_for(lambda: "Raft" not in topics(m), 15, f"member {m} applying the delete")
+            wait_for(lambda m=m: "Raft" not in topics(m), 15, f"member {m} applying the delete")
         assert "Raft" not in group.admin.topic_list()
     finally:
         group.close()

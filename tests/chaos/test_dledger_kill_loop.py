@@ -3,16 +3,16 @@ apply, the detached Raft-log flush, a checkpoint), over and over, under steady s
 (async flush: a process kill keeps the page cache): nothing acknowledged is lost, every
 member ends with the same commit log, and each restart re-applies no more than its store
 could have lost."""
+
 from __future__ import annotations
 
 import random
 import time
 
 import pytest
+from test_dledger import MEMBERS, Group, SteadyProducer, consume_all
 
 from helpers import wait_for
-
-from test_dledger import MEMBERS, Group, SteadyProducer, consume_all  # noqa: E402
 
 KILLS = 8
 RUN_BETWEEN_KILLS_S = (0.2, 0.8)
@@ -29,8 +29,7 @@ def test_members_killed_again_and_again_lose_nothing(cluster_factory):
             time.sleep(rng.uniform(*RUN_BETWEEN_KILLS_S))  # chaos: a random run between kills
             # mostly followers (a loop of restarts), every third kill the leader
             leader = group.leader()
-            victim = leader if kill % 3 == 2 else rng.choice(
-                [m for m in MEMBERS if m != leader])
+            victim = leader if kill % 3 == 2 else rng.choice([m for m in MEMBERS if m != leader])
             proc = group.c.procs[f"m{victim}"]
             claimed = group.info(victim)["ha"]["claimed_applied_index"]
             proc.kill9()
@@ -47,11 +46,17 @@ def test_members_killed_again_and_again_lose_nothing(cluster_factory):
         group.leader()
         wait_for(lambda: "dl" in group.admin.master_addrs(), 15, "the leader's registration")
         acked = set(producer.acked)
-        stored = wait_for(lambda: (lambda got: got if acked <= set(got) else None)(
-            consume_all(group.c.namesrv)), 30, "every acknowledged send readable")
+        stored = wait_for(
+            lambda: (lambda got: got if acked <= set(got) else None)(consume_all(group.c.namesrv)),
+            30,
+            "every acknowledged send readable",
+        )
         assert all(stored.count(b) == 1 for b in acked), "an acknowledged send repeats"
         assert set(stored) <= producer.attempted, "a send appeared that was never made"
-        wait_for(lambda: len({group.info(m)["commitlog_max_offset"] for m in MEMBERS}) == 1,
-                 30, "identical commit-log ends")
+        wait_for(
+            lambda: len({group.info(m)["commitlog_max_offset"] for m in MEMBERS}) == 1,
+            30,
+            "identical commit-log ends",
+        )
     finally:
         group.close()

@@ -2,19 +2,18 @@
 defect 3): the leader's watermark still says it holds everything it acknowledged, and
 resending from there could never continue its empty log; it must be found out and
 brought back within seconds, not after hundreds of sends or never."""
+
 from __future__ import annotations
 
 import shutil
 import time
 
 import pytest
+from test_dledger import MEMBERS, Group
 
 import hamq
 from hamq import Message, SendStatus
-
 from helpers import wait_for
-
-from test_dledger import MEMBERS, Group  # noqa: E402 (tests/chaos is on sys.path via conftest)
 
 SLOW_SENDS = 5
 SEND_GAP_S = 0.3  # pacing: sends keep coming while the emptied follower restarts
@@ -39,8 +38,13 @@ def test_follower_rebuilt_with_an_empty_disk_catches_up_at_low_traffic(cluster_f
             leader = group.leader()
             follower = next(m for m in MEMBERS if m != leader)
             # it has acknowledged and applied everything so far
-            wait_for(lambda: _ha(group, follower)["applied_index"]
-                     == _ha(group, leader)["applied_index"], 15, "the follower applying it all")
+            wait_for(
+                lambda: (
+                    _ha(group, follower)["applied_index"] == _ha(group, leader)["applied_index"]
+                ),
+                15,
+                "the follower applying it all",
+            )
             proc = group.c.procs[f"m{follower}"]
             proc.stop()
             shutil.rmtree(group.c.root / f"m{follower}")
@@ -53,9 +57,12 @@ def test_follower_rebuilt_with_an_empty_disk_catches_up_at_low_traffic(cluster_f
         def caught_up():
             led, fol = _ha(group, leader), _ha(group, follower)
             return fol["applied_index"] == led["applied_index"] == led["committed_index"]
+
         wait_for(caught_up, CATCH_UP_S, "the rebuilt follower to hold the committed log again")
-        ends = {m: group.admin.broker_runtime_info(group.c.broker_addr(f"m{m}"))[
-            "commitlog_max_offset"] for m in (leader, follower)}
+        ends = {
+            m: group.admin.broker_runtime_info(group.c.broker_addr(f"m{m}"))["commitlog_max_offset"]
+            for m in (leader, follower)
+        }
         assert ends[leader] == ends[follower], ends
     finally:
         group.close()

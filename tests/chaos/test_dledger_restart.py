@@ -2,16 +2,15 @@
 nothing — it used to erase the message store and apply the whole Raft log again — and
 kill -9 re-applies only the tail written since the store's last checkpoint claim. One- and
 three-member groups, real processes."""
+
 from __future__ import annotations
 
 import pytest
+from test_dledger import Group, assert_identical_logs, consume_all
 
 import hamq
 from hamq import Message, SendStatus
-
 from helpers import wait_for
-
-from test_dledger import Group, assert_identical_logs, consume_all  # noqa: E402
 
 CUT_BACK_LINE = "store cut back"
 
@@ -24,11 +23,14 @@ def _send(group: Group, bodies: list[bytes]) -> None:
 
 def _all_applied(group: Group) -> dict[int, int]:
     """Waits until every member applied what the leader committed; their applied indexes."""
+
     def applied():
         has = {m: group.info(m)["ha"] for m in group.members}
         committed = max(ha["committed_index"] for ha in has.values())
-        return all(ha["applied_index"] == committed for ha in has.values()) and \
-            {m: ha["applied_index"] for m, ha in has.items()}
+        return all(ha["applied_index"] == committed for ha in has.values()) and {
+            m: ha["applied_index"] for m, ha in has.items()
+        }
+
     return wait_for(applied, 20, "every member applying the committed log")
 
 
@@ -71,9 +73,14 @@ def test_restarts_reapply_only_what_the_store_may_have_lost(cluster_factory, mem
         more = [b"second-%04d" % i for i in range(100)]
         _send(group, more)
         _all_applied(group)
-        wait_for(lambda: all(group.info(m)["ha"]["claimed_applied_index"]
-                             == group.info(m)["ha"]["applied_index"] for m in members),
-                 20, "the store checkpoints to claim everything applied")
+        wait_for(
+            lambda: all(
+                group.info(m)["ha"]["claimed_applied_index"] == group.info(m)["ha"]["applied_index"]
+                for m in members
+            ),
+            20,
+            "the store checkpoints to claim everything applied",
+        )
         victim = group.leader()
         claimed = group.info(victim)["ha"]["claimed_applied_index"]
         claimed_end = group.info(victim)["commitlog_max_offset"]
@@ -84,8 +91,9 @@ def test_restarts_reapply_only_what_the_store_may_have_lost(cluster_factory, mem
         group.c.procs[f"m{victim}"].start()
         ha = group.info(victim)["ha"]
         assert ha["recovered_applied_index"] >= claimed
-        assert ha["recovery_cut_bytes"] <= tail_end - claimed_end, \
+        assert ha["recovery_cut_bytes"] <= tail_end - claimed_end, (
             "more than the tail since the last claim was applied again"
+        )
         _all_applied(group)
         _readable_once(group, sent + more + tail)
         assert_identical_logs(group)

@@ -1,19 +1,18 @@
 """A DLedger member whose disk was lost restarts empty, and must not vote until the group
 vouches for it: its vote would elect a member missing messages that were acknowledged
 with its copy counted (raft/node.py, "A member that started on an empty disk")."""
+
 from __future__ import annotations
 
 import shutil
 import time
 
 import pytest
+from test_dledger import MEMBERS, Group, consume_all
 
 import hamq
 from hamq import Message, SendStatus
-
 from helpers import wait_for
-
-from test_dledger import MEMBERS, Group, consume_all  # noqa: E402 (tests/chaos on sys.path)
 
 NO_LEADER_S = 4.0  # several election timeouts of the members' default
 
@@ -33,8 +32,14 @@ def test_a_wiped_member_does_not_elect_one_missing_acknowledged_messages(cluster
         with hamq.Producer(group.c.namesrv) as producer:
             for body in acked[:5]:
                 _send(producer, body)
-            wait_for(lambda: group.info(stale)["ha"]["applied_index"]
-                     == group.info(leader)["ha"]["applied_index"], 15, "all applied")
+            wait_for(
+                lambda: (
+                    group.info(stale)["ha"]["applied_index"]
+                    == group.info(leader)["ha"]["applied_index"]
+                ),
+                15,
+                "all applied",
+            )
             procs[stale].stop()
             for body in acked[5:]:  # held by the leader and 'wiped' only
                 _send(producer, body)
@@ -53,9 +58,15 @@ def test_a_wiped_member_does_not_elect_one_missing_acknowledged_messages(cluster
         procs[leader].start()
         group.leader()
         wait_for(lambda: "dl" in group.admin.master_addrs(), 15, "the leader's registration")
-        wait_for(lambda: sorted(consume_all(group.c.namesrv)) == sorted(acked), 20,
-                 "every acknowledged message readable")
-        wait_for(lambda: len({group.info(m)["commitlog_max_offset"] for m in MEMBERS}) == 1,
-                 20, "identical commit-log ends")
+        wait_for(
+            lambda: sorted(consume_all(group.c.namesrv)) == sorted(acked),
+            20,
+            "every acknowledged message readable",
+        )
+        wait_for(
+            lambda: len({group.info(m)["commitlog_max_offset"] for m in MEMBERS}) == 1,
+            20,
+            "identical commit-log ends",
+        )
     finally:
         group.close()

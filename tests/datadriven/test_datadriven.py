@@ -109,19 +109,25 @@ def describe_message(msg: Message) -> str:
         tail = " granted" if msg.code == ResponseCode.SUCCESS else " rejected"
     elif t == MessageType.APPEND:
         entries = ", ".join(map(describe_entry, msg.entries))
-        tail = (f" prev_term={msg.log_term} entries=[{entries}] commit={msg.committed_index}"
-                f" water_mark={msg.water_mark}")
+        tail = (
+            f" prev_term={msg.log_term} entries=[{entries}] commit={msg.committed_index}"
+            f" water_mark={msg.water_mark}"
+        )
     elif t == MessageType.TRUNCATE:
-        tail = (f" prev_term={msg.log_term} entry={describe_entry(msg.entries[0])}"
-                f" commit={msg.committed_index} next_term={msg.next_term}")
+        tail = (
+            f" prev_term={msg.log_term} entry={describe_entry(msg.entries[0])}"
+            f" commit={msg.committed_index} next_term={msg.next_term}"
+        )
     elif t == MessageType.COMPARE:
         tail = f" entry={describe_entry(msg.entries[0])}"
     elif t == MessageType.COMMIT:
         tail = f" commit={msg.committed_index} water_mark={msg.water_mark}"
     elif t == MessageType.PUSH_RESPONSE:
         assert msg.req_type is not None
-        tail = (f" {msg.req_type.name}({msg.index}) {msg.code.name}"
-                f" begin={msg.begin_index} end={msg.end_index}")
+        tail = (
+            f" {msg.req_type.name}({msg.index}) {msg.code.name}"
+            f" begin={msg.begin_index} end={msg.end_index}"
+        )
     else:
         tail = ""
     return head + tail
@@ -164,16 +170,21 @@ class Harness:
         # off unless asked for: most scripts elect a new group's first leader in one step
         guard = cmd.kwargs.get("empty_disk_guard", "false") == "true"
         for node_id in ids:
-            self.configs[node_id] = RaftConfig(node_id=node_id, member_ids=ids, pre_vote=pre_vote,
-                                               max_entries_per_push=per_push,
-                                               empty_disk_guard=guard)
+            self.configs[node_id] = RaftConfig(
+                node_id=node_id,
+                member_ids=ids,
+                pre_vote=pre_vote,
+                max_entries_per_push=per_push,
+                empty_disk_guard=guard,
+            )
             self.storages[node_id] = MemoryStorage()
             self.clocks[node_id] = 0
             self._start(node_id)
 
     def _start(self, node_id: int) -> None:
-        self.nodes[node_id] = RawNode(self.configs[node_id], self.storages[node_id], MaxJitter(),
-                                      now_ms=self.clocks[node_id])
+        self.nodes[node_id] = RawNode(
+            self.configs[node_id], self.storages[node_id], MaxJitter(), now_ms=self.clocks[node_id]
+        )
         self.applied[node_id] = -1
 
     def cmd_crash(self, cmd: Command) -> None:
@@ -203,7 +214,7 @@ class Harness:
         groups = " ".join(cmd.args).split("/")
         sides = [[int(x) for x in g.split()] for g in groups]
         for i, side in enumerate(sides):
-            for other in sides[i + 1:]:
+            for other in sides[i + 1 :]:
                 for a in side:
                     for b in other:
                         self.blocked.add((a, b))
@@ -259,14 +270,20 @@ class Harness:
     def _describe_ready(ready: Ready) -> list[str]:
         lines = []
         if ready.hard_state is not None:
-            lines.append(f"HardState term={ready.hard_state.term} vote={ready.hard_state.voted_for}")
+            lines.append(
+                f"HardState term={ready.hard_state.term} vote={ready.hard_state.voted_for}"
+            )
         if ready.entries:
             lines.append("Entries: " + ", ".join(describe_entry(e) for e in ready.entries))
         if ready.committed_entries:
-            lines.append("Committed: " + ", ".join(describe_entry(e) for e in ready.committed_entries))
+            lines.append(
+                "Committed: " + ", ".join(describe_entry(e) for e in ready.committed_entries)
+            )
         lines.extend(f"Completed: {e.index}@{e.term}" for e in ready.completed_proposals)
-        lines.extend(f"Failed: {f.entry_id.index}@{f.entry_id.term} {f.reason.name}"
-                     for f in ready.failed_proposals)
+        lines.extend(
+            f"Failed: {f.entry_id.index}@{f.entry_id.term} {f.reason.name}"
+            for f in ready.failed_proposals
+        )
         lines.extend(describe_message(m) for m in ready.messages)
         return lines
 
@@ -285,16 +302,24 @@ class Harness:
         targets = set(map(int, cmd.args)) or set(self.nodes)
         mtype = cmd.kwargs.get("type")
         index = cmd.kwargs.get("index")
-        return [m for m in self.queue if m.to_id in targets
-                and (mtype is None or m.type.name == mtype)
-                and (index is None or m.index == int(index))]
+        return [
+            m
+            for m in self.queue
+            if m.to_id in targets
+            and (mtype is None or m.type.name == mtype)
+            and (index is None or m.index == int(index))
+        ]
 
     def _deliver(self, selected: list[Message], dropped_senders: list[int]) -> bool:
         for msg in selected:
             self.queue.remove(msg)
         for msg in selected:
             node = self.nodes[msg.to_id]
-            if node is None or (msg.from_id, msg.to_id) in self.blocked or msg.from_id in dropped_senders:
+            if (
+                node is None
+                or (msg.from_id, msg.to_id) in self.blocked
+                or msg.from_id in dropped_senders
+            ):
                 self.out.append(f"dropped {describe_message(msg)}")
                 continue
             # messages cross the wire as bytes in production: exercise the codec here too
@@ -308,8 +333,10 @@ class Harness:
             for node_id in sorted(self.nodes):
                 progressed |= self._process_ready(node_id)
             if self.queue:
-                self.out.append("> delivering " + ", ".join(
-                    f"{m.from_id}->{m.to_id} {m.type.name}" for m in self.queue))
+                self.out.append(
+                    "> delivering "
+                    + ", ".join(f"{m.from_id}->{m.to_id} {m.type.name}" for m in self.queue)
+                )
                 progressed |= self._deliver(list(self.queue), [])
             if not progressed:
                 return
@@ -325,7 +352,8 @@ class Harness:
             self.out.append(
                 f"{node_id}: {node.role.name} term={node.term} lead={node.leader_id} "
                 f"vote={node.voted_for} last={node.log.ledger_end_index} "
-                f"commit={node.committed_index} applied={self.applied[node_id]}")
+                f"commit={node.committed_index} applied={self.applied[node_id]}"
+            )
 
     def cmd_log(self, cmd: Command) -> None:
         for node_id in map(int, cmd.args):
@@ -338,7 +366,8 @@ class Harness:
             self.out.append(
                 f"{peer}: {d.push_type.name} water_mark={node.water_mark(peer)} "
                 f"write_index={d.write_index} compare_index={d.compare_index} "
-                f"truncate_index={d.truncate_index} pending={sorted(d.pending_map)}")
+                f"truncate_index={d.truncate_index} pending={sorted(d.pending_map)}"
+            )
 
     def cmd_quorum_index(self, cmd: Command) -> None:
         """`quorum-index 1 1 2 3 3`: the index a majority of these watermarks reached."""
@@ -360,9 +389,10 @@ def test_script(script: Path) -> None:
             if rewrite:
                 block.expected = actual
             else:
-                mismatches.append(f"{script.name}:{block.command.line}: {block.command_line}\n"
-                                  f"expected:\n" + "\n".join(block.expected)
-                                  + "\nactual:\n" + "\n".join(actual))
+                mismatches.append(
+                    f"{script.name}:{block.command.line}: {block.command_line}\n"
+                    f"expected:\n" + "\n".join(block.expected) + "\nactual:\n" + "\n".join(actual)
+                )
                 break  # later blocks depend on this one
     if rewrite:
         script.write_text(render(blocks))

@@ -1,5 +1,6 @@
 """Helpers shared by the integration tests, as fixtures (the harness itself is
 tests/conftest.py): raw-socket access to a server, draining a topic, running the CLI."""
+
 from __future__ import annotations
 
 import os
@@ -54,7 +55,7 @@ class RawConn:
                 self.frames += self.decoder.feed(data)
         except ConnectionResetError:
             return True
-        except socket.timeout:
+        except TimeoutError:
             return False
 
     def close(self) -> None:
@@ -102,10 +103,19 @@ def hamq_cli():
     """``hamq_cli(*args, input=..., timeout=...)`` runs the ``hamq`` command to completion
     and returns the CompletedProcess (text mode)."""
 
-    def run(*args: str, input: str | None = None, timeout: float = CLI_TIMEOUT_S,
-            env: dict | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "hamq.cli.main", *args], input=input,
-                              capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, "HAMQ_LOG_LEVEL": "WARNING", **(env or {})})
+    def run(
+        *args: str,
+        input: str | None = None,  # noqa: A002 (as subprocess.run names it)
+        timeout: float = CLI_TIMEOUT_S,
+        env: dict | None = None,
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "hamq.cli.main", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "HAMQ_LOG_LEVEL": "WARNING", **(env or {})},
+        )
 
     return run

@@ -3,6 +3,7 @@ can be killed with SIGKILL. Appends each consumed body (a line) to OUT.
 
 Arguments: NAMESRV GROUP TOPIC OUT RUN_S [CONSUME_FROM_WHERE (first)] [orderly|concurrently
 (orderly)]."""
+
 from __future__ import annotations
 
 import sys
@@ -13,21 +14,30 @@ import hamq
 
 def main() -> None:
     namesrv, group, topic, out_path, run_s = sys.argv[1:6]
-    consume_from_where, mode = (sys.argv[6:8] + ["first", "orderly"][len(sys.argv[6:8]):])
+    consume_from_where, mode = sys.argv[6:8] + ["first", "orderly"][len(sys.argv[6:8]) :]
     orderly = mode == "orderly"
-    out = open(out_path, "a", buffering=1)
+    out = open(out_path, "a", buffering=1)  # noqa: SIM115 (open until the process ends)
 
     def listener(messages):
         for m in messages:
             out.write(m.body.decode() + "\n")
-        return hamq.ConsumeOrderlyStatus.SUCCESS if orderly else \
-            hamq.ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+        return (
+            hamq.ConsumeOrderlyStatus.SUCCESS
+            if orderly
+            else hamq.ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+        )
 
-    consumer = hamq.PushConsumer(group, namesrv, consume_from_where=consume_from_where,
-                                 heartbeat_interval_s=1.0, rebalance_interval_s=1.0,
-                                 lock_renew_interval_s=1.0, lock_max_live_s=2.5,
-                                 persist_offset_interval_s=0.5,
-                                 pull_suspend_ms=500)
+    consumer = hamq.PushConsumer(
+        group,
+        namesrv,
+        consume_from_where=consume_from_where,
+        heartbeat_interval_s=1.0,
+        rebalance_interval_s=1.0,
+        lock_renew_interval_s=1.0,
+        lock_max_live_s=2.5,
+        persist_offset_interval_s=0.5,
+        pull_suspend_ms=500,
+    )
     consumer.subscribe(topic, "*")
     consumer.register_message_listener(listener, orderly=orderly)
     consumer.start()

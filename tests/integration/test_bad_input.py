@@ -2,6 +2,7 @@
 an error frame and that connection closed, without harming anyone else; bad requests inside
 good frames get a precise error on a connection that stays usable; a bad config file stops
 the broker at once with a message naming the key."""
+
 from __future__ import annotations
 
 import re
@@ -18,7 +19,6 @@ from hamq.protocol.codes import Flag, RequestCode, ResponseCode
 from hamq.protocol.frame import encode_frame_bytes, pack_body
 from hamq.protocol.limits import MAX_MESSAGE_BYTES
 from hamq.protocol.message import encode_batch, encode_message
-
 from helpers import send_and_pull
 
 GARBAGE = {
@@ -29,8 +29,10 @@ GARBAGE = {
     "declares 2 GiB": struct.pack(">II", 2 * 1024**3, 16),
 }
 # A request each server answers with SUCCESS, to prove a connection or server still works.
-PROBE = {"broker": RequestCode.GET_BROKER_RUNTIME_INFO,
-         "namesrv": RequestCode.GET_BROKER_CLUSTER_INFO}
+PROBE = {
+    "broker": RequestCode.GET_BROKER_RUNTIME_INFO,
+    "namesrv": RequestCode.GET_BROKER_CLUSTER_INFO,
+}
 
 
 def address(cluster, server: str) -> str:
@@ -94,27 +96,42 @@ def test_message_over_4_mib_is_message_illegal(cluster, raw_conn):
     body = b"\1" * (MAX_MESSAGE_BYTES + 1)
     payload, crc = encode_batch([struct.pack(">IH", 2 + len(body), 0) + body])
     conn = raw_conn(cluster.broker_addr())
-    conn.send(encode_frame_bytes(RequestCode.SEND_MESSAGE, 9, ext={
-        "topic": "Big", "queue_id": 0, "count": 1, "crc": crc}, body=payload))
+    conn.send(
+        encode_frame_bytes(
+            RequestCode.SEND_MESSAGE,
+            9,
+            ext={"topic": "Big", "queue_id": 0, "count": 1, "crc": crc},
+            body=payload,
+        )
+    )
     answer = conn.read_frame()
     assert (answer.code, answer.opaque) == (ResponseCode.MESSAGE_ILLEGAL, 9)
     assert "limit" in answer.remark
-    conn.send(encode_frame_bytes(RequestCode.GET_MAX_OFFSET, 10,
-                                 ext={"topic": "Big", "queue_id": 0}))
+    conn.send(
+        encode_frame_bytes(RequestCode.GET_MAX_OFFSET, 10, ext={"topic": "Big", "queue_id": 0})
+    )
     answer = conn.read_frame()
     assert (answer.code, answer.ext["offset"]) == (ResponseCode.SUCCESS, 1)
 
 
-@pytest.mark.parametrize("line, expected", [
-    ('flush_disk_typ = "sync"', r"unknown config key 'flush_disk_typ'.*did you mean "
-                                r"'flush_disk_type'"),
-    ('broker_id = "zero"', r"broker_id must be of type int"),
-    ('namesrv = ["127.0.0.1:99999"]', r"namesrv must be HOST:PORT .*'127.0.0.1:99999'"),
-], ids=["unknown-key", "wrong-type", "bad-address"])
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        (
+            'flush_disk_typ = "sync"',
+            r"unknown config key 'flush_disk_typ'.*did you mean "
+            r"'flush_disk_type'",
+        ),
+        ('broker_id = "zero"', r"broker_id must be of type int"),
+        ('namesrv = ["127.0.0.1:99999"]', r"namesrv must be HOST:PORT .*'127.0.0.1:99999'"),
+    ],
+    ids=["unknown-key", "wrong-type", "bad-address"],
+)
 def test_broker_refuses_bad_config_file(tmp_path, hamq_cli, line, expected):
     cfg = tmp_path / "broker.toml"
-    cfg.write_text(f'broker_name = "b"\nlisten = "127.0.0.1:1"\n'
-                   f'store_dir = "{tmp_path / "store"}"\n{line}\n')
+    cfg.write_text(
+        f'broker_name = "b"\nlisten = "127.0.0.1:1"\nstore_dir = "{tmp_path / "store"}"\n{line}\n'
+    )
     result = hamq_cli("broker", "-c", str(cfg), timeout=30)
     assert result.returncode != 0
     assert re.search(expected, result.stderr), result.stderr
@@ -122,23 +139,32 @@ def test_broker_refuses_bad_config_file(tmp_path, hamq_cli, line, expected):
     assert not (tmp_path / "store").exists()
 
 
-@pytest.mark.parametrize("ext, body, expected", [
-    ({}, pack_body({"topic_configs": {"Ghost": {"perm": 6}}}), "topic config of 'Ghost'"),
-    ({}, pack_body([1, 2]), "must be a map"),
-    ({"heartbeat_timeout_ms": "soon"}, b"", "heartbeat_timeout_ms"),
-    ({"heartbeat_timeout_ms": -1}, b"", "heartbeat_timeout_ms"),
-], ids=["topic-config-incomplete", "body-not-a-map", "timeout-not-int", "timeout-negative"])
+@pytest.mark.parametrize(
+    "ext, body, expected",
+    [
+        ({}, pack_body({"topic_configs": {"Ghost": {"perm": 6}}}), "topic config of 'Ghost'"),
+        ({}, pack_body([1, 2]), "must be a map"),
+        ({"heartbeat_timeout_ms": "soon"}, b"", "heartbeat_timeout_ms"),
+        ({"heartbeat_timeout_ms": -1}, b"", "heartbeat_timeout_ms"),
+    ],
+    ids=["topic-config-incomplete", "body-not-a-map", "timeout-not-int", "timeout-negative"],
+)
 def test_malformed_registration_changes_nothing(cluster, raw_conn, ext, body, expected):
     """A registration the name server cannot use, even for a real broker's identity, is
     refused as INVALID_ARGUMENT before anything is applied: the broker's routes stay, and
     the name server survives its next expiry scans."""
     with hamq.Admin(cluster.namesrv) as admin:
         admin.create_topic("Keep", 2)
-    identity = {"cluster_name": "TestCluster", "broker_name": "broker-a", "broker_id": 0,
-                "broker_addr": cluster.broker_addr()}
+    identity = {
+        "cluster_name": "TestCluster",
+        "broker_name": "broker-a",
+        "broker_id": 0,
+        "broker_addr": cluster.broker_addr(),
+    }
     conn = raw_conn(cluster.namesrv_addrs[0])
-    conn.send(encode_frame_bytes(RequestCode.REGISTER_BROKER, 3, ext={**identity, **ext},
-                                 body=body))
+    conn.send(
+        encode_frame_bytes(RequestCode.REGISTER_BROKER, 3, ext={**identity, **ext}, body=body)
+    )
     answer = conn.read_frame()
     assert (answer.code, answer.opaque) == (ResponseCode.INVALID_ARGUMENT, 3)
     assert expected in answer.remark
@@ -148,15 +174,28 @@ def test_malformed_registration_changes_nothing(cluster, raw_conn, ext, body, ex
         assert len(admin.topic_route("Keep").write_queues) == 2
 
 
-@pytest.mark.parametrize("code, ext, field", [
-    (RequestCode.PULL_MESSAGE, {"topic": "Typed", "queue_id": 0, "queue_offset": 0,
-                                "max_msgs": "x"}, "max_msgs"),
-    (RequestCode.PULL_MESSAGE, {"topic": "Typed", "queue_id": 0, "queue_offset": 0,
-                                "suspend_timeout_ms": "x"}, "suspend_timeout_ms"),
-    (RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic": "Other", "read_queue_nums": "abc"},
-     "read_queue_nums"),
-    (RequestCode.SEND_MESSAGE, {"born_ts": "x"}, "born_ts"),
-], ids=["pull-max_msgs", "pull-suspend", "create-read_queue_nums", "send-born_ts"])
+@pytest.mark.parametrize(
+    "code, ext, field",
+    [
+        (
+            RequestCode.PULL_MESSAGE,
+            {"topic": "Typed", "queue_id": 0, "queue_offset": 0, "max_msgs": "x"},
+            "max_msgs",
+        ),
+        (
+            RequestCode.PULL_MESSAGE,
+            {"topic": "Typed", "queue_id": 0, "queue_offset": 0, "suspend_timeout_ms": "x"},
+            "suspend_timeout_ms",
+        ),
+        (
+            RequestCode.UPDATE_AND_CREATE_TOPIC,
+            {"topic": "Other", "read_queue_nums": "abc"},
+            "read_queue_nums",
+        ),
+        (RequestCode.SEND_MESSAGE, {"born_ts": "x"}, "born_ts"),
+    ],
+    ids=["pull-max_msgs", "pull-suspend", "create-read_queue_nums", "send-born_ts"],
+)
 def test_ill_typed_optional_field_is_invalid_argument(cluster, raw_conn, code, ext, field):
     with hamq.Admin(cluster.namesrv) as admin:
         admin.create_topic("Typed", 1)

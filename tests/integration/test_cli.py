@@ -1,6 +1,7 @@
 """The ``hamq`` command as a user runs it: ``hamq dev`` starts a local cluster and prints
 one JSON ready line; topic create, produce from stdin, consume and bench work against it;
 SIGTERM stops ``hamq dev`` together with its children."""
+
 from __future__ import annotations
 
 import json
@@ -59,10 +60,21 @@ def dev_cluster(tmp_path):
     by PID at the end, whatever the test did."""
     base = free_port_base()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hamq.cli.main", "dev", "--data", str(tmp_path / "dev"),
-         "--port-base", str(base)],
-        stdout=subprocess.PIPE, stderr=open(tmp_path / "dev.stderr", "wb"),
-        start_new_session=True, env={**os.environ, "HAMQ_LOG_LEVEL": "WARNING"})
+        [
+            sys.executable,
+            "-m",
+            "hamq.cli.main",
+            "dev",
+            "--data",
+            str(tmp_path / "dev"),
+            "--port-base",
+            str(base),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=open(tmp_path / "dev.stderr", "wb"),  # noqa: SIM115 (the child holds it)
+        start_new_session=True,
+        env={**os.environ, "HAMQ_LOG_LEVEL": "WARNING"},
+    )
     ready: dict = {}
     try:
         readable, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT_S)
@@ -99,18 +111,43 @@ def test_dev_topic_produce_consume_bench_and_sigterm(dev_cluster, hamq_cli):
     sends = [json.loads(line) for line in produced.stdout.splitlines()]
     assert [s["status"] for s in sends] == ["SEND_OK", "SEND_OK"]
 
-    consumed = hamq_cli("consume", "CliT", "--group", "g", "--from-beginning", "--max", "2",
-                        "--timeout", "20", "--json", *ns)
+    consumed = hamq_cli(
+        "consume",
+        "CliT",
+        "--group",
+        "g",
+        "--from-beginning",
+        "--max",
+        "2",
+        "--timeout",
+        "20",
+        "--json",
+        *ns,
+    )
     assert consumed.returncode == 0, consumed.stderr
     messages = [json.loads(line) for line in consumed.stdout.splitlines()]
     assert sorted(m["body"] for m in messages) == ["hello", "world"]
     assert all(m["topic"] == "CliT" for m in messages)
 
-    bench = hamq_cli("bench", "produce", "--count", "2000", "--size", "100", "--batch", "50",
-                     "--topic", "BenchT", "--max-seconds", "30", "--json", *ns)
+    bench = hamq_cli(
+        "bench",
+        "produce",
+        "--count",
+        "2000",
+        "--size",
+        "100",
+        "--batch",
+        "50",
+        "--topic",
+        "BenchT",
+        "--max-seconds",
+        "30",
+        "--json",
+        *ns,
+    )
     assert bench.returncode == 0, bench.stderr
     result = json.loads(bench.stdout)
-    assert BENCH_KEYS <= result.keys()
+    assert result.keys() >= BENCH_KEYS
     assert result["messages"] == 2000 and result["errors"] == 0
     assert result["msgs_per_s"] > 0 and result["p50_ms"] <= result["p99_ms"] <= result["p999_ms"]
     assert result["params"]["count"] == 2000
@@ -123,8 +160,19 @@ def test_dev_topic_produce_consume_bench_and_sigterm(dev_cluster, hamq_cli):
 @pytest.mark.parametrize("count", [2000, 10])
 def test_bench_produce_sends_exactly_count_messages(cluster, hamq_cli, count):
     """--count is a number of messages, whatever the batch size."""
-    bench = hamq_cli("bench", "produce", "--count", str(count), "--size", "10", "--json",
-                     "--max-seconds", "30", "--namesrv", cluster.namesrv)
+    bench = hamq_cli(
+        "bench",
+        "produce",
+        "--count",
+        str(count),
+        "--size",
+        "10",
+        "--json",
+        "--max-seconds",
+        "30",
+        "--namesrv",
+        cluster.namesrv,
+    )
     assert bench.returncode == 0, bench.stderr
     assert json.loads(bench.stdout)["messages"] == count
 

@@ -1,6 +1,7 @@
 """A bad configuration as the user meets it: the real ``hamq`` command prints one line
 naming the key, the value and what is allowed, no traceback, exits with code 2, and has
 created nothing on disk (no store, no name server data, no ``hamq dev`` directory)."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,16 +14,24 @@ def assert_refused(result, expected: str) -> None:
     assert result.stdout == ""
 
 
-@pytest.mark.parametrize("toml, expected", [
-    ('flush_disk_type = "SOMETIMES"\n',
-     "flush_disk_type = 'SOMETIMES': allowed values are async, sync"),
-    ('brokr_name = "b"\n', "unknown key 'brokr_name' (did you mean 'broker_name'?)"),
-    ("broker_id = true\n", "broker_id = true: must be an integer"),
-    ("in_sync_replicas = 2\n", "in_sync_replicas = 2: must not exceed total_replicas (1)"),
-    ('replication_mode = "dledger"\ndledger_self_id = 1\ndledger_peers = ["1@127.0.0.1:20001"]\n'
-     "dledger_election_timeout_ms = 50\n",
-     "dledger_election_timeout_ms = 50: must be more than the Raft heartbeat interval (60)"),
-])
+@pytest.mark.parametrize(
+    "toml, expected",
+    [
+        (
+            'flush_disk_type = "SOMETIMES"\n',
+            "flush_disk_type = 'SOMETIMES': allowed values are async, sync",
+        ),
+        ('brokr_name = "b"\n', "unknown key 'brokr_name' (did you mean 'broker_name'?)"),
+        ("broker_id = true\n", "broker_id = true: must be an integer"),
+        ("in_sync_replicas = 2\n", "in_sync_replicas = 2: must not exceed total_replicas (1)"),
+        (
+            'replication_mode = "dledger"\ndledger_self_id = 1\n'
+            'dledger_peers = ["1@127.0.0.1:20001"]\n'
+            "dledger_election_timeout_ms = 50\n",
+            "dledger_election_timeout_ms = 50: must be more than the Raft heartbeat interval (60)",
+        ),
+    ],
+)
 def test_broker_with_a_bad_config_file(tmp_path, hamq_cli, toml, expected):
     path = tmp_path / "bad.toml"
     path.write_text(f'store_dir = "{tmp_path / "store"}"\n{toml}')
@@ -32,22 +41,36 @@ def test_broker_with_a_bad_config_file(tmp_path, hamq_cli, toml, expected):
 
 def test_namesrv_with_a_bad_listen_option_or_file(tmp_path, hamq_cli):
     data = tmp_path / "namesrv"
-    assert_refused(hamq_cli("namesrv", "--listen", "127.0.0.1:99999", "--data", str(data)),
-                   "options: listen = '127.0.0.1:99999': must be HOST:PORT with a port in "
-                   "1..65535")
+    assert_refused(
+        hamq_cli("namesrv", "--listen", "127.0.0.1:99999", "--data", str(data)),
+        "options: listen = '127.0.0.1:99999': must be HOST:PORT with a port in 1..65535",
+    )
     path = tmp_path / "namesrv.toml"
     path.write_text(f'data_dir = "{data}"\nmax_route_entries = 0\n')
-    assert_refused(hamq_cli("namesrv", "-c", str(path)),
-                   f"{path}: max_route_entries = 0: must be > 0")
+    assert_refused(
+        hamq_cli("namesrv", "-c", str(path)), f"{path}: max_route_entries = 0: must be > 0"
+    )
     assert [p.name for p in tmp_path.iterdir()] == ["namesrv.toml"]
 
 
 def test_dev_with_an_impossible_flag_combination(tmp_path, hamq_cli):
     data = tmp_path / "dev"
-    assert_refused(hamq_cli("dev", "--data", str(data), "--mode", "master-slave",
-                            "--replicas", "2", "--in-sync-replicas", "3"),
-                   "options: in_sync_replicas = 3: must not exceed total_replicas (2)")
-    assert_refused(hamq_cli("dev", "--data", str(data), "--port-base", "65000"),
-                   "options: listen = '127.0.0.1:66035': must be HOST:PORT with a port in "
-                   "1..65535")
+    assert_refused(
+        hamq_cli(
+            "dev",
+            "--data",
+            str(data),
+            "--mode",
+            "master-slave",
+            "--replicas",
+            "2",
+            "--in-sync-replicas",
+            "3",
+        ),
+        "options: in_sync_replicas = 3: must not exceed total_replicas (2)",
+    )
+    assert_refused(
+        hamq_cli("dev", "--data", str(data), "--port-base", "65000"),
+        "options: listen = '127.0.0.1:66035': must be HOST:PORT with a port in 1..65535",
+    )
     assert not data.exists()

@@ -2,6 +2,7 @@
 messages skipped or lost around shutdown, restarts and failed hand-backs; one orderly
 queue consumed by two members at once; consumers stopped by a name server that is down
 or hung, or by a listener that raised."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,7 +22,6 @@ from hamq.client.core import ClientCore
 from hamq.errors import HamqError, InvalidArgument, TopicNotExist
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import pack_body, unpack_body
-
 from helpers import wait_for
 from push_consumers import FAST, start_consumer
 
@@ -119,17 +119,21 @@ def test_new_group_from_last_keeps_its_start_across_a_restart(cluster):
     create_topic(cluster, "Fresh")
     send(cluster, "Fresh", b"old0", b"old1")
     got = Deliveries()
-    first = start_consumer(cluster.namesrv, "fresh", "Fresh", got.accept,
-                           consume_from_where="last")
-    wait_for(lambda: any(mq.topic == "Fresh" for mq in first._async.process_queues), 10,
-             "the queue to be taken")
+    first = start_consumer(cluster.namesrv, "fresh", "Fresh", got.accept, consume_from_where="last")
+    wait_for(
+        lambda: any(mq.topic == "Fresh" for mq in first._async.process_queues),
+        10,
+        "the queue to be taken",
+    )
     first.shutdown()
     send(cluster, "Fresh", b"new0", b"new1")  # while no member runs
-    second = start_consumer(cluster.namesrv, "fresh", "Fresh", got.accept,
-                            consume_from_where="last")
+    second = start_consumer(
+        cluster.namesrv, "fresh", "Fresh", got.accept, consume_from_where="last"
+    )
     try:
-        wait_for(lambda: got.bodies() == [b"new0", b"new1"], 15,
-                 "what arrived while the group was down")
+        wait_for(
+            lambda: got.bodies() == [b"new0", b"new1"], 15, "what arrived while the group was down"
+        )
     finally:
         second.shutdown()
 
@@ -138,21 +142,36 @@ def test_new_group_from_last_keeps_its_start_when_its_member_is_killed(cluster, 
     create_topic(cluster, "Crash")
     send(cluster, "Crash", b"old")
     script = Path(__file__).with_name("orderly_consumer.py")
-    member = subprocess.Popen([sys.executable, str(script), cluster.namesrv, "crash", "Crash",
-                               str(tmp_path / "killed.out"), "60", "last", "concurrently"],
-                              stdout=subprocess.PIPE)
+    member = subprocess.Popen(
+        [
+            sys.executable,
+            str(script),
+            cluster.namesrv,
+            "crash",
+            "Crash",
+            str(tmp_path / "killed.out"),
+            "60",
+            "last",
+            "concurrently",
+        ],
+        stdout=subprocess.PIPE,
+    )
     try:
         assert member.stdout.readline().strip() == b"started"
         with hamq.PullConsumer("crash", cluster.namesrv) as check:  # the periodic persist
-            wait_for(lambda: check.fetch_offset(MessageQueue("Crash", "broker-a", 0)) == 1,
-                     10, "the start offset committed")
+            wait_for(
+                lambda: check.fetch_offset(MessageQueue("Crash", "broker-a", 0)) == 1,
+                10,
+                "the start offset committed",
+            )
     finally:
         member.kill()  # SIGKILL: no shutdown, no final commit
         member.wait()
     send(cluster, "Crash", b"new")
     got = Deliveries()
-    survivor = start_consumer(cluster.namesrv, "crash", "Crash", got.accept,
-                              consume_from_where="last")
+    survivor = start_consumer(
+        cluster.namesrv, "crash", "Crash", got.accept, consume_from_where="last"
+    )
     try:
         wait_for(lambda: got.bodies() == [b"new"], 15, "what arrived after the crash")
     finally:
@@ -166,8 +185,14 @@ def test_new_group_from_a_timestamp_starts_there(cluster):
     since_ms = int(time.time() * 1000)
     send(cluster, "Since", b"after")
     got = Deliveries()
-    consumer = start_consumer(cluster.namesrv, "since", "Since", got.accept,
-                              consume_from_where="timestamp", consume_timestamp_ms=since_ms)
+    consumer = start_consumer(
+        cluster.namesrv,
+        "since",
+        "Since",
+        got.accept,
+        consume_from_where="timestamp",
+        consume_timestamp_ms=since_ms,
+    )
     try:
         wait_for(lambda: got.bodies() == [b"after"], 10, "the message stored after it")
     finally:
@@ -178,10 +203,17 @@ def test_new_group_from_a_timestamp_starts_there(cluster):
 def test_broadcasting_member_restarts_where_it_stopped(cluster, tmp_path):
     create_topic(cluster, "BcastRestart", 2)
     got = Deliveries()
+
     def member():  # no periodic save during the test: only shutdown may persist
-        return start_consumer(cluster.namesrv, "bcast-restart", "BcastRestart", got.accept,
-                              message_model="broadcasting", offset_store_dir=str(tmp_path),
-                              persist_offset_interval_s=600)
+        return start_consumer(
+            cluster.namesrv,
+            "bcast-restart",
+            "BcastRestart",
+            got.accept,
+            message_model="broadcasting",
+            offset_store_dir=str(tmp_path),
+            persist_offset_interval_s=600,
+        )
 
     first = member()
     old = [b"old%d" % i for i in range(10)]
@@ -203,12 +235,21 @@ def test_two_broadcasting_members_cannot_share_an_offset_file(cluster, tmp_path)
     one would start past what only the other consumed."""
     create_topic(cluster, "BcastTwice")
     got = Deliveries()
-    member = lambda: start_consumer(cluster.namesrv, "bcast-twice", "BcastTwice",  # noqa: E731
-                                    got.accept, message_model="broadcasting",
-                                    offset_store_dir=str(tmp_path))
+
+    def member():
+        return start_consumer(
+            cluster.namesrv,
+            "bcast-twice",
+            "BcastTwice",
+            got.accept,
+            message_model="broadcasting",
+            offset_store_dir=str(tmp_path),
+        )
+
     first = member()
-    second = hamq.PushConsumer("bcast-twice", cluster.namesrv, message_model="broadcasting",
-                               offset_store_dir=str(tmp_path))
+    second = hamq.PushConsumer(
+        "bcast-twice", cluster.namesrv, message_model="broadcasting", offset_store_dir=str(tmp_path)
+    )
     second.subscribe("BcastTwice")
     second.register_message_listener(got.accept)
     try:
@@ -242,6 +283,7 @@ def test_slow_orderly_listener_is_never_overlapped_by_the_next_owner(cluster):
                 running[0] -= 1
                 order.extend(m.body for m in messages)
             return ConsumeOrderlyStatus.SUCCESS
+
         return listener
 
     orderly = dict(lock_renew_interval_s=0.5)
@@ -265,17 +307,32 @@ def test_slow_orderly_listener_is_never_overlapped_by_the_next_owner(cluster):
 
 
 # -- 7: a closed connection does not release a client's locks -------------------------------
-async def _lock(core: ClientCore, addr: str, client_id: str, group: str = "locks",
-                topic: str = "Locked", join: bool = True) -> list:
+async def _lock(
+    core: ClientCore,
+    addr: str,
+    client_id: str,
+    group: str = "locks",
+    topic: str = "Locked",
+    join: bool = True,
+) -> list:
     """Lock queue 0 of ``topic``; returns what the client holds. The client first sends a
     HEART_BEAT (locks need a client the broker knows): ``join``, as a member of the group;
     otherwise as a producer only, so the group's members are not told of a new member."""
-    await core.invoke(addr, RequestCode.HEART_BEAT, body=pack_body(
-        {"client_id": client_id, "consumer_groups": [{"group": group}]} if join else
-        {"client_id": client_id, "producer_groups": [group]}))
-    frame = await core.invoke(addr, RequestCode.LOCK_BATCH_MQ,
-                              {"group": group, "client_id": client_id},
-                              pack_body([[topic, 0]]))
+    await core.invoke(
+        addr,
+        RequestCode.HEART_BEAT,
+        body=pack_body(
+            {"client_id": client_id, "consumer_groups": [{"group": group}]}
+            if join
+            else {"client_id": client_id, "producer_groups": [group]}
+        ),
+    )
+    frame = await core.invoke(
+        addr,
+        RequestCode.LOCK_BATCH_MQ,
+        {"group": group, "client_id": client_id},
+        pack_body([[topic, 0]]),
+    )
     return unpack_body(frame.body)
 
 
@@ -336,8 +393,9 @@ def test_orderly_member_stops_after_a_broker_restart_lost_its_lock(cluster):
         time.sleep(0.5)
         return ConsumeOrderlyStatus.SUCCESS
 
-    owner = hamq.PushConsumer("restarted", cluster.namesrv, client_id="owner",
-                              **{**FAST, "pull_batch_size": 32})
+    owner = hamq.PushConsumer(
+        "restarted", cluster.namesrv, client_id="owner", **{**FAST, "pull_batch_size": 32}
+    )
     owner.subscribe("Restarted")
     owner.register_message_listener(listener, orderly=True)
     owner.start()
@@ -349,8 +407,13 @@ def test_orderly_member_stops_after_a_broker_restart_lost_its_lock(cluster):
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 try:  # known to the broker through another group, not a member of this one
-                    await other.invoke(addr, RequestCode.HEART_BEAT, body=pack_body({
-                        "client_id": "other", "consumer_groups": [{"group": "bystander"}]}))
+                    await other.invoke(
+                        addr,
+                        RequestCode.HEART_BEAT,
+                        body=pack_body(
+                            {"client_id": "other", "consumer_groups": [{"group": "bystander"}]}
+                        ),
+                    )
                     if await _lock(other, addr, "other", "restarted", "Restarted", join=False):
                         return time.monotonic()
                 except HamqError:
@@ -383,8 +446,13 @@ def test_orderly_member_resumes_soon_after_a_broker_restart(cluster):
         got.add(messages)
         return ConsumeOrderlyStatus.SUCCESS
 
-    member = hamq.PushConsumer("resume", cluster.namesrv, consume_from_where="first",
-                               pull_suspend_ms=500, persist_offset_interval_s=0.5)
+    member = hamq.PushConsumer(
+        "resume",
+        cluster.namesrv,
+        consume_from_where="first",
+        pull_suspend_ms=500,
+        persist_offset_interval_s=0.5,
+    )
     member.subscribe("Resume")
     member.register_message_listener(listener, orderly=True)
     member.start()
@@ -407,8 +475,12 @@ def test_orderly_lock_lease_survives_a_wall_clock_step(cluster_factory, tmp_path
     c = cluster_factory()
     c.start_namesrv()
     with monkeypatch.context() as env:  # only the broker's clock is shifted
-        env.setenv("PYTHONPATH", os.pathsep.join(
-            [str(Path(__file__).with_name("shifted_clock")), os.environ.get("PYTHONPATH", "")]))
+        env.setenv(
+            "PYTHONPATH",
+            os.pathsep.join(
+                [str(Path(__file__).with_name("shifted_clock")), os.environ.get("PYTHONPATH", "")]
+            ),
+        )
         env.setenv("HAMQ_TEST_CLOCK_SHIFT_FILE", str(shift))
         c.start_broker()
     create_topic(c, "Locked")
@@ -432,8 +504,9 @@ def test_orderly_lock_lease_survives_a_wall_clock_step(cluster_factory, tmp_path
 def test_consumption_continues_while_the_name_server_is_down(cluster):
     create_topic(cluster, "NoNamesrv", 2)
     got = Deliveries()
-    consumer = start_consumer(cluster.namesrv, "no-namesrv", "NoNamesrv", got.accept,
-                              poll_name_server_interval_s=0.5)
+    consumer = start_consumer(
+        cluster.namesrv, "no-namesrv", "NoNamesrv", got.accept, poll_name_server_interval_s=0.5
+    )
     with hamq.Producer(cluster.namesrv) as producer:
         producer.send(Message("NoNamesrv", b"before"))
         wait_for(lambda: got.bodies() == [b"before"], 10, "the first message")
@@ -503,8 +576,11 @@ def master_lost(cluster_factory, topic: str, bodies: list[bytes], other_group: b
                 producer.send(Message(topic, body), MessageQueue(topic, "broker-a", 0))
         wait_for(lambda: ha()[0]["behind_bytes"] == 0, 10, "the slave to have them")
         c.procs["a-master"].kill9()
-        wait_for(lambda: 0 not in admin.topic_route(topic).brokers.get("broker-a", {0: ""}),
-                 10, "the name server to drop the dead master")
+        wait_for(
+            lambda: 0 not in admin.topic_route(topic).brokers.get("broker-a", {0: ""}),
+            10,
+            "the name server to drop the dead master",
+        )
     return c
 
 
@@ -594,8 +670,9 @@ def test_refused_orderly_lock_is_retried_without_whole_rebalances(cluster):
             got.add(messages)
             return ConsumeOrderlyStatus.SUCCESS
 
-        consumer = hamq.PushConsumer("refused", cluster.namesrv,
-                                     **{**FAST, "rebalance_interval_s": 60})
+        consumer = hamq.PushConsumer(
+            "refused", cluster.namesrv, **{**FAST, "rebalance_interval_s": 60}
+        )
         consumer.subscribe("Refused")
         consumer.register_message_listener(listener, orderly=True)
         consumer.start()
@@ -611,9 +688,14 @@ def test_refused_orderly_lock_is_retried_without_whole_rebalances(cluster):
         time.sleep(4)  # the lock stays refused all along
         assert lookups[0] <= 1, f"{lookups[0]} rebalances of the topic in 4 s (lock refused)"
         assert got.got == []
-        loop.run_until_complete(holder.invoke(
-            addr, RequestCode.UNLOCK_BATCH_MQ, {"group": "refused", "client_id": "holder"},
-            pack_body([["Refused", 0]])))
+        loop.run_until_complete(
+            holder.invoke(
+                addr,
+                RequestCode.UNLOCK_BATCH_MQ,
+                {"group": "refused", "client_id": "holder"},
+                pack_body([["Refused", 0]]),
+            )
+        )
         wait_for(lambda: got.bodies() == [b"r0"], 10, "the queue taken once it was free")
         consumer.shutdown()
     finally:
@@ -651,8 +733,14 @@ def test_broadcasting_failures_are_not_sent_to_a_retry_topic(cluster, tmp_path):
         got.add(messages)
         return LATER if messages[0].body == b"bad" else OK
 
-    consumer = start_consumer(cluster.namesrv, "bcast-fail", "BcastFail", listener,
-                              message_model="broadcasting", offset_store_dir=str(tmp_path))
+    consumer = start_consumer(
+        cluster.namesrv,
+        "bcast-fail",
+        "BcastFail",
+        listener,
+        message_model="broadcasting",
+        offset_store_dir=str(tmp_path),
+    )
     try:
         send(cluster, "BcastFail", b"bad", b"good")
         wait_for(lambda: b"good" in got.bodies(), 10, "the queue to go on")

@@ -1,6 +1,7 @@
 """kill -9 of a broker with ``flush_disk_type = "sync"``: every send answered SEND_OK is
 there exactly once after restart, at the offset it was acknowledged with, and the commit
 log ends on a record boundary — also when the crash left a partly written record behind."""
+
 from __future__ import annotations
 
 import shutil
@@ -80,8 +81,14 @@ def load_then_kill(cluster) -> Acked:
                 return
             if result.status is hamq.SendStatus.SEND_OK:
                 with acked.lock:
-                    acked.records.append((body, result.queue.queue_id, result.queue_offset,
-                                          int(result.msg_id[:16], 16)))
+                    acked.records.append(
+                        (
+                            body,
+                            result.queue.queue_id,
+                            result.queue_offset,
+                            int(result.msg_id[:16], 16),
+                        )
+                    )
 
     threads = [threading.Thread(target=worker, args=(t,), daemon=True) for t in range(THREADS)]
     try:
@@ -128,8 +135,9 @@ def test_kill9_loses_no_acknowledged_send(sync_cluster, drain_topic, tmp_path):
     acked = load_then_kill(sync_cluster)
     assert len(list(store_dir(sync_cluster).iterdir())) > 1, "the load never rolled a segment"
     valid_end, _, _ = scan_copy(sync_cluster, tmp_path, "after-kill")
-    assert max(phys for *_, phys in acked.records) < valid_end, \
+    assert max(phys for *_, phys in acked.records) < valid_end, (
         "an acknowledged record is not intact on disk after kill -9"
+    )
     sync_cluster.procs["broker"].start()
     got = assert_all_acked_present(sync_cluster, drain_topic, acked)
     assert_new_sends_work(sync_cluster, got)
@@ -140,7 +148,7 @@ def test_kill9_loses_no_acknowledged_send(sync_cluster, drain_topic, tmp_path):
 
 def half_of_last_record(records: list, end: int) -> bytes:
     """The first half of the last record (its header intact, its payload cut)."""
-    return records[-1][1][:len(records[-1][1]) // 2]
+    return records[-1][1][: len(records[-1][1]) // 2]
 
 
 def header_with_short_payload(records: list, end: int) -> bytes:

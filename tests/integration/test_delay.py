@@ -1,6 +1,7 @@
 """Delay-level and timer messages on a real broker: held back in SCHEDULE_TOPIC_XXXX, then
 delivered into their real queue no earlier than due and within a second after it, once,
 also when the broker restarts while they wait."""
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,9 @@ def check_on_time(got, windows: dict[str, tuple[int, int]], watched: bool = True
     for msg, received_ms in got:
         earliest, latest = windows[msg.keys]
         assert msg.store_timestamp_ms >= earliest, f"{msg.keys} delivered early"
-        assert msg.store_timestamp_ms <= latest + LATE_MS_MAX, \
+        assert msg.store_timestamp_ms <= latest + LATE_MS_MAX, (
             f"{msg.keys} delivered {msg.store_timestamp_ms - latest} ms late"
+        )
         assert not watched or received_ms <= latest + LATE_MS_MAX + 500
         assert msg.body == f"body-{msg.keys}".encode()
         assert msg.tags == "T"
@@ -73,24 +75,26 @@ def send_level1_level2_timer(cluster, topic: str) -> dict[str, tuple[int, int]]:
         return {
             "level1": send_timed(producer, make_message(topic, "level1", delay_level=1), 1000),
             "level2": send_timed(producer, make_message(topic, "level2", delay_level=2), 5000),
-            "timer": send_timed(producer, make_message(topic, "timer",
-                                                       deliver_time_ms=now_ms() + 4000), 0),
+            "timer": send_timed(
+                producer, make_message(topic, "timer", deliver_time_ms=now_ms() + 4000), 0
+            ),
         }
 
 
 def test_delay_levels_and_timer_delivered_in_their_window(cluster):
     with hamq.Admin(cluster.namesrv) as admin:
         admin.create_topic("Delayed", 1)
-    with hamq.Producer(cluster.namesrv) as producer, \
-            hamq.PullConsumer("g-delay", cluster.namesrv) as consumer:
+    with (
+        hamq.Producer(cluster.namesrv) as producer,
+        hamq.PullConsumer("g-delay", cluster.namesrv) as consumer,
+    ):
         windows = {
             "plain": send_timed(producer, make_message("Delayed", "plain"), 0),
-            "level1": send_timed(producer, make_message("Delayed", "level1", delay_level=1),
-                                 1000),
-            "level2": send_timed(producer, make_message("Delayed", "level2", delay_level=2),
-                                 5000),
-            "timer": send_timed(producer, make_message("Delayed", "timer",
-                                                       deliver_time_ms=now_ms() + 3000), 0),
+            "level1": send_timed(producer, make_message("Delayed", "level1", delay_level=1), 1000),
+            "level2": send_timed(producer, make_message("Delayed", "level2", delay_level=2), 5000),
+            "timer": send_timed(
+                producer, make_message("Delayed", "timer", deliver_time_ms=now_ms() + 3000), 0
+            ),
         }
         got = collect(consumer, "Delayed", 4)
     check_on_time(got, windows)
@@ -122,21 +126,27 @@ def test_bad_delay_messages_are_clear_errors(cluster):
         with pytest.raises(MessageIllegal, match=r"1\.\.18"):
             producer.send(make_message("DelayedBad", "k", delay_level=19))
         with pytest.raises(InvalidArgument, match="cannot be batched"):  # refused client-side
-            producer.send_batch([make_message("DelayedBad", "a", delay_level=1),
-                                 make_message("DelayedBad", "b", delay_level=1)])
+            producer.send_batch(
+                [
+                    make_message("DelayedBad", "a", delay_level=1),
+                    make_message("DelayedBad", "b", delay_level=1),
+                ]
+            )
         with pytest.raises(MessageIllegal, match="more than"):
-            producer.send(make_message("DelayedBad", "t",
-                                       deliver_time_ms=now_ms() + 4 * 24 * 3600 * 1000))
+            producer.send(
+                make_message("DelayedBad", "t", deliver_time_ms=now_ms() + 4 * 24 * 3600 * 1000)
+            )
 
 
 def test_cli_produce_delay_level_and_deliver_at(cluster, hamq_cli):
     with hamq.Admin(cluster.namesrv) as admin:
         admin.create_topic("DelayedCli", 1)
     started = now_ms()
-    for flags, body in ((["--delay-level", "1"], "a\n"),
-                        (["--deliver-at", str(started + 2000)], "b\n")):
-        done = hamq_cli("produce", "DelayedCli", *flags, "--namesrv", cluster.namesrv,
-                        input=body)
+    for flags, body in (
+        (["--delay-level", "1"], "a\n"),
+        (["--deliver-at", str(started + 2000)], "b\n"),
+    ):
+        done = hamq_cli("produce", "DelayedCli", *flags, "--namesrv", cluster.namesrv, input=body)
         assert done.returncode == 0, done.stderr
     with hamq.PullConsumer("g-delay", cluster.namesrv) as consumer:
         got = collect(consumer, "DelayedCli", 2)
@@ -149,16 +159,26 @@ def test_slave_takes_its_masters_delay_offsets(cluster_factory):
     c = cluster_factory()
     c.start_namesrv()
     c.start_broker("master", total_replicas=2, flush_delay_offset_interval_ms=200)
-    c.start_broker("slave", broker_id=1, broker_role="slave", total_replicas=2,
-                   slave_sync_interval_ms=200, flush_delay_offset_interval_ms=200)
+    c.start_broker(
+        "slave",
+        broker_id=1,
+        broker_role="slave",
+        total_replicas=2,
+        slave_sync_interval_ms=200,
+        flush_delay_offset_interval_ms=200,
+    )
     with hamq.Admin(c.namesrv) as admin:
         admin.create_topic("DelayedSync", 1)
     with hamq.Producer(c.namesrv) as producer:
         producer.send(make_message("DelayedSync", "a", delay_level=1))
     table = c.root / "slave" / "delay_offsets.json"
-    wait_for(lambda: table.exists()
-             and json.loads(table.read_text())["table"]["delay_offsets"] == {"1": 1},
-             WAIT_S, "the slave to take the master's delay offset")
+    wait_for(
+        lambda: (
+            table.exists() and json.loads(table.read_text())["table"]["delay_offsets"] == {"1": 1}
+        ),
+        WAIT_S,
+        "the slave to take the master's delay offset",
+    )
     with hamq.PullConsumer("g-delay", c.namesrv) as consumer:
         assert [m.keys for m, _ in collect(consumer, "DelayedSync", 1)] == ["a"]
 
@@ -184,8 +204,10 @@ def send_timers(cluster, topic: str, dues: dict[str, int]) -> None:
         admin.create_topic(topic, 1)
     with hamq.Producer(cluster.namesrv) as producer:
         for key, due in dues.items():
-            assert producer.send(make_message(topic, key, deliver_time_ms=due)).status \
+            assert (
+                producer.send(make_message(topic, key, deliver_time_ms=due)).status
                 is hamq.SendStatus.SEND_OK
+            )
 
 
 def wait_until_ms(epoch_ms: int) -> None:
@@ -227,7 +249,8 @@ def test_delivered_timers_leave_no_trace_behind_a_far_one(cluster):
 
 @pytest.mark.parametrize("flush_disk_type", ["async", "sync"])
 def test_kill9_mid_delivery_with_a_torn_timer_log_still_delivers_every_timer(
-        cluster_factory, flush_disk_type):
+    cluster_factory, flush_disk_type
+):
     cluster = cluster_factory()
     cluster.start_namesrv()
     cluster.start_broker(flush_disk_type=flush_disk_type, flush_delay_offset_interval_ms=200)
@@ -236,8 +259,11 @@ def test_kill9_mid_delivery_with_a_torn_timer_log_still_delivers_every_timer(
     send_timers(cluster, "TimersKill", dues)
     with hamq.PullConsumer("g-delay-count", cluster.namesrv) as consumer:
         mq = consumer.fetch_message_queues("TimersKill")[0]
-        delivered = wait_for(lambda: consumer.max_offset(mq) >= 50 and consumer.max_offset(mq),
-                             WAIT_S, "the first timers delivered")
+        delivered = wait_for(
+            lambda: consumer.max_offset(mq) >= 50 and consumer.max_offset(mq),
+            WAIT_S,
+            "the first timers delivered",
+        )
     broker = cluster.procs["broker"]
     broker.kill9()
     assert delivered < len(dues), "every timer was delivered before the kill: nothing tested"

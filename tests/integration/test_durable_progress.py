@@ -3,6 +3,7 @@ transaction commits — is fsynced before anything that depends on it moves: the
 delay progress, the send-back answer (after which the consumer commits its offset), the
 END_TRANSACTION answer. Each test lets only that write happen and then reads the broker's
 fsynced offset (GET_BROKER_RUNTIME_INFO)."""
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,14 @@ def persisted_delay_offset(c, level: int) -> int:
 def pull_one(namesrv: str) -> hamq.MessageExt:
     with hamq.PullConsumer("g-durable", namesrv) as consumer:
         mq = consumer.fetch_message_queues(TOPIC)[0]
-        result = wait_for(lambda: (r := consumer.pull(mq, 0, 1, suspend_timeout_ms=500))
-                          .status is PullStatus.FOUND and r, 10.0, "the message")
+        result = wait_for(
+            lambda: (
+                (r := consumer.pull(mq, 0, 1, suspend_timeout_ms=500)).status is PullStatus.FOUND
+                and r
+            ),
+            10.0,
+            "the message",
+        )
         return result.messages[0]
 
 
@@ -74,15 +81,25 @@ def test_send_back_answers_once_the_retry_copy_is_fsynced(sync_cluster):
 
 def test_end_transaction_answers_once_the_commit_is_fsynced(sync_cluster):
     c = sync_cluster
-    with hamq.TransactionProducer(c.namesrv, "pg-durable",
-                                  lambda msg, arg: TransactionState.UNKNOW,
-                                  lambda msg: TransactionState.UNKNOW) as producer:
+    with hamq.TransactionProducer(
+        c.namesrv,
+        "pg-durable",
+        lambda msg, arg: TransactionState.UNKNOW,
+        lambda msg: TransactionState.UNKNOW,
+    ) as producer:
         half = producer.send_message_in_transaction(Message(TOPIC, b"tx"))
         with hamq.Admin(c.namesrv) as admin:
-            admin.submit(admin.core.invoke(c.broker_addr(), RequestCode.END_TRANSACTION, {
-                "group": "pg-durable",
-                "tran_state_table_offset": half.send_result.queue_offset,
-                "commit_or_rollback": TransactionState.COMMIT_MESSAGE.value})).result()
+            admin.submit(
+                admin.core.invoke(
+                    c.broker_addr(),
+                    RequestCode.END_TRANSACTION,
+                    {
+                        "group": "pg-durable",
+                        "tran_state_table_offset": half.send_result.queue_offset,
+                        "commit_or_rollback": TransactionState.COMMIT_MESSAGE.value,
+                    },
+                )
+            ).result()
         end, flushed = log_offsets(c)
     assert flushed == end
     assert pull_one(c.namesrv).body == b"tx"

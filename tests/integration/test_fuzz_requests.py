@@ -6,6 +6,7 @@ server is alive, answered every request with a precise code (never an internal e
 the internal-error metric is zero; unknown codes REQUEST_CODE_NOT_SUPPORTED), stored
 nothing it should have refused, kept its memory within a stated bound (FUZZ_RSS_BOUND_MIB),
 still serves a produce/consume round trip, and restarts."""
+
 from __future__ import annotations
 
 import re
@@ -19,7 +20,6 @@ from hamq.errors import TopicNotExist
 from hamq.protocol.codes import Flag, RequestCode, ResponseCode
 from hamq.protocol.frame import encode_frame_bytes, pack_body, unpack_body
 from hamq.protocol.message import encode_batch, encode_message
-
 from helpers import free_port, scrape_metrics, send_and_pull, wait_for
 
 EXAMPLES_PER_CAMPAIGN = 1000
@@ -27,18 +27,50 @@ FUZZ_RSS_BOUND_MIB = 64
 # Held pulls and pops end after this, so a campaign on one connection never waits long.
 FUZZ_MAX_WAIT_MS = 50
 
-INTS = st.one_of(st.sampled_from([0, 1, 2, -1, 1023, 1024, 1025, 2**31, 2**32, 2**62,
-                                  2**63 - 1, 2**63, 2**64 - 1, -2**63]),
-                 st.integers(-10, 10))
-NAMES = st.one_of(st.sampled_from(["Fuzz", "..", ".", "a\0b", "a/b", "", " ", "é",
-                                   "x" * 300, "broker-a", "TestCluster", "g",
-                                   "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_OP_HALF_TOPIC",
-                                   "rmq_sys_REVIVE_LOG", "TBW102", "%RETRY%g",
-                                   "127.0.0.1:1", "no-port", "h:99999", "h:-1"]),
-                  st.text(max_size=12))
-VALUES = st.one_of(INTS, NAMES, st.none(), st.booleans(), st.binary(max_size=8),
-                   st.floats(allow_nan=True), st.lists(INTS, max_size=3),
-                   st.dictionaries(NAMES, INTS, max_size=3))
+INTS = st.one_of(
+    st.sampled_from(
+        [0, 1, 2, -1, 1023, 1024, 1025, 2**31, 2**32, 2**62, 2**63 - 1, 2**63, 2**64 - 1, -(2**63)]
+    ),
+    st.integers(-10, 10),
+)
+NAMES = st.one_of(
+    st.sampled_from(
+        [
+            "Fuzz",
+            "..",
+            ".",
+            "a\0b",
+            "a/b",
+            "",
+            " ",
+            "é",
+            "x" * 300,
+            "broker-a",
+            "TestCluster",
+            "g",
+            "SCHEDULE_TOPIC_XXXX",
+            "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+            "rmq_sys_REVIVE_LOG",
+            "TBW102",
+            "%RETRY%g",
+            "127.0.0.1:1",
+            "no-port",
+            "h:99999",
+            "h:-1",
+        ]
+    ),
+    st.text(max_size=12),
+)
+VALUES = st.one_of(
+    INTS,
+    NAMES,
+    st.none(),
+    st.booleans(),
+    st.binary(max_size=8),
+    st.floats(allow_nan=True),
+    st.lists(INTS, max_size=3),
+    st.dictionaries(NAMES, INTS, max_size=3),
+)
 
 BROKER_FIELDS = {
     RequestCode.SEND_MESSAGE: ("topic", "queue_id", "count", "crc", "born_ts"),
@@ -49,42 +81,82 @@ BROKER_FIELDS = {
     RequestCode.GET_MIN_OFFSET: ("topic", "queue_id"),
     RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: ("topic", "queue_id", "timestamp_ms"),
     RequestCode.GET_EARLIEST_MSG_STORETIME: ("topic", "queue_id"),
-    RequestCode.UPDATE_AND_CREATE_TOPIC: ("topic", "read_queue_nums", "write_queue_nums",
-                                          "perm"),
+    RequestCode.UPDATE_AND_CREATE_TOPIC: ("topic", "read_queue_nums", "write_queue_nums", "perm"),
     RequestCode.DELETE_TOPIC_IN_BROKER: ("topic",),
     RequestCode.GET_ALL_TOPIC_CONFIG: (),
     RequestCode.GET_ALL_CONSUMER_OFFSET: (),
     RequestCode.GET_BROKER_RUNTIME_INFO: (),
-    RequestCode.PULL_MESSAGE: ("topic", "queue_id", "queue_offset", "max_msgs", "max_bytes",
-                               "suspend_timeout_ms", "group", "commit_offset"),
+    RequestCode.PULL_MESSAGE: (
+        "topic",
+        "queue_id",
+        "queue_offset",
+        "max_msgs",
+        "max_bytes",
+        "suspend_timeout_ms",
+        "group",
+        "commit_offset",
+    ),
     RequestCode.HEART_BEAT: (),
     RequestCode.UNREGISTER_CLIENT: ("client_id", "group"),
     RequestCode.GET_CONSUMER_LIST_BY_GROUP: ("group",),
     RequestCode.LOCK_BATCH_MQ: ("group", "client_id"),
     RequestCode.UNLOCK_BATCH_MQ: ("group", "client_id"),
-    RequestCode.CONSUMER_SEND_MSG_BACK: ("group", "topic", "queue_id", "queue_offset",
-                                         "delay_level", "max_reconsume_times"),
+    RequestCode.CONSUMER_SEND_MSG_BACK: (
+        "group",
+        "topic",
+        "queue_id",
+        "queue_offset",
+        "delay_level",
+        "max_reconsume_times",
+    ),
     RequestCode.END_TRANSACTION: ("group", "tran_state_table_offset", "commit_or_rollback"),
     RequestCode.GET_ALL_DELAY_OFFSET: (),
-    RequestCode.POP_MESSAGE: ("group", "topic", "queue_id", "invisible_time_ms", "max_msgs",
-                              "init_mode", "poll_time_ms", "max_reconsume_times"),
+    RequestCode.POP_MESSAGE: (
+        "group",
+        "topic",
+        "queue_id",
+        "invisible_time_ms",
+        "max_msgs",
+        "init_mode",
+        "poll_time_ms",
+        "max_reconsume_times",
+    ),
     RequestCode.ACK_MESSAGE: ("group", "topic", "queue_id", "offset", "ck"),
     RequestCode.BATCH_ACK_MESSAGE: ("group",),
-    RequestCode.CHANGE_MESSAGE_INVISIBLETIME: ("group", "topic", "queue_id", "offset", "ck",
-                                               "invisible_time_ms"),
+    RequestCode.CHANGE_MESSAGE_INVISIBLETIME: (
+        "group",
+        "topic",
+        "queue_id",
+        "offset",
+        "ck",
+        "invisible_time_ms",
+    ),
 }
 # Codes a port does not serve (other ports' codes, the ones only a server sends, and
 # numbers nobody uses): REQUEST_CODE_NOT_SUPPORTED, with any fields.
-NOT_SERVED = (RequestCode.HA_HANDSHAKE, RequestCode.DLEDGER_MESSAGE,
-              RequestCode.CHECK_TRANSACTION_STATE, RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
-              RequestCode.NOTIFY_MIN_BROKER_ID_CHANGE, 0, 9999, 2**31 - 1)
+NOT_SERVED = (
+    RequestCode.HA_HANDSHAKE,
+    RequestCode.DLEDGER_MESSAGE,
+    RequestCode.CHECK_TRANSACTION_STATE,
+    RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
+    RequestCode.NOTIFY_MIN_BROKER_ID_CHANGE,
+    0,
+    9999,
+    2**31 - 1,
+)
 HA_FIELDS = {
     RequestCode.HA_HANDSHAKE: ("broker_id", "attach", "proof", "probes"),
     RequestCode.HA_ACK: ("ack_offset",),
 }
 NAMESRV_FIELDS = {
-    RequestCode.REGISTER_BROKER: ("cluster_name", "broker_name", "broker_id", "broker_addr",
-                                  "ha_addr", "heartbeat_timeout_ms"),
+    RequestCode.REGISTER_BROKER: (
+        "cluster_name",
+        "broker_name",
+        "broker_id",
+        "broker_addr",
+        "ha_addr",
+        "heartbeat_timeout_ms",
+    ),
     RequestCode.BROKER_HEARTBEAT: ("broker_addr",),
     RequestCode.UNREGISTER_BROKER: ("broker_name", "broker_id", "broker_addr"),
     RequestCode.GET_ROUTEINFO_BY_TOPIC: ("topic",),
@@ -112,37 +184,58 @@ def system_topic(topic: str) -> bool:
 # that decides (a fuzzer of only garbage stops at the first type check).
 PORTS = st.integers(1, 65535).map(lambda port: f"127.0.0.1:{port}")
 VALID = {
-    "topic": st.sampled_from(["Fuzz", "Fuzz2", "fz"]), "queue_id": st.integers(0, 1),
-    "count": st.just(1), "crc": st.integers(0, 2**32 - 1), "born_ts": st.integers(0, 2**41),
-    "group": st.sampled_from(["g", "g2"]), "offset": st.integers(0, 100),
-    "timestamp_ms": st.integers(0, 2**41), "read_queue_nums": st.integers(1, 4),
-    "write_queue_nums": st.integers(1, 4), "perm": st.sampled_from([2, 4, 6]),
-    "cluster_name": st.just("TestCluster"), "broker_name": st.sampled_from(["broker-a", "bz"]),
-    "broker_id": st.integers(0, 5), "broker_addr": PORTS, "ha_addr": PORTS,
+    "topic": st.sampled_from(["Fuzz", "Fuzz2", "fz"]),
+    "queue_id": st.integers(0, 1),
+    "count": st.just(1),
+    "crc": st.integers(0, 2**32 - 1),
+    "born_ts": st.integers(0, 2**41),
+    "group": st.sampled_from(["g", "g2"]),
+    "offset": st.integers(0, 100),
+    "timestamp_ms": st.integers(0, 2**41),
+    "read_queue_nums": st.integers(1, 4),
+    "write_queue_nums": st.integers(1, 4),
+    "perm": st.sampled_from([2, 4, 6]),
+    "cluster_name": st.just("TestCluster"),
+    "broker_name": st.sampled_from(["broker-a", "bz"]),
+    "broker_id": st.integers(0, 5),
+    "broker_addr": PORTS,
+    "ha_addr": PORTS,
     "heartbeat_timeout_ms": st.integers(1000, 60_000),
-    "queue_offset": st.integers(0, 10), "max_msgs": st.integers(1, 64),
-    "max_bytes": st.integers(1, 2**20), "suspend_timeout_ms": st.integers(0, 100),
-    "commit_offset": st.integers(0, 10), "client_id": st.sampled_from(["c1", "c2"]),
-    "delay_level": st.integers(0, 3), "max_reconsume_times": st.integers(0, 16),
+    "queue_offset": st.integers(0, 10),
+    "max_msgs": st.integers(1, 64),
+    "max_bytes": st.integers(1, 2**20),
+    "suspend_timeout_ms": st.integers(0, 100),
+    "commit_offset": st.integers(0, 10),
+    "client_id": st.sampled_from(["c1", "c2"]),
+    "delay_level": st.integers(0, 3),
+    "max_reconsume_times": st.integers(0, 16),
     "tran_state_table_offset": st.integers(0, 5),
     "commit_or_rollback": st.sampled_from(["COMMIT_MESSAGE", "ROLLBACK_MESSAGE", "UNKNOW"]),
-    "invisible_time_ms": st.integers(100, 60_000), "init_mode": st.sampled_from(["min", "max"]),
-    "poll_time_ms": st.integers(0, 100), "ck": st.integers(0, 10),
-    "attach": st.integers(0, 2**20), "proof": st.none(), "probes": st.just([]),
+    "invisible_time_ms": st.integers(100, 60_000),
+    "init_mode": st.sampled_from(["min", "max"]),
+    "poll_time_ms": st.integers(0, 100),
+    "ck": st.integers(0, 10),
+    "attach": st.integers(0, 2**20),
+    "proof": st.none(),
+    "probes": st.just([]),
     "ack_offset": st.integers(0, 2**20),
 }
 # Message properties: plain, held back (delay, timer, transaction half) and their hostile
 # variants. Each raw map is (bytes, whether a send carrying it may be stored).
 PROPERTIES = [
-    (b"", True), (msgpack.packb({"KEYS": "k", "TAGS": "t"}), True),
-    (msgpack.packb({"DELAY": "2"}), True), (msgpack.packb({"DELAY": 2}), False),
-    (msgpack.packb({"DELAY": "\u00b2"}), False), (msgpack.packb({"DELAY": "99"}), False),
+    (b"", True),
+    (msgpack.packb({"KEYS": "k", "TAGS": "t"}), True),
+    (msgpack.packb({"DELAY": "2"}), True),
+    (msgpack.packb({"DELAY": 2}), False),
+    (msgpack.packb({"DELAY": "\u00b2"}), False),
+    (msgpack.packb({"DELAY": "99"}), False),
     (msgpack.packb({"TIMER_DELIVER_MS": ["1"]}), False),
     (msgpack.packb({"TRAN_MSG": "true", "PGROUP": "pg"}), True),
     (msgpack.packb({"TRAN_MSG": "true", "PGROUP": 7}), False),
     (msgpack.packb({"TRAN_MSG": "true", "PGROUP": "pg", "TRAN_BATCH": [1]}), False),
     (msgpack.packb({"TRAN_MSG": "true", "PGROUP": "pg", "REAL_TOPIC": ".."}), False),
-    (msgpack.packb(["not", "a", "map"]), False), (msgpack.packb("text"), False),
+    (msgpack.packb(["not", "a", "map"]), False),
+    (msgpack.packb("text"), False),
 ]
 TOPIC_CONFIG_FIELDS = ("read_queue_nums", "write_queue_nums", "perm")
 
@@ -166,30 +259,70 @@ def requests(draw, fields: dict[int, tuple[str, ...]]):
             ext["crc"] = crc  # a real batch: the other fields decide
         body = draw(st.sampled_from([body, body, body + b"\0", body[:3], b""]))
     elif code == RequestCode.REGISTER_BROKER:
-        configs = {draw(NAMES) if draw(st.integers(0, 3)) == 0 else draw(VALID["topic"]):
-                   {key: field(draw, key) for key in TOPIC_CONFIG_FIELDS}
-                   for _ in range(draw(st.integers(0, 2)))}
-        version = draw(st.one_of(VALUES, st.dictionaries(
-            st.sampled_from(["counter", "state_version", "x"]), INTS)))
-        body = draw(st.sampled_from([pack_body({"topic_configs": configs,
-                                                "data_version": version}),
-                                     pack_body([configs]), b"\xc1"]))
+        configs = {
+            draw(NAMES) if draw(st.integers(0, 3)) == 0 else draw(VALID["topic"]): {
+                key: field(draw, key) for key in TOPIC_CONFIG_FIELDS
+            }
+            for _ in range(draw(st.integers(0, 2)))
+        }
+        version = draw(
+            st.one_of(
+                VALUES, st.dictionaries(st.sampled_from(["counter", "state_version", "x"]), INTS)
+            )
+        )
+        body = draw(
+            st.sampled_from(
+                [
+                    pack_body({"topic_configs": configs, "data_version": version}),
+                    pack_body([configs]),
+                    b"\xc1",
+                ]
+            )
+        )
     elif code == RequestCode.HEART_BEAT:
-        entry = {"group": field(draw, "group"), "message_model": draw(st.one_of(
-            st.sampled_from(["clustering", "broadcasting"]), VALUES)),
-            "subscriptions": draw(st.one_of(st.just({"Fuzz": "*"}), VALUES))}
-        body = pack_body(draw(st.one_of(VALUES, st.fixed_dictionaries({
-            "client_id": st.one_of(VALID["client_id"], VALUES),
-            "producer_groups": st.lists(st.one_of(VALID["group"], VALUES), max_size=2),
-            "consumer_groups": st.lists(st.one_of(st.just(entry), VALUES), max_size=2)}))))
+        entry = {
+            "group": field(draw, "group"),
+            "message_model": draw(
+                st.one_of(st.sampled_from(["clustering", "broadcasting"]), VALUES)
+            ),
+            "subscriptions": draw(st.one_of(st.just({"Fuzz": "*"}), VALUES)),
+        }
+        body = pack_body(
+            draw(
+                st.one_of(
+                    VALUES,
+                    st.fixed_dictionaries(
+                        {
+                            "client_id": st.one_of(VALID["client_id"], VALUES),
+                            "producer_groups": st.lists(
+                                st.one_of(VALID["group"], VALUES), max_size=2
+                            ),
+                            "consumer_groups": st.lists(
+                                st.one_of(st.just(entry), VALUES), max_size=2
+                            ),
+                        }
+                    ),
+                )
+            )
+        )
     elif code in (RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ):
         queue = st.lists(st.one_of(VALID["topic"], NAMES, VALUES), min_size=2, max_size=2)
-        body = pack_body(draw(st.one_of(VALUES, st.lists(st.tuples(
-            st.one_of(VALID["topic"], NAMES), st.one_of(VALID["queue_id"], INTS)).map(list) |
-            queue, max_size=4))))
+        body = pack_body(
+            draw(
+                st.one_of(
+                    VALUES,
+                    st.lists(
+                        st.tuples(
+                            st.one_of(VALID["topic"], NAMES), st.one_of(VALID["queue_id"], INTS)
+                        ).map(list)
+                        | queue,
+                        max_size=4,
+                    ),
+                )
+            )
+        )
     elif code == RequestCode.BATCH_ACK_MESSAGE:
-        body = pack_body(draw(st.one_of(VALUES, st.lists(st.lists(INTS, max_size=4),
-                                                         max_size=3))))
+        body = pack_body(draw(st.one_of(VALUES, st.lists(st.lists(INTS, max_size=4), max_size=3))))
     return code, ext, body
 
 
@@ -198,25 +331,34 @@ def is_int(value: object, low: int, high: int) -> bool:
 
 
 def is_address(value: object) -> bool:
-    return isinstance(value, str) and bool(ADDRESS.fullmatch(value)) \
+    return (
+        isinstance(value, str)
+        and bool(ADDRESS.fullmatch(value))
         and 0 < int(value.rpartition(":")[2]) < 65536
+    )
 
 
 def acceptable(code: int, ext: dict, body: bytes) -> bool:
     """Whether a request may succeed at all (the spec, independent of the code under test):
     a SUCCESS answer to anything else stored something that should have been refused."""
     topic = ext.get("topic")
-    if code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_BATCH_MESSAGE,
-                RequestCode.UPDATE_AND_CREATE_TOPIC, RequestCode.DELETE_TOPIC_IN_BROKER):
+    if code in (
+        RequestCode.SEND_MESSAGE,
+        RequestCode.SEND_BATCH_MESSAGE,
+        RequestCode.UPDATE_AND_CREATE_TOPIC,
+        RequestCode.DELETE_TOPIC_IN_BROKER,
+    ):
         if not (safe_name(topic) and len(topic) <= 127 and not system_topic(topic)):
             return False
     if code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_BATCH_MESSAGE):
-        return send_acceptable(body) and ("born_ts" not in ext or ext["born_ts"] is None or
-                                          is_int(ext["born_ts"], 0, 2**63 - 1))
+        return send_acceptable(body) and (
+            "born_ts" not in ext or ext["born_ts"] is None or is_int(ext["born_ts"], 0, 2**63 - 1)
+        )
     if code == RequestCode.UPDATE_AND_CREATE_TOPIC:
-        return all(ext.get(k) is None or is_int(ext[k], 1, 1024)
-                   for k in ("read_queue_nums", "write_queue_nums")) and \
-            (ext.get("perm") is None or ext["perm"] in (0, 2, 4, 6))
+        return all(
+            ext.get(k) is None or is_int(ext[k], 1, 1024)
+            for k in ("read_queue_nums", "write_queue_nums")
+        ) and (ext.get("perm") is None or ext["perm"] in (0, 2, 4, 6))
     if code == RequestCode.UPDATE_CONSUMER_OFFSET:
         return safe_name(ext.get("group")) and is_int(ext.get("offset"), 0, 2**63 - 1)
     if code == RequestCode.REGISTER_BROKER:
@@ -224,8 +366,9 @@ def acceptable(code: int, ext: dict, body: bytes) -> bool:
     if code == RequestCode.PULL_MESSAGE and ext.get("commit_offset") is not None:
         return safe_name(ext.get("group")) and is_int(ext["commit_offset"], 0, 2**63 - 1)
     if code == RequestCode.END_TRANSACTION:
-        return safe_name(ext.get("group")) and is_int(ext.get("tran_state_table_offset"), 0,
-                                                      2**63 - 1)
+        return safe_name(ext.get("group")) and is_int(
+            ext.get("tran_state_table_offset"), 0, 2**63 - 1
+        )
     if code == RequestCode.HEART_BEAT:
         return heartbeat_acceptable(body)
     if code == RequestCode.LOCK_BATCH_MQ:
@@ -244,34 +387,58 @@ def heartbeat_acceptable(body: bytes) -> bool:
         return False
     groups = content.get("consumer_groups") or []
     producers = content.get("producer_groups") or []
-    return isinstance(groups, list) and isinstance(producers, list) and \
-        all(safe_name(g) for g in producers) and all(
-            isinstance(e, dict) and safe_name(e.get("group"))
+    return (
+        isinstance(groups, list)
+        and isinstance(producers, list)
+        and all(safe_name(g) for g in producers)
+        and all(
+            isinstance(e, dict)
+            and safe_name(e.get("group"))
             and e.get("message_model", "clustering") in ("clustering", "broadcasting")
-            and isinstance(e.get("subscriptions") or {}, dict) for e in groups)
+            and isinstance(e.get("subscriptions") or {}, dict)
+            for e in groups
+        )
+    )
 
 
 def registration_acceptable(ext: dict, body: bytes) -> bool:
-    if not (safe_name(ext.get("cluster_name")) and safe_name(ext.get("broker_name"))
-            and is_int(ext.get("broker_id"), 0, 1023) and is_address(ext.get("broker_addr"))
-            and (not ext.get("ha_addr") or is_address(ext["ha_addr"]))
-            and (ext.get("heartbeat_timeout_ms") is None
-                 or is_int(ext["heartbeat_timeout_ms"], 1, 600_000))):
+    if not (
+        safe_name(ext.get("cluster_name"))
+        and safe_name(ext.get("broker_name"))
+        and is_int(ext.get("broker_id"), 0, 1023)
+        and is_address(ext.get("broker_addr"))
+        and (not ext.get("ha_addr") or is_address(ext["ha_addr"]))
+        and (
+            ext.get("heartbeat_timeout_ms") is None
+            or is_int(ext["heartbeat_timeout_ms"], 1, 600_000)
+        )
+    ):
         return False
     try:
         content = unpack_body(body) or {}
-    except Exception:
+    except Exception:  # noqa: BLE001 (any undecodable body is simply not a match)
         return False
     if not isinstance(content, dict):
         return False
     configs, version = content.get("topic_configs") or {}, content.get("data_version") or {}
-    return isinstance(configs, dict) and isinstance(version, dict) and all(
-        safe_name(t) and isinstance(c, dict) and set(c) == set(TOPIC_CONFIG_FIELDS)
-        and is_int(c["read_queue_nums"], 1, 1024) and is_int(c["write_queue_nums"], 1, 1024)
-        and c["perm"] in (0, 2, 4, 6) and not isinstance(c["perm"], bool)
-        for t, c in configs.items()) and all(
-        k in ("counter", "state_version", "timestamp_ms") and is_int(v, 0, 2**63 - 1)
-        for k, v in version.items())
+    return (
+        isinstance(configs, dict)
+        and isinstance(version, dict)
+        and all(
+            safe_name(t)
+            and isinstance(c, dict)
+            and set(c) == set(TOPIC_CONFIG_FIELDS)
+            and is_int(c["read_queue_nums"], 1, 1024)
+            and is_int(c["write_queue_nums"], 1, 1024)
+            and c["perm"] in (0, 2, 4, 6)
+            and not isinstance(c["perm"], bool)
+            for t, c in configs.items()
+        )
+        and all(
+            k in ("counter", "state_version", "timestamp_ms") and is_int(v, 0, 2**63 - 1)
+            for k, v in version.items()
+        )
+    )
 
 
 def run_campaign(conn, fields: dict[int, tuple[str, ...]]) -> None:
@@ -279,8 +446,13 @@ def run_campaign(conn, fields: dict[int, tuple[str, ...]]) -> None:
 
     # One connection carries the whole campaign, so examples are not independent: no
     # shrinking, the first failure is reported as it happened.
-    @settings(max_examples=EXAMPLES_PER_CAMPAIGN, deadline=None, derandomize=True,
-              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXAMPLES_PER_CAMPAIGN,
+        deadline=None,
+        derandomize=True,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(requests(fields))
     def campaign(request):
         code, ext, body = request
@@ -296,10 +468,14 @@ def run_campaign(conn, fields: dict[int, tuple[str, ...]]) -> None:
         assert answer.opaque == op
         if code not in fields:
             assert answer.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED, (code, answer)
-        assert not (answer.code == ResponseCode.SYSTEM_ERROR and "internal" in answer.remark), \
-            (code, ext, answer.remark)
-        assert answer.code != ResponseCode.SUCCESS or acceptable(code, ext, body), \
+        assert not (answer.code == ResponseCode.SYSTEM_ERROR and "internal" in answer.remark), (
+            code,
+            ext,
+            answer.remark,
+        )
+        assert answer.code != ResponseCode.SUCCESS or acceptable(code, ext, body), (
             f"accepted what should have been refused: {code!r} {ext!r} {body!r}"
+        )
 
     campaign()
 
@@ -318,8 +494,11 @@ def test_broker_request_fuzz(cluster_factory, raw_conn):
     c = cluster_factory()
     c.start_namesrv()
     metrics = f"127.0.0.1:{free_port()}"
-    c.start_broker(auto_create_topic_enable=True, metrics_listen=metrics,
-                   long_polling_max_wait_ms=FUZZ_MAX_WAIT_MS)
+    c.start_broker(
+        auto_create_topic_enable=True,
+        metrics_listen=metrics,
+        long_polling_max_wait_ms=FUZZ_MAX_WAIT_MS,
+    )
     with hamq.Admin(c.namesrv) as admin:
         admin.create_topic("Fuzz", 2)
     before = rss_mib(c.procs["broker"].pid)
@@ -330,8 +509,11 @@ def test_broker_request_fuzz(cluster_factory, raw_conn):
     check = raw_conn(c.broker_addr())
     for topic in ask(check, RequestCode.GET_ALL_TOPIC_CONFIG, {}):  # nothing unsafe stored
         assert safe_name(topic) and len(topic) <= 127, topic
-        assert topic in INTERNAL_TOPICS or not system_topic(topic) or \
-            topic.startswith("RMQ_SYS_TRANS_"), topic  # created by a stored half message
+        assert (
+            topic in INTERNAL_TOPICS
+            or not system_topic(topic)
+            or topic.startswith("RMQ_SYS_TRANS_")
+        ), topic  # created by a stored half message
     for key, queues in (ask(check, RequestCode.GET_ALL_CONSUMER_OFFSET, {}) or {}).items():
         assert all(safe_name(part) for part in key.split("@")), key  # topic@group
         assert all(is_int(offset, 0, 2**63 - 1) for offset in queues.values()), queues
@@ -352,17 +534,23 @@ def test_name_server_request_fuzz(cluster, raw_conn):
     for name, group in groups.items():
         assert safe_name(name), name  # nothing unsafe was stored
         assert all(isinstance(i, int) and 0 <= i <= 1023 for i in group["broker_addrs"])
-        assert all(isinstance(a, str) and ADDRESS.fullmatch(a)
-                   for a in group["broker_addrs"].values()), group
-        members = ask(check, RequestCode.GET_BROKER_MEMBER_GROUP,
-                      {"cluster_name": "TestCluster", "broker_name": name})
-        assert all(isinstance(a, str) and ADDRESS.fullmatch(a)
-                   for a in members["ha_addrs"].values()), members
+        assert all(
+            isinstance(a, str) and ADDRESS.fullmatch(a) for a in group["broker_addrs"].values()
+        ), group
+        members = ask(
+            check,
+            RequestCode.GET_BROKER_MEMBER_GROUP,
+            {"cluster_name": "TestCluster", "broker_name": name},
+        )
+        assert all(
+            isinstance(a, str) and ADDRESS.fullmatch(a) for a in members["ha_addrs"].values()
+        ), members
     with hamq.Admin(cluster.namesrv) as admin:
         for topic in admin.topic_list():
             assert safe_name(topic), topic
-            for queues in ask(check, RequestCode.GET_ROUTEINFO_BY_TOPIC,
-                              {"topic": topic})["queue_datas"]:
+            for queues in ask(check, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})[
+                "queue_datas"
+            ]:
                 assert 1 <= queues["read_queue_nums"] <= 1024, queues
                 assert 1 <= queues["write_queue_nums"] <= 1024, queues
                 assert queues["perm"] in (0, 2, 4, 6), queues

@@ -2,6 +2,7 @@
 11): a heartbeat with a malformed group is refused before any of it is applied, and queue
 locks need a client that heartbeats as a consumer of the group, an existing topic and a
 request of bounded size, so nothing is kept for names a client made up."""
+
 from __future__ import annotations
 
 import hamq
@@ -9,7 +10,6 @@ from hamq.broker.locks import RebalanceLockManager
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import encode_frame_bytes, pack_body, unpack_body
 from hamq.protocol.limits import MAX_LOCK_BATCH_QUEUES
-
 from helpers import free_port, scrape_metrics, send_and_pull
 
 TOPIC = "Ordered"
@@ -36,26 +36,33 @@ def _started(cluster_factory):
 
 
 def _consumers(conn, group: str) -> list:
-    return unpack_body(ask(conn, RequestCode.GET_CONSUMER_LIST_BY_GROUP, 90,
-                           {"group": group}).body)
+    return unpack_body(ask(conn, RequestCode.GET_CONSUMER_LIST_BY_GROUP, 90, {"group": group}).body)
 
 
 def test_heartbeat_with_a_malformed_group_applies_nothing(cluster_factory, raw_conn):
     c, metrics = _started(cluster_factory)
     conn = raw_conn(c.broker_addr())
     good = {"group": "g-good", "message_model": "clustering", "subscriptions": {TOPIC: "*"}}
-    for opaque, (body, field) in enumerate([
+    for opaque, (body, field) in enumerate(
+        [
             ({"client_id": "c1", "consumer_groups": [good, {"group": 5}]}, "consumer group"),
             ({"client_id": "c1", "consumer_groups": [good, {"group": "../x"}]}, "consumer group"),
             ({"client_id": "c1", "consumer_groups": [good, "g"]}, "consumer_groups"),
-            ({"client_id": "c1", "consumer_groups": [good, {**good, "message_model": 1}]},
-             "message_model"),
-            ({"client_id": "c1", "consumer_groups": [{**good, "subscriptions": [TOPIC]}]},
-             "subscriptions"),
+            (
+                {"client_id": "c1", "consumer_groups": [good, {**good, "message_model": 1}]},
+                "message_model",
+            ),
+            (
+                {"client_id": "c1", "consumer_groups": [{**good, "subscriptions": [TOPIC]}]},
+                "subscriptions",
+            ),
             ({"client_id": "c1", "consumer_groups": [{"group": "g" * 200}]}, "retry topic"),
             ({"client_id": "c1", "producer_groups": ["pg", {"x": 1}]}, "producer group"),
             ({"client_id": "c1", "consumer_groups": [good] * 2000}, "consumer_groups"),
-            ({"client_id": ["c1"], "consumer_groups": [good]}, "client_id")], 1):
+            ({"client_id": ["c1"], "consumer_groups": [good]}, "client_id"),
+        ],
+        1,
+    ):
         answer = ask(conn, RequestCode.HEART_BEAT, opaque, {}, pack_body(body))
         assert answer.code == ResponseCode.INVALID_ARGUMENT, (body, answer)
         assert field in answer.remark, answer.remark
@@ -63,34 +70,57 @@ def test_heartbeat_with_a_malformed_group_applies_nothing(cluster_factory, raw_c
     topics = unpack_body(ask(conn, RequestCode.GET_ALL_TOPIC_CONFIG, 91, {}).body)
     assert not any(t.startswith("%RETRY%") for t in topics), sorted(topics)
     assert scrape_metrics(metrics)["hamq_internal_errors_total"] == 0
-    answer = ask(conn, RequestCode.HEART_BEAT, 92, {}, pack_body(
-        {"client_id": "c1", "consumer_groups": [good]}))
+    answer = ask(
+        conn,
+        RequestCode.HEART_BEAT,
+        92,
+        {},
+        pack_body({"client_id": "c1", "consumer_groups": [good]}),
+    )
     assert answer.code == ResponseCode.SUCCESS, answer
     assert _consumers(conn, "g-good") == ["c1"]
 
 
 def _lock(conn, opaque: int, queues: list, client_id: str = "c1", group: str = "g-ord"):
-    return ask(conn, RequestCode.LOCK_BATCH_MQ, opaque, {"group": group, "client_id": client_id},
-               pack_body(queues))
+    return ask(
+        conn,
+        RequestCode.LOCK_BATCH_MQ,
+        opaque,
+        {"group": group, "client_id": client_id},
+        pack_body(queues),
+    )
 
 
 def _heartbeat(conn, client_id: str) -> None:
-    assert ask(conn, RequestCode.HEART_BEAT, 80, {}, pack_body({
-        "client_id": client_id, "consumer_groups": [
-            {"group": "g-ord", "subscriptions": {TOPIC: "*"}}]})).code == ResponseCode.SUCCESS
+    assert (
+        ask(
+            conn,
+            RequestCode.HEART_BEAT,
+            80,
+            {},
+            pack_body(
+                {
+                    "client_id": client_id,
+                    "consumer_groups": [{"group": "g-ord", "subscriptions": {TOPIC: "*"}}],
+                }
+            ),
+        ).code
+        == ResponseCode.SUCCESS
+    )
 
 
 def test_locks_need_a_registered_client_an_existing_topic_and_a_bounded_request(
-        cluster_factory, raw_conn):
+    cluster_factory, raw_conn
+):
     c, metrics = _started(cluster_factory)
     conn = raw_conn(c.broker_addr())
     answer = _lock(conn, 1, [[TOPIC, 0]])
-    assert answer.code == ResponseCode.INVALID_ARGUMENT and "HEART_BEAT" in answer.remark, \
-        answer
+    assert answer.code == ResponseCode.INVALID_ARGUMENT and "HEART_BEAT" in answer.remark, answer
     _heartbeat(conn, "c1")
     answer = _lock(conn, 3, [[f"Made-up-{i}", 0] for i in range(MAX_LOCK_BATCH_QUEUES + 1)])
-    assert answer.code == ResponseCode.INVALID_ARGUMENT and \
-        str(MAX_LOCK_BATCH_QUEUES) in answer.remark, answer
+    assert (
+        answer.code == ResponseCode.INVALID_ARGUMENT and str(MAX_LOCK_BATCH_QUEUES) in answer.remark
+    ), answer
     answer = _lock(conn, 4, [[TOPIC, 0], [TOPIC, 3], [TOPIC, 4], ["Made-up", 0]])
     assert answer.code == ResponseCode.SUCCESS, answer
     assert unpack_body(answer.body) == [[TOPIC, 0], [TOPIC, 3]]  # only queues that exist

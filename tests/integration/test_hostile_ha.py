@@ -2,6 +2,7 @@
 use (issue 12 item 4): a huge ack after a handshake at offset 0 ships no more than the
 flow-control window, unknown codes are REQUEST_CODE_NOT_SUPPORTED, and a slave's HA task
 that fails logs and tries again instead of stopping replication for good."""
+
 from __future__ import annotations
 
 import socket
@@ -12,12 +13,11 @@ from pathlib import Path
 import hamq
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Flag, encode_frame_bytes, pack_body
-
 from helpers import send_and_pull, wait_for
 
 sys.path.insert(0, str(Path(__file__).parent))  # sibling test modules, as tests/chaos does
-from test_hostile_clients import ask as ask_past_notifications  # noqa: E402
-from test_hostile_input import MIB, _fill, _ha_listen, ask, rss_mib  # noqa: E402
+from test_hostile_clients import ask as ask_past_notifications
+from test_hostile_input import MIB, _fill, _ha_listen, ask, rss_mib
 
 LOG_MIB = 48
 WINDOW_MIB = 8  # ha_window_bytes
@@ -40,11 +40,20 @@ def test_huge_ack_after_a_handshake_at_zero_ships_only_the_window(cluster):
         # it ships anything (and before a full socket stops it reading). ``max_offset`` is
         # the attach offset of the handshake before 8b21663, so the test runs against both.
         ack = encode_frame_bytes(RequestCode.HA_ACK, 2, Flag.ONEWAY, {"ack_offset": 2**63 - 1})
-        sock.sendall(encode_frame_bytes(RequestCode.HA_HANDSHAKE, 1, ext={
-            "broker_id": 1, "attach": 0, "proof": None, "max_offset": 0}) + ack)
+        sock.sendall(
+            encode_frame_bytes(
+                RequestCode.HA_HANDSHAKE,
+                1,
+                ext={"broker_id": 1, "attach": 0, "proof": None, "max_offset": 0},
+            )
+            + ack
+        )
         with hamq.Admin(cluster.namesrv) as admin:
-            wait_for(lambda: admin.broker_runtime_info(cluster.broker_addr())["ha"]["slaves"],
-                     10, "fake slave attached")
+            wait_for(
+                lambda: admin.broker_runtime_info(cluster.broker_addr())["ha"]["slaves"],
+                10,
+                "fake slave attached",
+            )
             time.sleep(1.0)  # what the master ships after the ack, it ships at once
             grown = rss_mib(pid) - before
             slaves = admin.broker_runtime_info(cluster.broker_addr())["ha"]["slaves"]
@@ -74,19 +83,31 @@ def test_slave_ha_task_survives_a_master_address_it_cannot_use(cluster_factory, 
     c.start_broker("master")
     c.start_broker("slave1", broker_id=1, broker_role="slave")
     with hamq.Admin(c.namesrv) as admin:
+
         def slave_states() -> list[str]:
             info = admin.broker_runtime_info(c.broker_addr("master"))["ha"]
             return [s["state"] for s in info["slaves"]]
 
         wait_for(lambda: slave_states() == ["TRANSFER"], 15, "slave attached")
         c.procs["master"].stop()
-        forged = {"cluster_name": "TestCluster", "broker_name": "broker-a", "broker_id": 0,
-                  "broker_addr": "127.0.0.1:1", "ha_addr": "a" * 70 + ".example:1"}
+        forged = {
+            "cluster_name": "TestCluster",
+            "broker_name": "broker-a",
+            "broker_id": 0,
+            "broker_addr": "127.0.0.1:1",
+            "ha_addr": "a" * 70 + ".example:1",
+        }
         conn = raw_conn(c.namesrv_addrs[0])
-        wait_for(lambda: ask_past_notifications(
-            conn, RequestCode.REGISTER_BROKER, 1, forged,
-            pack_body({"topic_configs": {}})).code == ResponseCode.SUCCESS, 15,
-                 "forged registration accepted once the master is gone")
+        wait_for(
+            lambda: (
+                ask_past_notifications(
+                    conn, RequestCode.REGISTER_BROKER, 1, forged, pack_body({"topic_configs": {}})
+                ).code
+                == ResponseCode.SUCCESS
+            ),
+            15,
+            "forged registration accepted once the master is gone",
+        )
         log = c.root / "slave1.log"
         wait_for(lambda: "a" * 70 in log.read_text(), 15, "slave tried the forged address")
         c.procs["master"].start()  # registers once the forged member has expired

@@ -3,6 +3,7 @@ file system, system topics, forged registrations, clients that open many connect
 trickle bytes or never read, and fields out of range. Each is refused with a precise error
 or bounded, nothing that should have been refused is stored, the server keeps serving and
 restarts, and memory stays within a stated bound (VmRSS of the server process)."""
+
 from __future__ import annotations
 
 import socket
@@ -17,12 +18,17 @@ from hamq.errors import HamqError
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import FrameDecoder, encode_frame_bytes, pack_body, unpack_body
 from hamq.protocol.message import encode_batch, encode_message
-
 from helpers import free_port, scrape_metrics, send_and_pull, wait_for
 
 MIB = 1024 * 1024
-SYSTEM_TOPICS = ["SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC",
-                 "rmq_sys_REVIVE_LOG", "TBW102", "rmq_sys_ANYTHING"]
+SYSTEM_TOPICS = [
+    "SCHEDULE_TOPIC_XXXX",
+    "RMQ_SYS_TRANS_HALF_TOPIC",
+    "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+    "rmq_sys_REVIVE_LOG",
+    "TBW102",
+    "rmq_sys_ANYTHING",
+]
 
 
 def rss_mib(pid: int) -> float:
@@ -56,10 +62,19 @@ def auto_cluster(cluster_factory):
 
 
 # -- 1. names that reach the file system ------------------------------------------------
-@pytest.mark.parametrize("name, says", [
-    ("..", "directory reference"), (".", "directory reference"), ("a\0b", "NUL"),
-    ("../etc", "'/'"), ("a\\b", "'\\\\'"), ("", "empty"), ("tab\there", "'\\t'"),
-], ids=["dotdot", "dot", "nul", "slash", "backslash", "empty", "tab"])
+@pytest.mark.parametrize(
+    "name, says",
+    [
+        ("..", "directory reference"),
+        (".", "directory reference"),
+        ("a\0b", "NUL"),
+        ("../etc", "'/'"),
+        ("a\\b", "'\\\\'"),
+        ("", "empty"),
+        ("tab\there", "'\\t'"),
+    ],
+    ids=["dotdot", "dot", "nul", "slash", "backslash", "empty", "tab"],
+)
 def test_unsafe_topic_names_are_refused_everywhere(auto_cluster, raw_conn, name, says):
     """Create, send (auto-create) and delete of a name that would leave or break the store
     directory are refused with MESSAGE_ILLEGAL naming the problem; the store is whole and
@@ -71,15 +86,19 @@ def test_unsafe_topic_names_are_refused_everywhere(auto_cluster, raw_conn, name,
     store = c.root / "broker"
     ext, body = send_ext(name)
     for code, request_ext, request_body in [
-            (RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic": name}, b""),
-            (RequestCode.SEND_MESSAGE, ext, body),
-            (RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": name}, b"")]:
+        (RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic": name}, b""),
+        (RequestCode.SEND_MESSAGE, ext, body),
+        (RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": name}, b""),
+    ]:
         answer = ask(conn, code, 7, request_ext, request_body)
         assert answer.code == ResponseCode.MESSAGE_ILLEGAL, (code, answer)
         assert "topic" in answer.remark and says in answer.remark, answer.remark
     assert (store / "commitlog").is_dir() and (store / "checkpoint").exists()
-    assert {p.name for p in (store / "consumequeue").iterdir()} <= \
-        {"Safe", "TBW102", "rmq_sys_REVIVE_LOG"}
+    assert {p.name for p in (store / "consumequeue").iterdir()} <= {
+        "Safe",
+        "TBW102",
+        "rmq_sys_REVIVE_LOG",
+    }
     assert not list(store.glob("[0-9]*")) and not list(store.glob("consumequeue/[0-9]*"))
     c.restart("broker")
     send_and_pull(c.namesrv, "Safe")
@@ -92,10 +111,11 @@ def test_clients_cannot_create_change_delete_or_write_system_topics(auto_cluster
     for topic in SYSTEM_TOPICS:
         ext, body = send_ext(topic, b"not-an-offset")
         for code, request_ext, request_body in [
-                (RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic": topic, "perm": 6}, b""),
-                (RequestCode.SEND_MESSAGE, ext, body),
-                (RequestCode.SEND_BATCH_MESSAGE, ext, body),
-                (RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic}, b"")]:
+            (RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic": topic, "perm": 6}, b""),
+            (RequestCode.SEND_MESSAGE, ext, body),
+            (RequestCode.SEND_BATCH_MESSAGE, ext, body),
+            (RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic}, b""),
+        ]:
             answer = ask(conn, code, 8, request_ext, request_body)
             assert answer.code == ResponseCode.NO_PERMISSION, (topic, code, answer)
             assert "system topic" in answer.remark
@@ -112,40 +132,63 @@ REAL = {"cluster_name": "TestCluster", "broker_name": "broker-a"}
 
 
 def _topic_config(**cfg) -> bytes:
-    return pack_body({"topic_configs": {"Forged": {"read_queue_nums": 4, "write_queue_nums": 4,
-                                                   "perm": 6, **cfg}}})
+    return pack_body(
+        {
+            "topic_configs": {
+                "Forged": {"read_queue_nums": 4, "write_queue_nums": 4, "perm": 6, **cfg}
+            }
+        }
+    )
 
 
-@pytest.mark.parametrize("ext, body, field", [
-    ({"broker_id": 2, "ha_addr": 123}, b"", "ha_addr"),
-    ({"broker_id": 2, "ha_addr": "no-port"}, b"", "ha_addr"),
-    ({"broker_id": 2}, _topic_config(read_queue_nums=0), "read_queue_nums"),
-    ({"broker_id": 2}, _topic_config(write_queue_nums=-1), "write_queue_nums"),
-    ({"broker_id": 2}, _topic_config(write_queue_nums=2**62), "write_queue_nums"),
-    ({"broker_id": 2}, _topic_config(perm=1), "perm"),
-    ({"broker_id": -1}, b"", "broker_id"),
-    ({"broker_id": 2**62}, b"", "broker_id"),
-    ({"broker_id": 2, "broker_addr": 5}, b"", "broker_addr"),
-    ({"broker_id": 2, "cluster_name": "../x"}, b"", "cluster_name"),
-    ({"broker_id": 2, "heartbeat_timeout_ms": 2**62}, b"", "heartbeat_timeout_ms"),
-    ({"broker_id": 2}, pack_body({"data_version": {"counter": "x"}}), "data_version"),
-], ids=["ha_addr-int", "ha_addr-no-port", "queues-0", "queues-negative", "queues-2**62",
-        "perm-inherit", "id-negative", "id-huge", "addr-int", "cluster-path", "timeout-huge",
-        "data_version-str"])
+@pytest.mark.parametrize(
+    "ext, body, field",
+    [
+        ({"broker_id": 2, "ha_addr": 123}, b"", "ha_addr"),
+        ({"broker_id": 2, "ha_addr": "no-port"}, b"", "ha_addr"),
+        ({"broker_id": 2}, _topic_config(read_queue_nums=0), "read_queue_nums"),
+        ({"broker_id": 2}, _topic_config(write_queue_nums=-1), "write_queue_nums"),
+        ({"broker_id": 2}, _topic_config(write_queue_nums=2**62), "write_queue_nums"),
+        ({"broker_id": 2}, _topic_config(perm=1), "perm"),
+        ({"broker_id": -1}, b"", "broker_id"),
+        ({"broker_id": 2**62}, b"", "broker_id"),
+        ({"broker_id": 2, "broker_addr": 5}, b"", "broker_addr"),
+        ({"broker_id": 2, "cluster_name": "../x"}, b"", "cluster_name"),
+        ({"broker_id": 2, "heartbeat_timeout_ms": 2**62}, b"", "heartbeat_timeout_ms"),
+        ({"broker_id": 2}, pack_body({"data_version": {"counter": "x"}}), "data_version"),
+    ],
+    ids=[
+        "ha_addr-int",
+        "ha_addr-no-port",
+        "queues-0",
+        "queues-negative",
+        "queues-2**62",
+        "perm-inherit",
+        "id-negative",
+        "id-huge",
+        "addr-int",
+        "cluster-path",
+        "timeout-huge",
+        "data_version-str",
+    ],
+)
 def test_registration_fields_are_checked(cluster, raw_conn, ext, body, field):
     """A registration with any field of the wrong type or range is INVALID_ARGUMENT naming
     the field, and nothing of it reaches the routes the clients and slaves read."""
     conn = raw_conn(cluster.namesrv_addrs[0])
-    answer = ask(conn, RequestCode.REGISTER_BROKER, 3,
-                 {**REAL, "broker_addr": "127.0.0.1:1", **ext}, body)
+    answer = ask(
+        conn, RequestCode.REGISTER_BROKER, 3, {**REAL, "broker_addr": "127.0.0.1:1", **ext}, body
+    )
     assert answer.code == ResponseCode.INVALID_ARGUMENT, answer
     assert field in answer.remark, answer.remark
     group = ask(conn, RequestCode.GET_BROKER_MEMBER_GROUP, 4, REAL)
     members = unpack_body(group.body)
     assert members["broker_addrs"] == {0: cluster.broker_addr()}
     assert members["ha_addrs"] == {0: _ha_listen(cluster)}
-    assert ask(conn, RequestCode.GET_ROUTEINFO_BY_TOPIC, 5, {"topic": "Forged"}).code == \
-        ResponseCode.TOPIC_NOT_EXIST
+    assert (
+        ask(conn, RequestCode.GET_ROUTEINFO_BY_TOPIC, 5, {"topic": "Forged"}).code
+        == ResponseCode.TOPIC_NOT_EXIST
+    )
 
 
 def _ha_listen(cluster) -> str:
@@ -160,8 +203,13 @@ def test_registration_taking_over_a_live_members_id_is_refused(cluster, raw_conn
         admin.create_topic("Owned", 2)
     conn = raw_conn(cluster.namesrv_addrs[0])
     for ext in ({**REAL, "broker_id": 0}, {**REAL, "broker_id": 5, "cluster_name": "Evil"}):
-        answer = ask(conn, RequestCode.REGISTER_BROKER, 6,
-                     {**ext, "broker_addr": "127.0.0.1:1"}, _topic_config())
+        answer = ask(
+            conn,
+            RequestCode.REGISTER_BROKER,
+            6,
+            {**ext, "broker_addr": "127.0.0.1:1"},
+            _topic_config(),
+        )
         assert answer.code == ResponseCode.NO_PERMISSION, answer
         assert "live" in answer.remark
     assert "registration from" in (cluster.root / "namesrv.log").read_text()
@@ -179,10 +227,13 @@ def test_a_slave_registration_does_not_open_the_masters_id(cluster, raw_conn):
         admin.create_topic("Owned", 1)
     conn = raw_conn(cluster.namesrv_addrs[0])
     stranger = {**REAL, "broker_addr": "127.0.0.1:1", "heartbeat_timeout_ms": 600_000}
-    assert ask(conn, RequestCode.REGISTER_BROKER, 11, {**stranger, "broker_id": 7}).code == \
-        ResponseCode.SUCCESS
-    answer = ask(conn, RequestCode.REGISTER_BROKER, 12, {**stranger, "broker_id": 0},
-                 _topic_config())
+    assert (
+        ask(conn, RequestCode.REGISTER_BROKER, 11, {**stranger, "broker_id": 7}).code
+        == ResponseCode.SUCCESS
+    )
+    answer = ask(
+        conn, RequestCode.REGISTER_BROKER, 12, {**stranger, "broker_id": 0}, _topic_config()
+    )
     assert answer.code == ResponseCode.NO_PERMISSION, answer
     with hamq.Admin(cluster.namesrv) as admin:
         assert admin.topic_route("Owned").brokers["broker-a"][0] == cluster.broker_addr()
@@ -203,13 +254,27 @@ def test_a_flood_of_registrations_does_not_slow_every_later_one(cluster, raw_con
     conn = raw_conn(cluster.namesrv_addrs[0])
 
     def register(name: str, port: int, topics: int, opaque: int) -> float:
-        body = pack_body({"topic_configs": {
-            f"{name}_{i}": {"read_queue_nums": 1, "write_queue_nums": 1, "perm": 6}
-            for i in range(topics)}})
+        body = pack_body(
+            {
+                "topic_configs": {
+                    f"{name}_{i}": {"read_queue_nums": 1, "write_queue_nums": 1, "perm": 6}
+                    for i in range(topics)
+                }
+            }
+        )
         started = time.perf_counter()
-        answer = ask(conn, RequestCode.REGISTER_BROKER, opaque, {
-            "cluster_name": "Flood", "broker_name": name, "broker_id": 0,
-            "broker_addr": f"127.0.0.1:{port}"}, body)
+        answer = ask(
+            conn,
+            RequestCode.REGISTER_BROKER,
+            opaque,
+            {
+                "cluster_name": "Flood",
+                "broker_name": name,
+                "broker_id": 0,
+                "broker_addr": f"127.0.0.1:{port}",
+            },
+            body,
+        )
         assert answer.code == ResponseCode.SUCCESS, answer
         return (time.perf_counter() - started) * 1000
 
@@ -229,15 +294,24 @@ def test_registrations_past_max_route_entries_are_refused(cluster_factory, raw_c
     c.start_broker()
     conn = raw_conn(c.namesrv_addrs[0])
     forged = {"cluster_name": "Flood", "broker_id": 0}
-    for i, (topics, code) in enumerate([(30, ResponseCode.SUCCESS),
-                                        (30, ResponseCode.SYSTEM_BUSY),
-                                        (0, ResponseCode.SUCCESS)]):
-        body = pack_body({"topic_configs": {
-            f"F{i}_{t}": {"read_queue_nums": 1, "write_queue_nums": 1, "perm": 6}
-            for t in range(topics)}})
-        answer = ask(conn, RequestCode.REGISTER_BROKER, 40 + i,
-                     {**forged, "broker_name": f"f{i}", "broker_addr": f"127.0.0.1:{i + 1}"},
-                     body)
+    for i, (topics, code) in enumerate(
+        [(30, ResponseCode.SUCCESS), (30, ResponseCode.SYSTEM_BUSY), (0, ResponseCode.SUCCESS)]
+    ):
+        body = pack_body(
+            {
+                "topic_configs": {
+                    f"F{i}_{t}": {"read_queue_nums": 1, "write_queue_nums": 1, "perm": 6}
+                    for t in range(topics)
+                }
+            }
+        )
+        answer = ask(
+            conn,
+            RequestCode.REGISTER_BROKER,
+            40 + i,
+            {**forged, "broker_name": f"f{i}", "broker_addr": f"127.0.0.1:{i + 1}"},
+            body,
+        )
         assert answer.code == code, (i, answer)
         assert code == ResponseCode.SUCCESS or "max_route_entries" in answer.remark, answer
     with hamq.Admin(c.namesrv) as admin:
@@ -271,8 +345,11 @@ def _trickle(address: str, n: int) -> list[socket.socket]:
 def test_declared_frame_sizes_cost_nothing_until_sent(cluster, port):
     """Memory grows with the bytes that arrive, not the bytes a frame declares."""
     proc = cluster.procs["namesrv" if port == "namesrv" else "broker"]
-    address = {"broker": cluster.broker_addr(), "namesrv": cluster.namesrv_addrs[0],
-               "ha": _ha_listen(cluster)}[port]
+    address = {
+        "broker": cluster.broker_addr(),
+        "namesrv": cluster.namesrv_addrs[0],
+        "ha": _ha_listen(cluster),
+    }[port]
     before = rss_mib(proc.pid)
     socks = _trickle(address, SLOW_CONNECTIONS)
     try:
@@ -340,7 +417,7 @@ def test_connection_caps_per_address_and_per_server(cluster_factory):
         sock.settimeout(0.5)
         try:
             frames = FrameDecoder().feed(sock.recv(65536))
-        except socket.timeout:  # nothing unasked: admitted
+        except TimeoutError:  # nothing unasked: admitted
             sock.settimeout(5)
             sock.sendall(encode_frame_bytes(RequestCode.GET_BROKER_RUNTIME_INFO, 1))
             frames = FrameDecoder().feed(sock.recv(65536))
@@ -383,9 +460,16 @@ def test_pipelined_pulls_from_a_client_that_does_not_read_are_bounded(cluster):
     _fill(cluster, "Big", 48)
     host, port = cluster.broker_addr().rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=10)
-    sock.sendall(b"".join(encode_frame_bytes(RequestCode.PULL_MESSAGE, i + 1, ext={
-        "topic": "Big", "queue_id": 0, "queue_offset": 0, "max_msgs": 65536})
-        for i in range(PIPELINED_PULLS)))
+    sock.sendall(
+        b"".join(
+            encode_frame_bytes(
+                RequestCode.PULL_MESSAGE,
+                i + 1,
+                ext={"topic": "Big", "queue_id": 0, "queue_offset": 0, "max_msgs": 65536},
+            )
+            for i in range(PIPELINED_PULLS)
+        )
+    )
     pid = cluster.procs["broker"].pid
     before = rss_mib(pid)
     time.sleep(2.0)  # the point: time for the pulls to pile up answers, if they could
@@ -411,9 +495,22 @@ def test_held_pulls_of_a_client_that_does_not_read_wait_for_it(cluster, raw_conn
     host, port = cluster.broker_addr().rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=10)
     held = 24
-    sock.sendall(b"".join(encode_frame_bytes(RequestCode.PULL_MESSAGE, i + 1, ext={
-        "topic": "Held", "queue_id": 0, "queue_offset": 0, "max_msgs": 65536,
-        "suspend_timeout_ms": 15000}) for i in range(held)))
+    sock.sendall(
+        b"".join(
+            encode_frame_bytes(
+                RequestCode.PULL_MESSAGE,
+                i + 1,
+                ext={
+                    "topic": "Held",
+                    "queue_id": 0,
+                    "queue_offset": 0,
+                    "max_msgs": 65536,
+                    "suspend_timeout_ms": 15000,
+                },
+            )
+            for i in range(held)
+        )
+    )
     pid = cluster.procs["broker"].pid
     time.sleep(0.5)
     before = rss_mib(pid)
@@ -455,8 +552,9 @@ def test_half_sent_scrapes_do_not_pile_up_threads(cluster_factory):
     try:
         for i in range(HALF_SCRAPES):
             source = f"127.0.{1 + i // 250}.{2 + i % 250}"  # past the per-address cap
-            sock = socket.create_connection((host, int(port)), timeout=5,
-                                            source_address=(source, 0))
+            sock = socket.create_connection(
+                (host, int(port)), timeout=5, source_address=(source, 0)
+            )
             sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
             socks.append(sock)
         assert _threads(proc.pid) < METRICS_THREADS_BOUND, _threads(proc.pid)
@@ -484,15 +582,18 @@ HELD_OUT_BOUND_MIB = 160  # 16 x 10 unread 4 MiB pulls grew 270 MiB before
 
 def _crowd(address: str) -> list[socket.socket]:
     host, port = address.rsplit(":", 1)
-    return [socket.create_connection((host, int(port)), timeout=5,
-                                     source_address=(f"127.0.0.{10 + i}", 0))
-            for i in range(CROWD)]
+    return [
+        socket.create_connection(
+            (host, int(port)), timeout=5, source_address=(f"127.0.0.{10 + i}", 0)
+        )
+        for i in range(CROWD)
+    ]
 
 
 def _push(socks: list[socket.socket], mib: int, seconds: float) -> None:
     """Send ``mib`` MiB on every socket for as long as the server takes them, at most
     ``seconds`` (a server that stops reading a socket blocks only that socket)."""
-    left = {sock: mib * MIB for sock in socks}
+    left = dict.fromkeys(socks, mib * MIB)
     chunk = bytes(MIB)
     for sock in socks:
         sock.setblocking(False)
@@ -500,7 +601,7 @@ def _push(socks: list[socket.socket], mib: int, seconds: float) -> None:
     while any(left.values()) and time.monotonic() < deadline:
         for sock, n in left.items():
             try:
-                left[sock] -= sock.send(chunk[:min(n, MIB)]) if n else 0
+                left[sock] -= sock.send(chunk[: min(n, MIB)]) if n else 0
             except BlockingIOError:
                 pass
         time.sleep(0.01)
@@ -534,8 +635,11 @@ def test_unfinished_frames_of_many_connections_are_bounded_together(crowded):
         for sock in socks:
             sock.close()
     with hamq.Producer(c.namesrv) as producer:  # 7.8 MiB in one frame
-        wait_for(lambda: _sent(producer, [Message("Alive", b"b" * 2000)] * 3900), 30,
-                 "a large batch after the crowd timed out")
+        wait_for(
+            lambda: _sent(producer, [Message("Alive", b"b" * 2000)] * 3900),
+            30,
+            "a large batch after the crowd timed out",
+        )
 
 
 def _sent(producer, messages: list) -> bool:
@@ -557,9 +661,16 @@ def test_unread_answers_of_many_connections_are_bounded_together(crowded):
     pulls = 10
     try:
         for sock in socks:
-            sock.sendall(b"".join(encode_frame_bytes(RequestCode.PULL_MESSAGE, i + 1, ext={
-                "topic": "Big", "queue_id": 0, "queue_offset": 0, "max_msgs": 65536})
-                for i in range(pulls)))
+            sock.sendall(
+                b"".join(
+                    encode_frame_bytes(
+                        RequestCode.PULL_MESSAGE,
+                        i + 1,
+                        ext={"topic": "Big", "queue_id": 0, "queue_offset": 0, "max_msgs": 65536},
+                    )
+                    for i in range(pulls)
+                )
+            )
         time.sleep(3.0)  # the point: time for the pulls to pile up answers, if they could
         grown = rss_mib(pid) - before
         assert grown < HELD_OUT_BOUND_MIB, f"RSS grew {grown:.0f} MiB"
@@ -575,18 +686,31 @@ def test_unread_answers_of_many_connections_are_bounded_together(crowded):
 
 
 # -- 11. every field checked before anything changes -----------------------------------
-@pytest.mark.parametrize("code, ext, field", [
-    (RequestCode.SEND_MESSAGE, {"born_ts": 2**63}, "born_ts"),
-    (RequestCode.SEND_MESSAGE, {"born_ts": -1}, "born_ts"),
-    (RequestCode.UPDATE_CONSUMER_OFFSET, {"group": "g", "offset": 2**64 - 1}, "offset"),
-    (RequestCode.UPDATE_CONSUMER_OFFSET, {"group": 5, "offset": 1}, "group"),
-    (RequestCode.UPDATE_CONSUMER_OFFSET, {"group": "a/b", "offset": 1}, "group"),
-    (RequestCode.QUERY_CONSUMER_OFFSET, {"group": ["g"]}, "group"),
-    (RequestCode.GET_MAX_OFFSET, {"queue_id": 2**64 - 1}, "queue_id"),
-    (RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, {"timestamp_ms": 2**63}, "timestamp_ms"),
-    (RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic": "Other", "perm": 2**40}, "perm"),
-], ids=["born_ts-2**63", "born_ts-negative", "offset-2**64", "group-int", "group-path",
-        "group-list", "queue_id-huge", "timestamp-huge", "perm-huge"])
+@pytest.mark.parametrize(
+    "code, ext, field",
+    [
+        (RequestCode.SEND_MESSAGE, {"born_ts": 2**63}, "born_ts"),
+        (RequestCode.SEND_MESSAGE, {"born_ts": -1}, "born_ts"),
+        (RequestCode.UPDATE_CONSUMER_OFFSET, {"group": "g", "offset": 2**64 - 1}, "offset"),
+        (RequestCode.UPDATE_CONSUMER_OFFSET, {"group": 5, "offset": 1}, "group"),
+        (RequestCode.UPDATE_CONSUMER_OFFSET, {"group": "a/b", "offset": 1}, "group"),
+        (RequestCode.QUERY_CONSUMER_OFFSET, {"group": ["g"]}, "group"),
+        (RequestCode.GET_MAX_OFFSET, {"queue_id": 2**64 - 1}, "queue_id"),
+        (RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, {"timestamp_ms": 2**63}, "timestamp_ms"),
+        (RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic": "Other", "perm": 2**40}, "perm"),
+    ],
+    ids=[
+        "born_ts-2**63",
+        "born_ts-negative",
+        "offset-2**64",
+        "group-int",
+        "group-path",
+        "group-list",
+        "queue_id-huge",
+        "timestamp-huge",
+        "perm-huge",
+    ],
+)
 def test_out_of_range_fields_are_invalid_argument(cluster_factory, raw_conn, code, ext, field):
     """Out-of-range and ill-typed fields are INVALID_ARGUMENT naming the field (never an
     internal error), nothing is stored, and the internal-error metric stays at zero."""
@@ -605,8 +729,9 @@ def test_out_of_range_fields_are_invalid_argument(cluster_factory, raw_conn, cod
     answer = ask(conn, code, 21, ext, body)
     assert answer.code == ResponseCode.INVALID_ARGUMENT, answer
     assert field in answer.remark, answer.remark
-    assert ask(conn, RequestCode.GET_MAX_OFFSET, 22, {"topic": "Typed", "queue_id": 0}).ext == \
-        {"offset": 0}
+    assert ask(conn, RequestCode.GET_MAX_OFFSET, 22, {"topic": "Typed", "queue_id": 0}).ext == {
+        "offset": 0
+    }
     assert ask(conn, RequestCode.GET_ALL_CONSUMER_OFFSET, 23, {}).body in (b"", pack_body({}))
     assert scrape_metrics(metrics)["hamq_internal_errors_total"] == 0
 
@@ -614,16 +739,25 @@ def test_out_of_range_fields_are_invalid_argument(cluster_factory, raw_conn, cod
 def test_name_server_fields_are_checked(cluster, raw_conn):
     conn = raw_conn(cluster.namesrv_addrs[0])
     for code, ext, field in [
-            (RequestCode.GET_BROKER_MEMBER_GROUP, {"cluster_name": "C", "broker_name": 5},
-             "broker_name"),
-            (RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": ["x"]}, "topic"),
-            (RequestCode.BROKER_HEARTBEAT, {"broker_addr": {"a": 1}}, "broker_addr"),
-            (RequestCode.UNREGISTER_BROKER, {"broker_name": "broker-a", "broker_id": "0",
-                                             "broker_addr": cluster.broker_addr()}, "broker_id"),
-            (RequestCode.DELETE_TOPIC_IN_NAMESRV, {"topic": ".."}, "topic")]:
+        (
+            RequestCode.GET_BROKER_MEMBER_GROUP,
+            {"cluster_name": "C", "broker_name": 5},
+            "broker_name",
+        ),
+        (RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": ["x"]}, "topic"),
+        (RequestCode.BROKER_HEARTBEAT, {"broker_addr": {"a": 1}}, "broker_addr"),
+        (
+            RequestCode.UNREGISTER_BROKER,
+            {"broker_name": "broker-a", "broker_id": "0", "broker_addr": cluster.broker_addr()},
+            "broker_id",
+        ),
+        (RequestCode.DELETE_TOPIC_IN_NAMESRV, {"topic": ".."}, "topic"),
+    ]:
         answer = ask(conn, code, 31, ext)
-        assert answer.code in (ResponseCode.INVALID_ARGUMENT, ResponseCode.MESSAGE_ILLEGAL), \
-            (code, answer)
+        assert answer.code in (ResponseCode.INVALID_ARGUMENT, ResponseCode.MESSAGE_ILLEGAL), (
+            code,
+            answer,
+        )
         assert field in answer.remark, (code, answer.remark)
     with hamq.Admin(cluster.namesrv) as admin:
         admin.create_topic("StillRouted", 1)

@@ -1,6 +1,7 @@
 """Master–slave replication with quorum writes and automatic in-sync degradation
 (seed 000) on real processes: a master and two slaves, SIGSTOP for a hung ("fake dead")
 slave, kill -9 for a dead master."""
+
 from __future__ import annotations
 
 import os
@@ -21,7 +22,6 @@ from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import encode_frame_bytes
 from hamq.protocol.message import decode_records
 from hamq.store.message_store import MessageStore
-
 from helpers import wait_for
 
 NS_TIMEOUT_MS = 3000
@@ -29,17 +29,27 @@ NS_TIMEOUT_MS = 3000
 
 def start_group(cluster_factory, slaves: int = 2, **master_settings):
     c = cluster_factory()
-    c.start_namesrv(scan_not_active_broker_interval_ms=500,
-                    broker_not_active_timeout_ms=NS_TIMEOUT_MS)
-    settings = {"broker_role": "sync_master", "total_replicas": slaves + 1,
-                "sync_flush_timeout_ms": 1000, **master_settings}
+    c.start_namesrv(
+        scan_not_active_broker_interval_ms=500, broker_not_active_timeout_ms=NS_TIMEOUT_MS
+    )
+    settings = {
+        "broker_role": "sync_master",
+        "total_replicas": slaves + 1,
+        "sync_flush_timeout_ms": 1000,
+        **master_settings,
+    }
     c.start_broker("master", **settings)
     for i in range(1, slaves + 1):
-        c.start_broker(f"slave{i}", broker_id=i, broker_role="slave",
-                       total_replicas=slaves + 1)
+        c.start_broker(f"slave{i}", broker_id=i, broker_role="slave", total_replicas=slaves + 1)
     with hamq.Admin(c.namesrv) as admin:
-        wait_for(lambda: len(_ha(admin, c)["slaves"]) == slaves and all(
-            s["state"] == "TRANSFER" for s in _ha(admin, c)["slaves"]), 15, "slaves connected")
+        wait_for(
+            lambda: (
+                len(_ha(admin, c)["slaves"]) == slaves
+                and all(s["state"] == "TRANSFER" for s in _ha(admin, c)["slaves"])
+            ),
+            15,
+            "slaves connected",
+        )
         admin.create_topic("Rep", 2)
     return c
 
@@ -131,21 +141,20 @@ class FreezeAtAck:
                         self.frozen.set()
                 self.acked[(result.queue.queue_id, result.queue_offset)] = body
             self.answered.release()
+
         producer.send_async(Message("Rep", body), done)
 
     def held_sends_stored(self, namesrv: str, count: int) -> bool:
         """The master stored all ``count`` sends, or it answered one (and is dead now)."""
         try:
             with hamq.PullConsumer("g-count", namesrv) as consumer:
-                stored = sum(consumer.max_offset(mq)
-                             for mq in consumer.fetch_message_queues("Rep"))
+                stored = sum(consumer.max_offset(mq) for mq in consumer.fetch_message_queues("Rep"))
         except HamqError:
             stored = -1
         return self.frozen.is_set() or stored == count
 
 
-def test_an_acknowledged_quorum_send_is_on_a_slave_the_moment_it_is_acknowledged(
-        cluster_factory):
+def test_an_acknowledged_quorum_send_is_on_a_slave_the_moment_it_is_acknowledged(cluster_factory):
     """SEND_OK under in_sync_replicas = 2 means a slave holds the message already. The
     slaves are held (SIGSTOP) while the master takes a series of sends, then let go; at the
     first acknowledgement they are frozen again and the master killed, and every message
@@ -157,8 +166,11 @@ def test_an_acknowledged_quorum_send_is_on_a_slave_the_moment_it_is_acknowledged
         sends = FreezeAtAck(master, slaves)
         for i in range(HELD_SENDS):
             sends.send(producer, os.urandom(1000) + b"#%d" % i)
-        wait_for(lambda: sends.held_sends_stored(c.namesrv, HELD_SENDS), 15,
-                 "the master to store every held send")
+        wait_for(
+            lambda: sends.held_sends_stored(c.namesrv, HELD_SENDS),
+            15,
+            "the master to store every held send",
+        )
         sends.release_slaves()
         for _ in range(HELD_SENDS):  # each send is answered, or fails with the master
             assert sends.answered.acquire(timeout=30), "a send never completed"
@@ -189,8 +201,12 @@ def _send_for(producer, seconds: float) -> list[tuple[float, str]]:
 
 @pytest.mark.slow
 def test_hung_slave_with_auto_degradation_sends_keep_succeeding(cluster_factory):
-    c = start_group(cluster_factory, in_sync_replicas=3, min_in_sync_replicas=2,
-                    enable_auto_in_sync_replicas=True)
+    c = start_group(
+        cluster_factory,
+        in_sync_replicas=3,
+        min_in_sync_replicas=2,
+        enable_auto_in_sync_replicas=True,
+    )
     hung = c.procs["slave2"]
     with hamq.Producer(c.namesrv) as producer:
         assert producer.send(Message("Rep", b"before")).status is SendStatus.SEND_OK
@@ -202,8 +218,10 @@ def test_hung_slave_with_auto_degradation_sends_keep_succeeding(cluster_factory)
     statuses = {s for _, s in outcomes}
     assert statuses <= {"SEND_OK", "FLUSH_SLAVE_TIMEOUT"}, statuses
     first_ok = next(t for t, s in outcomes if s == "SEND_OK")
-    print(f"\nsends stalled {first_ok:.2f} s after the slave hung "
-          f"(name-server timeout {NS_TIMEOUT_MS} ms)")
+    print(
+        f"\nsends stalled {first_ok:.2f} s after the slave hung "
+        f"(name-server timeout {NS_TIMEOUT_MS} ms)"
+    )
     assert first_ok < NS_TIMEOUT_MS / 1000 + 3.0
     assert all(s == "SEND_OK" for t, s in outcomes if t > first_ok + 1.5)
 
@@ -222,20 +240,28 @@ def test_hung_slave_without_degradation_fails_then_recovers(cluster_factory):
         assert statuses[0] == "FLUSH_SLAVE_TIMEOUT"
         assert "IN_SYNC_REPLICAS_NOT_ENOUGH" in statuses
         assert "SEND_OK" not in statuses
+
         # After SIGCONT the slave catches up and is counted again.
         def ok_again():
             try:
                 return producer.send(Message("Rep", b"after")).status is SendStatus.SEND_OK
             except InSyncReplicasNotEnough:
                 return False
+
         wait_for(ok_again, 20, "sends to succeed after the slave resumed")
 
 
 @pytest.mark.slow
 def test_slave_restarted_after_missing_100mb_catches_up_and_rejoins(cluster_factory):
     # In sync again only within 256 KiB, not the default 256 MiB the slave starts within.
-    c = start_group(cluster_factory, slaves=1, in_sync_replicas=2, min_in_sync_replicas=1,
-                    enable_auto_in_sync_replicas=True, ha_max_gap_not_in_sync=256 * 1024)
+    c = start_group(
+        cluster_factory,
+        slaves=1,
+        in_sync_replicas=2,
+        min_in_sync_replicas=1,
+        enable_auto_in_sync_replicas=True,
+        ha_max_gap_not_in_sync=256 * 1024,
+    )
     c.procs["slave1"].stop()
     body = os.urandom(1024)
     with hamq.Producer(c.namesrv) as producer:
@@ -341,15 +367,17 @@ def test_slave_ahead_of_a_master_that_lost_its_disk_follows_the_master(cluster_f
     assert _commit_log(c.root / "slave1") == _commit_log(c.root / "master")
 
 
-def test_a_stale_session_of_a_slave_is_closed_when_it_handshakes_again(cluster_factory,
-                                                                        raw_conn):
+def test_a_stale_session_of_a_slave_is_closed_when_it_handshakes_again(cluster_factory, raw_conn):
     """Defect 7 of issue 10: a half-open session (the slave crashed, its old connection not
     yet noticed) stayed next to the new one and counted as a second in-sync replica."""
     c = start_group(cluster_factory, slaves=1, in_sync_replicas=2)
     ha_addr = tomllib.loads((c.root / "master.toml").read_text())["ha_listen"]
     stale = raw_conn(ha_addr)  # poses as slave 1 with an empty log
-    stale.send(encode_frame_bytes(RequestCode.HA_HANDSHAKE, 1,
-                                  ext={"broker_id": 1, "attach": 0, "proof": None}))
+    stale.send(
+        encode_frame_bytes(
+            RequestCode.HA_HANDSHAKE, 1, ext={"broker_id": 1, "attach": 0, "proof": None}
+        )
+    )
     assert stale.read_frame().ext == {"start_offset": 0}
     # The real slave 1 reconnects (its session was the one replaced) and replaces ours.
     assert stale.closed_by_server()
@@ -358,17 +386,22 @@ def test_a_stale_session_of_a_slave_is_closed_when_it_handshakes_again(cluster_f
         assert _ha(admin, c)["in_sync_slaves"] == 1
 
 
-def test_slave_behind_what_retention_removed_restarts_at_the_masters_first_byte(
-        cluster_factory):
+def test_slave_behind_what_retention_removed_restarts_at_the_masters_first_byte(cluster_factory):
     """A slave stopped while attached, and retention removed the segments it was to
     receive next: the master cannot ship them, so it must end the session (the slave then
     handshakes again and restarts at the master's first byte). It used to read the log at
     a negative position on every ack, and the slave, still heartbeating, never caught up."""
     segment = 64 * 1024
-    c = start_group(cluster_factory, slaves=1, broker_role="async_master",
-                    mapped_file_size_commitlog=segment, ha_window_bytes=segment,
-                    ha_transfer_batch_bytes=16 * 1024, file_reserved_hours=1.0 / 3600,
-                    clean_resource_interval_ms=200)
+    c = start_group(
+        cluster_factory,
+        slaves=1,
+        broker_role="async_master",
+        mapped_file_size_commitlog=segment,
+        ha_window_bytes=segment,
+        ha_transfer_batch_bytes=16 * 1024,
+        file_reserved_hours=1.0 / 3600,
+        clean_resource_interval_ms=200,
+    )
     slave = c.procs["slave1"]
     with hamq.Producer(c.namesrv) as producer, hamq.Admin(c.namesrv) as admin:
         producer.send(Message("Rep", b"first"))
@@ -380,8 +413,14 @@ def test_slave_behind_what_retention_removed_restarts_at_the_masters_first_byte(
             # the segments the slave has not received are older than the retention time
             time.sleep(1.5)
             producer.send(Message("Rep", b"last"))
-            wait_for(lambda: admin.broker_runtime_info(c.broker_addr("master"))
-                     ["commitlog_min_offset"] > 3 * segment, 10, "retention on the master")
+            wait_for(
+                lambda: (
+                    admin.broker_runtime_info(c.broker_addr("master"))["commitlog_min_offset"]
+                    > 3 * segment
+                ),
+                10,
+                "retention on the master",
+            )
         finally:
             os.kill(slave.pid, signal.SIGCONT)
         wait_for(lambda: _caught_up(admin, c), 15, "slave restarted at the master's log")

@@ -3,12 +3,12 @@ GET_BROKER_MEMBER_GROUP with an empty group (issue 10, defect 5). With two name 
 that answer must neither lower the master's alive replica count (auto-degradation would
 lower needAckNums) nor clear the master's HA address on the slave (which would close its
 replication session)."""
+
 from __future__ import annotations
 
 import time
 
 import hamq
-
 from helpers import wait_for
 
 SYNC_PERIOD_MS = 200
@@ -23,17 +23,27 @@ WHOLE = (2, ["TRANSFER"], "TRANSFER")
 def _view(admin: hamq.Admin, c) -> tuple:
     master = admin.broker_runtime_info(c.broker_addr("master"))
     slave = admin.broker_runtime_info(c.broker_addr("slave"))
-    return (master["alive_replicas"], [s["state"] for s in master["ha"]["slaves"]],
-            slave["ha"]["state"])
+    return (
+        master["alive_replicas"],
+        [s["state"] for s in master["ha"]["slaves"]],
+        slave["ha"]["state"],
+    )
 
 
 def test_restarted_name_server_lowers_no_alive_count_and_disconnects_no_slave(cluster_factory):
     c = cluster_factory()
     for name in ("ns1", "ns2"):
-        c.start_namesrv(name, scan_not_active_broker_interval_ms=500,
-                        broker_not_active_timeout_ms=3000)
-    c.start_broker("master", broker_role="sync_master", in_sync_replicas=2,
-                   min_in_sync_replicas=1, enable_auto_in_sync_replicas=True, **GROUP)
+        c.start_namesrv(
+            name, scan_not_active_broker_interval_ms=500, broker_not_active_timeout_ms=3000
+        )
+    c.start_broker(
+        "master",
+        broker_role="sync_master",
+        in_sync_replicas=2,
+        min_in_sync_replicas=1,
+        enable_auto_in_sync_replicas=True,
+        **GROUP,
+    )
     c.start_broker("slave", broker_id=1, broker_role="slave", **GROUP)
     with hamq.Admin(c.namesrv) as admin:
         wait_for(lambda: _view(admin, c) == WHOLE, 15, "the slave replicating, both alive")

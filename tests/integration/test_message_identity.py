@@ -2,6 +2,7 @@
 the listener with its original topic and message id (RocketMQ restores both), and every
 sent message carries a producer-generated UNIQ_KEY, the same on a send the producer retried
 after a timeout, so the duplicate can be recognised."""
+
 from __future__ import annotations
 
 import os
@@ -29,6 +30,7 @@ def create_topic(cluster) -> None:
 def pull_at(consumer: hamq.PullConsumer, topic: str, offset: int) -> list[hamq.MessageExt]:
     """The messages from ``offset`` of ``topic``'s single queue, waiting for the topic
     (retry topics are created on demand) and for at least one message."""
+
     def found():
         try:
             mq = consumer.fetch_message_queues(topic)[0]
@@ -36,6 +38,7 @@ def pull_at(consumer: hamq.PullConsumer, topic: str, offset: int) -> list[hamq.M
             return None
         result = consumer.pull(mq, offset, 32, suspend_timeout_ms=500)
         return result.messages if result.status is PullStatus.FOUND else None
+
     return wait_for(found, 15.0, f"a message at {topic}:{offset}")
 
 
@@ -48,14 +51,17 @@ def test_a_retried_message_keeps_its_topic_id_and_uniq_key(cluster):
         assert len(original.uniq_key) == 32 and original.uniq_key != other.uniq_key
         consumer.send_back(original, delay_level=1)
         (retried,) = pull_at(consumer, RETRY_TOPIC, 0)
-        assert (retried.topic, retried.msg_id, retried.uniq_key, retried.tags) == \
-            (TOPIC, original.msg_id, original.uniq_key, "T")
+        assert (retried.topic, retried.msg_id, retried.uniq_key, retried.tags) == (
+            TOPIC,
+            original.msg_id,
+            original.uniq_key,
+            "T",
+        )
         assert retried.queue.topic == RETRY_TOPIC  # where this copy is stored
         assert retried.reconsume_times == 1
         consumer.send_back(retried, delay_level=1)  # back again, from the retry queue
         (again,) = pull_at(consumer, RETRY_TOPIC, 1)
-        assert (again.topic, again.msg_id, again.reconsume_times) == \
-            (TOPIC, original.msg_id, 2)
+        assert (again.topic, again.msg_id, again.reconsume_times) == (TOPIC, original.msg_id, 2)
 
 
 def test_the_push_listener_sees_the_original_topic_and_id(cluster):
@@ -66,11 +72,15 @@ def test_the_push_listener_sees_the_original_topic_and_id(cluster):
     def listener(messages):
         with lock:
             seen.extend((m.topic, m.msg_id, m.reconsume_times) for m in messages)
-        return ConsumeConcurrentlyStatus.RECONSUME_LATER if messages[0].reconsume_times == 0 \
+        return (
+            ConsumeConcurrentlyStatus.RECONSUME_LATER
+            if messages[0].reconsume_times == 0
             else ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+        )
 
-    consumer = hamq.PushConsumer(GROUP, cluster.namesrv, consume_from_where="first",
-                                 pull_suspend_ms=500)
+    consumer = hamq.PushConsumer(
+        GROUP, cluster.namesrv, consume_from_where="first", pull_suspend_ms=500
+    )
     consumer.subscribe(TOPIC)
     consumer.register_message_listener(listener)
     consumer.start()

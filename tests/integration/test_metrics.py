@@ -1,18 +1,21 @@
 """Every server exposes Prometheus metrics on ``metrics_listen`` (DESIGN.md §2)."""
+
 from __future__ import annotations
 
 import urllib.request
 
 import hamq
 from hamq import Message
-
 from helpers import free_port
 
 
 def scrape(addr: str) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=5).read().decode()
-    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
-            if line and not line.startswith("#")}
+    return {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
 
 
 def test_broker_and_name_server_metrics(cluster_factory):

@@ -1,6 +1,7 @@
 """Pop consumption on real processes: invisibility, redelivery with reconsume_times + 1,
 acks that never come back, change_invisible_duration, sharing within a group, and the
 revive log across SIGTERM and kill -9 restarts; idle long-polling pops cost no CPU."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,9 @@ def produce(namesrv: str, topic: str, bodies: list[bytes], tags: str | None = No
         producer.send_batch([Message(topic, b, tags=tags) for b in bodies])
 
 
-def receive_all(consumer: hamq.SimpleConsumer, want: int, invisible_s: float,
-                timeout_s: float = 10.0) -> list:
+def receive_all(
+    consumer: hamq.SimpleConsumer, want: int, invisible_s: float, timeout_s: float = 10.0
+) -> list:
     got: list = []
     deadline = time.monotonic() + timeout_s
     while len(got) < want and time.monotonic() < deadline:
@@ -43,8 +45,9 @@ def pop_topic(cluster):
 
 def test_unacked_reappear_with_reconsume_times_acked_never(cluster, pop_topic):
     produce(cluster.namesrv, pop_topic, [b"m%d" % i for i in range(20)])
-    with hamq.SimpleConsumer("g-pop", cluster.namesrv, {pop_topic: "*"},
-                             await_duration_s=0.5) as consumer:
+    with hamq.SimpleConsumer(
+        "g-pop", cluster.namesrv, {pop_topic: "*"}, await_duration_s=0.5
+    ) as consumer:
         started = time.monotonic()
         first = receive_all(consumer, 20, INVISIBLE_S)
         assert sorted(m.body for m in first) == sorted(b"m%d" % i for i in range(20))
@@ -75,12 +78,13 @@ def test_unacked_reappear_with_reconsume_times_acked_never(cluster, pop_topic):
 
 def test_change_invisible_duration_extends_and_shortens(cluster, pop_topic):
     produce(cluster.namesrv, pop_topic, [b"a", b"b"])
-    with hamq.SimpleConsumer("g-change", cluster.namesrv, {pop_topic: "*"},
-                             await_duration_s=0.3) as consumer:
+    with hamq.SimpleConsumer(
+        "g-change", cluster.namesrv, {pop_topic: "*"}, await_duration_s=0.3
+    ) as consumer:
         got = receive_all(consumer, 2, INVISIBLE_S)
         by_body = {m.body: m for m in got}
-        consumer.change_invisible_duration(by_body[b"a"], 4.0)   # extend
-        consumer.change_invisible_duration(by_body[b"b"], 0)     # visible at once
+        consumer.change_invisible_duration(by_body[b"a"], 4.0)  # extend
+        consumer.change_invisible_duration(by_body[b"b"], 0)  # visible at once
         back = receive_all(consumer, 1, 10.0, timeout_s=2.0)
         assert [(m.body, m.reconsume_times) for m in back] == [(b"b", 1)]
         consumer.ack(back[0])
@@ -95,8 +99,9 @@ def test_tag_filter_returns_matching_and_consumes_the_rest(cluster, pop_topic):
     produce(cluster.namesrv, pop_topic, [b"x1", b"x2"], tags="TagX")
     produce(cluster.namesrv, pop_topic, [b"a1"], tags="TagA")
     produce(cluster.namesrv, pop_topic, [b"b1"], tags="TagB")
-    with hamq.SimpleConsumer("g-tags", cluster.namesrv, {pop_topic: "TagA || TagB"},
-                             await_duration_s=0.3) as consumer:
+    with hamq.SimpleConsumer(
+        "g-tags", cluster.namesrv, {pop_topic: "TagA || TagB"}, await_duration_s=0.3
+    ) as consumer:
         got = []
         deadline = time.monotonic() + 5
         while len(got) < 2 and time.monotonic() < deadline:
@@ -113,8 +118,9 @@ def test_two_consumers_of_a_group_share_without_overlap(cluster, pop_topic):
     seen: list[list[bytes]] = [[], []]
 
     def run(index: int) -> None:
-        with hamq.SimpleConsumer("g-share", cluster.namesrv, {pop_topic: "*"},
-                                 await_duration_s=0.3) as consumer:
+        with hamq.SimpleConsumer(
+            "g-share", cluster.namesrv, {pop_topic: "*"}, await_duration_s=0.3
+        ) as consumer:
             idle_until = time.monotonic() + 2.0
             while time.monotonic() < idle_until:
                 batch = consumer.receive(8, 30.0)  # long enough that nothing reappears
@@ -138,8 +144,9 @@ def test_two_consumers_of_a_group_share_without_overlap(cluster, pop_topic):
 def test_restart_keeps_acks_and_redelivers_unacked(cluster, pop_topic, stop):
     bodies = [b"r%d" % i for i in range(60)]
     produce(cluster.namesrv, pop_topic, bodies)
-    with hamq.SimpleConsumer("g-restart", cluster.namesrv, {pop_topic: "*"},
-                             await_duration_s=0.3) as consumer:
+    with hamq.SimpleConsumer(
+        "g-restart", cluster.namesrv, {pop_topic: "*"}, await_duration_s=0.3
+    ) as consumer:
         got = receive_all(consumer, 60, 2.0)
         assert len(got) == 60
         unacked = {m.body for m in got if int(m.body[1:]) % 4 == 1}
@@ -151,8 +158,9 @@ def test_restart_keeps_acks_and_redelivers_unacked(cluster, pop_topic, stop):
         cluster.procs["broker"].start()
     else:
         cluster.restart("broker")
-    with hamq.SimpleConsumer("g-restart", cluster.namesrv, {pop_topic: "*"},
-                             await_duration_s=0.3) as consumer:
+    with hamq.SimpleConsumer(
+        "g-restart", cluster.namesrv, {pop_topic: "*"}, await_duration_s=0.3
+    ) as consumer:
         again = receive_all(consumer, len(unacked), 2.0)
         assert sorted(m.body for m in again) == sorted(unacked)
         assert all(m.reconsume_times == 1 for m in again)
@@ -170,22 +178,25 @@ def test_sync_flush_broker_keeps_acks_across_kill9(cluster_factory):
     with hamq.Admin(c.namesrv) as admin:
         admin.create_topic("PopSync", 1)
     produce(c.namesrv, "PopSync", [b"y%d" % i for i in range(10)])
-    with hamq.SimpleConsumer("g-sync", c.namesrv, {"PopSync": "*"},
-                             await_duration_s=0.3) as consumer:
+    with hamq.SimpleConsumer(
+        "g-sync", c.namesrv, {"PopSync": "*"}, await_duration_s=0.3
+    ) as consumer:
         got = receive_all(consumer, 10, 2.0)
         for m in got[:7]:
             consumer.ack(m)
     c.procs["broker"].kill9()
     c.procs["broker"].start()
-    with hamq.SimpleConsumer("g-sync", c.namesrv, {"PopSync": "*"},
-                             await_duration_s=0.3) as consumer:
+    with hamq.SimpleConsumer(
+        "g-sync", c.namesrv, {"PopSync": "*"}, await_duration_s=0.3
+    ) as consumer:
         again = receive_all(consumer, 3, 2.0)
         assert sorted(m.body for m in again) == sorted(m.body for m in got[7:])
 
 
 def test_receive_long_polls_until_a_message_arrives(cluster, pop_topic):
-    with hamq.SimpleConsumer("g-poll", cluster.namesrv, {pop_topic: "*"},
-                             await_duration_s=5.0) as consumer:
+    with hamq.SimpleConsumer(
+        "g-poll", cluster.namesrv, {pop_topic: "*"}, await_duration_s=5.0
+    ) as consumer:
         timer = threading.Timer(0.5, produce, (cluster.namesrv, pop_topic, [b"late"]))
         timer.start()
         started = time.monotonic()
@@ -201,19 +212,41 @@ def test_cli_consume_pop_acks_what_it_prints(cluster, pop_topic, hamq_cli):
     args = ("consume", pop_topic, "--group", "g-cli", "--pop", "--namesrv", cluster.namesrv)
     first = hamq_cli(*args, "--from-beginning", "--max", "3", "--json")
     assert first.returncode == 0, first.stderr
-    assert sorted(json.loads(line)["body"] for line in first.stdout.splitlines()) == \
-        ["c1", "c2", "c3"]
+    assert sorted(json.loads(line)["body"] for line in first.stdout.splitlines()) == [
+        "c1",
+        "c2",
+        "c3",
+    ]
     again = hamq_cli(*args, "--timeout", "1")
     assert again.returncode == 0, again.stderr
     assert again.stdout == ""  # all acked: nothing comes back
 
 
 def test_cli_bench_consume_pop(cluster, hamq_cli):
-    produced = hamq_cli("bench", "produce", "--count", "2048", "--topic", "PopBenchT",
-                        "--namesrv", cluster.namesrv, "--json")
+    produced = hamq_cli(
+        "bench",
+        "produce",
+        "--count",
+        "2048",
+        "--topic",
+        "PopBenchT",
+        "--namesrv",
+        cluster.namesrv,
+        "--json",
+    )
     assert produced.returncode == 0, produced.stderr
-    result = hamq_cli("bench", "consume", "--pop", "--count", "2048", "--topic", "PopBenchT",
-                      "--namesrv", cluster.namesrv, "--json")
+    result = hamq_cli(
+        "bench",
+        "consume",
+        "--pop",
+        "--count",
+        "2048",
+        "--topic",
+        "PopBenchT",
+        "--namesrv",
+        cluster.namesrv,
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["messages"] == 2048 and report["errors"] == 0
@@ -224,8 +257,9 @@ def test_deleted_topic_takes_its_pop_state_with_it(cluster, pop_topic):
     """Unacked messages of a deleted topic are not redelivered into the topic created again
     under the same name, and its new messages are popped from their first offset."""
     produce(cluster.namesrv, pop_topic, [b"old%d" % i for i in range(4)])
-    with hamq.SimpleConsumer("deleted", cluster.namesrv,
-                             subscriptions={pop_topic: "*"}) as consumer:
+    with hamq.SimpleConsumer(
+        "deleted", cluster.namesrv, subscriptions={pop_topic: "*"}
+    ) as consumer:
         assert len(receive_all(consumer, 4, INVISIBLE_S)) == 4  # in flight, never acked
         with hamq.Admin(cluster.namesrv) as admin:
             admin.delete_topic(pop_topic)
@@ -250,11 +284,26 @@ def test_idle_long_polling_pops_cost_no_cpu_and_a_write_wakes_one(cluster):
     topic, held = "PopIdle", 400
     with hamq.Admin(cluster.namesrv) as admin:
         admin.create_topic(topic, 8)
-        ext = {"group": "g-idle", "topic": topic, "queue_id": -1, "invisible_time_ms": 60_000,
-               "max_msgs": 1, "poll_time_ms": 15_000}
-        pops = [admin.submit(admin.core.invoke(
-            cluster.broker_addr(), RequestCode.POP_MESSAGE, ext, timeout_s=30.0,
-            ok=(ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND))) for _ in range(held)]
+        ext = {
+            "group": "g-idle",
+            "topic": topic,
+            "queue_id": -1,
+            "invisible_time_ms": 60_000,
+            "max_msgs": 1,
+            "poll_time_ms": 15_000,
+        }
+        pops = [
+            admin.submit(
+                admin.core.invoke(
+                    cluster.broker_addr(),
+                    RequestCode.POP_MESSAGE,
+                    ext,
+                    timeout_s=30.0,
+                    ok=(ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND),
+                )
+            )
+            for _ in range(held)
+        ]
         pid = cluster.procs["broker"].pid
         time.sleep(1.0)  # the pops arrive and are held
         before, started = cpu_seconds(pid), time.monotonic()
@@ -277,8 +326,9 @@ def test_a_poison_message_goes_to_the_dlq_after_max_reconsume_times(cluster):
     produce(cluster.namesrv, topic, [b"poison"] + [b"ok%d" % i for i in range(20)])
     deliveries: list[int] = []
     deadline = time.monotonic() + 30.0
-    with hamq.SimpleConsumer("g-poison", cluster.namesrv, {topic: "*"},
-                             await_duration_s=0.5) as consumer:
+    with hamq.SimpleConsumer(
+        "g-poison", cluster.namesrv, {topic: "*"}, await_duration_s=0.5
+    ) as consumer:
         while time.monotonic() < deadline:
             for m in consumer.receive(32, 0.1):
                 if m.body == b"poison":
@@ -291,8 +341,15 @@ def test_a_poison_message_goes_to_the_dlq_after_max_reconsume_times(cluster):
                 break
     assert deliveries == list(range(17))
     with hamq.PullConsumer("g-poison", cluster.namesrv) as pull:
-        dlq = wait_for(lambda: pull.pull(pull.fetch_message_queues("%DLQ%g-poison")[0], 0, 32,
-                                         suspend_timeout_ms=500).messages, 5.0, "the DLQ copy")
+        dlq = wait_for(
+            lambda: (
+                pull.pull(
+                    pull.fetch_message_queues("%DLQ%g-poison")[0], 0, 32, suspend_timeout_ms=500
+                ).messages
+            ),
+            5.0,
+            "the DLQ copy",
+        )
         assert [m.body for m in dlq] == [b"poison"]
         assert dlq[0].reconsume_times == 17
         assert dlq[0].properties["RETRY_TOPIC"] == topic

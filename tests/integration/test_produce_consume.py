@@ -1,5 +1,6 @@
 """Messages move through real name server and broker processes: same bytes, per-queue
 order, offsets that survive a consumer restart, routes that follow broker liveness."""
+
 from __future__ import annotations
 
 import random
@@ -38,7 +39,10 @@ def test_ten_thousand_mixed_sizes_same_bytes_per_queue_order(cluster):
         i = 0
         while i < len(sizes):
             n = rng.randint(1, 50)
-            bodies = [bytes([j % 251]) * sizes[j] + str(j).encode() for j in range(i, min(i + n, len(sizes)))]
+            bodies = [
+                bytes([j % 251]) * sizes[j] + str(j).encode()
+                for j in range(i, min(i + n, len(sizes)))
+            ]
             msgs = [Message("Mixed", b, keys=f"k{i}", tags="TagA") for b in bodies]
             result = producer.send_batch(msgs) if len(msgs) > 1 else producer.send(msgs[0])
             assert result.status is hamq.SendStatus.SEND_OK
@@ -47,7 +51,7 @@ def test_ten_thousand_mixed_sizes_same_bytes_per_queue_order(cluster):
     with hamq.PullConsumer("g-mixed", cluster.namesrv) as consumer:
         queues = consumer.fetch_message_queues("Mixed")
         assert len(queues) == 4
-        got = drain(consumer, queues, {mq: 0 for mq in queues})
+        got = drain(consumer, queues, dict.fromkeys(queues, 0))
     assert sum(len(v) for v in got.values()) == 10_000
     for mq, bodies in sent.items():
         assert [m.body for m in got[mq]] == bodies
@@ -110,9 +114,11 @@ def test_route_appears_within_one_heartbeat_and_disappears_after_kill9(cluster):
 
 
 def test_unknown_topic_is_a_clear_error(cluster):
-    with hamq.Producer(cluster.namesrv) as producer:
-        with pytest.raises(TopicNotExist, match="does not exist"):
-            producer.send(Message("NoSuchTopic", b"x"))
+    with (
+        hamq.Producer(cluster.namesrv) as producer,
+        pytest.raises(TopicNotExist, match="does not exist"),
+    ):
+        producer.send(Message("NoSuchTopic", b"x"))
 
 
 def test_a_producer_that_found_no_writable_queue_looks_again(cluster):
@@ -132,8 +138,11 @@ def test_long_polling_pull_wakes_on_arrival(cluster):
     with hamq.Admin(cluster.namesrv) as admin:
         admin.create_topic("Poll", 1)
     import threading
-    with hamq.PullConsumer("g-poll", cluster.namesrv) as consumer, \
-            hamq.Producer(cluster.namesrv) as producer:
+
+    with (
+        hamq.PullConsumer("g-poll", cluster.namesrv) as consumer,
+        hamq.Producer(cluster.namesrv) as producer,
+    ):
         mq = consumer.fetch_message_queues("Poll")[0]
         timer = threading.Timer(0.5, lambda: producer.send(Message("Poll", b"late")))
         timer.start()

@@ -1,5 +1,6 @@
 """Push consumers on real brokers: rebalancing as members join and leave, ordered
 consumption under a killed member, broadcasting, tag filtering."""
+
 from __future__ import annotations
 
 import collections
@@ -11,7 +12,6 @@ from pathlib import Path
 
 import hamq
 from hamq import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, Message
-
 from helpers import wait_for
 from push_consumers import FAST, start_consumer
 
@@ -28,6 +28,7 @@ class Recorder:
                 self.seen.extend((name, m.body) for m in messages)
                 self.by_member[name] += len(messages)
             return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
         return listener
 
     def consumed(self, name: str) -> bool:
@@ -63,16 +64,25 @@ def test_members_join_and_leave_while_20000_messages_flow(cluster):
     members.pop("a").shutdown()
     producer.join()
     wait_for(lambda: {b for _, b in rec.seen} >= set(sent), 30, "every message consumed")
+
     # Settled: the live members hold fair, disjoint shares that cover every queue.
     def flow_queues(c):
         return {mq for mq in c._async.process_queues if mq.topic == "Flow"}
-    wait_for(lambda: sorted(len(flow_queues(c)) for c in members.values()) == [4, 4]
-             and not flow_queues(members["b"]) & flow_queues(members["c"]), 10,
-             "a settled rebalance")
+
+    wait_for(
+        lambda: (
+            sorted(len(flow_queues(c)) for c in members.values()) == [4, 4]
+            and not flow_queues(members["b"]) & flow_queues(members["c"])
+        ),
+        10,
+        "a settled rebalance",
+    )
     consumed = collections.Counter(b for _, b in rec.seen)
     duplicates = sum(n - 1 for n in consumed.values())
-    print(f"\n{len(rec.seen)} deliveries of {total} messages, {duplicates} duplicates "
-          f"(around rebalances)")
+    print(
+        f"\n{len(rec.seen)} deliveries of {total} messages, {duplicates} duplicates "
+        f"(around rebalances)"
+    )
     assert len(consumed) == total
     assert duplicates < total * 0.05
     assert {name for name, _ in rec.seen} == {"a", "b", "c"}
@@ -96,14 +106,21 @@ def test_ordered_consumption_survives_a_killed_member(cluster_factory, tmp_path:
                 producer.send_orderly(Message("Ordered", f"{key} {seq}".encode()), key)
     outs = [tmp_path / "c1.out", tmp_path / "c2.out"]
     script = Path(__file__).with_name("orderly_consumer.py")
-    procs = [subprocess.Popen([sys.executable, str(script), cluster.namesrv, "orderly",
-                               "Ordered", str(out), "60"], stdout=subprocess.PIPE)
-             for out in outs]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), cluster.namesrv, "orderly", "Ordered", str(out), "60"],
+            stdout=subprocess.PIPE,
+        )
+        for out in outs
+    ]
     try:
         for p in procs:
             assert p.stdout.readline().strip() == b"started"
-        wait_for(lambda: outs[0].exists() and len(outs[0].read_text().splitlines()) > 500, 30,
-                 "the first member to consume")
+        wait_for(
+            lambda: outs[0].exists() and len(outs[0].read_text().splitlines()) > 500,
+            30,
+            "the first member to consume",
+        )
         procs[0].kill()  # SIGKILL midway: no unlock, no final commit
         procs[0].wait()
         wait_for(lambda: _complete(outs, keys), 60, "all 5,000 messages consumed")
@@ -146,10 +163,18 @@ def test_broadcasting_every_member_gets_every_message(cluster, tmp_path: Path):
     with hamq.Admin(cluster.namesrv) as admin:
         admin.create_topic("Bcast", 4)
     rec = Recorder()
-    consumers = [start_consumer(cluster.namesrv, "bcast", "Bcast", rec.listener_for(n),
-                                message_model="broadcasting", offset_store_dir=str(tmp_path),
-                                instance_name=n)
-                 for n in ("x", "y")]
+    consumers = [
+        start_consumer(
+            cluster.namesrv,
+            "bcast",
+            "Bcast",
+            rec.listener_for(n),
+            message_model="broadcasting",
+            offset_store_dir=str(tmp_path),
+            instance_name=n,
+        )
+        for n in ("x", "y")
+    ]
     with hamq.Producer(cluster.namesrv) as producer:
         for i in range(200):
             producer.send(Message("Bcast", b"b%d" % i))

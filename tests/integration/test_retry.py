@@ -1,6 +1,7 @@
 """CONSUMER_SEND_MSG_BACK on a real broker: a message handed back returns through
 %RETRY%<group> with reconsume_times + 1, and after max_reconsume_times lands in
 %DLQ%<group>, with body, keys and tags intact."""
+
 from __future__ import annotations
 
 import time
@@ -36,8 +37,9 @@ def test_send_back_retries_then_dead_letters(cluster):
     with hamq.Admin(cluster.namesrv) as admin:
         admin.create_topic("Work", 1)
     with hamq.Producer(cluster.namesrv) as producer:
-        sent = producer.send(Message("Work", b"payload", keys="order-7", tags="Created",
-                                     properties={"trace": "abc"}))
+        sent = producer.send(
+            Message("Work", b"payload", keys="order-7", tags="Created", properties={"trace": "abc"})
+        )
     retry_topic, dlq_topic = f"%RETRY%{GROUP}", f"%DLQ%{GROUP}"
     with hamq.PullConsumer(GROUP, cluster.namesrv) as consumer:
         msg = next_message(consumer, "Work", 0)
@@ -53,8 +55,12 @@ def test_send_back_retries_then_dead_letters(cluster):
         consumer.send_back(msg, delay_level=1, max_reconsume_times=2)
         dead = next_message(consumer, dlq_topic, 0)
     for m in (*seen, dead):
-        assert (m.body, m.keys, m.tags, m.properties["trace"]) == \
-            (b"payload", "order-7", "Created", "abc")
+        assert (m.body, m.keys, m.tags, m.properties["trace"]) == (
+            b"payload",
+            "order-7",
+            "Created",
+            "abc",
+        )
         assert m.properties["RETRY_TOPIC"] == "Work"
         assert m.properties["ORIGIN_MESSAGE_ID"] == sent.msg_id
     assert dead.topic == dlq_topic
@@ -69,8 +75,9 @@ def test_send_back_of_a_message_whose_producer_set_a_bad_reconsume_time(cluster)
         admin.create_topic("BadCount", 1)
     with hamq.Producer(cluster.namesrv) as producer:
         for bad in ("x", "-5", "١", "9" * 5000):
-            producer.send(Message("BadCount", bad.encode()[:16],
-                                  properties={"RECONSUME_TIME": bad}))
+            producer.send(
+                Message("BadCount", bad.encode()[:16], properties={"RECONSUME_TIME": bad})
+            )
     with hamq.PullConsumer("g-bad-count", cluster.namesrv) as consumer:
         for offset in range(4):
             msg = next_message(consumer, "BadCount", offset)

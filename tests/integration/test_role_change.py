@@ -11,6 +11,7 @@ A master-slave member, whose delay delivery is the role-dependent service with t
 visible effect: a slave does not deliver a due message, its next master delivers it once.
 Nothing switches a master-slave member at runtime before controller mode (issue 14), so
 that test drives the role state of a broker running in the test's own process."""
+
 from __future__ import annotations
 
 import asyncio
@@ -76,10 +77,13 @@ class RoleWatch:
         exactly its role's services and is registered under the id of its role, and the
         name servers route the group that way; else None."""
         infos = self.sample()
-        expected = {m: ("master", MASTER_SERVICES, 0) if m == master else
-                    ("slave", SLAVE_SERVICES, m) for m in self.group.members}
-        seen = {m: (i["role"]["role"], i["role"]["services"], i["broker_id"])
-                for m, i in infos.items()}
+        expected = {
+            m: ("master", MASTER_SERVICES, 0) if m == master else ("slave", SLAVE_SERVICES, m)
+            for m in self.group.members
+        }
+        seen = {
+            m: (i["role"]["role"], i["role"]["services"], i["broker_id"]) for m, i in infos.items()
+        }
         if seen != expected:
             return None
         addr = self.group.c.broker_addr
@@ -136,8 +140,14 @@ def _switch_master_slave_master(group: Group, producer: SteadyProducer) -> None:
     assert not split, f"two members were master in one epoch: {split}"
 
 
-def _move_leadership(group: Group, watch: RoleWatch, producer: SteadyProducer,
-                     before: dict[int, dict], old: int, new: int) -> dict[int, dict]:
+def _move_leadership(
+    group: Group,
+    watch: RoleWatch,
+    producer: SteadyProducer,
+    before: dict[int, dict],
+    old: int,
+    new: int,
+) -> dict[int, dict]:
     """Transfer leadership from ``old`` to ``new``; once settled, both have changed role,
     the new master's epoch is past the old one's, and sends go through the new master."""
     moved_at = time.monotonic()
@@ -153,12 +163,19 @@ def _move_leadership(group: Group, watch: RoleWatch, producer: SteadyProducer,
 def _slaves_sync_from(group: Group, master: int, offset: int) -> None:
     """Slave metadata sync follows the current master: a consumer offset committed there
     reaches every slave."""
-    _invoke(group, master, RequestCode.UPDATE_CONSUMER_OFFSET,
-            {"group": "probe", "topic": "Raft", "queue_id": 0, "offset": offset})
+    _invoke(
+        group,
+        master,
+        RequestCode.UPDATE_CONSUMER_OFFSET,
+        {"group": "probe", "topic": "Raft", "queue_id": 0, "offset": offset},
+    )
     for m in group.members:
         if m != master:
-            wait_for(lambda m=m: _probe_offset(group, m) == offset, 15,
-                     f"member {m} syncing offset {offset} from member {master}")
+            wait_for(
+                lambda m=m: _probe_offset(group, m) == offset,
+                15,
+                f"member {m} syncing offset {offset} from member {master}",
+            )
 
 
 def _acked_since(producer: SteadyProducer, since: float) -> int:
@@ -166,9 +183,12 @@ def _acked_since(producer: SteadyProducer, since: float) -> int:
 
 
 def _create_topic_on(group: Group, m: int, topic: str) -> None:
-    _invoke(group, m, RequestCode.UPDATE_AND_CREATE_TOPIC,
-            {"topic": topic, "read_queue_nums": 1, "write_queue_nums": 1,
-             "perm": PERM_READ_WRITE})
+    _invoke(
+        group,
+        m,
+        RequestCode.UPDATE_AND_CREATE_TOPIC,
+        {"topic": topic, "read_queue_nums": 1, "write_queue_nums": 1, "perm": PERM_READ_WRITE},
+    )
 
 
 DELAY_LEVEL_1_S = 1.0  # RocketMQ's first delay level
@@ -198,10 +218,16 @@ def test_delay_delivery_follows_the_role_of_a_master_slave_member(cluster_factor
             assert read_queue(broker.store, "Later") == {}, "a slave delivered a delay message"
             await broker.role.change(BrokerRole.MASTER, config.listen)
             assert broker.role.info()["services"] == [
-                "delay_delivery", "ha_master", "pop_revive", "transaction_check"]
+                "delay_delivery",
+                "ha_master",
+                "pop_revive",
+                "transaction_check",
+            ]
             await _until(lambda: read_queue(broker.store, "Later"), "the delivery")
-            await _until(lambda: broker.schedule.progress.delay_offset(1) == 1,
-                         "delay progress past the message, so it is never delivered again")
+            await _until(
+                lambda: broker.schedule.progress.delay_offset(1) == 1,
+                "delay progress past the message, so it is never delivered again",
+            )
             assert read_queue(broker.store, "Later") == {0: b"due in 1 s"}
         finally:
             await producer.close()

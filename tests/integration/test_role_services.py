@@ -7,6 +7,7 @@ brokerId 0 only while it is master. In process (one event loop), with a real nam
 server; nothing triggers a master-slave role change yet (seeds 001 and 004 bring that),
 so the tests ask the role state directly: one broker alone, then two that hand mastership
 to each other under sends, the slave following the new master each time."""
+
 from __future__ import annotations
 
 import asyncio
@@ -52,8 +53,9 @@ async def registered_ids(broker: Broker) -> dict[int, str]:
 async def until_registered_as(broker: Broker, broker_id: int) -> None:
     deadline = asyncio.get_running_loop().time() + WAIT_S
     while (await registered_ids(broker)) != {broker_id: broker.config.listen}:
-        assert asyncio.get_running_loop().time() < deadline, \
+        assert asyncio.get_running_loop().time() < deadline, (
             f"not registered as {broker_id}: {broker.members.broker_addrs}"
+        )
         await asyncio.sleep(0.05)
 
 
@@ -73,12 +75,21 @@ async def start_namesrv(tmp_path) -> tuple[NamesrvConfig, asyncio.Event, asyncio
 
 
 def slave_broker(tmp_path, namesrv: NamesrvConfig, broker_id: int) -> Broker:
-    return Broker(BrokerConfig(
-        store_dir=str(tmp_path / f"broker{broker_id}"), broker_name="g", broker_id=broker_id,
-        broker_role="slave", listen=f"127.0.0.1:{free_port()}",
-        ha_listen=f"127.0.0.1:{free_port()}", namesrv=(namesrv.listen,),
-        transaction_check_interval_ms=200, revive_interval_ms=200,
-        sync_broker_member_group_period_ms=200, slave_sync_interval_ms=200))
+    return Broker(
+        BrokerConfig(
+            store_dir=str(tmp_path / f"broker{broker_id}"),
+            broker_name="g",
+            broker_id=broker_id,
+            broker_role="slave",
+            listen=f"127.0.0.1:{free_port()}",
+            ha_listen=f"127.0.0.1:{free_port()}",
+            namesrv=(namesrv.listen,),
+            transaction_check_interval_ms=200,
+            revive_interval_ms=200,
+            sync_broker_member_group_period_ms=200,
+            slave_sync_interval_ms=200,
+        )
+    )
 
 
 def test_a_broker_switches_its_services_in_place(tmp_path):
@@ -87,6 +98,7 @@ def test_a_broker_switches_its_services_in_place(tmp_path):
         broker = slave_broker(tmp_path, namesrv, 1)
         await broker.start()
         try:
+
             def role() -> dict:
                 return broker.runtime_info()["role"]
 
@@ -131,6 +143,7 @@ def test_two_members_hand_mastership_to_each_other_under_sends(tmp_path):
     """Each hand-over stops writes on the master, lets the slave catch up, then promotes
     it (with no controller yet, whoever switches picks an in-sync slave); the old master's
     HA client then follows the new one. Every acknowledged send ends up on both."""
+
     async def scenario() -> None:
         namesrv, stop_namesrv, namesrv_task = await start_namesrv(tmp_path)
         a, b = slave_broker(tmp_path, namesrv, 1), slave_broker(tmp_path, namesrv, 2)
@@ -144,8 +157,10 @@ def test_two_members_hand_mastership_to_each_other_under_sends(tmp_path):
             await producer.start()
             master, slave = a, b
             for round_ in range(3):
-                await until(lambda s=slave: s.runtime_info()["ha"]["state"] == "TRANSFER",
-                            f"round {round_}: the slave attached to the new master")
+                await until(
+                    lambda s=slave: s.runtime_info()["ha"]["state"] == "TRANSFER",
+                    f"round {round_}: the slave attached to the new master",
+                )
                 for i in range(20):
                     body = b"round %d message %d" % (round_, i)
                     await producer.send(Message("T", body))
@@ -153,14 +168,18 @@ def test_two_members_hand_mastership_to_each_other_under_sends(tmp_path):
                 # hand over: writes stop, the slave catches up, then it is promoted
                 await master.role.change(BrokerRole.SLAVE, slave.config.listen)
                 end = master.store.commitlog.max_offset
-                await until(lambda s=slave, e=end: s.store.commitlog.max_offset == e,
-                            f"round {round_}: the slave caught up")
+                await until(
+                    lambda s=slave, e=end: s.store.commitlog.max_offset == e,
+                    f"round {round_}: the slave caught up",
+                )
                 await slave.role.change(BrokerRole.MASTER, slave.config.listen)
                 master, slave = slave, master
                 assert master.runtime_info()["role"]["services"] == MASTER_SERVICES
                 assert slave.runtime_info()["role"]["services"] == SLAVE_SERVICES
-            await until(lambda: a.store.commitlog.max_offset == b.store.commitlog.max_offset,
-                        "both logs equal")
+            await until(
+                lambda: a.store.commitlog.max_offset == b.store.commitlog.max_offset,
+                "both logs equal",
+            )
             for member in (a, b):
                 assert sorted(read_queue(member.store, "T").values()) == sorted(acked)
                 assert member.runtime_info()["role"]["errors"] == {}

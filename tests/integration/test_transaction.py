@@ -4,6 +4,7 @@ live producer, also after a broker restart, and rolled back after transaction_ch
 checks; a batch half (TRAN_BATCH) commits as one batch; CHECK_IMMUNITY_TIME_IN_SECONDS
 defers checks; a restarted producer is checked rather than its transaction rolled back; a
 decision whose write failed is checked again."""
+
 from __future__ import annotations
 
 import resource
@@ -18,10 +19,12 @@ from hamq import Message, TransactionState
 from hamq.client.consumer import PullStatus
 from hamq.errors import MessageIllegal
 from hamq.protocol.codes import RequestCode
-from hamq.protocol.properties import (PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
-                                      PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_BATCH,
-                                      PROPERTY_TRANSACTION_PREPARED)
-
+from hamq.protocol.properties import (
+    PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_TRANSACTION_BATCH,
+    PROPERTY_TRANSACTION_PREPARED,
+)
 from helpers import wait_for
 
 TOPIC = "Tx"
@@ -42,16 +45,20 @@ def visible(namesrv: str, wait_s: float = 0.0, until_count: int | None = None) -
             if result.status is PullStatus.FOUND:
                 keys += [m.keys for m in result.messages]
                 offset = result.next_begin_offset
-            if until_count is not None and len(keys) >= until_count or \
-                    time.monotonic() >= deadline:
+            if (
+                until_count is not None and len(keys) >= until_count
+            ) or time.monotonic() >= deadline:
                 return keys
 
 
 class LocalTransactions:
     """Outcomes by message key, and a record of every check the broker made."""
 
-    def __init__(self, outcomes: dict[str, TransactionState],
-                 checked: dict[str, TransactionState] | None = None) -> None:
+    def __init__(
+        self,
+        outcomes: dict[str, TransactionState],
+        checked: dict[str, TransactionState] | None = None,
+    ) -> None:
         self.outcomes = outcomes
         self.checked = checked or {}
         self.checks: list[str] = []
@@ -68,13 +75,15 @@ class LocalTransactions:
         return self.checked.get(msg.keys, TransactionState.UNKNOW)
 
     def producer(self, namesrv: str) -> hamq.TransactionProducer:
-        return hamq.TransactionProducer(namesrv, "pg-tx", self.execute, self.check,
-                                        heartbeat_interval_s=HEARTBEAT_S)
+        return hamq.TransactionProducer(
+            namesrv, "pg-tx", self.execute, self.check, heartbeat_interval_s=HEARTBEAT_S
+        )
 
 
 def send(producer: hamq.TransactionProducer, key: str) -> hamq.TransactionSendResult:
     result = producer.send_message_in_transaction(
-        Message(TOPIC, f"body-{key}".encode(), keys=key, tags="T"), "arg")
+        Message(TOPIC, f"body-{key}".encode(), keys=key, tags="T"), "arg"
+    )
     assert result.send_result.status is hamq.SendStatus.SEND_OK
     return result
 
@@ -90,11 +99,13 @@ def start(cluster_factory, **settings):
 
 def test_commit_is_visible_and_rollback_never(cluster_factory):
     c = start(cluster_factory)
-    local = LocalTransactions({"commit": TransactionState.COMMIT_MESSAGE,
-                               "rollback": TransactionState.ROLLBACK_MESSAGE})
+    local = LocalTransactions(
+        {"commit": TransactionState.COMMIT_MESSAGE, "rollback": TransactionState.ROLLBACK_MESSAGE}
+    )
     with local.producer(c.namesrv) as producer:
-        assert send(producer, "rollback").local_transaction_state is \
-            TransactionState.ROLLBACK_MESSAGE
+        assert (
+            send(producer, "rollback").local_transaction_state is TransactionState.ROLLBACK_MESSAGE
+        )
         send(producer, "commit")
         # Past the transaction timeout and several check rounds: decided messages are
         # never checked, and nothing else appears.
@@ -104,8 +115,9 @@ def test_commit_is_visible_and_rollback_never(cluster_factory):
 
 def test_unknown_is_resolved_by_check_back(cluster_factory):
     c = start(cluster_factory)
-    local = LocalTransactions({"unknown": TransactionState.UNKNOW},
-                              {"unknown": TransactionState.COMMIT_MESSAGE})
+    local = LocalTransactions(
+        {"unknown": TransactionState.UNKNOW}, {"unknown": TransactionState.COMMIT_MESSAGE}
+    )
     with local.producer(c.namesrv) as producer:
         sent = time.monotonic()
         send(producer, "unknown")
@@ -130,9 +142,13 @@ def test_rolled_back_after_transaction_check_max(cluster_factory):
 
 def test_decisions_and_checks_survive_a_broker_restart(cluster_factory):
     c = start(cluster_factory)
-    local = LocalTransactions({"commit": TransactionState.COMMIT_MESSAGE,
-                               "rollback": TransactionState.ROLLBACK_MESSAGE,
-                               "unknown": TransactionState.UNKNOW})
+    local = LocalTransactions(
+        {
+            "commit": TransactionState.COMMIT_MESSAGE,
+            "rollback": TransactionState.ROLLBACK_MESSAGE,
+            "unknown": TransactionState.UNKNOW,
+        }
+    )
     with local.producer(c.namesrv) as producer:
         for key in ("commit", "rollback", "unknown"):
             send(producer, key)
@@ -145,12 +161,19 @@ def test_decisions_and_checks_survive_a_broker_restart(cluster_factory):
     assert set(local.checks) == {"unknown"}
 
 
-def half_batch(producer: hamq.Producer, keys: list[str], count: int | None = None,
-               immunity_s: int | None = None) -> int:
+def half_batch(
+    producer: hamq.Producer,
+    keys: list[str],
+    count: int | None = None,
+    immunity_s: int | None = None,
+) -> int:
     """A half message carrying a whole batch (hamq's TRAN_BATCH); returns its half offset."""
     payload = b"".join(Message(TOPIC, f"body-{k}".encode(), keys=k).encode() for k in keys)
-    properties = {PROPERTY_TRANSACTION_PREPARED: "true", PROPERTY_PRODUCER_GROUP: "pg-batch",
-                  PROPERTY_TRANSACTION_BATCH: str(count or len(keys))}
+    properties = {
+        PROPERTY_TRANSACTION_PREPARED: "true",
+        PROPERTY_PRODUCER_GROUP: "pg-batch",
+        PROPERTY_TRANSACTION_BATCH: str(count or len(keys)),
+    }
     if immunity_s is not None:
         properties[PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS] = str(immunity_s)
     return producer.send(Message(TOPIC, payload, properties=properties)).queue_offset
@@ -165,9 +188,17 @@ def log_end(c) -> int:
 
 def end(c, half_offset: int, state: TransactionState) -> None:
     with hamq.Admin(c.namesrv) as admin:
-        admin.submit(admin.core.invoke(c.broker_addr(), RequestCode.END_TRANSACTION, {
-            "group": "pg-batch", "tran_state_table_offset": half_offset,
-            "commit_or_rollback": state.value})).result()
+        admin.submit(
+            admin.core.invoke(
+                c.broker_addr(),
+                RequestCode.END_TRANSACTION,
+                {
+                    "group": "pg-batch",
+                    "tran_state_table_offset": half_offset,
+                    "commit_or_rollback": state.value,
+                },
+            )
+        ).result()
 
 
 def test_a_batch_half_commits_as_one_batch_and_rolls_back_whole(cluster_factory):
@@ -187,10 +218,16 @@ def test_a_batch_half_commits_as_one_batch_and_rolls_back_whole(cluster_factory)
 def test_check_immunity_keeps_a_half_from_check_and_rollback(cluster_factory):
     c = start(cluster_factory, transaction_check_max=1)
     unknown = LocalTransactions({})  # a live producer of the group, never sure
-    with hamq.Producer(c.namesrv, "pg-batch") as producer, \
-            hamq.TransactionProducer(c.namesrv, "pg-batch", unknown.execute,
-                                     lambda msg: TransactionState.UNKNOW,
-                                     heartbeat_interval_s=HEARTBEAT_S):
+    with (
+        hamq.Producer(c.namesrv, "pg-batch") as producer,
+        hamq.TransactionProducer(
+            c.namesrv,
+            "pg-batch",
+            unknown.execute,
+            lambda msg: TransactionState.UNKNOW,
+            heartbeat_interval_s=HEARTBEAT_S,
+        ),
+    ):
         immune = half_batch(producer, ["kept"], immunity_s=4)
         doomed = half_batch(producer, ["lost"])
         undecided = log_end(c)
@@ -233,8 +270,11 @@ class FileLimitAfterHalf(LocalTransactions):
 
     def execute(self, msg: Message, arg) -> TransactionState:
         self.size_at_decision = self.segment.stat().st_size
-        resource.prlimit(self.broker_pid, resource.RLIMIT_FSIZE,
-                         (self.size_at_decision + 16, resource.RLIM_INFINITY))
+        resource.prlimit(
+            self.broker_pid,
+            resource.RLIMIT_FSIZE,
+            (self.size_at_decision + 16, resource.RLIM_INFINITY),
+        )
         return TransactionState.COMMIT_MESSAGE
 
 
@@ -248,8 +288,9 @@ def test_a_decision_lost_with_its_write_is_checked_again(cluster_factory):
     with local.producer(c.namesrv) as producer:
         send(producer, "first")  # returns once END_TRANSACTION failed (connection closed)
         assert segment.stat().st_size == local.size_at_decision  # nothing of it written
-        resource.prlimit(broker.pid, resource.RLIMIT_FSIZE,
-                         (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        resource.prlimit(
+            broker.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+        )
         assert visible(c.namesrv, wait_s=8.0, until_count=1) == ["first"]
         assert visible(c.namesrv, wait_s=1.0) == ["first"]  # committed once
     assert local.checks == ["first"]

@@ -6,8 +6,16 @@ from __future__ import annotations
 
 import random
 
-from hamq.raft import (Entry, Message, MessageType, RaftConfig, RawNode, ResponseCode, Role,
-                       MemoryStorage)
+from hamq.raft import (
+    Entry,
+    MemoryStorage,
+    Message,
+    MessageType,
+    RaftConfig,
+    RawNode,
+    ResponseCode,
+    Role,
+)
 from hamq.raft.log import UNKNOWN_VOTE
 from hamq.raft.storage import persist
 
@@ -22,7 +30,7 @@ class Group:
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)
         self.storages = {i: MemoryStorage() for i in IDS}
-        self.nodes: dict[int, RawNode | None] = {i: None for i in IDS}
+        self.nodes: dict[int, RawNode | None] = dict.fromkeys(IDS)
         self.cut: set[int] = set()
         self.now_ms = 0
         self.leaders_by_term: dict[int, set[int]] = {}
@@ -30,8 +38,12 @@ class Group:
             self.start(i)
 
     def start(self, node_id: int) -> None:
-        self.nodes[node_id] = RawNode(RaftConfig(node_id, IDS), self.storages[node_id],
-                                      random.Random(self.rng.getrandbits(32)), self.now_ms)
+        self.nodes[node_id] = RawNode(
+            RaftConfig(node_id, IDS),
+            self.storages[node_id],
+            random.Random(self.rng.getrandbits(32)),
+            self.now_ms,
+        )
 
     def wipe(self, node_id: int) -> None:
         self.storages[node_id] = MemoryStorage()
@@ -146,10 +158,32 @@ def test_a_wiped_member_is_not_vouched_for_before_it_holds_all_the_leader_commit
     crashed again): what it committed, not what it says we hold, is what we must hold."""
     node = RawNode(RaftConfig(2, IDS), MemoryStorage(), random.Random(1))
     entries = tuple(Entry(i, 2, b"x%d" % i) for i in range(4))
-    node.step(Message(MessageType.APPEND, 1, 2, term=2, index=0, log_term=0, entries=entries,
-                      committed_index=5, water_mark=-1))
+    node.step(
+        Message(
+            MessageType.APPEND,
+            1,
+            2,
+            term=2,
+            index=0,
+            log_term=0,
+            entries=entries,
+            committed_index=5,
+            water_mark=-1,
+        )
+    )
     assert node.committed_index == 3 and node.voted_for == UNKNOWN_VOTE  # 4 and 5 missing
     more = (Entry(4, 2, b"x4"), Entry(5, 2, b"x5"))
-    node.step(Message(MessageType.APPEND, 1, 2, term=2, index=4, log_term=2, entries=more,
-                      committed_index=5, water_mark=3))
+    node.step(
+        Message(
+            MessageType.APPEND,
+            1,
+            2,
+            term=2,
+            index=4,
+            log_term=2,
+            entries=more,
+            committed_index=5,
+            water_mark=3,
+        )
+    )
     assert node.committed_index == 5 and node.voted_for == 1

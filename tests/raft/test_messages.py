@@ -7,15 +7,27 @@ from hypothesis import strategies as st
 from hamq.raft import Entry, Message, MessageDecodeError, MessageType, ResponseCode
 
 ints = st.integers(min_value=-1, max_value=2**40)
-entry_strategy = st.builds(Entry, index=ints, term=ints, data=st.binary(max_size=64),
-                           is_noop=st.booleans())
+entry_strategy = st.builds(
+    Entry, index=ints, term=ints, data=st.binary(max_size=64), is_noop=st.booleans()
+)
 message_strategy = st.builds(
     Message,
-    type=st.sampled_from(MessageType), from_id=ints, to_id=ints, term=ints, index=ints,
-    log_term=ints, entries=st.lists(entry_strategy, max_size=3).map(tuple), committed_index=ints,
-    code=st.sampled_from(ResponseCode), req_type=st.none() | st.sampled_from(MessageType),
-    begin_index=ints, end_index=ints, next_term=ints, force=st.booleans(),
-    water_mark=ints, probe=ints,
+    type=st.sampled_from(MessageType),
+    from_id=ints,
+    to_id=ints,
+    term=ints,
+    index=ints,
+    log_term=ints,
+    entries=st.lists(entry_strategy, max_size=3).map(tuple),
+    committed_index=ints,
+    code=st.sampled_from(ResponseCode),
+    req_type=st.none() | st.sampled_from(MessageType),
+    begin_index=ints,
+    end_index=ints,
+    next_term=ints,
+    force=st.booleans(),
+    water_mark=ints,
+    probe=ints,
 )
 
 

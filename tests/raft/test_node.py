@@ -27,8 +27,6 @@ from hamq.raft.config import ELECTION_TIMEOUT_MS
 from hamq.raft.storage import persist
 
 
-
-
 def drain(node: RawNode, storage: LogStorage) -> list[Ready]:
     readies = []
     while node.has_ready():
@@ -64,7 +62,7 @@ def test_single_member_commits_its_proposals_in_order() -> None:
 
 
 def test_election_timer_fires_on_tick() -> None:
-    node, storage = single()
+    node, _storage = single()
     node.tick(2 * ELECTION_TIMEOUT_MS)  # past any randomized timeout
     assert node.role == Role.LEADER and node.term == 1
 
@@ -82,8 +80,11 @@ def test_proposal_must_be_bytes() -> None:
 
 
 def leader_of_three(**config: int) -> RawNode:
-    node = RawNode(RaftConfig(node_id=1, member_ids=(1, 2, 3), empty_disk_guard=False, **config),
-                   MemoryStorage(), random.Random(1))
+    node = RawNode(
+        RaftConfig(node_id=1, member_ids=(1, 2, 3), empty_disk_guard=False, **config),
+        MemoryStorage(),
+        random.Random(1),
+    )
     node.campaign()
     node.step(Message(MessageType.PRE_VOTE_RESPONSE, 2, 1, 1))
     node.step(Message(MessageType.VOTE_RESPONSE, 2, 1, 1))
@@ -162,18 +163,21 @@ def test_transfer_needs_a_leader_and_a_member() -> None:
         leader.transfer_leadership(4)
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"node_id": 4, "member_ids": (1, 2, 3)},
-    {"node_id": 1, "member_ids": (1, 1)},
-    {"node_id": 0, "member_ids": (0, 1)},
-    {"node_id": 1, "member_ids": (1,), "heartbeat_interval_ms": ELECTION_TIMEOUT_MS},
-    {"node_id": 1, "member_ids": (1,), "max_pending_pushes": 0},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"node_id": 4, "member_ids": (1, 2, 3)},
+        {"node_id": 1, "member_ids": (1, 1)},
+        {"node_id": 0, "member_ids": (0, 1)},
+        {"node_id": 1, "member_ids": (1,), "heartbeat_interval_ms": ELECTION_TIMEOUT_MS},
+        {"node_id": 1, "member_ids": (1,), "max_pending_pushes": 0},
+    ],
+)
 def test_bad_config_is_rejected(kwargs: dict) -> None:
     with pytest.raises(ConfigError):
         RaftConfig(**kwargs)
 
 
 def test_entry_ids_identify_proposals() -> None:
-    node, storage = elected_single()
+    node, _storage = elected_single()
     assert node.propose(b"x") == EntryId(term=1, index=1)

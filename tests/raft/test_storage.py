@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from disk_faults import RecordingDisk
 from hamq.raft import (
     Checkpoint,
     CorruptLogError,
@@ -20,8 +21,6 @@ from hamq.raft import (
     MemoryStorage,
 )
 from hamq.sim.fs import SimDisk
-
-from disk_faults import RecordingDisk
 
 
 def entries(start: int, stop: int, term: int = 1) -> list[Entry]:
@@ -162,8 +161,13 @@ def test_torn_record_in_an_older_segment_past_the_commit_point_is_cut(tmp_path: 
     reopened.append(entries(2, 5, term=2))
     reopened.sync()
     reopened.close()
-    assert [e.term for e in FileStorage(tmp_path, segment_max_bytes=64).entries_from(0)] == \
-        [1, 1, 2, 2, 2]
+    assert [e.term for e in FileStorage(tmp_path, segment_max_bytes=64).entries_from(0)] == [
+        1,
+        1,
+        2,
+        2,
+        2,
+    ]
 
 
 def test_bad_record_at_or_below_the_commit_point_refuses_to_start(tmp_path: Path) -> None:
@@ -173,8 +177,11 @@ def test_bad_record_at_or_below_the_commit_point_refuses_to_start(tmp_path: Path
     data = bytearray(segments[-1].read_bytes())
     data[40] ^= 0xFF  # inside index 7, the second record of the last segment
     segments[-1].write_bytes(bytes(data))
-    with pytest.raises(CorruptLogError, match=rf"{segments[-1].name} offset 27 \(index 7\): "
-                                              r"record fails its CRC.*up to 7"):
+    with pytest.raises(
+        CorruptLogError,
+        match=rf"{segments[-1].name} offset 27 \(index 7\): "
+        r"record fails its CRC.*up to 7",
+    ):
         FileStorage(tmp_path, segment_max_bytes=64)
     assert segments[-1].read_bytes() == bytes(data), "nothing is cut when refusing"
 
@@ -199,7 +206,7 @@ def _torn_rewrite(tmp_path: Path, committed: int) -> None:
     store.save_checkpoint(Checkpoint(4, committed))
     store.close()
     new = _last_segment(tmp_path).read_bytes()
-    _last_segment(tmp_path).write_bytes(new + old[len(new):])
+    _last_segment(tmp_path).write_bytes(new + old[len(new) :])
 
 
 def test_older_term_after_newer_past_the_commit_point_is_cut(tmp_path: Path) -> None:
@@ -224,8 +231,13 @@ def test_truncate_suffix_is_durable_before_the_rewrite(tmp_path: Path) -> None:
     disk.events.clear()
     store.append(entries(4, 6, term=2))  # cuts at 4, in the second segment
     kept = "00000000000000000003.log"
-    assert disk.events == [("unlink", "00000000000000000006.log"), ("truncate", kept),
-                           ("fsync", kept), ("fsync_dir", tmp_path.name), ("pwrite", kept)]
+    assert disk.events == [
+        ("unlink", "00000000000000000006.log"),
+        ("truncate", kept),
+        ("fsync", kept),
+        ("fsync_dir", tmp_path.name),
+        ("pwrite", kept),
+    ]
 
 
 def test_corrupt_checkpoint_is_an_error(tmp_path: Path) -> None:
@@ -237,7 +249,8 @@ def test_corrupt_checkpoint_is_an_error(tmp_path: Path) -> None:
 
 
 def test_a_cut_after_an_entry_never_takes_that_entry_off_the_disk(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """RaftLog.truncate_after(i) re-emits entry i; the file store must cut after it, not
     rewrite it: a kill between a cut at i and the rewrite would lose a committed entry."""
     store = FileStorage(tmp_path)

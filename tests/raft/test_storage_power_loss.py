@@ -9,6 +9,7 @@ with every entry a returned sync covered; at the end it loses power. The store m
 is a bug) with every entry up to the saved committed index intact, terms that never go
 down, and the same log on a second reopen.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,8 +24,10 @@ SEEDS = 500
 
 
 def _entries(rng: random.Random, first: int, term: int) -> list[Entry]:
-    return [Entry(first + i, term, bytes([rng.randrange(256)]) * rng.randrange(30))
-            for i in range(rng.randrange(1, 5))]
+    return [
+        Entry(first + i, term, bytes([rng.randrange(256)]) * rng.randrange(30))
+        for i in range(rng.randrange(1, 5))
+    ]
 
 
 def run_seed(seed: int) -> str | None:
@@ -50,7 +53,7 @@ def run_seed(seed: int) -> str | None:
                 new = _entries(rng, rng.randrange(committed + 1, len(log)), term)
                 synced = min(synced, new[0].index)
                 store.append(new)
-                log = log[:new[0].index] + new
+                log = log[: new[0].index] + new
             elif action < 0.8:
                 store.detach_sync()()
                 synced = len(log)
@@ -82,9 +85,11 @@ def run_seed(seed: int) -> str | None:
         recovered = FileStorage("/raft", segment_bytes, disk=disk).entries_from(0)
     except CorruptLogError as err:
         return f"seed {seed}: refused to open after a power loss: {err}"
-    if recovered[:max(saved_committed + 1, synced)] != log[:max(saved_committed + 1, synced)]:
-        return f"seed {seed}: entries up to committed index {saved_committed} or synced " \
-               f"{synced} differ"
+    if recovered[: max(saved_committed + 1, synced)] != log[: max(saved_committed + 1, synced)]:
+        return (
+            f"seed {seed}: entries up to committed index {saved_committed} or synced "
+            f"{synced} differ"
+        )
     terms = [entry.term for entry in recovered]
     if terms != sorted(terms):
         return f"seed {seed}: terms go down: {terms}"
@@ -95,7 +100,8 @@ def run_seed(seed: int) -> str | None:
 
 
 def test_file_store_recovers_a_valid_prefix_after_any_power_loss(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     caplog.set_level(logging.ERROR)  # each seed logs its cuts as warnings
     failures = [r for r in map(run_seed, range(SEEDS)) if r is not None]
     assert failures == []

@@ -1,5 +1,6 @@
 """The sans-IO master HA core: sessions, flow control, in-sync counting and
 every status a waiting send can end with."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,20 +17,21 @@ KB = 1024
 @pytest.fixture
 def empty_log(tmp_path) -> StoreRecords:
     """A real, empty message store: every slave attaches at offset 0."""
-    return StoreRecords(MessageStore(StoreConfig(store_dir=str(tmp_path),
-                                                 disk_min_free_bytes=1)))
+    return StoreRecords(MessageStore(StoreConfig(store_dir=str(tmp_path), disk_min_free_bytes=1)))
 
 
 @pytest.fixture
 def attach(empty_log):
     def attach_(m: MasterReplication, key, broker_id: int, now_ms: int = 0):
         return m.attach(key, broker_id, 0, None, empty_log, now_ms)
+
     return attach_
 
 
 def core(**quorum) -> MasterReplication:
-    return MasterReplication(QuorumConfig(**quorum), window_bytes=64 * KB,
-                             transfer_batch_bytes=16 * KB)
+    return MasterReplication(
+        QuorumConfig(**quorum), window_bytes=64 * KB, transfer_batch_bytes=16 * KB
+    )
 
 
 def run(done):

@@ -1,4 +1,5 @@
 """The seed's needAckNums computation, driven by the table in ``need_ack_nums.txt``."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,8 +25,11 @@ def test_need_ack_nums(config, state, expected):
     quorum = QuorumConfig(int(total), int(in_sync), int(minimum), auto == "true")
     decision = decide(quorum, int(state[0]), int(state[1]))
     outcome = "refused" if not decision.enough else ("wait" if decision.wait_for_slaves else "ok")
-    assert (decision.need_ack_nums, decision.in_sync_replicas, outcome) == \
-        (int(expected[0]), int(expected[1]), expected[2])
+    assert (decision.need_ack_nums, decision.in_sync_replicas, outcome) == (
+        int(expected[0]),
+        int(expected[1]),
+        expected[2],
+    )
 
 
 def test_table_covers_every_outcome():

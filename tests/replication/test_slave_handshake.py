@@ -1,6 +1,7 @@
 """The master–slave handshake over real message stores (``MasterLink`` / ``SlaveLink``, the
 steps the broker and the simulator run): a slave attaches only where both logs agree,
 cuts what follows and then holds exactly the master's bytes (defect 2 of issue 10)."""
+
 from __future__ import annotations
 
 import random
@@ -11,9 +12,9 @@ import pytest
 from hamq.broker.ha.service import MasterLink, SlaveLink
 from hamq.config import StoreConfig
 from hamq.errors import HamqError
+from hamq.protocol.message import decode_records, encode_batch, encode_message
 from hamq.replication.master import MAX_PROBES, MasterReplication
 from hamq.replication.quorum import QuorumConfig
-from hamq.protocol.message import decode_records, encode_batch, encode_message
 from hamq.sim.fs import ProcessCrash, SimDisk
 from hamq.sim.replica_checkers import check_same_queues
 from hamq.store.message_store import GetStatus, MessageStore
@@ -23,8 +24,11 @@ ROUNDS_MAX = 10
 
 
 def open_store(path) -> MessageStore:
-    return MessageStore(StoreConfig(store_dir=str(path), disk_min_free_bytes=1,
-                                    mapped_file_size_commitlog=64 * 1024))
+    return MessageStore(
+        StoreConfig(
+            store_dir=str(path), disk_min_free_bytes=1, mapped_file_size_commitlog=64 * 1024
+        )
+    )
 
 
 @pytest.fixture
@@ -174,13 +178,16 @@ def test_a_slave_below_the_masters_retained_log_restarts_at_its_start(stores):
     assert log_bytes(slave) == log_bytes(master)
 
 
-@pytest.mark.parametrize("ext,message", [
-    ({"broker_id": 1, "max_offset": 0}, "may be too old"),  # a slave from before the check
-    ({"broker_id": 1, "attach": -1, "proof": None}, "may be too old"),
-    ({"broker_id": 1, "attach": 10, "proof": [10, 5, 0]}, "malformed record probe"),
-    ({"broker_id": 1, "probes": [[0, 10, 1]] * (MAX_PROBES + 1)}, f"at most {MAX_PROBES}"),
-    ({"broker_id": 1, "probes": [["0", 10, 1]]}, "malformed record probe"),
-])
+@pytest.mark.parametrize(
+    "ext,message",
+    [
+        ({"broker_id": 1, "max_offset": 0}, "may be too old"),  # a slave from before the check
+        ({"broker_id": 1, "attach": -1, "proof": None}, "may be too old"),
+        ({"broker_id": 1, "attach": 10, "proof": [10, 5, 0]}, "malformed record probe"),
+        ({"broker_id": 1, "probes": [[0, 10, 1]] * (MAX_PROBES + 1)}, f"at most {MAX_PROBES}"),
+        ({"broker_id": 1, "probes": [["0", 10, 1]]}, "malformed record probe"),
+    ],
+)
 def test_malformed_handshakes_are_refused_clearly(stores, ext, message):
     master, _ = stores
     core = MasterReplication(QuorumConfig(), 64 * 1024, 16 * 1024)
@@ -213,8 +220,11 @@ def test_retention_removing_what_a_slave_still_needs_ends_its_session(stores):
 def sim_store(disk: SimDisk) -> MessageStore:
     # One store time for every record: a rewrite differs from the record it replaces only
     # in its body, and 4 KiB segments put the cut and the new records across rolls.
-    return MessageStore(StoreConfig(store_dir="/store", disk_min_free_bytes=1,
-                                    mapped_file_size_commitlog=4096), lambda: 1_000, disk=disk)
+    return MessageStore(
+        StoreConfig(store_dir="/store", disk_min_free_bytes=1, mapped_file_size_commitlog=4096),
+        lambda: 1_000,
+        disk=disk,
+    )
 
 
 def put_numbered(store: MessageStore, tag: str, first: int, last: int) -> None:
@@ -308,8 +318,9 @@ def test_a_topic_the_master_deleted_and_created_again_reads_the_same_on_the_slav
     for queue_id in range(3):
         got = slave.get_messages("T", queue_id, 0, 1, 1 << 20)
         assert got.status is GetStatus.FOUND
-        assert decode_records(bytes(got.records), 0, lambda h, i, o, p, body: bytes(body)) \
-            == [f"new-{queue_id}".encode() * 3]
+        assert decode_records(bytes(got.records), 0, lambda h, i, o, p, body: bytes(body)) == [
+            f"new-{queue_id}".encode() * 3
+        ]
 
 
 def test_handshake_offsets_beyond_the_log_match_nothing_and_register_nothing(stores):
@@ -322,8 +333,9 @@ def test_handshake_offsets_beyond_the_log_match_nothing_and_register_nothing(sto
     huge = 1 << 62
     reply, attached = link.handshake(KEY, {"broker_id": 1, "probes": [[huge, huge + 1, 0]]}, 0)
     assert reply == {"matches": [False]} and attached is None
-    reply, attached = link.handshake(KEY, {"broker_id": 1, "attach": huge,
-                                           "proof": [huge - 100, huge, 7]}, 0)
+    reply, attached = link.handshake(
+        KEY, {"broker_id": 1, "attach": huge, "proof": [huge - 100, huge, 7]}, 0
+    )
     assert reply == {"start_offset": None} and core.slaves == {}
     # an empty slave log that far ahead restarts at the master's first byte
     reply, attached = link.handshake(KEY, {"broker_id": 1, "attach": huge, "proof": None}, 0)
@@ -336,13 +348,13 @@ def test_a_slave_agreeing_on_nothing_the_master_kept_restarts_empty_at_its_start
     slave must restart empty there: it used to cut its log only back to the master's
     first byte, keeping (and serving) old records the master never had."""
     master, slave = stores
-    put(slave, "old", 4000)   # what the slave copied from the master's lost disk
+    put(slave, "old", 4000)  # what the slave copied from the master's lost disk
     put(master, "new", 3000)
     new_min = master.commitlog.delete_segments_before(time.time() + 60)  # retention
     for cq in master.queues.values():
         cq.drop_below_physical(new_min)
     assert 0 < new_min < slave.commitlog.max_offset
-    link, _ = replicate(master, slave)
+    _link, _ = replicate(master, slave)
     assert slave.commitlog.min_offset == new_min
     assert log_bytes(slave) == log_bytes(master)
     check_same_queues(master, slave, 1)
@@ -356,7 +368,7 @@ def test_slave_retention_during_a_handshake_leaves_it_attachable(stores):
     master, slave = stores
     put(master, "a", 100)
     replicate(master, slave)
-    put(slave, "x", 4000)   # records the master lost; several segments of them
+    put(slave, "x", 4000)  # records the master lost; several segments of them
     put(master, "b", 200)
     core = MasterReplication(QuorumConfig(), 64 * 1024, 16 * 1024)
     m, s = MasterLink(core, master), SlaveLink(slave, broker_id=1)

@@ -1,6 +1,7 @@
 """Master–slave replication under the simulator (seed 000), on the production stores and
 HA cores of both sides: seeds 0..SEEDS-1 over a process pool, the regression seeds, and a
 mutation per checker showing that it fails when the code it guards is broken."""
+
 from __future__ import annotations
 
 import logging
@@ -11,8 +12,11 @@ from pathlib import Path
 import pytest
 
 from hamq.replication.master import HAConnectionState, MasterReplication, Probe
-from hamq.sim.master_slave import (MasterSlaveResult, failed_master_slave_seeds,
-                                   run_master_slave_seed)
+from hamq.sim.master_slave import (
+    MasterSlaveResult,
+    failed_master_slave_seeds,
+    run_master_slave_seed,
+)
 from hamq.store.commitlog import CommitLog
 from hamq.store.message_store import MessageStore
 
@@ -28,17 +32,22 @@ REGRESSION_PREFIX = "#ms "
 def _regression_seeds(bug: str = "") -> list[int]:
     """Master–slave lines of regression_seeds.txt: ``#ms <seed>  <what broke>`` (a comment
     to the Raft replay, which reads the same file); only ``bug``'s when given."""
-    return [int(fields[0]) for line in REGRESSION_FILE.read_text().splitlines()
-            if line.startswith(REGRESSION_PREFIX)
-            for fields in [line[len(REGRESSION_PREFIX):].split(maxsplit=1)]
-            if fields[1].startswith(bug)]
+    return [
+        int(fields[0])
+        for line in REGRESSION_FILE.read_text().splitlines()
+        if line.startswith(REGRESSION_PREFIX)
+        for fields in [line[len(REGRESSION_PREFIX) :].split(maxsplit=1)]
+        if fields[1].startswith(bug)
+    ]
 
 
 @pytest.fixture(scope="module")
 def chunk_futures() -> Iterator[list[Future[list[MasterSlaveResult]]]]:
     with ProcessPoolExecutor(max_workers=CHUNK_WORKERS) as pool:
-        yield [pool.submit(failed_master_slave_seeds, chunk * CHUNK_SIZE, CHUNK_SIZE)
-               for chunk in range(CHUNKS)]
+        yield [
+            pool.submit(failed_master_slave_seeds, chunk * CHUNK_SIZE, CHUNK_SIZE)
+            for chunk in range(CHUNKS)
+        ]
 
 
 @pytest.fixture(autouse=True)
@@ -50,12 +59,15 @@ def quiet_stores():
 
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
-def test_master_slave_chunk(chunk: int,
-                            chunk_futures: list[Future[list[MasterSlaveResult]]]) -> None:
+def test_master_slave_chunk(
+    chunk: int, chunk_futures: list[Future[list[MasterSlaveResult]]]
+) -> None:
     failures = chunk_futures[chunk].result()
     assert not failures, "\n".join(
         f"seed {r.seed}: {r.failure} (replay: python -m hamq.sim --mode master-slave "
-        f"--seed {r.seed})" for r in failures)
+        f"--seed {r.seed})"
+        for r in failures
+    )
 
 
 def test_same_seed_same_run() -> None:
@@ -86,8 +98,7 @@ def _first_failure(match: str) -> MasterSlaveResult:
 
 def _compare_offsets_only(monkeypatch) -> None:
     """Defect 2 back: the handshake checks where records are, not what they hold."""
-    monkeypatch.setattr(Probe, "__eq__",
-                        lambda a, b: isinstance(b, Probe) and a.offset == b.offset)
+    monkeypatch.setattr(Probe, "__eq__", lambda a, b: isinstance(b, Probe) and a.offset == b.offset)
 
 
 def test_divergence_checker_catches_a_handshake_without_content_check(monkeypatch) -> None:
@@ -104,16 +115,20 @@ def test_regression_seeds_reproduce_defect_2(monkeypatch) -> None:
 
 def test_held_checker_catches_acks_counted_before_the_slave_has_the_bytes(monkeypatch) -> None:
     def acked_by_sent(self, offset):  # the bug: count what was shipped, not what was acked
-        return sum(1 for s in self.slaves.values()
-                   if s.state is HAConnectionState.TRANSFER and s.sent_offset >= offset)
+        return sum(
+            1
+            for s in self.slaves.values()
+            if s.state is HAConnectionState.TRANSFER and s.sent_offset >= offset
+        )
 
     monkeypatch.setattr(MasterReplication, "_acked_by", acked_by_sent)
     _first_failure("members hold it")
 
 
 def test_queue_checker_catches_a_cut_that_keeps_queue_entries(monkeypatch) -> None:
-    monkeypatch.setattr(MessageStore, "truncate_to",
-                        lambda self, offset: self.commitlog.truncate(offset))
+    monkeypatch.setattr(
+        MessageStore, "truncate_to", lambda self, offset: self.commitlog.truncate(offset)
+    )
     _first_failure("queue")
 
 

@@ -38,8 +38,13 @@ def test_replay_does_not_depend_on_hash_randomisation() -> None:
     traces = set()
     for hash_seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": os.pathsep.join(sys.path)}
-        out = subprocess.run([sys.executable, "-m", "hamq.sim", "--seed", "19", "--steps", "100"],
-                             env=env, capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-m", "hamq.sim", "--seed", "19", "--steps", "100"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         traces.add(out.split("trace=")[1].split()[0])
     assert len(traces) == 1
 

@@ -1,6 +1,7 @@
 """Each store-level checker of the simulator can fail: a core or store with a known bug
 planted in it makes some seeds fail with that checker's message (issue 10: a checker that
 never fails proves nothing)."""
+
 from __future__ import annotations
 
 import functools
@@ -37,8 +38,11 @@ def _some_seed_fails(check: Callable[[str], bool], seeds: range = range(SEEDS)) 
 
 def test_a_claim_past_the_fsynced_offset_is_caught(monkeypatch):
     """The store claims applied bytes a power loss can take: the restart finds less."""
-    monkeypatch.setattr(core.DLedgerCore, "_claimable",
-                        lambda self, mark, durable_offset: mark[0] <= self.durable_committed_index)
+    monkeypatch.setattr(
+        core.DLedgerCore,
+        "_claimable",
+        lambda self, mark, durable_offset: mark[0] <= self.durable_committed_index,
+    )
     assert _some_seed_fails(lambda f: "lost data it had fsynced" in f)
 
 
@@ -58,8 +62,12 @@ def test_an_acknowledgement_before_commit_is_caught(monkeypatch):
         propose(self, command, lambda result, err: None)
         meta = msgpack.unpackb(command[1])
         if meta[0] == KIND_SEND:
-            callback(PutResult(self.store.commitlog.max_offset,
-                               self.store.max_offset(meta[1], meta[2]), 0, 0), None)
+            callback(
+                PutResult(
+                    self.store.commitlog.max_offset, self.store.max_offset(meta[1], meta[2]), 0, 0
+                ),
+                None,
+            )
 
     monkeypatch.setattr(core.DLedgerCore, "propose", eager)
     assert _some_seed_fails(lambda f: "lost acknowledged send" in f)
@@ -83,8 +91,7 @@ def test_members_stamping_records_with_their_own_clock_are_caught(monkeypatch):
     assert _some_seed_fails(lambda f: "commit log of nodes" in f)
 
 
-def test_a_topic_delete_applied_before_the_store_claims_what_precedes_it_is_caught(
-        monkeypatch):
+def test_a_topic_delete_applied_before_the_store_claims_what_precedes_it_is_caught(monkeypatch):
     """After a restart the sends before the delete were applied again to a topic whose
     queues were gone: other queue offsets, other bytes."""
     monkeypatch.setattr(core.DLedgerCore, "_must_wait_for_claim", lambda self, entry: False)

@@ -1,5 +1,6 @@
 """The simulated disk keeps written and fsynced data apart, as the simulator's crash
 faults need: what these tests pin down is what a store may rely on after each fault."""
+
 from __future__ import annotations
 
 import errno
@@ -46,8 +47,7 @@ def test_power_loss_keeps_fsynced_data_and_a_prefix_of_the_rest() -> None:
         assert (b"synced|first|second|").startswith(data)
         outcomes.add(data)
     assert b"synced|" in outcomes and b"synced|first|second|" in outcomes
-    torn = [d for d in outcomes if d not in (b"synced|", b"synced|first|",
-                                              b"synced|first|second|")]
+    torn = [d for d in outcomes if d not in (b"synced|", b"synced|first|", b"synced|first|second|")]
     assert torn, "some power losses tear the first lost write"
 
 

@@ -18,13 +18,12 @@ CHUNK_SIZE = SWARM_SEEDS // CHUNKS
 @pytest.fixture(scope="module")
 def chunk_futures() -> Iterator[list[Future[list[SimResult]]]]:
     with ProcessPoolExecutor(max_workers=CHUNK_WORKERS) as pool:
-        yield [pool.submit(failed_seeds, chunk * CHUNK_SIZE, CHUNK_SIZE)
-               for chunk in range(CHUNKS)]
+        yield [pool.submit(failed_seeds, chunk * CHUNK_SIZE, CHUNK_SIZE) for chunk in range(CHUNKS)]
 
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
 def test_swarm_chunk(chunk: int, chunk_futures: list[Future[list[SimResult]]]) -> None:
     failures = chunk_futures[chunk].result()
     assert not failures, "\n".join(
-        f"seed {r.seed}: {r.failure} (replay: python -m hamq.sim --seed {r.seed})"
-        for r in failures)
+        f"seed {r.seed}: {r.failure} (replay: python -m hamq.sim --seed {r.seed})" for r in failures
+    )

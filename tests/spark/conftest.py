@@ -1,5 +1,6 @@
 """One local Spark session (``local[2]``) for all Spark tests, and one hamq cluster per
 module: a cold session costs 10-15 s."""
+
 from __future__ import annotations
 
 import os
@@ -14,6 +15,7 @@ from spark_harness import SPARK_CONF, spark_env
 def spark():
     os.environ.update(spark_env())
     from pyspark.sql import SparkSession
+
     builder = SparkSession.builder.master("local[2]").appName("hamq-tests")
     for key, value in SPARK_CONF.items():
         builder = builder.config(key, value)

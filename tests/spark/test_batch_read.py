@@ -1,5 +1,6 @@
 """Batch reads: every message once with its content, offsets like Kafka's options,
 partitions split by maxRecordsPerPartition, a consumer group's committed offsets."""
+
 from __future__ import annotations
 
 import json
@@ -56,14 +57,15 @@ def test_batch_read_returns_every_message_once_with_its_content(spark, loaded):
 
 def test_offsets_json_and_partition_split(spark, loaded):
     start = json.dumps({TOPIC: {"broker-a:0": 100, "broker-a:1": -2}})
-    end = json.dumps({TOPIC: {"broker-a:0": 300, "broker-a:1": 50, "broker-a:2": -2,
-                              "broker-a:3": -2}})
-    df = reader(spark, loaded, startingOffsets=start, endingOffsets=end,
-                maxRecordsPerPartition=64)
+    end = json.dumps(
+        {TOPIC: {"broker-a:0": 300, "broker-a:1": 50, "broker-a:2": -2, "broker-a:3": -2}}
+    )
+    df = reader(spark, loaded, startingOffsets=start, endingOffsets=end, maxRecordsPerPartition=64)
     rows = df.select("queue", "offset").collect()
     # queues 2 and 3 start at earliest (missing -> earliest) and end at earliest (-2): empty
-    assert sorted((r.queue, r.offset) for r in rows) == \
-        [(0, o) for o in range(100, 300)] + [(1, o) for o in range(50)]
+    assert sorted((r.queue, r.offset) for r in rows) == [(0, o) for o in range(100, 300)] + [
+        (1, o) for o in range(50)
+    ]
     assert df.rdd.getNumPartitions() == 4 + 1  # ceil(200 / 64) + ceil(50 / 64)
 
 

@@ -2,6 +2,7 @@
 Parquet output is read with pyarrow and compared with the orders recomputed from the
 producer's seed, and the order-aggregates messages run.py read back are compared with
 the Parquet rows."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -11,7 +12,7 @@ import signal
 import subprocess
 import sys
 from collections import defaultdict
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -26,8 +27,7 @@ RUN_TIMEOUT_S = 420.0  # a cold Spark session plus a few micro-batches on a busy
 
 
 def _load_producer():
-    spec = importlib.util.spec_from_file_location("produce_orders",
-                                                  PIPELINE / "produce_orders.py")
+    spec = importlib.util.spec_from_file_location("produce_orders", PIPELINE / "produce_orders.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
@@ -57,10 +57,27 @@ def _stop_leftovers(work: Path) -> None:
 def test_pipeline_example(tmp_path: Path) -> None:
     report_path = tmp_path / "report.json"
     proc = subprocess.Popen(
-        [sys.executable, str(PIPELINE / "run.py"), "--count", str(COUNT), "--seed", str(SEED),
-         "--minutes", str(MINUTES), "--max-records-per-trigger", "1000",
-         "--work-dir", str(tmp_path), "--report", str(report_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        [
+            sys.executable,
+            str(PIPELINE / "run.py"),
+            "--count",
+            str(COUNT),
+            "--seed",
+            str(SEED),
+            "--minutes",
+            str(MINUTES),
+            "--max-records-per-trigger",
+            "1000",
+            "--work-dir",
+            str(tmp_path),
+            "--report",
+            str(report_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         try:
             output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
@@ -85,8 +102,7 @@ def test_pipeline_example(tmp_path: Path) -> None:
     assert expected.orders == COUNT
 
     # The Parquet output, read without Spark ("_spark_metadata" is skipped as a "_" path).
-    rows = pq_dataset.dataset(tmp_path / "out" / "parquet", format="parquet") \
-        .to_table().to_pylist()
+    rows = pq_dataset.dataset(tmp_path / "out" / "parquet", format="parquet").to_table().to_pylist()
     per_customer: dict[str, list] = defaultdict(lambda: [0, Decimal(0)])
     for row in rows:
         assert row["window_end"] - row["window_start"] == timedelta(minutes=1)
@@ -106,12 +122,18 @@ def test_pipeline_example(tmp_path: Path) -> None:
         value = json.loads(message["value"], parse_float=Decimal)
         assert message["key"] == value["customer"]
         assert message["tags"] == "order-aggregate"
-        published.append((_utc_naive(value["window_start"]), value["customer"],
-                          value["orders"], Decimal(value["amount"])))
+        published.append(
+            (
+                _utc_naive(value["window_start"]),
+                value["customer"],
+                value["orders"],
+                Decimal(value["amount"]),
+            )
+        )
     from_parquet = [(r["window_start"], r["customer"], r["orders"], r["amount"]) for r in rows]
     assert sorted(published) == sorted(from_parquet)
 
 
 def _utc_naive(text: str) -> datetime:
     """Spark's JSON timestamps are UTC with a Z; pyarrow gives Parquet's as naive UTC."""
-    return datetime.fromisoformat(text).astimezone(timezone.utc).replace(tzinfo=None)
+    return datetime.fromisoformat(text).astimezone(UTC).replace(tzinfo=None)

@@ -1,5 +1,6 @@
 """Streaming reads and the exactly-once streaming sink, with real driver processes killed
 (-9) mid-stream and restarted from their checkpoints."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,12 +17,20 @@ pytestmark = pytest.mark.slow  # each driver process is a cold Spark session (10
 TRIGGER_LIMIT = 3_000
 
 
-def produce(ns: str, topic: str, start: int, count: int, queue: MessageQueue | None = None,
-            keyed: bool = False) -> None:
+def produce(
+    ns: str,
+    topic: str,
+    start: int,
+    count: int,
+    queue: MessageQueue | None = None,
+    keyed: bool = False,
+) -> None:
     with Producer(ns, "spark-stream-test") as producer:
         for lo in range(start, start + count, 500):
-            batch = [Message(topic, str(i).encode(), keys=f"k{i % 13}" if keyed else None)
-                     for i in range(lo, min(lo + 500, start + count))]
+            batch = [
+                Message(topic, str(i).encode(), keys=f"k{i % 13}" if keyed else None)
+                for i in range(lo, min(lo + 500, start + count))
+            ]
             if queue is None:
                 producer.send_batch(batch)
             else:
@@ -44,19 +53,27 @@ def sink_values(spark, ns: str, topic: str) -> list[int]:
 
 
 def test_max_records_per_trigger_bounds_batches_and_new_queues_are_read(
-        spark, hamq_cluster, tmp_path):
+    spark, hamq_cluster, tmp_path
+):
     ns, topic = hamq_cluster.namesrv, "StreamLimit"
     create(ns, topic)
     produce(ns, topic, 0, 10_000)
 
     def run() -> list[int]:
-        query = (spark.readStream.format("hamq").option("namesrv", ns).option("topic", topic)
-                 .option("startingOffsets", "earliest")
-                 .option("maxRecordsPerTrigger", TRIGGER_LIMIT).load()
-                 .selectExpr("cast(value as string) as value")
-                 .writeStream.format("parquet").option("path", str(tmp_path / "out"))
-                 .option("checkpointLocation", str(tmp_path / "ckpt"))
-                 .trigger(availableNow=True).start())
+        query = (
+            spark.readStream.format("hamq")
+            .option("namesrv", ns)
+            .option("topic", topic)
+            .option("startingOffsets", "earliest")
+            .option("maxRecordsPerTrigger", TRIGGER_LIMIT)
+            .load()
+            .selectExpr("cast(value as string) as value")
+            .writeStream.format("parquet")
+            .option("path", str(tmp_path / "out"))
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
         query.awaitTermination(120)
         return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
 
@@ -71,13 +88,20 @@ def test_max_records_per_trigger_bounds_batches_and_new_queues_are_read(
 
 
 def test_killed_query_restarts_from_its_checkpoint_without_loss_or_repeat(
-        spark, hamq_cluster, tmp_path):
+    spark, hamq_cluster, tmp_path
+):
     ns, topic = hamq_cluster.namesrv, "StreamKill"
     create(ns, topic)
     produce(ns, topic, 0, 15_000)
-    spec = dict(namesrv=ns, source=topic, sink="parquet", output=str(tmp_path / "out"),
-                checkpoint=str(tmp_path / "ckpt"), max_per_trigger=TRIGGER_LIMIT,
-                group="spark-kill")
+    spec = dict(
+        namesrv=ns,
+        source=topic,
+        sink="parquet",
+        output=str(tmp_path / "out"),
+        checkpoint=str(tmp_path / "ckpt"),
+        max_per_trigger=TRIGGER_LIMIT,
+        group="spark-kill",
+    )
     job = StreamJob(tmp_path / "job1.log", trigger="processing", **spec)
     job.wait_until(lambda: committed_batches(tmp_path / "ckpt") >= 2)
     job.kill9()  # between batches, or in the middle of one
@@ -93,19 +117,30 @@ def test_killed_query_restarts_from_its_checkpoint_without_loss_or_repeat(
 
 
 def test_sink_crashes_between_write_and_commit_leave_each_record_once(
-        spark, hamq_cluster, tmp_path):
+    spark, hamq_cluster, tmp_path
+):
     """The driver is killed three times, each time in a different step of committing a
     micro-batch whose rows are already written; every restart replays that batch."""
     ns, source, sink = hamq_cluster.namesrv, "SinkIn", "SinkOut"
     create(ns, source)
     create(ns, sink)
     produce(ns, source, 0, 15_000, keyed=True)
-    spec = dict(namesrv=ns, source=source, sink="hamq", output=sink,
-                checkpoint=str(tmp_path / "ckpt"), max_per_trigger=TRIGGER_LIMIT)
+    spec = dict(
+        namesrv=ns,
+        source=source,
+        sink="hamq",
+        output=sink,
+        checkpoint=str(tmp_path / "ckpt"),
+        max_per_trigger=TRIGGER_LIMIT,
+    )
     for batch_id, stage in enumerate(["before_journal", "after_journal", "after_commit"], 1):
         marker = tmp_path / f"failpoint-{stage}"
-        job = StreamJob(tmp_path / f"job-{stage}.log", trigger="available_now",
-                        failpoint=f"{stage}:{batch_id}:{marker}", **spec)
+        job = StreamJob(
+            tmp_path / f"job-{stage}.log",
+            trigger="available_now",
+            failpoint=f"{stage}:{batch_id}:{marker}",
+            **spec,
+        )
         job.wait_until(marker.exists)  # batch_id is written; its commit stopped at `stage`
         job.kill9()
     assert StreamJob(tmp_path / "job-last.log", trigger="available_now", **spec).wait() == 0

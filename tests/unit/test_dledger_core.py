@@ -1,6 +1,7 @@
 """The synchronous DLedger core on real files: a failed apply pauses the member and resumes
 from the same command once the cause clears (no entry skipped or applied twice), and a
 clean restart re-applies nothing."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,17 +29,32 @@ class Member:
     """A one-member group on `root`, driven by hand with a virtual clock."""
 
     def __init__(self, root: Path, **store_settings) -> None:
-        self.config = StoreConfig(store_dir=str(root / "store"), mapped_file_size_commitlog=1 << 20,
-                                  **{**ROOMY, **store_settings})
+        self.config = StoreConfig(
+            store_dir=str(root / "store"),
+            mapped_file_size_commitlog=1 << 20,
+            **{**ROOMY, **store_settings},
+        )
         self.store = MessageStore(self.config)
         self.storage = FileStorage(root / "raft")
         self.now_ms = 0
         self.core = DLedgerCore(
-            RaftConfig(1, (1,)), self.storage, self.store,
-            TopicService(self.store, RoleState(BrokerRole.SLAVE, 1), default_queue_nums=4,
-                         auto_create=False, on_change=lambda: None),
-            random.Random(1), self.now_ms, sync_appends=False, send=lambda msgs: None,
-            on_applied=lambda arrived: None, not_leader=NotLeader)
+            RaftConfig(1, (1,)),
+            self.storage,
+            self.store,
+            TopicService(
+                self.store,
+                RoleState(BrokerRole.SLAVE, 1),
+                default_queue_nums=4,
+                auto_create=False,
+                on_change=lambda: None,
+            ),
+            random.Random(1),
+            self.now_ms,
+            sync_appends=False,
+            send=lambda msgs: None,
+            on_applied=lambda arrived: None,
+            not_leader=NotLeader,
+        )
         self.answers: list[tuple[int, object]] = []  # (send number, result or error)
 
     def run(self, ms: int) -> None:
@@ -57,8 +73,10 @@ class Member:
 
     def send(self, number: int) -> None:
         payload, crc = encode_batch([encode_message(b"m%d" % number)])
-        self.core.propose(encode_entry("T", 0, 1, crc, 0, 0, payload),
-                          lambda result, err: self.answers.append((number, result or err)))
+        self.core.propose(
+            encode_entry("T", 0, 1, crc, 0, 0, payload),
+            lambda result, err: self.answers.append((number, result or err)),
+        )
 
     def bodies(self) -> list[tuple[int, bytes]]:
         r = self.store.get_messages("T", 0, 0, 1000, 1 << 24)
@@ -138,8 +156,10 @@ def test_a_failed_log_write_is_undone_and_applied_again_from_the_last_commit(mem
     member.run(50)
     failures = fail_next_log_write(member.store)
     # one entry: a send, a topic change, a send — the failure hits the last write
-    member.core.propose(encode_command([KIND_TOPIC, "U", 1, 1, 6]),
-                        lambda result, err: member.answers.append((-1, err)))
+    member.core.propose(
+        encode_command([KIND_TOPIC, "U", 1, 1, 6]),
+        lambda result, err: member.answers.append((-1, err)),
+    )
     member.send(1)
     member.run(TICK_MS)
     assert failures and member.core.status()["apply_error"]
@@ -191,8 +211,11 @@ def test_a_topic_delete_waits_until_the_store_claims_every_entry_before_it(membe
     queues are gone (other queue offsets, other bytes than the other members')."""
     for i in range(3):
         member.send(i)
-    member.core.propose(encode_command([KIND_DELETE_TOPIC, "T"]),
-                        lambda result, err: member.answers.append((-1, err)), alone=True)
+    member.core.propose(
+        encode_command([KIND_DELETE_TOPIC, "T"]),
+        lambda result, err: member.answers.append((-1, err)),
+        alone=True,
+    )
     member.run(100)
     assert member.core.status()["waiting_for_claim"] > 0
     assert len(member.bodies()) == 3 and -1 not in dict(member.answers)

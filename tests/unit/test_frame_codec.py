@@ -1,6 +1,7 @@
 """Frame codec (``hamq.protocol.frame``): whatever way the bytes arrive, the decoder
 returns exactly the frames that were encoded, and a peer breaking the framing rules gets
 ``BadFrame`` before the server buffers anything it declared."""
+
 from __future__ import annotations
 
 import struct
@@ -14,15 +15,16 @@ from hamq.errors import BadFrame
 from hamq.protocol.frame import PREFIX_BYTES, FrameDecoder, encode_frame_bytes
 from hamq.protocol.limits import MAX_FRAME_BYTES
 
-ext_values = st.one_of(st.integers(-2**63, 2**63 - 1), st.text(max_size=20),
-                       st.booleans(), st.binary(max_size=20))
+ext_values = st.one_of(
+    st.integers(-(2**63), 2**63 - 1), st.text(max_size=20), st.booleans(), st.binary(max_size=20)
+)
 frames = st.tuples(
-    st.integers(0, 2**31 - 1),                                    # code
-    st.integers(0, 2**32 - 1),                                    # opaque
-    st.integers(0, 3),                                            # flags
+    st.integers(0, 2**31 - 1),  # code
+    st.integers(0, 2**32 - 1),  # opaque
+    st.integers(0, 3),  # flags
     st.dictionaries(st.text(min_size=1, max_size=10), ext_values, max_size=5),
-    st.text(max_size=50),                                         # remark
-    st.binary(max_size=2000),                                     # body
+    st.text(max_size=50),  # remark
+    st.binary(max_size=2000),  # body
 )
 
 
@@ -40,8 +42,9 @@ def test_round_trip_in_random_chunks(specs, cuts):
     got = []
     for chunk in split(stream, cuts):
         got += decoder.feed(chunk)
-    assert [(f.code, f.opaque, f.flags, f.ext, f.remark, f.body) for f in got] == \
-        [tuple(s) for s in specs]
+    assert [(f.code, f.opaque, f.flags, f.ext, f.remark, f.body) for f in got] == [
+        tuple(s) for s in specs
+    ]
     assert decoder.last_opaque == specs[-1][1]
 
 
@@ -50,20 +53,27 @@ def test_truncated_input_yields_no_frame_until_complete():
     data = encode_frame_bytes(10, 7, 0, {"topic": "T"}, "", b"body" * 100)
     decoder = FrameDecoder()
     for i in range(len(data) - 1):
-        assert decoder.feed(data[i:i + 1]) == []
+        assert decoder.feed(data[i : i + 1]) == []
     [frame] = decoder.feed(data[-1:])
-    assert (frame.code, frame.opaque, frame.ext, frame.body) == (10, 7, {"topic": "T"},
-                                                                  b"body" * 100)
+    assert (frame.code, frame.opaque, frame.ext, frame.body) == (
+        10,
+        7,
+        {"topic": "T"},
+        b"body" * 100,
+    )
 
 
-@pytest.mark.parametrize("header", [
-    b"\xc1\xc1\xc1",                                  # not msgpack at all
-    msgpack.packb({"code": 1}),                       # a map, not the 5-array
-    msgpack.packb([1, 2, 3]),                         # wrong arity
-    msgpack.packb(["ten", 1, 0, None, None]),         # code not an int
-    msgpack.packb([10, 1, 0, [1, 2], None]),          # ext not a map
-    msgpack.packb([10, 1, 0, None, 42]),              # remark not a string
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"\xc1\xc1\xc1",  # not msgpack at all
+        msgpack.packb({"code": 1}),  # a map, not the 5-array
+        msgpack.packb([1, 2, 3]),  # wrong arity
+        msgpack.packb(["ten", 1, 0, None, None]),  # code not an int
+        msgpack.packb([10, 1, 0, [1, 2], None]),  # ext not a map
+        msgpack.packb([10, 1, 0, None, 42]),  # remark not a string
+    ],
+)
 def test_corrupted_header_raises_bad_frame(header):
     """A header that is not ``[code, opaque, flags, ext, remark]`` is a framing error."""
     body = b"xyz"
@@ -72,11 +82,14 @@ def test_corrupted_header_raises_bad_frame(header):
         FrameDecoder().feed(data)
 
 
-@pytest.mark.parametrize("total, header_len", [
-    (100, 0),            # empty header
-    (10, 200),           # header longer than the frame
-    (10**6, 10**6 - 2),  # header over MAX_HEADER_BYTES
-])
+@pytest.mark.parametrize(
+    "total, header_len",
+    [
+        (100, 0),  # empty header
+        (10, 200),  # header longer than the frame
+        (10**6, 10**6 - 2),  # header over MAX_HEADER_BYTES
+    ],
+)
 def test_inconsistent_lengths_raise_bad_frame(total, header_len):
     with pytest.raises(BadFrame):
         FrameDecoder().feed(struct.pack(">II", total, header_len))
@@ -99,8 +112,8 @@ def test_prefix_split_across_feeds():
     """Even the 8-byte length prefix may arrive in pieces."""
     data = encode_frame_bytes(11, 3)
     decoder = FrameDecoder()
-    assert decoder.feed(data[:PREFIX_BYTES - 3]) == []
-    assert [f.opaque for f in decoder.feed(data[PREFIX_BYTES - 3:])] == [3]
+    assert decoder.feed(data[: PREFIX_BYTES - 3]) == []
+    assert [f.opaque for f in decoder.feed(data[PREFIX_BYTES - 3 :])] == [3]
 
 
 def test_buffer_grows_with_what_arrives_not_with_what_is_declared():
@@ -110,14 +123,14 @@ def test_buffer_grows_with_what_arrives_not_with_what_is_declared():
     body = bytes(range(256)) * (MAX_FRAME_BYTES // 512)
     data = encode_frame_bytes(10, 9, body=body)
     decoder = FrameDecoder()
-    assert decoder.feed(data[:PREFIX_BYTES + 1]) == []
+    assert decoder.feed(data[: PREFIX_BYTES + 1]) == []
     assert len(decoder.get_buffer(65536)) <= 64 * 1024
     sent, frames = PREFIX_BYTES + 1, []
     while sent < len(data):
         target = decoder.get_buffer()
         assert len(target) <= max(2 * sent, 64 * 1024), "offered more than twice what arrived"
         n = min(len(target), len(data) - sent)
-        target[:n] = data[sent:sent + n]
+        target[:n] = data[sent : sent + n]
         sent += n
         frames += decoder.buffer_updated(n)
     assert [(f.opaque, f.body) for f in frames] == [(9, body)]

@@ -1,6 +1,7 @@
 """A client keeps at most MAX_INFLIGHT_REQUESTS requests unanswered on one connection: the
 rest wait, unwritten and without an error, and leave in order as answers make room. Real
 sockets on 127.0.0.1, a real server whose handler holds every request until told."""
+
 from __future__ import annotations
 
 import array
@@ -55,8 +56,9 @@ def _all_read(client: Connection, server: Server) -> bool:
     (on loopback a written byte is in the peer's receive queue once the write returns)."""
     if client._outbox or client.transport.get_write_buffer_size():
         return False
-    return all(_unread_bytes(conn) == 0 and conn._decoder.pending_bytes == 0
-               for conn in server.connections)
+    return all(
+        _unread_bytes(conn) == 0 and conn._decoder.pending_bytes == 0 for conn in server.connections
+    )
 
 
 async def _until(predicate, timeout_s: float, what: str) -> None:
@@ -81,15 +83,23 @@ def test_requests_past_the_limit_wait_unwritten_and_all_finish_in_order():
         client = await connect(address)
         try:
             total = MAX_INFLIGHT_REQUESTS + BEYOND
-            futures = [client.request(RequestCode.SEND_MESSAGE, body=b"%d" % i, timeout_s=60)
-                       for i in range(total)]
-            await _until(lambda: len(handler.seen) >= MAX_INFLIGHT_REQUESTS
-                         and _all_read(client, server), 30, "the first requests read")
+            futures = [
+                client.request(RequestCode.SEND_MESSAGE, body=b"%d" % i, timeout_s=60)
+                for i in range(total)
+            ]
+            await _until(
+                lambda: len(handler.seen) >= MAX_INFLIGHT_REQUESTS and _all_read(client, server),
+                30,
+                "the first requests read",
+            )
             assert len(handler.seen) == MAX_INFLIGHT_REQUESTS  # exactly the limit on the wire
             assert not any(f.done() for f in futures)  # the rest wait, no error
             handler.answer_all()
-            await _until(lambda: len(handler.seen) == total and _all_read(client, server),
-                         30, "the waiting requests read")
+            await _until(
+                lambda: len(handler.seen) == total and _all_read(client, server),
+                30,
+                "the waiting requests read",
+            )
             assert all(f.done() for f in futures[:MAX_INFLIGHT_REQUESTS])
             assert not any(f.done() for f in futures[MAX_INFLIGHT_REQUESTS:])
             handler.answer_all()
@@ -109,12 +119,18 @@ def test_a_waiting_request_fails_by_its_deadline_or_with_its_connection(end):
         handler, server, address = await _holding_server()
         client = await connect(address)
         try:
-            held = [client.request(RequestCode.SEND_MESSAGE, timeout_s=60)
-                    for _ in range(MAX_INFLIGHT_REQUESTS)]
-            waiting = client.request(RequestCode.SEND_MESSAGE,
-                                     timeout_s=0.2 if end == "timeout" else 60)
-            await _until(lambda: len(handler.seen) == MAX_INFLIGHT_REQUESTS
-                         and _all_read(client, server), 30, "the first requests read")
+            held = [
+                client.request(RequestCode.SEND_MESSAGE, timeout_s=60)
+                for _ in range(MAX_INFLIGHT_REQUESTS)
+            ]
+            waiting = client.request(
+                RequestCode.SEND_MESSAGE, timeout_s=0.2 if end == "timeout" else 60
+            )
+            await _until(
+                lambda: len(handler.seen) == MAX_INFLIGHT_REQUESTS and _all_read(client, server),
+                30,
+                "the first requests read",
+            )
             if end == "timeout":
                 with pytest.raises(RequestTimeout):
                     await asyncio.wait_for(waiting, 10)

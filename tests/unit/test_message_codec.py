@@ -1,6 +1,7 @@
 """Batch and record codecs (``hamq.protocol.message``): what a producer encodes is what a
 consumer decodes, and every kind of damage — wrong CRC, wrong count, truncation, oversize,
 one flipped byte on disk — is detected instead of stored or delivered."""
+
 from __future__ import annotations
 
 import zlib
@@ -12,15 +13,28 @@ from hypothesis import strategies as st
 
 from hamq.errors import CrcMismatch, MessageIllegal
 from hamq.protocol.limits import MAX_MESSAGE_BYTES
-from hamq.protocol.message import (RECORD_HEADER_BYTES, RecordHeader, check_record_payload,
-                                   decode_properties, decode_records, encode_batch,
-                                   encode_message, encode_properties, encode_record_header,
-                                   parse_record_header, validate_batch)
+from hamq.protocol.message import (
+    RECORD_HEADER_BYTES,
+    RecordHeader,
+    check_record_payload,
+    decode_properties,
+    decode_records,
+    encode_batch,
+    encode_message,
+    encode_properties,
+    encode_record_header,
+    parse_record_header,
+    validate_batch,
+)
 
 messages = st.lists(
-    st.tuples(st.binary(max_size=300),
-              st.dictionaries(st.text(min_size=1, max_size=8), st.text(max_size=20), max_size=4)),
-    min_size=1, max_size=20)
+    st.tuples(
+        st.binary(max_size=300),
+        st.dictionaries(st.text(min_size=1, max_size=8), st.text(max_size=20), max_size=4),
+    ),
+    min_size=1,
+    max_size=20,
+)
 
 
 class Decoded(NamedTuple):
@@ -40,8 +54,17 @@ def make_record(bodies, topic="T", queue_id=3, base=0, phys=0, props=None):
     """A record as the broker stores it: header + topic + batch payload."""
     encoded = [encode_message(b, encode_properties(props)) for b in bodies]
     payload, crc = encode_batch(encoded)
-    header = encode_record_header(topic.encode(), queue_id, len(payload), crc, len(bodies),
-                                  base, phys, 1_700_000_000_000, 1_699_999_999_000)
+    header = encode_record_header(
+        topic.encode(),
+        queue_id,
+        len(payload),
+        crc,
+        len(bodies),
+        base,
+        phys,
+        1_700_000_000_000,
+        1_699_999_999_000,
+    )
     return header + payload
 
 
@@ -54,12 +77,15 @@ def test_batch_round_trip(msgs):
     validate_batch(payload, len(msgs), crc)
     header = encode_record_header(b"Topic", 1, len(payload), crc, len(msgs), 40, 0, 5, 6)
     decoded = decode(header + payload)
-    assert [(d.body, decode_properties(d.properties)) for d in decoded] == \
-        [(body, props) for body, props in msgs]
+    assert [(d.body, decode_properties(d.properties)) for d in decoded] == [
+        (body, props) for body, props in msgs
+    ]
     assert [d.queue_offset for d in decoded] == list(range(40, 40 + len(msgs)))
     assert [d.index for d in decoded] == list(range(len(msgs)))
-    assert {(d.header.topic, d.header.queue_id, d.header.store_timestamp_ms,
-             d.header.born_timestamp_ms) for d in decoded} == {("Topic", 1, 5, 6)}
+    assert {
+        (d.header.topic, d.header.queue_id, d.header.store_timestamp_ms, d.header.born_timestamp_ms)
+        for d in decoded
+    } == {("Topic", 1, 5, 6)}
 
 
 def test_validate_rejects_wrong_crc():
@@ -80,7 +106,7 @@ def test_validate_rejects_truncated_message(cut):
     """A batch whose last message lost bytes (CRC recomputed, so only structure is wrong)."""
     payload, _ = encode_batch([encode_message(b"first"), encode_message(b"second", b"\x80")])
     truncated = payload[:-cut]
-    with pytest.raises(MessageIllegal, match="truncated|inconsistent"):
+    with pytest.raises(MessageIllegal, match=r"truncated|inconsistent"):
         validate_batch(truncated, 2, zlib.crc32(truncated))
 
 
@@ -107,20 +133,37 @@ def test_oversized_properties_rejected():
         encode_properties({"k": "v" * 40_000})
 
 
-@given(topic=st.text(min_size=1, max_size=30), queue_id=st.integers(0, 65535),
-       payload_len=st.integers(0, 2**31), crc=st.integers(0, 2**32 - 1),
-       count=st.integers(1, 4096), base=st.integers(0, 2**62), phys=st.integers(0, 2**62),
-       ts=st.integers(0, 2**62), sys_flag=st.integers(0, 2**32 - 1))
-def test_record_header_round_trip(topic, queue_id, payload_len, crc, count, base, phys, ts,
-                                  sys_flag):
+@given(
+    topic=st.text(min_size=1, max_size=30),
+    queue_id=st.integers(0, 65535),
+    payload_len=st.integers(0, 2**31),
+    crc=st.integers(0, 2**32 - 1),
+    count=st.integers(1, 4096),
+    base=st.integers(0, 2**62),
+    phys=st.integers(0, 2**62),
+    ts=st.integers(0, 2**62),
+    sys_flag=st.integers(0, 2**32 - 1),
+)
+def test_record_header_round_trip(
+    topic, queue_id, payload_len, crc, count, base, phys, ts, sys_flag
+):
     raw_topic = topic.encode()
-    raw = encode_record_header(raw_topic, queue_id, payload_len, crc, count, base, phys, ts,
-                               ts + 1, sys_flag)
+    raw = encode_record_header(
+        raw_topic, queue_id, payload_len, crc, count, base, phys, ts, ts + 1, sys_flag
+    )
     h = parse_record_header(b"junk" + raw, 4)
     assert h.total_size == RECORD_HEADER_BYTES + len(raw_topic) + payload_len
-    assert (h.payload_crc, h.physical_offset, h.base_queue_offset, h.store_timestamp_ms,
-            h.born_timestamp_ms, h.count, h.sys_flag, h.queue_id, h.topic) == \
-        (crc, phys, base, ts, ts + 1, count, sys_flag, queue_id, topic)
+    assert (
+        h.payload_crc,
+        h.physical_offset,
+        h.base_queue_offset,
+        h.store_timestamp_ms,
+        h.born_timestamp_ms,
+        h.count,
+        h.sys_flag,
+        h.queue_id,
+        h.topic,
+    ) == (crc, phys, base, ts, ts + 1, count, sys_flag, queue_id, topic)
     assert h.payload_start == len(raw)
 
 
@@ -140,7 +183,7 @@ def test_every_flipped_byte_is_detected():
 def test_truncated_record_is_detected():
     record = make_record([b"x" * 100])
     with pytest.raises(CrcMismatch, match="truncated"):
-        parse_record_header(record[:RECORD_HEADER_BYTES - 1])
+        parse_record_header(record[: RECORD_HEADER_BYTES - 1])
     h = parse_record_header(record[:-1])
     with pytest.raises(CrcMismatch, match="truncated"):
         check_record_payload(record[:-1], 0, h)
@@ -152,9 +195,10 @@ def test_decode_records_skips_below_min_queue_offset():
     first = make_record([b"m10", b"m11", b"m12"], base=10, phys=0)
     second = make_record([b"m13", b"m14"], base=13, phys=len(first))
     data = first + second
-    got = [(d.queue_offset, d.body, d.header.physical_offset, d.index)
-           for d in decode(data, min_queue_offset=12)]
-    assert got == [(12, b"m12", 0, 2), (13, b"m13", len(first), 0),
-                   (14, b"m14", len(first), 1)]
+    got = [
+        (d.queue_offset, d.body, d.header.physical_offset, d.index)
+        for d in decode(data, min_queue_offset=12)
+    ]
+    assert got == [(12, b"m12", 0, 2), (13, b"m13", len(first), 0), (14, b"m14", len(first), 1)]
     assert [d.body for d in decode(data)] == [b"m10", b"m11", b"m12", b"m13", b"m14"]
     assert decode(data, min_queue_offset=15) == []

@@ -2,6 +2,7 @@
 reach the file system or the route table: ``validate_name`` refuses what is not a safe
 path component, and the store refuses to build a queue directory from anything else, even
 when a caller skipped the protocol check (the store's own guarantee)."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,9 +12,17 @@ from hamq.errors import InvalidArgument, MessageIllegal
 from hamq.protocol.message import encode_batch, encode_message, validate_name, validate_topic
 from hamq.store.message_store import MessageStore
 
-UNSAFE = {"..": "directory reference", ".": "directory reference", "a\0b": "NUL",
-          "a/b": "'/'", "a\\b": "'\\\\'", "": "empty", "tab\t": "'\\t'", "é": "'é'",
-          "x" * 128: "more than the limit"}
+UNSAFE = {
+    "..": "directory reference",
+    ".": "directory reference",
+    "a\0b": "NUL",
+    "a/b": "'/'",
+    "a\\b": "'\\\\'",
+    "": "empty",
+    "tab\t": "'\\t'",
+    "é": "'é'",
+    "x" * 128: "more than the limit",
+}
 
 
 @pytest.mark.parametrize("name", list(UNSAFE), ids=range(len(UNSAFE)))

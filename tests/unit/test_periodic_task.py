@@ -1,6 +1,7 @@
 """PeriodicTask (net/tasks.py), the one helper behind every periodic loop: a duty that
 raises is logged with the task's name and runs again, a stopped task starts again, and
 ``wake`` runs the duty before the interval is over."""
+
 from __future__ import annotations
 
 import asyncio

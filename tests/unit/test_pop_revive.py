@@ -1,6 +1,7 @@
 """The revive log rebuilds pop state after a restart: from the revive log alone (kill -9
 before any checkpoint) and from a checkpoint plus the records after it. Records of another
 broker name are ignored (seed 004)."""
+
 from __future__ import annotations
 
 import zlib
@@ -22,19 +23,30 @@ from hamq.store.message_store import MessageStore
 TOPIC = "T"
 
 
-def open_broker(root, broker_name: str = "broker-a",
-                **store_kw) -> tuple[MessageStore, PopService]:
-    config = BrokerConfig(store_dir=str(root), broker_name=broker_name,
-                          long_polling_max_wait_ms=1000, pop_inflight_message_threshold=10_000,
-                          revive_interval_ms=1000)
+def open_broker(root, broker_name: str = "broker-a", **store_kw) -> tuple[MessageStore, PopService]:
+    config = BrokerConfig(
+        store_dir=str(root),
+        broker_name=broker_name,
+        long_polling_max_wait_ms=1000,
+        pop_inflight_message_threshold=10_000,
+        revive_interval_ms=1000,
+    )
     store = MessageStore(config, **store_kw)
     role = RoleState(BrokerRole.MASTER, 0)
-    topics = TopicService(store, role, default_queue_nums=2, auto_create=False,
-                          on_change=lambda: None)
+    topics = TopicService(
+        store, role, default_queue_nums=2, auto_create=False, on_change=lambda: None
+    )
     if store.topics.get(TOPIC) is None:
         topics.create(TOPIC, 2, 2, 6, notify=False)
-    pop = PopService(store, topics, FlushService(store), role, config,
-                     on_written=lambda: None, on_put=lambda topic, queue_id: None)
+    pop = PopService(
+        store,
+        topics,
+        FlushService(store),
+        role,
+        config,
+        on_written=lambda: None,
+        on_put=lambda topic, queue_id: None,
+    )
     return store, pop
 
 
@@ -45,11 +57,21 @@ def put(store: MessageStore, n: int, queue_id: int = 0) -> None:
     store.commit()
 
 
-def pop(service: PopService, max_msgs: int, invisible_ms: int = 60_000,
-        queue_id: int = 0, **ext) -> dict:
-    frame = Frame(200050, 1, ext={"group": "g", "topic": TOPIC, "queue_id": queue_id,
-                                  "max_msgs": max_msgs, "invisible_time_ms": invisible_ms,
-                                  **ext})
+def pop(
+    service: PopService, max_msgs: int, invisible_ms: int = 60_000, queue_id: int = 0, **ext
+) -> dict:
+    frame = Frame(
+        200050,
+        1,
+        ext={
+            "group": "g",
+            "topic": TOPIC,
+            "queue_id": queue_id,
+            "max_msgs": max_msgs,
+            "invisible_time_ms": invisible_ms,
+            **ext,
+        },
+    )
     service._answer(frame, hold=False)
     service.store.commit()
     return {o: ck for o, (_, _, ck) in service.states[("g", TOPIC, queue_id)].inflight.items()}
@@ -91,7 +113,7 @@ def test_checkpoint_plus_tail_replay(tmp_path):
 
 
 def test_records_of_another_broker_name_are_ignored(tmp_path):
-    store, service = open_broker(tmp_path)
+    store, _service = open_broker(tmp_path)
     put(store, 4)
     other = ReviveLog(store, "broker-b")
     other.append_ck("g", TOPIC, 10**15, [(0, [0, 1, 2, 3], [0, 0, 0, 0])])

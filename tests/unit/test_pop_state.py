@@ -1,5 +1,6 @@
 """PopQueueState: in-flight bookkeeping, the acked prefix, redelivery order and stale
 receipt handles."""
+
 from hamq.broker.pop.state import AckedRanges, AckResult, PopQueueState
 
 
@@ -53,7 +54,7 @@ def test_replayed_checkpoint_below_the_prefix_is_ignored():
 
 def test_forget_below_retention_minimum():
     s = PopQueueState(0)
-    s.check_out(range(0, 6), [0] * 6, deadline_ms=100, ck=1)
+    s.check_out(range(6), [0] * 6, deadline_ms=100, ck=1)
     s.ack(4, 1)
     s.forget_below(4)
     assert s.consume_offset == 5 and sorted(s.inflight) == [5]
@@ -65,17 +66,26 @@ def test_wire_round_trip():
     s.check_out(range(3, 8), [0, 1, 2, 0, 0], deadline_ms=100, ck=9)
     s.ack(5, 9)
     t = PopQueueState.from_wire(s.to_wire())
-    assert (t.consume_offset, t.pop_offset, t.inflight, t.acked.ranges()) == \
-        (s.consume_offset, s.pop_offset, s.inflight, s.acked.ranges())
+    assert (t.consume_offset, t.pop_offset, t.inflight, t.acked.ranges()) == (
+        s.consume_offset,
+        s.pop_offset,
+        s.inflight,
+        s.acked.ranges(),
+    )
     assert t.take_expired(100, 10) == s.take_expired(100, 10)
 
 
 def test_truncate_to_a_shorter_queue_forgets_offsets_past_its_end():
     s = PopQueueState(0)
-    s.check_out(range(0, 6), [0] * 6, deadline_ms=100, ck=1)
+    s.check_out(range(6), [0] * 6, deadline_ms=100, ck=1)
     s.ack(4, 1)
     s.truncate_to(3)
-    assert (s.consume_offset, s.pop_offset, sorted(s.inflight), len(s.acked)) == (0, 3, [0, 1, 2], 0)
+    assert (s.consume_offset, s.pop_offset, sorted(s.inflight), len(s.acked)) == (
+        0,
+        3,
+        [0, 1, 2],
+        0,
+    )
 
 
 def test_acks_behind_a_poison_message_stay_one_range():

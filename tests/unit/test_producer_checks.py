@@ -1,4 +1,5 @@
 """Sends the producer refuses before touching the network: clear errors, nothing sent."""
+
 from __future__ import annotations
 
 import pytest

@@ -2,6 +2,7 @@
 in the documented order, concurrent changes are serialised so master and slave services
 never run together, a failing service is reported without stopping the others, and the
 HA master and client (real objects) run again after a stop."""
+
 from __future__ import annotations
 
 import asyncio
@@ -36,8 +37,12 @@ class Recorder:
         role.services = RoleServices(
             master=[self._service(name) for name in MASTER],
             slave=[self._service(name) for name in SLAVE],
-            after_change=[lambda: self.calls.append(
-                ("register", str(role.registered_id), role.role.value, role.epoch))])
+            after_change=[
+                lambda: self.calls.append(
+                    ("register", str(role.registered_id), role.role.value, role.epoch)
+                )
+            ],
+        )
 
     def _service(self, name: str) -> RoleService:
         async def act(action: str) -> None:
@@ -68,19 +73,26 @@ def test_services_follow_the_role_in_the_documented_order():
         assert await role.change(BrokerRole.SLAVE, "127.0.0.1:2")
         # the role flips first (writes refused), master services stop in reverse, then
         # the slave's start, then re-registration under the member's own id
-        assert rec.calls == [("stop", name, "slave", 0) for name in reversed(MASTER)] + \
-            [("start", name, "slave", 0) for name in SLAVE] + [("register", "2", "slave", 0)]
-        assert role.info() == {"role": "slave", "epoch": 0, "broker_id": 2,
-                               "master_addr": "127.0.0.1:2", "services": sorted(SLAVE),
-                               "changes": 1, "errors": {}}
+        assert rec.calls == [("stop", name, "slave", 0) for name in reversed(MASTER)] + [
+            ("start", name, "slave", 0) for name in SLAVE
+        ] + [("register", "2", "slave", 0)]
+        assert role.info() == {
+            "role": "slave",
+            "epoch": 0,
+            "broker_id": 2,
+            "master_addr": "127.0.0.1:2",
+            "services": sorted(SLAVE),
+            "changes": 1,
+            "errors": {},
+        }
         rec.calls.clear()
 
         assert await role.change(BrokerRole.MASTER, "127.0.0.1:1")
         # the slave's services stop while still a slave; then the epoch moves on and the
         # role flips; the master's services start; registration as brokerId 0 comes last
-        assert rec.calls == [("stop", name, "slave", 0) for name in reversed(SLAVE)] + \
-            [("start", name, "master", 1) for name in MASTER] + \
-            [("register", str(MASTER_ID), "master", 1)]
+        assert rec.calls == [("stop", name, "slave", 0) for name in reversed(SLAVE)] + [
+            ("start", name, "master", 1) for name in MASTER
+        ] + [("register", str(MASTER_ID), "master", 1)]
         assert role.info()["services"] == sorted(MASTER)
         assert role.changes == 2
 
@@ -112,8 +124,12 @@ def test_concurrent_changes_are_serialised():
         role = RoleState(BrokerRole.MASTER, 1, "a")
         rec = Recorder(role, yields=3)  # every start and stop gives the loop away
         await role.start()
-        changes = [role.change(BrokerRole.SLAVE, "b"), role.change(BrokerRole.MASTER, "a"),
-                   role.change(BrokerRole.SLAVE, "b"), role.change(BrokerRole.SLAVE, "b")]
+        changes = [
+            role.change(BrokerRole.SLAVE, "b"),
+            role.change(BrokerRole.MASTER, "a"),
+            role.change(BrokerRole.SLAVE, "b"),
+            role.change(BrokerRole.SLAVE, "b"),
+        ]
         assert await asyncio.gather(*changes) == [True, True, True, False]
         assert rec.overlaps == []  # never master and slave services at once
         assert role.info()["role"] == "slave" and role.changes == 3
@@ -158,15 +174,27 @@ def test_a_failing_service_is_reported_and_the_others_go_on():
 def test_ha_master_and_client_run_again_after_a_stop(tmp_path):
     """A member that changes role twice stops and starts its HA master and HA client
     again; each time the slave catches up with what the master wrote meanwhile."""
+
     async def scenario() -> None:
-        master_cfg = BrokerConfig(store_dir=str(tmp_path / "m"),
-                                  listen=f"127.0.0.1:{free_port()}",
-                                  ha_listen=f"127.0.0.1:{free_port()}")
-        slave_cfg = BrokerConfig(store_dir=str(tmp_path / "s"), broker_id=1,
-                                 broker_role="slave", listen=f"127.0.0.1:{free_port()}")
+        master_cfg = BrokerConfig(
+            store_dir=str(tmp_path / "m"),
+            listen=f"127.0.0.1:{free_port()}",
+            ha_listen=f"127.0.0.1:{free_port()}",
+        )
+        slave_cfg = BrokerConfig(
+            store_dir=str(tmp_path / "s"),
+            broker_id=1,
+            broker_role="slave",
+            listen=f"127.0.0.1:{free_port()}",
+        )
         master_store, slave_store = MessageStore(master_cfg), MessageStore(slave_cfg)
-        topics = TopicService(master_store, RoleState(BrokerRole.MASTER, 0),
-                              default_queue_nums=1, auto_create=False, on_change=lambda: None)
+        topics = TopicService(
+            master_store,
+            RoleState(BrokerRole.MASTER, 0),
+            default_queue_nums=1,
+            auto_create=False,
+            on_change=lambda: None,
+        )
         topics.create("T", 1, 1, 6, notify=False)
         pool = ConnectionPool()
         slave_members = MemberGroup(slave_cfg, pool)

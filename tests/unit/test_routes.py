@@ -2,6 +2,7 @@
 appear on registration, heartbeats keep members alive, silent members expire exactly after
 their timeout, a master coming back on a new address replaces its old entry once that one
 has expired, and nobody else takes over a live member's id."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,7 @@ A0, A1, B0 = "10.0.0.1:10911", "10.0.0.2:10911", "10.0.0.3:10911"
 
 
 def topics(*names: str, queues: int = 4) -> dict:
-    return {n: {"read_queue_nums": queues, "write_queue_nums": queues, "perm": 6}
-            for n in names}
+    return {n: {"read_queue_nums": queues, "write_queue_nums": queues, "perm": 6} for n in names}
 
 
 @pytest.fixture
@@ -32,8 +32,10 @@ def test_register_gives_routes(routes):
     route = routes.get_route("T")
     assert [q["broker_name"] for q in route["queue_datas"]] == ["broker-a", "broker-b"]
     assert [q["write_queue_nums"] for q in route["queue_datas"]] == [4, 2]
-    assert {b["broker_name"]: b["broker_addrs"] for b in route["broker_datas"]} == \
-        {"broker-a": {0: A0, 1: A1}, "broker-b": {0: B0}}
+    assert {b["broker_name"]: b["broker_addrs"] for b in route["broker_datas"]} == {
+        "broker-a": {0: A0, 1: A1},
+        "broker-b": {0: B0},
+    }
     assert {b["cluster"] for b in route["broker_datas"]} == {"C"}
     assert routes.get_route("Nope") is None
     assert routes.topic_list() == ["OnlyA", "T"]
@@ -87,8 +89,11 @@ def test_losing_the_slave_keeps_the_group(routes):
 
 def test_member_group(routes):
     group = routes.get_broker_member_group("C", "broker-a")
-    assert (group["cluster"], group["broker_name"], group["broker_addrs"]) == \
-        ("C", "broker-a", {0: A0, 1: A1})
+    assert (group["cluster"], group["broker_name"], group["broker_addrs"]) == (
+        "C",
+        "broker-a",
+        {0: A0, 1: A1},
+    )
     assert routes.get_broker_member_group("C", "broker-x")["broker_addrs"] == {}
 
 
@@ -129,6 +134,7 @@ def test_live_member_of_the_group_may_take_the_id_of_a_silent_one(routes):
     routes.register_broker("C", "broker-a", 0, A1, topics("T"), {}, 1000 + TIMEOUT_MS // 3 + 1)
     assert routes.get_broker_member_group("C", "broker-a")["broker_addrs"] == {0: A1}
     assert A0 not in routes.live
+
 
 def test_unregister_last_member_forgets_group(routes):
     routes.unregister_broker("broker-b", 0, B0)

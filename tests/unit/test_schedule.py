@@ -1,5 +1,6 @@
 """Delay/timer building blocks without processes: the send path's O(1) test, the
 persisted delivery progress and the retry delay choice."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,22 +10,28 @@ from hamq.broker.send_back import retry_delay_level
 from hamq.cli.tools import _deliver_time_ms
 from hamq.errors import MessageIllegal
 from hamq.protocol.message import encode_batch, encode_message
-from hamq.protocol.properties import (MAX_DELAY_LEVEL, decode_single_message,
-                                      first_message_is_held_back)
+from hamq.protocol.properties import (
+    MAX_DELAY_LEVEL,
+    decode_single_message,
+    first_message_is_held_back,
+)
 from hamq.store.delay_offset import DelayOffsetManager, TimerProgress
 
 
-@pytest.mark.parametrize("message, scheduled", [
-    (Message("T", b"x"), False),
-    (Message("T", b"x", keys="k", tags="t"), False),
-    (Message("T", b"x", properties={"DELAYED": "1"}), False),
-    (Message("T", b"x", delay_level=2), True),
-    (Message("T", b"x", keys="k", tags="t", deliver_time_ms=123), True),
-    # more than 15 properties: a map16 header in front of the first key
-    (Message("T", b"x", delay_level=1, properties={f"p{i}": "v" for i in range(40)}), True),
-    # a user-set DELAY property is moved to the front too
-    (Message("T", b"x", properties={"a": "1", "DELAY": "3"}), True),
-])
+@pytest.mark.parametrize(
+    "message, scheduled",
+    [
+        (Message("T", b"x"), False),
+        (Message("T", b"x", keys="k", tags="t"), False),
+        (Message("T", b"x", properties={"DELAYED": "1"}), False),
+        (Message("T", b"x", delay_level=2), True),
+        (Message("T", b"x", keys="k", tags="t", deliver_time_ms=123), True),
+        # more than 15 properties: a map16 header in front of the first key
+        (Message("T", b"x", delay_level=1, properties={f"p{i}": "v" for i in range(40)}), True),
+        # a user-set DELAY property is moved to the front too
+        (Message("T", b"x", properties={"a": "1", "DELAY": "3"}), True),
+    ],
+)
 def test_first_message_is_held_back(message, scheduled):
     payload, _ = encode_batch([message.encode()])
     assert first_message_is_held_back(payload) is scheduled
@@ -39,8 +46,9 @@ def test_schedule_properties_survive_encoding():
 
 
 def test_only_the_first_message_is_looked_at():
-    payload, _ = encode_batch([Message("T", b"a").encode(),
-                               Message("T", b"b", delay_level=1).encode()])
+    payload, _ = encode_batch(
+        [Message("T", b"a").encode(), Message("T", b"b", delay_level=1).encode()]
+    )
     assert not first_message_is_held_back(payload)  # documented: delay is never batched
 
 

@@ -1,5 +1,6 @@
 """The Spark source's pure parts: stored records to Arrow columns, Arrow rows to messages,
 offset specs and how a read limit is shared out."""
+
 from __future__ import annotations
 
 import zlib
@@ -16,16 +17,24 @@ from hamq.spark.schema import ARROW_SCHEMA
 
 def record(messages: list[Message], base_offset: int, born_ms: int = 1_700_000_000_000) -> bytes:
     payload, crc = encode_batch([m.encode() for m in messages])
-    header = encode_record_header(b"T", 2, len(payload), crc, len(messages), base_offset,
-                                  physical_offset=0, store_timestamp_ms=born_ms + 5,
-                                  born_timestamp_ms=born_ms)
+    header = encode_record_header(
+        b"T",
+        2,
+        len(payload),
+        crc,
+        len(messages),
+        base_offset,
+        physical_offset=0,
+        store_timestamp_ms=born_ms + 5,
+        born_timestamp_ms=born_ms,
+    )
     return header + payload
 
 
 def test_records_become_one_arrow_batch_trimmed_to_the_range():
-    data = record([Message("T", b"a"), Message("T", b"bb", keys="k1", tags="x",
-                                                properties={"p": "1"})], 10) + \
-        record([Message("T", b""), Message("T", b"dddd")], 12, born_ms=1_700_000_001_000)
+    data = record(
+        [Message("T", b"a"), Message("T", b"bb", keys="k1", tags="x", properties={"p": "1"})], 10
+    ) + record([Message("T", b""), Message("T", b"dddd")], 12, born_ms=1_700_000_001_000)
     batch, next_offset = records_to_batch(data, 11, 13, "T", "broker-a", 2)
     assert batch.schema == ARROW_SCHEMA and next_offset == 13
     rows = batch.to_pylist()
@@ -44,10 +53,14 @@ def test_nothing_in_range_gives_no_batch():
 
 
 def test_encoded_rows_decode_back_to_the_same_messages():
-    batch = pa.RecordBatch.from_pydict({
-        "value": ["v0", "v1"], "key": [b"k", None], "tags": [None, "t"],
-        "properties": pa.array([[("a", "1")], None], pa.map_(pa.string(), pa.string())),
-    })
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "value": ["v0", "v1"],
+            "key": [b"k", None],
+            "tags": [None, "t"],
+            "properties": pa.array([[("a", "1")], None], pa.map_(pa.string(), pa.string())),
+        }
+    )
     rows = BatchEncoder("T").encode(batch)
     payload = b"".join(h + v for h, v in zip(rows.heads, rows.values))
     decoded = decode_records(record_from_payload(payload, 2), 0, MessageExt, "b")
@@ -57,8 +70,10 @@ def test_encoded_rows_decode_back_to_the_same_messages():
 
 
 def record_from_payload(payload: bytes, count: int) -> bytes:
-    return encode_record_header(b"T", 0, len(payload), zlib.crc32(payload), count, 0, 0, 0,
-                                0) + payload
+    return (
+        encode_record_header(b"T", 0, len(payload), zlib.crc32(payload), count, 0, 0, 0, 0)
+        + payload
+    )
 
 
 def test_a_value_column_of_another_type_is_refused():
@@ -85,8 +100,7 @@ def test_read_limit_is_shared_by_what_waits_and_never_exceeded():
     end = cap_to_limit(start, latest, 100)
     assert sum(end[k] - start[k] for k in end) <= 100
     assert end["b:0"] == 90 and end["b:1"] == 10 and end["b:2"] == 0
-    assert cap_to_limit(start, {"b:0": 1, "b:1": 1, "b:2": 1}, 2) == {"b:0": 1, "b:1": 1,
-                                                                      "b:2": 0}
+    assert cap_to_limit(start, {"b:0": 1, "b:1": 1, "b:2": 1}, 2) == {"b:0": 1, "b:1": 1, "b:2": 0}
     assert cap_to_limit(start, latest, 5_000) == latest
 
 

@@ -1,6 +1,7 @@
 """``MessageStore`` on a real directory: reads across segment rolls, pull statuses,
 recovery from torn or garbage tails and lost indexes, retention, the disk guard and versioned
 metadata (the config loader's refusals are in test_config.py)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from disk_faults import RecordingDisk
 from hamq.config import StoreConfig
 from hamq.errors import BrokerSystemError, DiskFull
 from hamq.protocol.message import decode_records, encode_batch, encode_message
@@ -20,8 +22,6 @@ from hamq.store.disk import OS_DISK, Disk
 from hamq.store.flush import FlushService
 from hamq.store.message_store import GetStatus, MessageStore
 from hamq.store.metadata import TopicConfig
-
-from disk_faults import RecordingDisk
 
 SEGMENT_BYTES = 4096
 
@@ -32,8 +32,9 @@ def open_store(tmp_path):
     opened: list[MessageStore] = []
 
     def make(disk: Disk = OS_DISK, **settings) -> MessageStore:
-        cfg = StoreConfig(store_dir=str(tmp_path / "store"),
-                          mapped_file_size_commitlog=SEGMENT_BYTES, **settings)
+        cfg = StoreConfig(
+            store_dir=str(tmp_path / "store"), mapped_file_size_commitlog=SEGMENT_BYTES, **settings
+        )
         store = MessageStore(cfg, disk=disk)
         opened.append(store)
         return store
@@ -52,16 +53,18 @@ def put(store: MessageStore, topic: str, queue_id: int, bodies: list[bytes]) -> 
     return result.base_queue_offset
 
 
-def fill(store: MessageStore, n: int, topic: str = "T", queue_id: int = 0,
-         size: int = 300) -> list[bytes]:
+def fill(
+    store: MessageStore, n: int, topic: str = "T", queue_id: int = 0, size: int = 300
+) -> list[bytes]:
     bodies = [f"{topic}-{queue_id}-{i}:".encode().ljust(size, b".") for i in range(n)]
     for body in bodies:
         put(store, topic, queue_id, [body])
     return bodies
 
 
-def read_all(store: MessageStore, topic: str = "T", queue_id: int = 0,
-             start: int | None = None) -> list[tuple[int, bytes]]:
+def read_all(
+    store: MessageStore, topic: str = "T", queue_id: int = 0, start: int | None = None
+) -> list[tuple[int, bytes]]:
     """(queue offset, body) of every message from ``start`` (default: the queue's min)."""
     offset = store.min_offset(topic, queue_id) if start is None else start
     got = []
@@ -203,7 +206,7 @@ def test_recovery_rebuilds_lost_consume_queues_and_checkpoint(open_store, tmp_pa
     shutil.rmtree(tmp_path / "store" / "consumequeue")
     (tmp_path / "store" / "checkpoint").unlink()
     store = open_store()
-    assert read_all(store) == list(enumerate(t_bodies + [b"x", b"y"]))
+    assert read_all(store) == list(enumerate([*t_bodies, b"x", b"y"]))
     assert read_all(store, "U", 3) == list(enumerate(u_bodies))
     assert put(store, "U", 3, [b"z"]) == 7
     assert put(store, "T", 0, [b"z"]) == 27
@@ -213,7 +216,7 @@ def test_disk_guard_refuses_writes_with_a_clear_message(open_store):
     free = shutil.disk_usage(os.getcwd()).free
     store = open_store(disk_min_free_bytes=free + 10 * 1024**4)
     payload, crc = encode_batch([encode_message(b"x")])
-    with pytest.raises(DiskFull, match="disk nearly full.*disk_min_free_bytes"):
+    with pytest.raises(DiskFull, match=r"disk nearly full.*disk_min_free_bytes"):
         store.put_batch("T", 0, payload, 1, crc, 0)
     assert store.commitlog.written_offset == 0
 
@@ -277,14 +280,16 @@ def test_failed_write_is_undone_and_refused_until_disk_check(open_store):
         store.commit()
     disk.full = False
     assert store.commitlog.written_offset == end
-    assert os.path.getsize(store.commitlog.segments[-1].path) == \
-        end - store.commitlog.segments[-1].start
+    assert (
+        os.path.getsize(store.commitlog.segments[-1].path)
+        == end - store.commitlog.segments[-1].start
+    )
     assert store.max_offset("T", 0) == 3
     with pytest.raises(DiskFull):
         store.put_batch("T", 0, payload, 1, crc, 0)
     store.check_disk()
     assert put(store, "T", 0, [b"again"]) == 3
-    assert read_all(store) == list(enumerate(bodies + [b"again"]))
+    assert read_all(store) == list(enumerate([*bodies, b"again"]))
 
 
 def test_unreadable_metadata_is_set_aside(open_store, tmp_path):
@@ -319,8 +324,11 @@ def _tear_middle_segment(tmp_path: Path, store: MessageStore, flushed: int) -> i
     close(store)
     os.truncate(middle.path, middle.size - 100)
     checkpoint = tmp_path / "store" / "checkpoint"
-    checkpoint.write_text(json.dumps({**json.loads(checkpoint.read_text()),
-                                      "dispatched": flushed, "flushed": flushed}))
+    checkpoint.write_text(
+        json.dumps(
+            {**json.loads(checkpoint.read_text()), "dispatched": flushed, "flushed": flushed}
+        )
+    )
     return middle.end - 100
 
 
@@ -335,11 +343,11 @@ def test_segments_after_a_gap_past_the_fsynced_offset_are_removed(open_store, tm
     store = open_store()
     assert not last.exists()
     kept = read_all(store)
-    assert kept == list(enumerate(bodies))[:len(kept)]
+    assert kept == list(enumerate(bodies))[: len(kept)]
     assert store.commitlog.written_offset <= torn_end
     assert put(store, "T", 0, [b"after"]) == len(kept)
     close(store)
-    assert read_all(open_store()) == kept + [(len(kept), b"after")]
+    assert read_all(open_store()) == [*kept, (len(kept), b"after")]
 
 
 def test_a_gap_below_the_fsynced_offset_refuses_to_start(open_store, tmp_path):
@@ -350,8 +358,11 @@ def test_a_gap_below_the_fsynced_offset_refuses_to_start(open_store, tmp_path):
     end = store.commitlog.written_offset
     last = store.commitlog.segments[-1].path
     torn_end = _tear_middle_segment(tmp_path, store, end)
-    with pytest.raises(BrokerSystemError, match=rf"{last.name} starts at {int(last.name)}, but "
-                                               rf"the log before it ends at {torn_end}.*{end}"):
+    with pytest.raises(
+        BrokerSystemError,
+        match=rf"{last.name} starts at {int(last.name)}, but "
+        rf"the log before it ends at {torn_end}.*{end}",
+    ):
         open_store()
     assert last.exists()
 
@@ -377,7 +388,6 @@ def test_sync_flush_fsyncs_writes_nobody_waits_for(open_store):
     assert log.flushed_offset == log.written_offset > 0
 
 
-
 def _names_agree(store: MessageStore) -> bool:
     return all(int(seg.path.name) == seg.start for seg in store.commitlog.segments)
 
@@ -396,8 +406,9 @@ def test_truncate_below_the_retained_minimum_is_refused(open_store, tmp_path):
     low = store.commitlog.min_offset
     assert low > 0 and len(store.commitlog.segments) >= 2
     retained = read_all(store)
-    with pytest.raises(BrokerSystemError, match=f"cannot cut the commit log back to 0.*"
-                                                f"below {low}"):
+    with pytest.raises(
+        BrokerSystemError, match=f"cannot cut the commit log back to 0.*below {low}"
+    ):
         store.truncate_to(0)
     assert read_all(store) == retained and _names_agree(store)
 
@@ -459,5 +470,5 @@ def test_a_roll_the_disk_had_no_room_for_undoes_the_turn(open_store):
     store.check_disk()
     assert store.max_offset("T", 1) == 0
     assert put(store, "T", 0, [b"next"]) == 3
-    assert read_all(store) == list(enumerate(bodies + [b"next"]))
+    assert read_all(store) == list(enumerate([*bodies, b"next"]))
     assert read_all(store, "T", 1) == []

@@ -9,6 +9,7 @@ the store opened (a crash or a power loss alone never makes it refuse), every
 acknowledged message reads back at its queue offset, nothing reads back that was never
 written there (a deleted topic's or a cut record), and a second restart reads the same.
 """
+
 from __future__ import annotations
 
 import logging
@@ -16,13 +17,13 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
-from helpers import read_queue
 
 from hamq.config import StoreConfig
 from hamq.errors import HamqError
 from hamq.protocol.message import encode_batch, encode_message
 from hamq.sim.fs import ProcessCrash, SimDisk
 from hamq.store.message_store import MessageStore
+from helpers import read_queue
 
 SEEDS = 300
 QUEUES = (("T", 0), ("T", 1), ("D", 0))
@@ -33,6 +34,7 @@ Key = tuple[str, int, int]  # topic, queue id, queue offset
 @dataclass
 class Model:
     """What the seed wrote and what was acknowledged, as the store must show it."""
+
     written: dict[Key, tuple[bytes, int]] = field(default_factory=dict)  # -> (body, end)
     acked: set[Key] = field(default_factory=set)
 
@@ -46,8 +48,11 @@ class Model:
 
 
 def read_all(store: MessageStore) -> dict[Key, bytes]:
-    return {(topic, queue_id, offset): body for topic, queue_id in QUEUES
-            for offset, body in read_queue(store, topic, queue_id).items()}
+    return {
+        (topic, queue_id, offset): body
+        for topic, queue_id in QUEUES
+        for offset, body in read_queue(store, topic, queue_id).items()
+    }
 
 
 class Seed:
@@ -57,8 +62,10 @@ class Seed:
         self.now_ms = 0
         self.disk = SimDisk(clock=lambda: self.now_ms / 1000)
         self.config = StoreConfig(
-            store_dir="/store", file_reserved_hours=1.0,
-            mapped_file_size_commitlog=self.rng.choice([1024, 2048, 4096]))
+            store_dir="/store",
+            file_reserved_hours=1.0,
+            mapped_file_size_commitlog=self.rng.choice([1024, 2048, 4096]),
+        )
         self.model = Model()
         self.store = self.open()
 
@@ -105,15 +112,24 @@ class Seed:
         self.model.forget(kept)
 
     def fail_an_fsync(self) -> None:
-        files = [seg.path for seg in self.store.commitlog.segments] + \
-            [cq.path for cq in self.store.queues.values()]
+        files = [seg.path for seg in self.store.commitlog.segments] + [
+            cq.path for cq in self.store.queues.values()
+        ]
         self.disk.fail_fsync(self.rng.choice(files))
 
     def step(self) -> None:
         action = self.rng.choices(
-            [self.put, self.flush, self.store.flush_consume_queues, self.cut,
-             self.delete_topic, self.retention, self.fail_an_fsync],
-            [50, 15, 10, 5, 4, 3, 2])[0]
+            [
+                self.put,
+                self.flush,
+                self.store.flush_consume_queues,
+                self.cut,
+                self.delete_topic,
+                self.retention,
+                self.fail_an_fsync,
+            ],
+            [50, 15, 10, 5, 4, 3, 2],
+        )[0]
         if self.rng.random() < 0.1:
             self.disk.crash_after(self.rng.randrange(12))
         try:
@@ -139,11 +155,13 @@ class Seed:
             raise AssertionError(f"seed {self.seed}: refused to reopen: {err}") from err
         found = read_all(self.store)
         for key in sorted(self.model.acked):
-            assert found.get(key) == self.model.written[key][0], \
+            assert found.get(key) == self.model.written[key][0], (
                 f"seed {self.seed}: acknowledged {key} reads {found.get(key)!r}"
+            )
         for key, body in found.items():
-            assert key in self.model.written and self.model.written[key][0] == body, \
+            assert key in self.model.written and self.model.written[key][0] == body, (
                 f"seed {self.seed}: {key} reads {body!r}, never written there"
+            )
         # what survived is durable now (the reopen fsynced it); what did not is gone
         self.model.forget(lambda k, v: k in found)
         self.model.acked = set(self.model.written)
@@ -158,8 +176,9 @@ class Seed:
 
 
 @pytest.mark.parametrize("first", range(0, SEEDS, 100))
-def test_crashes_at_any_step_lose_nothing_acknowledged(first: int,
-                                                       caplog: pytest.LogCaptureFixture):
+def test_crashes_at_any_step_lose_nothing_acknowledged(
+    first: int, caplog: pytest.LogCaptureFixture
+):
     caplog.set_level(logging.CRITICAL)  # seeds log their cuts and failed fsyncs
     for seed in range(first, first + 100):
         Seed(seed).run()

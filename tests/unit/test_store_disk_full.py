@@ -1,25 +1,30 @@
 """A store on a disk that really fills (its free-space guard off): a write that fails undoes
 exactly what was not written, every time, so the retry stores each message once and at the
 queue offset every other member gives it (both bugs the DLedger simulator found this way)."""
+
 from __future__ import annotations
 
 import errno
 
 import pytest
-from helpers import read_queue
 
 from hamq.config import StoreConfig
 from hamq.protocol.message import encode_batch, encode_message
 from hamq.sim.fs import SimDisk
 from hamq.store.message_store import MessageStore, WritesUndone
+from helpers import read_queue
 
 SEGMENT_BYTES = 2048
 ROOM_BYTES = 1 << 20
 
 
 def _store(disk: SimDisk) -> MessageStore:
-    config = StoreConfig(store_dir="/store", mapped_file_size_commitlog=SEGMENT_BYTES,
-                         disk_min_free_bytes=0, disk_max_used_space_ratio=1.0)
+    config = StoreConfig(
+        store_dir="/store",
+        mapped_file_size_commitlog=SEGMENT_BYTES,
+        disk_min_free_bytes=0,
+        disk_max_used_space_ratio=1.0,
+    )
     return MessageStore(config, disk=disk)
 
 
@@ -92,6 +97,7 @@ def test_a_roll_whose_new_segment_cannot_be_created_undoes_what_it_wrote(monkeyp
         if path.parent.name == "commitlog" and not disk.exists(path):
             raise OSError(errno.ENOSPC, "No space left on device (no inode left)")
         return open_file(path, create, append)
+
     monkeypatch.setattr(disk, "open", no_new_segment)
     with pytest.raises(WritesUndone, match="no inode left"):
         _put_uncommitted(store, 0, b"r" * SEGMENT_BYTES)

@@ -7,6 +7,7 @@ message whose record ends at or below the checkpoint's fsynced offset must read 
 its queue offset, nothing may read back different from what was written there, and a
 second reopen must find the same messages.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,8 +31,9 @@ def read_queue(store: MessageStore, queue_id: int) -> dict[int, bytes]:
         r = store.get_messages("T", queue_id, offset, 32, 1 << 20)
         if r.status is not GetStatus.FOUND:
             return got
-        got.update(decode_records(r.records, offset,
-                                  lambda h, index, off, props, body: (off, body)))
+        got.update(
+            decode_records(r.records, offset, lambda h, index, off, props, body: (off, body))
+        )
         offset = r.next_begin_offset
 
 
@@ -58,8 +60,9 @@ def run_seed(seed: int) -> str | None:
     """What went wrong under ``seed``, or None."""
     rng = random.Random(seed)
     disk = SimDisk()
-    config = StoreConfig(store_dir="/store",
-                         mapped_file_size_commitlog=rng.choice([1024, 2048, 4096]))
+    config = StoreConfig(
+        store_dir="/store", mapped_file_size_commitlog=rng.choice([1024, 2048, 4096])
+    )
     store = MessageStore(config, disk=disk)
     written: Written = {}
     for _ in range(rng.randrange(5, 80)):
@@ -85,8 +88,10 @@ def run_seed(seed: int) -> str | None:
     for (queue_id, offset), (body, end) in written.items():
         found = got[queue_id].get(offset)
         if end <= durable and found != body:
-            return f"seed {seed}: queue {queue_id} offset {offset} fsynced (ends at {end}, " \
-                   f"checkpoint {durable}) but reads {found!r}"
+            return (
+                f"seed {seed}: queue {queue_id} offset {offset} fsynced (ends at {end}, "
+                f"checkpoint {durable}) but reads {found!r}"
+            )
         if found is not None and found != body:
             return f"seed {seed}: queue {queue_id} offset {offset} reads other bytes"
     disk.kill()

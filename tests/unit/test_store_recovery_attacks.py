@@ -3,6 +3,7 @@ fsync, a power loss right after a topic delete, a crash between the steps of a c
 consume-queue rewrite, a failed metadata write. Each test names the promise it checks:
 nothing confirmed durable is lost, nothing deleted comes back, nothing is served twice
 under one queue offset, and a log that lost confirmed data refuses to start."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import read_queue
 
 from hamq.config import StoreConfig
 from hamq.errors import BrokerSystemError, DiskFull
@@ -23,6 +23,7 @@ from hamq.store.commitlog import CommitLog
 from hamq.store.consume_queue import ENTRY_BYTES
 from hamq.store.flush import FlushService
 from hamq.store.message_store import MessageStore
+from helpers import read_queue
 
 SEGMENT_BYTES = 1024
 
@@ -161,9 +162,10 @@ def test_a_power_loss_right_after_a_cut_recovers_the_kept_prefix(monkeypatch):
         cut = store.queue("T", 0).phys[5]
         truncate = store.commitlog.truncate
 
-        def truncate_then_die(offset: int) -> None:
+        def truncate_then_die(offset: int, truncate=truncate) -> None:
             truncate(offset)
             raise _Crash()
+
         monkeypatch.setattr(store.commitlog, "truncate", truncate_then_die)
         with pytest.raises(_Crash):
             store.truncate_to(cut)
@@ -181,8 +183,9 @@ def test_a_crash_inside_a_queue_rewrite_never_restarts_its_offsets(monkeypatch):
 
     now_ms = [0]
     disk = SimDisk(clock=lambda: now_ms[0] / 1000)
-    config = StoreConfig(store_dir="/store", mapped_file_size_commitlog=SEGMENT_BYTES,
-                         file_reserved_hours=1.0)
+    config = StoreConfig(
+        store_dir="/store", mapped_file_size_commitlog=SEGMENT_BYTES, file_reserved_hours=1.0
+    )
     store = MessageStore(config, lambda: now_ms[0], disk=disk)
     for i in range(5):
         _put(store, "T", 0, f"m{i}".encode())
@@ -197,6 +200,7 @@ def test_a_crash_inside_a_queue_rewrite_never_restarts_its_offsets(monkeypatch):
         if path.suffix == ".min":
             raise _Crash()
         write(disk_, path, data)
+
     monkeypatch.setattr(consume_queue, "atomic_write", die_before_min_file)
     with pytest.raises(_Crash):
         store.delete_expired()
@@ -312,8 +316,10 @@ def test_a_checkpoint_after_a_failed_queue_write_claims_nothing_unwritten():
 
 def test_a_sync_flush_whose_fsync_fails_acknowledges_nothing_and_refuses_writes():
     disk = SimDisk()
-    store = MessageStore(StoreConfig(store_dir="/store", flush_disk_type="sync",
-                                     sync_flush_timeout_ms=200), disk=disk)
+    store = MessageStore(
+        StoreConfig(store_dir="/store", flush_disk_type="sync", sync_flush_timeout_ms=200),
+        disk=disk,
+    )
     answers: list[bool] = []
 
     async def send_and_wait() -> None:

@@ -2,6 +2,7 @@
 more timers than a window (4,096), stopped cleanly mid-window, is delivered exactly once
 after the restart; killed mid-window (nothing saved), at least once; and the first window
 comes in due order."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,14 +31,22 @@ class Broker:
 
     def __init__(self, root, clock: list[int]) -> None:
         self.store = MessageStore(BrokerConfig(store_dir=str(root)), lambda: clock[0])
-        topics = TopicService(self.store, RoleState(BrokerRole.MASTER, 0), default_queue_nums=1,
-                              auto_create=False, on_change=lambda: None)
+        topics = TopicService(
+            self.store,
+            RoleState(BrokerRole.MASTER, 0),
+            default_queue_nums=1,
+            auto_create=False,
+            on_change=lambda: None,
+        )
         if self.store.topics.get(TOPIC) is None:
             topics.create(TOPIC, 1, 1, 6, notify=False)
-        self.schedule = ScheduleMessageService(self.store, FlushService(self.store),
-                                               on_put=lambda topic, queue_id: None,
-                                               after_put=self.store.commit,
-                                               flush_interval_ms=10**6)
+        self.schedule = ScheduleMessageService(
+            self.store,
+            FlushService(self.store),
+            on_put=lambda topic, queue_id: None,
+            after_put=self.store.commit,
+            flush_interval_ms=10**6,
+        )
         self.schedule.start()
         self.schedule.start_delivery()
 
@@ -58,8 +67,9 @@ async def send_and_stop_mid_window(root, clock: list[int], clean: bool) -> dict[
     rng = random.Random(7)
     dues = {f"m{i}": T0 + 5000 + rng.randrange(1000) for i in range(COUNT)}
     for body, due in dues.items():
-        broker.schedule.put_message(TOPIC, 0, {PROPERTY_TIMER_DELIVER_MS: str(due)},
-                                    body.encode(), 0)
+        broker.schedule.put_message(
+            TOPIC, 0, {PROPERTY_TIMER_DELIVER_MS: str(due)}, body.encode(), 0
+        )
     broker.store.commit()
     clock[0] = T0 + 6000  # the whole second is due: delivered 256 per wake-up
     await broker.wait_delivered(1000)

@@ -1,6 +1,7 @@
 """The timer log and wheel without a broker: chains per slot, windows in due order, turns of
 the wheel, recovery of a torn or damaged log, segment deletion, the memory bound, and seeded
 power losses on the simulated disk."""
+
 from __future__ import annotations
 
 import logging
@@ -19,8 +20,9 @@ def make_wheel(directory, segment_records: int = 8, slots: int = 16) -> TimerWhe
     return TimerWheel(TimerLog(directory, segment_records=segment_records), slots)
 
 
-def recovered(directory, read_ms: int = 0, segment_records: int = 8,
-              slots: int = 16) -> tuple[TimerWheel, list[TimerRecord]]:
+def recovered(
+    directory, read_ms: int = 0, segment_records: int = 8, slots: int = 16
+) -> tuple[TimerWheel, list[TimerRecord]]:
     """Reopen the log, link what is due from ``read_ms`` on, as the schedule service does."""
     wheel = make_wheel(directory, segment_records, slots)
     seen: list[TimerRecord] = []
@@ -40,7 +42,11 @@ def test_a_slot_window_is_its_timers_in_due_order(tmp_path):
         wheel.add(due, offset, 1000 + offset)
     window, rest = wheel.window(T0, wheel.tail(T0))
     assert [(r.due_ms, r.queue_offset) for r in window] == [
-        (T0 + 5, 1), (T0 + 5, 3), (T0 + 300, 4), (T0 + 900, 0)]
+        (T0 + 5, 1),
+        (T0 + 5, 3),
+        (T0 + 300, 4),
+        (T0 + 900, 0),
+    ]
     assert rest == -1
     assert [r.queue_offset for r in wheel.window(T0 + SLOT_MS, wheel.tail(T0 + SLOT_MS))[0]] == [2]
     # a big slot comes in windows: the walk goes on where the last window stopped
@@ -107,7 +113,10 @@ def test_segments_are_deleted_once_all_their_timers_are_past_the_cursor(tmp_path
     wheel.log.delete_due_before(T0 + 50)
     # the first goes; from the far timer's on they stay (the log is one run of positions)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.isdigit()) == [
-        f"{4:020d}", f"{8:020d}", f"{12:020d}"]
+        f"{4:020d}",
+        f"{8:020d}",
+        f"{12:020d}",
+    ]
     assert wheel.log.read(0) is None and wheel.log.read(5).due_ms == T0 + 100 * SLOT_MS
     wheel.log.close()
     wheel, seen = recovered(tmp_path, segment_records=4)

@@ -5,6 +5,7 @@ A clustering consumer's heartbeat creates its group's retry topic on a master (R
 ``createTopicInSendMessageBackMethod`` in ClientManageProcessor.heartBeat): every broker
 group the consumer reads from can then take a retry copy the client re-sends itself when
 the group it consumed from cannot take it back (``client/retry.py``)."""
+
 from __future__ import annotations
 
 from hamq.broker.clients import ClientManager, parse_heartbeat
@@ -22,8 +23,13 @@ from hamq.store.metadata import PERM_READ_WRITE
 
 
 class ClientProcessor:
-    def __init__(self, store: MessageStore, topics: TopicService, clients: ClientManager,
-                 locks: RebalanceLockManager) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicService,
+        clients: ClientManager,
+        locks: RebalanceLockManager,
+    ) -> None:
         self.store = store
         self.topics = topics
         self.clients = clients
@@ -54,12 +60,15 @@ class ClientProcessor:
         group, client_id, queues = self._lock_args(frame)
         if not self.clients.is_registered(client_id):
             # A lock belongs to a client the broker knows (and forgets when it goes away).
-            raise InvalidArgument(f"client {client_id!r} has not sent a HEART_BEAT to this "
-                                  "broker; it cannot lock queues")
+            raise InvalidArgument(
+                f"client {client_id!r} has not sent a HEART_BEAT to this "
+                "broker; it cannot lock queues"
+            )
         # Queues of topics this broker does not have are not locked (not held in the
         # answer), as if another client held them: nothing is kept for a name.
-        held = self.locks.try_lock_batch(group, [q for q in queues if self._exists(*q)],
-                                         client_id, monotonic_ms())
+        held = self.locks.try_lock_batch(
+            group, [q for q in queues if self._exists(*q)], client_id, monotonic_ms()
+        )
         return response_pieces(frame, body=pack_body([list(k) for k in held]))
 
     def _exists(self, topic: str, queue_id: int) -> bool:
@@ -76,10 +85,13 @@ class ClientProcessor:
         group, client_id = require_name(frame.ext, "group"), require(frame.ext, "client_id")
         body = unpack_body(frame.body)
         if not isinstance(body, list) or not all(
-                isinstance(q, list) and len(q) == 2 and isinstance(q[0], str)
-                and isinstance(q[1], int) for q in body):
+            isinstance(q, list) and len(q) == 2 and isinstance(q[0], str) and isinstance(q[1], int)
+            for q in body
+        ):
             raise InvalidArgument("lock body must be a list of [topic, queue_id]")
         if len(body) > MAX_LOCK_BATCH_QUEUES:
-            raise InvalidArgument(f"lock body names {len(body)} queues, more than the limit of "
-                                  f"{MAX_LOCK_BATCH_QUEUES}")
+            raise InvalidArgument(
+                f"lock body names {len(body)} queues, more than the limit of "
+                f"{MAX_LOCK_BATCH_QUEUES}"
+            )
         return group, client_id, [(t, q) for t, q in body]

@@ -3,6 +3,7 @@
 GET_CONSUMER_LIST_BY_GROUP, and are told NOTIFY_CONSUMER_IDS_CHANGED when their group
 changes so they do not wait for their next periodic rebalance; the transaction check
 asks a live producer of a group."""
+
 from __future__ import annotations
 
 import logging
@@ -42,21 +43,30 @@ def parse_heartbeat(body: object) -> Heartbeat:
     if not isinstance(body, dict):
         raise InvalidArgument("HEART_BEAT body must be a map")
     client_id = body.get("client_id")
-    if not isinstance(client_id, str) or not 0 < len(client_id) <= MAX_NAME_LENGTH \
-            or not client_id.isprintable():
-        raise InvalidArgument(f"HEART_BEAT field 'client_id' must be 1..{MAX_NAME_LENGTH} "
-                              f"printable characters, got {client_id!r:.80}")
+    if (
+        not isinstance(client_id, str)
+        or not 0 < len(client_id) <= MAX_NAME_LENGTH
+        or not client_id.isprintable()
+    ):
+        raise InvalidArgument(
+            f"HEART_BEAT field 'client_id' must be 1..{MAX_NAME_LENGTH} "
+            f"printable characters, got {client_id!r:.80}"
+        )
     producers = _list(body, "producer_groups")
     consumers = _list(body, "consumer_groups")
-    return Heartbeat(client_id, [validate_name(g, "HEART_BEAT producer group") for g in producers],
-                     [_consumer_entry(e) for e in consumers])
+    return Heartbeat(
+        client_id,
+        [validate_name(g, "HEART_BEAT producer group") for g in producers],
+        [_consumer_entry(e) for e in consumers],
+    )
 
 
 def _list(body: dict, field: str) -> list:
     raw = body.get(field) or []
     if not isinstance(raw, list) or len(raw) > MAX_HEARTBEAT_GROUPS:
-        raise InvalidArgument(f"HEART_BEAT field {field!r} must be a list of at most "
-                              f"{MAX_HEARTBEAT_GROUPS} groups")
+        raise InvalidArgument(
+            f"HEART_BEAT field {field!r} must be a list of at most {MAX_HEARTBEAT_GROUPS} groups"
+        )
     return raw
 
 
@@ -66,16 +76,23 @@ def _consumer_entry(entry: object) -> ConsumerGroupEntry:
     group = validate_name(entry.get("group"), "HEART_BEAT consumer group")
     model = entry.get("message_model", "clustering")
     if model not in MESSAGE_MODELS:
-        raise InvalidArgument(f"HEART_BEAT consumer group {group} 'message_model' must be one "
-                              f"of {MESSAGE_MODELS}, got {model!r:.80}")
+        raise InvalidArgument(
+            f"HEART_BEAT consumer group {group} 'message_model' must be one "
+            f"of {MESSAGE_MODELS}, got {model!r:.80}"
+        )
     if model == "clustering":  # the broker creates its retry topic
-        validate_name(RETRY_GROUP_TOPIC_PREFIX + group, f"retry topic of consumer group {group}",
-                      MAX_TOPIC_LENGTH)
+        validate_name(
+            RETRY_GROUP_TOPIC_PREFIX + group,
+            f"retry topic of consumer group {group}",
+            MAX_TOPIC_LENGTH,
+        )
     subscriptions = entry.get("subscriptions") or {}
     if not isinstance(subscriptions, dict) or not all(
-            isinstance(t, str) and isinstance(e, str) for t, e in subscriptions.items()):
-        raise InvalidArgument(f"HEART_BEAT consumer group {group} 'subscriptions' must map "
-                              "topics to tag expressions")
+        isinstance(t, str) and isinstance(e, str) for t, e in subscriptions.items()
+    ):
+        raise InvalidArgument(
+            f"HEART_BEAT consumer group {group} 'subscriptions' must map topics to tag expressions"
+        )
     return ConsumerGroupEntry(group, model, dict(subscriptions))
 
 
@@ -100,17 +117,21 @@ class ClientManager:
         for entry in heartbeat.consumer_groups:
             members = self.consumers.setdefault(entry.group, {})
             joined = client_id not in members or members[client_id].conn is not conn
-            members[client_id] = ClientChannel(client_id, conn, now_ms, entry.message_model,
-                                               entry.subscriptions)
+            members[client_id] = ClientChannel(
+                client_id, conn, now_ms, entry.message_model, entry.subscriptions
+            )
             if joined:
                 log.info("consumer %s joined group %s", client_id, entry.group)
                 self._notify(entry.group)
 
     def is_registered(self, client_id: str) -> bool:
         """``client_id`` heartbeats to this broker (on a live connection), in any group."""
-        return any(not members[client_id].conn.is_closed
-                   for table in (self.consumers, self.producers)
-                   for members in table.values() if client_id in members)
+        return any(
+            not members[client_id].conn.is_closed
+            for table in (self.consumers, self.producers)
+            for members in table.values()
+            if client_id in members
+        )
 
     def unregister(self, client_id: str) -> None:
         for table in (self.producers, self.consumers):

@@ -6,6 +6,7 @@ an answer to a client) may only move once they are as durable as a producer's se
 be: in the page cache under async flush (the promise of ``flush_disk_type = "async"``),
 fsynced under sync flush.
 """
+
 from __future__ import annotations
 
 from hamq.net.connection import Connection, response_pieces
@@ -23,8 +24,14 @@ def when_durable(flush: FlushService, end_offset: int, callback: FlushCallback) 
         callback(True)
 
 
-def answer_when_durable(flush: FlushService, conn: Connection, frame: Frame,
-                        end_offset: int | None, ext: dict, what: str) -> list | None:
+def answer_when_durable(
+    flush: FlushService,
+    conn: Connection,
+    frame: Frame,
+    end_offset: int | None,
+    ext: dict,
+    what: str,
+) -> list | None:
     """The success answer of a request whose write ends at ``end_offset`` (None: nothing
     written): at once under async flush, after the fsync under sync flush, or
     FLUSH_DISK_TIMEOUT (``what`` stored, as for a send) past ``sync_flush_timeout_ms``."""
@@ -32,9 +39,16 @@ def answer_when_durable(flush: FlushService, conn: Connection, frame: Frame,
         return response_pieces(frame, ext=ext)
 
     def flushed(ok: bool) -> None:
-        conn.reply(response_pieces(frame, ext=ext) if ok else response_pieces(
-            frame, ResponseCode.FLUSH_DISK_TIMEOUT, ext=ext,
-            remark=f"flush to disk timed out; {what} stored"))
+        conn.reply(
+            response_pieces(frame, ext=ext)
+            if ok
+            else response_pieces(
+                frame,
+                ResponseCode.FLUSH_DISK_TIMEOUT,
+                ext=ext,
+                remark=f"flush to disk timed out; {what} stored",
+            )
+        )
 
     flush.wait_flushed(end_offset, flushed)
     return None

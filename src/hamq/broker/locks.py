@@ -8,6 +8,7 @@ member's locks.
 A lock is never released because a connection closed (RocketMQ does not either): the client
 trusts its lock for its own, shorter lease (30 s against 60 s) and may still be working
 through the batch in hand, reconnecting meanwhile. Only an unlock or the lapse frees it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,15 +33,19 @@ class RebalanceLockManager:
         """Lock entries kept, lapsed ones not yet removed included."""
         return sum(len(table) for table in self._locks.values())
 
-    def try_lock_batch(self, group: str, queues: list[QueueKey], client_id: str,
-                       now_ms: int) -> list[QueueKey]:
+    def try_lock_batch(
+        self, group: str, queues: list[QueueKey], client_id: str, now_ms: int
+    ) -> list[QueueKey]:
         """Lock (or renew) what is free, expired or already ours; returns what we hold."""
         table = self._locks.setdefault(group, {})
         held = []
         for key in queues:
             entry = table.get(key)
-            if entry is None or entry.client_id == client_id or \
-                    now_ms - entry.last_update_ms > self.max_live_time_ms:
+            if (
+                entry is None
+                or entry.client_id == client_id
+                or now_ms - entry.last_update_ms > self.max_live_time_ms
+            ):
                 table[key] = LockEntry(client_id, now_ms)
                 held.append(key)
         return held
@@ -56,8 +61,9 @@ class RebalanceLockManager:
         """Forget lapsed locks (and groups left without any), so locks of clients that went
         away do not stay in memory for good."""
         for group, table in list(self._locks.items()):
-            for key in [k for k, e in table.items()
-                        if now_ms - e.last_update_ms > self.max_live_time_ms]:
+            for key in [
+                k for k, e in table.items() if now_ms - e.last_update_ms > self.max_live_time_ms
+            ]:
                 del table[key]
             if not table:
                 del self._locks[group]

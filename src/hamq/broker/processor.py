@@ -1,4 +1,5 @@
 """The broker's request dispatch: one table from request code to a small processor."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -18,9 +19,17 @@ Handler = Callable[[Connection, Frame], "list | None"]
 
 
 class BrokerProcessor:
-    def __init__(self, store: MessageStore, topics: TopicService, send: SendProcessor,
-                 pull: PullProcessor, clients: ClientProcessor, *,
-                 runtime_info: Callable[[], dict], on_written: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicService,
+        send: SendProcessor,
+        pull: PullProcessor,
+        clients: ClientProcessor,
+        *,
+        runtime_info: Callable[[], dict],
+        on_written: Callable[[], None],
+    ) -> None:
         self.store = store
         self.on_written = on_written  # ships new log bytes to slaves
         self.topics = topics
@@ -55,8 +64,9 @@ class BrokerProcessor:
             raise RequestCodeNotSupported(f"broker does not serve request code {frame.code}")
         return handler(conn, frame)
 
-    def register(self, handlers: dict[int, Handler],
-                 after_write: Callable[[], None] | None = None) -> None:
+    def register(
+        self, handlers: dict[int, Handler], after_write: Callable[[], None] | None = None
+    ) -> None:
         """Add a request family served by its own module (pop); ``after_write`` runs
         after each read's commit-log write, like the pull's long-polling wake-up."""
         self._handlers.update(handlers)
@@ -88,20 +98,26 @@ class BrokerProcessor:
     def _update_consumer_offset(self, conn: Connection, frame: Frame) -> list | None:
         topic, queue_id = self._queue_args(frame)
         offset = require_int(frame.ext, "offset")
-        self.store.offsets.commit(require_name(frame.ext, "group"), topic, queue_id, offset,
-                                  self.store.clock_ms())
+        self.store.offsets.commit(
+            require_name(frame.ext, "group"), topic, queue_id, offset, self.store.clock_ms()
+        )
         return None if frame.is_oneway else response_pieces(frame)
 
     def _get_max_offset(self, conn: Connection, frame: Frame) -> list:
-        return response_pieces(frame, ext={"offset": self.store.max_offset(*self._queue_args(frame))})
+        return response_pieces(
+            frame, ext={"offset": self.store.max_offset(*self._queue_args(frame))}
+        )
 
     def _get_min_offset(self, conn: Connection, frame: Frame) -> list:
-        return response_pieces(frame, ext={"offset": self.store.min_offset(*self._queue_args(frame))})
+        return response_pieces(
+            frame, ext={"offset": self.store.min_offset(*self._queue_args(frame))}
+        )
 
     def _search_offset_by_timestamp(self, conn: Connection, frame: Frame) -> list:
         topic, queue_id = self._queue_args(frame)
-        offset = self.store.offset_by_timestamp(topic, queue_id,
-                                                require_int(frame.ext, "timestamp_ms"))
+        offset = self.store.offset_by_timestamp(
+            topic, queue_id, require_int(frame.ext, "timestamp_ms")
+        )
         return response_pieces(frame, ext={"offset": offset})
 
     def _get_earliest_msg_storetime(self, conn: Connection, frame: Frame) -> list:
@@ -112,16 +128,27 @@ class BrokerProcessor:
     def _update_and_create_topic(self, conn: Connection, frame: Frame) -> list:
         ext = frame.ext
         config = self.topics.create(*topic_args(ext, self.topics.default_queue_nums))
-        return response_pieces(frame, ext={"read_queue_nums": config.read_queue_nums,
-                                           "write_queue_nums": config.write_queue_nums})
+        return response_pieces(
+            frame,
+            ext={
+                "read_queue_nums": config.read_queue_nums,
+                "write_queue_nums": config.write_queue_nums,
+            },
+        )
 
     def _delete_topic(self, conn: Connection, frame: Frame) -> list:
         self.topics.delete(client_topic(frame.ext.get("topic")))
         return response_pieces(frame)
 
     def _get_all_topic_config(self, conn: Connection, frame: Frame) -> list:
-        body = {name: {"read_queue_nums": t.read_queue_nums, "write_queue_nums": t.write_queue_nums,
-                       "perm": t.perm} for name, t in self.store.topics.topics.items()}
+        body = {
+            name: {
+                "read_queue_nums": t.read_queue_nums,
+                "write_queue_nums": t.write_queue_nums,
+                "perm": t.perm,
+            }
+            for name, t in self.store.topics.topics.items()
+        }
         return response_pieces(frame, body=pack_body(body))
 
     def _get_all_consumer_offset(self, conn: Connection, frame: Frame) -> list:

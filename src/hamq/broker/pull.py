@@ -4,6 +4,7 @@ A pull that finds nothing new is held until a send reaches its queue or its susp
 runs out. Arrivals are collected while a read is handled and served after the commit-log
 write, so a woken pull always sees the bytes it is told about.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,7 +20,7 @@ from hamq.protocol.frame import Frame, optional, require, require_int, require_n
 from hamq.protocol.limits import MAX_PULL_BYTES
 from hamq.store.message_store import GetStatus, MessageStore
 
-DEFAULT_PULL_BATCH = 32        # RocketMQ pullBatchSize
+DEFAULT_PULL_BATCH = 32  # RocketMQ pullBatchSize
 MAX_PULL_MESSAGES = 65_536
 _NOT_FOUND = {GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.OFFSET_OVERFLOW_ONE}
 
@@ -41,8 +42,9 @@ class PullProcessor:
         self._watched: Container[str] = ()
         self._on_arrivals: Callable[[set[tuple[str, int]]], None] | None = None
 
-    def watch_arrivals(self, topics: Container[str],
-                       on_arrivals: Callable[[set[tuple[str, int]]], None]) -> None:
+    def watch_arrivals(
+        self, topics: Container[str], on_arrivals: Callable[[set[tuple[str, int]]], None]
+    ) -> None:
         """Another long-polling service (pop) holds requests on ``topics`` (a live view):
         after each write it is told which of their queues got messages."""
         self._watched = topics
@@ -67,7 +69,8 @@ class PullProcessor:
         held = HeldPull(conn, frame)
         self._held.setdefault((topic, queue_id), []).append(held)
         held.timer = asyncio.get_running_loop().call_later(
-            suspend_ms / 1000, self._expire, (topic, queue_id), held)
+            suspend_ms / 1000, self._expire, (topic, queue_id), held
+        )
         return None
 
     def message_arrived(self, topic: str, queue_id: int) -> None:
@@ -99,19 +102,27 @@ class PullProcessor:
         ext = frame.ext
         max_msgs = min(optional(ext, "max_msgs", DEFAULT_PULL_BATCH, low=1), MAX_PULL_MESSAGES)
         max_bytes = min(optional(ext, "max_bytes", MAX_PULL_BYTES, low=1), MAX_PULL_BYTES)
-        result = self.store.get_messages(ext["topic"], ext["queue_id"],
-                                         require(ext, "queue_offset", int), max_msgs, max_bytes)
+        result = self.store.get_messages(
+            ext["topic"], ext["queue_id"], require(ext, "queue_offset", int), max_msgs, max_bytes
+        )
         if result.status in _NOT_FOUND and hold:
             return None
-        answer = {"next_begin_offset": result.next_begin_offset,
-                  "min_offset": result.min_offset, "max_offset": result.max_offset}
+        answer = {
+            "next_begin_offset": result.next_begin_offset,
+            "min_offset": result.min_offset,
+            "max_offset": result.max_offset,
+        }
         if result.status is GetStatus.FOUND:
             return response_pieces(frame, ext=answer, body=result.records)
         if result.status in _NOT_FOUND:
             return response_pieces(frame, ResponseCode.PULL_NOT_FOUND, ext=answer)
-        return response_pieces(frame, ResponseCode.PULL_OFFSET_MOVED, ext=answer,
-                               remark=f"offset {ext['queue_offset']} out of range "
-                                      f"[{result.min_offset}, {result.max_offset}]")
+        return response_pieces(
+            frame,
+            ResponseCode.PULL_OFFSET_MOVED,
+            ext=answer,
+            remark=f"offset {ext['queue_offset']} out of range "
+            f"[{result.min_offset}, {result.max_offset}]",
+        )
 
     def close(self) -> None:
         for waiting in self._held.values():

@@ -45,6 +45,7 @@ promotions and lives in memory only: a restart starts again at 0. Controller mod
 member configured as the master (``broker_id = 0``) has no id of its own to register
 under as a slave until then.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -87,10 +88,10 @@ class RoleServices:
 class RoleState:
     def __init__(self, role: BrokerRole, broker_id: int, master_addr: str | None = None) -> None:
         self.role = role
-        self.epoch = 0            # moves on at every slave -> master change
+        self.epoch = 0  # moves on at every slave -> master change
         self.broker_id = broker_id  # this member's own id: registered while a slave
         self.master_addr = master_addr  # the group's master (this member's own while master)
-        self.changes = 0          # completed role changes
+        self.changes = 0  # completed role changes
         self.services = RoleServices()
         self.running: set[str] = set()
         self.errors: dict[str, str] = {}  # service -> its last failed start or stop
@@ -115,8 +116,9 @@ class RoleState:
         async with self._lock:
             await self._stop_all(exclude=[])
 
-    async def change(self, role: BrokerRole, master_addr: str | None = None,
-                     epoch: int | None = None) -> bool:
+    async def change(
+        self, role: BrokerRole, master_addr: str | None = None, epoch: int | None = None
+    ) -> bool:
         """Switch to ``role`` in the order of the module docstring; False if the member
         already had it (only ``master_addr`` is taken then). A new master takes ``epoch``
         when an authority gives one (the Raft term in DLedger mode), else its epoch + 1."""
@@ -136,8 +138,7 @@ class RoleState:
             for callback in self.services.after_change:
                 callback()
             self.changes += 1
-            log.info("now %s (epoch %d), running %s", role.value, self.epoch,
-                     sorted(self.running))
+            log.info("now %s (epoch %d), running %s", role.value, self.epoch, sorted(self.running))
             return True
 
     def follow(self, master_addr: str | None) -> None:
@@ -146,9 +147,15 @@ class RoleState:
             self.master_addr = master_addr
 
     def info(self) -> dict:
-        return {"role": self.role.value, "epoch": self.epoch, "broker_id": self.broker_id,
-                "master_addr": self.master_addr, "services": sorted(self.running),
-                "changes": self.changes, "errors": dict(self.errors)}
+        return {
+            "role": self.role.value,
+            "epoch": self.epoch,
+            "broker_id": self.broker_id,
+            "master_addr": self.master_addr,
+            "services": sorted(self.running),
+            "changes": self.changes,
+            "errors": dict(self.errors),
+        }
 
     def _services_of(self, role: BrokerRole) -> list[RoleService]:
         return self.services.master if role is BrokerRole.MASTER else self.services.slave
@@ -166,8 +173,11 @@ class RoleState:
         order."""
         keep = {service.name for service in exclude}
         for service in reversed(self.services.master + self.services.slave):
-            if service.name in self.running and service.name not in keep and \
-                    await self._run(service, "stop"):
+            if (
+                service.name in self.running
+                and service.name not in keep
+                and await self._run(service, "stop")
+            ):
                 self.running.discard(service.name)
 
     async def _run(self, service: RoleService, action: str) -> bool:
@@ -178,8 +188,12 @@ class RoleState:
         except Exception as exc:  # one service must not stop the others
             COUNTS.internal_errors += 1
             self.errors[service.name] = f"{action} failed: {exc!r}"
-            log.exception("%s of %s failed during a role change to %s; going on with the "
-                          "others", action, service.name, self.role.value)
+            log.exception(
+                "%s of %s failed during a role change to %s; going on with the others",
+                action,
+                service.name,
+                self.role.value,
+            )
             return False
         self.errors.pop(service.name, None)
         return True

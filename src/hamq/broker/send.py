@@ -1,6 +1,7 @@
 """SEND_MESSAGE / SEND_BATCH_MESSAGE: validate, append as one record, answer — at once, or
 once the group commit of a sync flush and, on a sync master, the slaves' acks cover it
 (RIP-34: ``needAckNums`` decided before the message is stored)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -28,15 +29,22 @@ _CODE_BY_REPLICA_STATUS = {
 
 
 class SendProcessor:
-    def __init__(self, store: MessageStore, topics: TopicService, flush: FlushService,
-                 ha: HAMaster | None, dledger: DLedgerCommitLog | None, *,
-                 on_put: Callable[[str, int], None],
-                 put_held_back: Callable[[str, int, bytes, int, int], PutResult]) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicService,
+        flush: FlushService,
+        ha: HAMaster | None,
+        dledger: DLedgerCommitLog | None,
+        *,
+        on_put: Callable[[str, int], None],
+        put_held_back: Callable[[str, int, bytes, int, int], PutResult],
+    ) -> None:
         self.store = store
         self.topics = topics
         self.flush = flush
         self.on_put = on_put  # wakes pulls held on the queue
-        self.ha = ha          # None in DLedger mode; a slave refuses sends before it
+        self.ha = ha  # None in DLedger mode; a slave refuses sends before it
         self.put_held_back = put_held_back  # delay, timer, half messages (broker/held_back.py)
         self.dledger = dledger  # DLedger mode: sends are Raft proposals
         self.max_message_bytes = store.config.max_message_size
@@ -47,8 +55,9 @@ class SendProcessor:
         queue_id = require(ext, "queue_id", int)
         count = require(ext, "count", int)
         if not batch and count != 1:
-            raise MessageIllegal("SEND_MESSAGE carries exactly one message; use "
-                                 "SEND_BATCH_MESSAGE for batches")
+            raise MessageIllegal(
+                "SEND_MESSAGE carries exactly one message; use SEND_BATCH_MESSAGE for batches"
+            )
         if self.dledger is not None and not self.dledger.is_leader:
             raise self.dledger.not_leader()
         self.topics.for_write(topic, queue_id)
@@ -63,25 +72,39 @@ class SendProcessor:
         if first_message_is_held_back(frame.body):
             result = self.put_held_back(topic, queue_id, frame.body, count, born_ts)
         else:
-            result = self.store.put_batch(topic, queue_id, frame.body, count, ext["crc"],
-                                          born_ts)
+            result = self.store.put_batch(topic, queue_id, frame.body, count, ext["crc"], born_ts)
             self.on_put(topic, queue_id)
         if frame.is_oneway:
             return None
-        answer = {"msg_id": offset_msg_id(result.physical_offset, 0), "queue_id": queue_id,
-                  "queue_offset": result.base_queue_offset}
+        answer = {
+            "msg_id": offset_msg_id(result.physical_offset, 0),
+            "queue_id": queue_id,
+            "queue_offset": result.base_queue_offset,
+        }
         if not self.flush.sync and need_ack_nums <= 1:
             return response_pieces(frame, ext=answer)
 
         def replicated(status: ReplicaStatus) -> None:
             code = _CODE_BY_REPLICA_STATUS[status]
-            conn.reply(response_pieces(frame, code, ext=answer, remark="" if code == 0 else
-                                       f"{status.value}: message stored on the master"))
+            conn.reply(
+                response_pieces(
+                    frame,
+                    code,
+                    ext=answer,
+                    remark="" if code == 0 else f"{status.value}: message stored on the master",
+                )
+            )
 
         def flushed(ok: bool) -> None:
             if not ok:
-                conn.reply(response_pieces(frame, ResponseCode.FLUSH_DISK_TIMEOUT, ext=answer,
-                                           remark="flush to disk timed out; message stored"))
+                conn.reply(
+                    response_pieces(
+                        frame,
+                        ResponseCode.FLUSH_DISK_TIMEOUT,
+                        ext=answer,
+                        remark="flush to disk timed out; message stored",
+                    )
+                )
             elif need_ack_nums > 1:
                 self.ha.wait_for_acks(result.end_offset, need_ack_nums, replicated)
             else:
@@ -93,18 +116,28 @@ class SendProcessor:
             flushed(True)
         return None
 
-    def _propose(self, conn: Connection, frame: Frame, topic: str, queue_id: int,
-                 count: int) -> None:
+    def _propose(
+        self, conn: Connection, frame: Frame, topic: str, queue_id: int, count: int
+    ) -> None:
         """DLedger: the batch becomes one Raft entry; the answer waits for its commit."""
         COUNTS.send_requests += 1
         COUNTS.messages_in += count
         COUNTS.bytes_in += len(frame.body)
         if first_message_is_held_back(frame.body):
-            raise MessageIllegal("delay, timer and transaction messages are not supported by "
-                                 "DLedger groups yet (replication_mode = \"dledger\")")
+            raise MessageIllegal(
+                "delay, timer and transaction messages are not supported by "
+                'DLedger groups yet (replication_mode = "dledger")'
+            )
         ext = frame.ext
-        entry = encode_entry(topic, queue_id, count, ext["crc"], optional(ext, "born_ts", 0),
-                             self.store.clock_ms(), bytes(frame.body))
+        entry = encode_entry(
+            topic,
+            queue_id,
+            count,
+            ext["crc"],
+            optional(ext, "born_ts", 0),
+            self.store.clock_ms(),
+            bytes(frame.body),
+        )
 
         def committed(result: PutResult | None, err: HamqError | None) -> None:
             if frame.is_oneway:
@@ -112,9 +145,16 @@ class SendProcessor:
             if err is not None:
                 conn.reply(error_pieces(frame, err))
             else:
-                conn.reply(response_pieces(frame, ext={
-                    "msg_id": offset_msg_id(result.physical_offset, 0), "queue_id": queue_id,
-                    "queue_offset": result.base_queue_offset}))
+                conn.reply(
+                    response_pieces(
+                        frame,
+                        ext={
+                            "msg_id": offset_msg_id(result.physical_offset, 0),
+                            "queue_id": queue_id,
+                            "queue_offset": result.base_queue_offset,
+                        },
+                    )
+                )
 
         self.dledger.propose_send(topic, entry, committed)
         return None

@@ -8,6 +8,7 @@ topics are created on demand with one read-write queue, as in RocketMQ. The cons
 commits its offset past the message once it has this answer, so under sync flush the copy
 is fsynced before the answer (as a send would be).
 """
+
 from __future__ import annotations
 
 import zlib
@@ -21,18 +22,25 @@ from hamq.errors import QueryNotFound
 from hamq.net.connection import Connection
 from hamq.protocol.frame import Frame, optional, require
 from hamq.protocol.message import encode_message, encode_properties
-from hamq.protocol.properties import (DEFAULT_MAX_RECONSUME_TIMES, DLQ_GROUP_TOPIC_PREFIX,
-                                      MAX_DELAY_LEVEL, PROPERTY_ORIGIN_MESSAGE_ID,
-                                      PROPERTY_REAL_QUEUE_ID,
-                                      PROPERTY_REAL_TOPIC, PROPERTY_RECONSUME_TIME,
-                                      PROPERTY_RETRY_TOPIC, RETRY_GROUP_TOPIC_PREFIX,
-                                      SCHEDULE_PROPERTIES, reconsume_times_of)
+from hamq.protocol.properties import (
+    DEFAULT_MAX_RECONSUME_TIMES,
+    DLQ_GROUP_TOPIC_PREFIX,
+    MAX_DELAY_LEVEL,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_RECONSUME_TIME,
+    PROPERTY_RETRY_TOPIC,
+    RETRY_GROUP_TOPIC_PREFIX,
+    SCHEDULE_PROPERTIES,
+    reconsume_times_of,
+)
 from hamq.store.flush import FlushService
 from hamq.store.message_store import MessageStore, PutResult
 from hamq.store.metadata import PERM_READ_WRITE
 
 RETRY_QUEUE_NUMS = 1  # RocketMQ retryQueueNums
-DLQ_QUEUE_NUMS = 1    # RocketMQ: DLQ_NUMS_PER_GROUP
+DLQ_QUEUE_NUMS = 1  # RocketMQ: DLQ_NUMS_PER_GROUP
 # With delay_level 0 the broker picks this level plus the reconsume count (RocketMQ).
 BASE_RETRY_DELAY_LEVEL = 3
 
@@ -42,9 +50,15 @@ def retry_delay_level(reconsume_times: int) -> int:
 
 
 class ConsumerSendMsgBackProcessor:
-    def __init__(self, store: MessageStore, topics: TopicService,
-                 schedule: ScheduleMessageService, flush: FlushService, *,
-                 on_put: Callable[[str, int], None]) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicService,
+        schedule: ScheduleMessageService,
+        flush: FlushService,
+        *,
+        on_put: Callable[[str, int], None],
+    ) -> None:
         self.store = store
         self.flush = flush
         self.on_put = on_put  # wakes pulls held on the dead-letter queue
@@ -66,16 +80,24 @@ class ConsumerSendMsgBackProcessor:
         reconsume_times = reconsume_times_of(original.properties)
         properties = copy_properties(original, topic, reconsume_times + 1)
         if reconsume_times >= max_reconsume_times:
-            dlq, put = put_dead_letter(self.store, self.topics, group, original, properties,
-                                       self.on_put)
-            return answer_when_durable(self.flush, conn, frame, put.end_offset,
-                                       {"topic": dlq}, "message")
+            dlq, put = put_dead_letter(
+                self.store, self.topics, group, original, properties, self.on_put
+            )
+            return answer_when_durable(
+                self.flush, conn, frame, put.end_offset, {"topic": dlq}, "message"
+            )
         retry = ensure_topic(self.topics, RETRY_GROUP_TOPIC_PREFIX + group, RETRY_QUEUE_NUMS)
-        put = self.schedule.put_delayed(retry, 0, properties, original.body,
-                                        original.born_timestamp_ms,
-                                        delay_level or retry_delay_level(reconsume_times))
-        return answer_when_durable(self.flush, conn, frame, put.end_offset, {"topic": retry},
-                                   "message")
+        put = self.schedule.put_delayed(
+            retry,
+            0,
+            properties,
+            original.body,
+            original.born_timestamp_ms,
+            delay_level or retry_delay_level(reconsume_times),
+        )
+        return answer_when_durable(
+            self.flush, conn, frame, put.end_offset, {"topic": retry}, "message"
+        )
 
 
 def copy_properties(original: StoredMessage, topic: str, reconsume_times: int) -> dict[str, str]:
@@ -91,9 +113,14 @@ def copy_properties(original: StoredMessage, topic: str, reconsume_times: int) -
     return properties
 
 
-def put_dead_letter(store: MessageStore, topics: TopicService, group: str,
-                    original: StoredMessage, properties: dict[str, str],
-                    on_put: Callable[[str, int], None]) -> tuple[str, PutResult]:
+def put_dead_letter(
+    store: MessageStore,
+    topics: TopicService,
+    group: str,
+    original: StoredMessage,
+    properties: dict[str, str],
+    on_put: Callable[[str, int], None],
+) -> tuple[str, PutResult]:
     """Store a copy of ``original`` in ``%DLQ%<group>`` (created on demand, no delay)."""
     dlq = ensure_topic(topics, DLQ_GROUP_TOPIC_PREFIX + group, DLQ_QUEUE_NUMS)
     payload = encode_message(original.body, encode_properties(properties))

@@ -1,4 +1,5 @@
 """The broker process: wires store, processors, server and name-server registration."""
+
 from __future__ import annotations
 
 import asyncio
@@ -54,8 +55,9 @@ class _NamesrvRequests:
     def handle(self, conn: Connection, frame: Frame) -> list | None:
         if frame.code == RequestCode.NOTIFY_MIN_BROKER_ID_CHANGE:
             return self.members.handle_notification(conn, frame)
-        raise RequestCodeNotSupported(f"broker does not take request code {frame.code} from "
-                                      "a name server")
+        raise RequestCodeNotSupported(
+            f"broker does not take request code {frame.code} from a name server"
+        )
 
     def after_batch(self) -> None:
         pass
@@ -71,9 +73,11 @@ class Broker:
         self.dledger_mode = config.replication_mode == "dledger"
         # A DLedger member starts as a follower; it takes writes only once elected.
         starts_as_slave = config.broker_role == "slave" or self.dledger_mode
-        self.role = RoleState(BrokerRole.SLAVE if starts_as_slave else BrokerRole.MASTER,
-                              config.dledger_self_id if self.dledger_mode else config.broker_id,
-                              None if starts_as_slave else config.listen)
+        self.role = RoleState(
+            BrokerRole.SLAVE if starts_as_slave else BrokerRole.MASTER,
+            config.dledger_self_id if self.dledger_mode else config.broker_id,
+            None if starts_as_slave else config.listen,
+        )
 
         # -- the store, the group, the name servers -------------------------------------
         self.store = MessageStore(config)
@@ -83,69 +87,117 @@ class Broker:
         self.members.on_change.append(self._follow_master)
         self.pool.handler = _NamesrvRequests(self.members)
         self.registration = NamesrvRegistration(config, self.store.topics, self.pool, self.role)
-        self.topics = TopicService(self.store, self.role,
-                                   default_queue_nums=config.default_topic_queue_nums,
-                                   auto_create=config.auto_create_topic_enable,
-                                   on_change=self.registration.request_register)
+        self.topics = TopicService(
+            self.store,
+            self.role,
+            default_queue_nums=config.default_topic_queue_nums,
+            auto_create=config.auto_create_topic_enable,
+            on_change=self.registration.request_register,
+        )
 
         # -- replication: Raft in DLedger mode, else an HA master and client (one runs) ----
-        self.dledger = DLedgerCommitLog(
-            config, self.store, self.topics, on_applied=self._arrived,
-            on_role_change=self._on_leadership) if self.dledger_mode else None
-        self.ha_master = None if self.dledger_mode else \
-            HAMaster(config, self.store, self.members)
-        self.ha_slave = None if self.dledger_mode else \
-            HASlave(config, self.store, self.members, self._replicated)
+        self.dledger = (
+            DLedgerCommitLog(
+                config,
+                self.store,
+                self.topics,
+                on_applied=self._arrived,
+                on_role_change=self._on_leadership,
+            )
+            if self.dledger_mode
+            else None
+        )
+        self.ha_master = None if self.dledger_mode else HAMaster(config, self.store, self.members)
+        self.ha_slave = (
+            None
+            if self.dledger_mode
+            else HASlave(config, self.store, self.members, self._replicated)
+        )
         on_written = self.ha_master.new_data if self.ha_master else _nothing
 
         # -- request processors -----------------------------------------------------------
         self.pull = PullProcessor(self.store, self.topics, config.long_polling_max_wait_ms)
         self.schedule = ScheduleMessageService(
-            self.store, self.flush, on_put=self.pull.message_arrived,
+            self.store,
+            self.flush,
+            on_put=self.pull.message_arrived,
             after_put=lambda: self.processor.after_batch(),
-            flush_interval_ms=config.flush_delay_offset_interval_ms)
-        self.transactions = TransactionalMessageService(self.store, self.flush, self.role,
-                                                        on_put=self.pull.message_arrived)
-        send = SendProcessor(self.store, self.topics, self.flush, self.ha_master, self.dledger,
-                             on_put=self.pull.message_arrived,
-                             put_held_back=HeldBackPut(self.schedule, self.transactions))
+            flush_interval_ms=config.flush_delay_offset_interval_ms,
+        )
+        self.transactions = TransactionalMessageService(
+            self.store, self.flush, self.role, on_put=self.pull.message_arrived
+        )
+        send = SendProcessor(
+            self.store,
+            self.topics,
+            self.flush,
+            self.ha_master,
+            self.dledger,
+            on_put=self.pull.message_arrived,
+            put_held_back=HeldBackPut(self.schedule, self.transactions),
+        )
         self.clients = ClientManager()
         self.locks = RebalanceLockManager(config.rebalance_lock_max_live_time_ms)
         self.processor = BrokerProcessor(
-            self.store, self.topics, send, self.pull,
+            self.store,
+            self.topics,
+            send,
+            self.pull,
             ClientProcessor(self.store, self.topics, self.clients, self.locks),
-            runtime_info=self.runtime_info, on_written=on_written)
-        send_back = ConsumerSendMsgBackProcessor(self.store, self.topics, self.schedule,
-                                                 self.flush, on_put=self.pull.message_arrived)
-        self.processor.register({
-            RequestCode.CONSUMER_SEND_MSG_BACK: send_back.send_back,
-            RequestCode.GET_ALL_DELAY_OFFSET: self.schedule.get_all_delay_offset,
-            RequestCode.END_TRANSACTION: self.transactions.end_transaction,
-        })
+            runtime_info=self.runtime_info,
+            on_written=on_written,
+        )
+        send_back = ConsumerSendMsgBackProcessor(
+            self.store, self.topics, self.schedule, self.flush, on_put=self.pull.message_arrived
+        )
+        self.processor.register(
+            {
+                RequestCode.CONSUMER_SEND_MSG_BACK: send_back.send_back,
+                RequestCode.GET_ALL_DELAY_OFFSET: self.schedule.get_all_delay_offset,
+                RequestCode.END_TRANSACTION: self.transactions.end_transaction,
+            }
+        )
         self.transaction_check = TransactionalMessageCheckService(
-            self.transactions, self.clients, config, after_put=self.processor.after_batch)
-        self.pop = PopService(self.store, self.topics, self.flush, self.role, config,
-                              on_written=on_written, on_put=self.pull.message_arrived)
+            self.transactions, self.clients, config, after_put=self.processor.after_batch
+        )
+        self.pop = PopService(
+            self.store,
+            self.topics,
+            self.flush,
+            self.role,
+            config,
+            on_written=on_written,
+            on_put=self.pull.message_arrived,
+        )
         self.processor.register(self.pop.handlers())
         self.pull.watch_arrivals(self.pop.held, self.pop.serve_arrivals)
         self.topics.on_delete.append(self.pop.forget_topic)
         if self.dledger is not None:
-            self.processor.register({
-                RequestCode.DLEDGER_TRANSFER_LEADERSHIP: self.dledger.handle_transfer,
-                RequestCode.UPDATE_AND_CREATE_TOPIC: self.dledger.create_topic,
-                RequestCode.DELETE_TOPIC_IN_BROKER: self.dledger.delete_topic,
-                **dict.fromkeys(DLEDGER_UNSUPPORTED, _not_in_dledger)})
-        self.slave_sync = SlaveSynchronize(self.store, self.topics, self.members, self.pool,
-                                           self.schedule.progress,
-                                           interval_ms=config.slave_sync_interval_ms,
-                                           # DLedger: topics come only from the log
-                                           sync_topics=not self.dledger_mode)
+            self.processor.register(
+                {
+                    RequestCode.DLEDGER_TRANSFER_LEADERSHIP: self.dledger.handle_transfer,
+                    RequestCode.UPDATE_AND_CREATE_TOPIC: self.dledger.create_topic,
+                    RequestCode.DELETE_TOPIC_IN_BROKER: self.dledger.delete_topic,
+                    **dict.fromkeys(DLEDGER_UNSUPPORTED, _not_in_dledger),
+                }
+            )
+        self.slave_sync = SlaveSynchronize(
+            self.store,
+            self.topics,
+            self.members,
+            self.pool,
+            self.schedule.progress,
+            interval_ms=config.slave_sync_interval_ms,
+            # DLedger: topics come only from the log
+            sync_topics=not self.dledger_mode,
+        )
         self.role.services = self._role_services()
 
         self.server = Server(self.processor, config)
         self.server.on_connection_closed.append(self.clients.connection_closed)
-        self._housekeeping = PeriodicTask("client housekeeping", CLIENT_SCAN_INTERVAL_S,
-                                          self._scan_clients)
+        self._housekeeping = PeriodicTask(
+            "client housekeeping", CLIENT_SCAN_INTERVAL_S, self._scan_clients
+        )
         self._role_changes: set[asyncio.Task] = set()
         self.metrics: WSGIServer | None = None
 
@@ -159,15 +211,19 @@ class Broker:
         if self.ha_master is None or self.ha_slave is None:
             return RoleServices(master=[], slave=[slave_sync], after_change=after_change)
         return RoleServices(
-            master=[RoleService("ha_master", self.ha_master.start, self.ha_master.stop),
-                    RoleService("delay_delivery", self.schedule.start_delivery,
-                                self.schedule.stop_delivery),
-                    RoleService("transaction_check", self.transaction_check.start,
-                                self.transaction_check.stop),
-                    RoleService("pop_revive", self.pop.start, self.pop.stop)],
-            slave=[RoleService("ha_client", self.ha_slave.start, self.ha_slave.stop),
-                   slave_sync],
-            after_change=after_change)
+            master=[
+                RoleService("ha_master", self.ha_master.start, self.ha_master.stop),
+                RoleService(
+                    "delay_delivery", self.schedule.start_delivery, self.schedule.stop_delivery
+                ),
+                RoleService(
+                    "transaction_check", self.transaction_check.start, self.transaction_check.stop
+                ),
+                RoleService("pop_revive", self.pop.start, self.pop.stop),
+            ],
+            slave=[RoleService("ha_client", self.ha_slave.start, self.ha_slave.stop), slave_sync],
+            after_change=after_change,
+        )
 
     def _arrived(self, arrived: list[tuple[str, int]]) -> None:
         """Records written by replication (HA transfer, DLedger apply): wake held pulls."""
@@ -189,9 +245,11 @@ class Broker:
         consumers follow it within one route refresh; its epoch is the Raft term. Called
         from the Raft tick: the change runs as a task of its own, serialised by the role
         state."""
-        change = self.role.change(BrokerRole.MASTER, self.config.listen,
-                                  epoch=self.dledger.node.term) if leader else \
-            self.role.change(BrokerRole.SLAVE, self.members.broker_addrs.get(MASTER_ID))
+        change = (
+            self.role.change(BrokerRole.MASTER, self.config.listen, epoch=self.dledger.node.term)
+            if leader
+            else self.role.change(BrokerRole.SLAVE, self.members.broker_addrs.get(MASTER_ID))
+        )
         task = asyncio.create_task(change)
         self._role_changes.add(task)
         task.add_done_callback(self._role_change_done)
@@ -205,16 +263,22 @@ class Broker:
     def runtime_info(self) -> dict:
         log_ = self.store.commitlog
         return {
-            "cluster_name": self.config.cluster_name, "broker_name": self.config.broker_name,
+            "cluster_name": self.config.cluster_name,
+            "broker_name": self.config.broker_name,
             "broker_id": self.role.registered_id,
             "broker_role": ("leader" if self.dledger.is_leader else "follower")
-            if self.dledger else self.config.broker_role,
+            if self.dledger
+            else self.config.broker_role,
             "role": self.role.info(),
-            "listen": self.config.listen, "pid": os.getpid(), "started_ms": self.started_ms,
-            "commitlog_min_offset": log_.min_offset, "commitlog_max_offset": log_.max_offset,
+            "listen": self.config.listen,
+            "pid": os.getpid(),
+            "started_ms": self.started_ms,
+            "commitlog_min_offset": log_.min_offset,
+            "commitlog_max_offset": log_.max_offset,
             "commitlog_flushed_offset": log_.flushed_offset,
             "flush_disk_type": self.config.flush_disk_type,
-            "topics": len(self.store.topics.topics), "connections": len(self.server.connections),
+            "topics": len(self.store.topics.topics),
+            "connections": len(self.server.connections),
             "alive_replicas": self.members.alive_replicas,
             "ha": self._ha_status(),
         }
@@ -231,12 +295,19 @@ class Broker:
         if self.metrics is not None:
             log_ = self.store.commitlog
             gauge("hamq_commitlog_max_offset", "Commit log end (bytes)", lambda: log_.max_offset)
-            gauge("hamq_commitlog_flushed_offset", "Commit log fsynced up to (bytes)",
-                  lambda: log_.flushed_offset)
-            gauge("hamq_connections", "Open client connections",
-                  lambda: len(self.server.connections))
-            gauge("hamq_alive_replicas", "Members of this group the name server holds alive",
-                  lambda: self.members.alive_replicas)
+            gauge(
+                "hamq_commitlog_flushed_offset",
+                "Commit log fsynced up to (bytes)",
+                lambda: log_.flushed_offset,
+            )
+            gauge(
+                "hamq_connections", "Open client connections", lambda: len(self.server.connections)
+            )
+            gauge(
+                "hamq_alive_replicas",
+                "Members of this group the name server holds alive",
+                lambda: self.members.alive_replicas,
+            )
         if self.dledger is not None:
             await self.dledger.start()
         self.flush.start()
@@ -246,8 +317,12 @@ class Broker:
         self.members.start()
         self._housekeeping.start()
         await self.role.start()
-        log.info("broker %s/%d listening on %s", self.config.broker_name, self.config.broker_id,
-                 self.config.listen)
+        log.info(
+            "broker %s/%d listening on %s",
+            self.config.broker_name,
+            self.config.broker_id,
+            self.config.listen,
+        )
 
     def _scan_clients(self) -> None:
         self.clients.scan_expired(monotonic_ms())
@@ -278,22 +353,38 @@ def _nothing() -> None:
 
 
 # Features whose broker-side writes do not go through Raft yet; refused on DLedger groups.
-DLEDGER_UNSUPPORTED = (RequestCode.CONSUMER_SEND_MSG_BACK, RequestCode.END_TRANSACTION,
-                       RequestCode.POP_MESSAGE, RequestCode.ACK_MESSAGE,
-                       RequestCode.BATCH_ACK_MESSAGE, RequestCode.CHANGE_MESSAGE_INVISIBLETIME)
+DLEDGER_UNSUPPORTED = (
+    RequestCode.CONSUMER_SEND_MSG_BACK,
+    RequestCode.END_TRANSACTION,
+    RequestCode.POP_MESSAGE,
+    RequestCode.ACK_MESSAGE,
+    RequestCode.BATCH_ACK_MESSAGE,
+    RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
+)
 
 
 def _not_in_dledger(conn: Connection, frame: Frame) -> list:
     raise RequestCodeNotSupported(
         f"request code {frame.code} is not supported by DLedger groups yet "
-        "(replication_mode = \"dledger\"): its broker-side writes are not replicated by Raft")
+        '(replication_mode = "dledger"): its broker-side writes are not replicated by Raft'
+    )
 
 
 async def serve_broker(config: BrokerConfig, stop: asyncio.Event) -> None:
     broker = Broker(config)
     await broker.start()
-    print(json.dumps({"event": "ready", "role": "broker", "listen": config.listen,
-                      "broker_name": config.broker_name, "broker_id": config.broker_id,
-                      "pid": os.getpid()}), flush=True)
+    print(
+        json.dumps(
+            {
+                "event": "ready",
+                "role": "broker",
+                "listen": config.listen,
+                "broker_name": config.broker_name,
+                "broker_id": config.broker_id,
+                "pid": os.getpid(),
+            }
+        ),
+        flush=True,
+    )
     await stop.wait()
     await broker.stop()

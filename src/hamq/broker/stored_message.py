@@ -1,5 +1,6 @@
 """Reading single messages back from the store by queue offset, for the broker's own
 services (schedule delivery, send-back, transactions) that re-store a message elsewhere."""
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -24,14 +25,23 @@ class StoredMessage(NamedTuple):
         return offset_msg_id(self.physical_offset, self.index)
 
 
-def _stored(header: RecordHeader, index: int, queue_offset: int, props: bytes,
-            body: bytes) -> StoredMessage:
-    return StoredMessage(queue_offset, header.physical_offset, index, header.store_timestamp_ms,
-                         header.born_timestamp_ms, decode_properties(props), body)
+def _stored(
+    header: RecordHeader, index: int, queue_offset: int, props: bytes, body: bytes
+) -> StoredMessage:
+    return StoredMessage(
+        queue_offset,
+        header.physical_offset,
+        index,
+        header.store_timestamp_ms,
+        header.born_timestamp_ms,
+        decode_properties(props),
+        body,
+    )
 
 
-def read_messages(store: MessageStore, topic: str, queue_id: int, offset: int,
-                  max_messages: int) -> list[StoredMessage]:
+def read_messages(
+    store: MessageStore, topic: str, queue_id: int, offset: int, max_messages: int
+) -> list[StoredMessage]:
     """Messages from ``offset`` (or from the queue's minimum, if retention removed those
     before it); empty past the end."""
     result = store.get_messages(topic, queue_id, offset, max_messages, READ_MAX_BYTES)
@@ -44,8 +54,9 @@ def read_messages(store: MessageStore, topic: str, queue_id: int, offset: int,
     return decode_records(bytes(result.records), offset, _stored)[:max_messages]
 
 
-def read_message(store: MessageStore, topic: str, queue_id: int,
-                 offset: int) -> StoredMessage | None:
+def read_message(
+    store: MessageStore, topic: str, queue_id: int, offset: int
+) -> StoredMessage | None:
     """The message at exactly ``offset``, or None."""
     found = read_messages(store, topic, queue_id, offset, 1)
     return found[0] if found and found[0].queue_offset == offset else None

@@ -3,6 +3,7 @@
 Load is bounded by a message count and a wall-clock limit; results are one JSON object
 with ``msgs_per_s``, ``mb_per_s``, latency percentiles and the exact parameters.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -12,8 +13,13 @@ from array import array
 
 import click
 
-from hamq.aio import (AsyncAdmin, AsyncProducer, AsyncPullConsumer, AsyncPushConsumer,
-                      ConsumeConcurrentlyStatus)
+from hamq.aio import (
+    AsyncAdmin,
+    AsyncProducer,
+    AsyncPullConsumer,
+    AsyncPushConsumer,
+    ConsumeConcurrentlyStatus,
+)
 from hamq.cli.common import emit, namesrv_option, run_async
 from hamq.client.consumer import PullStatus
 from hamq.clock import wall_ms
@@ -30,14 +36,28 @@ def percentile_ms(sorted_s: list[float], q: float) -> float:
     return round(sorted_s[min(len(sorted_s) - 1, int(q * len(sorted_s)))] * 1000, 3)
 
 
-def summary(name: str, messages: int, size: int, elapsed_s: float, latencies_s: array,
-            errors: int, params: dict) -> dict:
+def summary(
+    name: str,
+    messages: int,
+    size: int,
+    elapsed_s: float,
+    latencies_s: array,
+    errors: int,
+    params: dict,
+) -> dict:
     lat = sorted(latencies_s)
-    return {"bench": name, "messages": messages, "elapsed_s": round(elapsed_s, 3),
-            "msgs_per_s": round(messages / elapsed_s) if elapsed_s else 0,
-            "mb_per_s": round(messages * size / elapsed_s / 1e6, 2) if elapsed_s else 0,
-            "p50_ms": percentile_ms(lat, 0.50), "p99_ms": percentile_ms(lat, 0.99),
-            "p999_ms": percentile_ms(lat, 0.999), "errors": errors, "params": params}
+    return {
+        "bench": name,
+        "messages": messages,
+        "elapsed_s": round(elapsed_s, 3),
+        "msgs_per_s": round(messages / elapsed_s) if elapsed_s else 0,
+        "mb_per_s": round(messages * size / elapsed_s / 1e6, 2) if elapsed_s else 0,
+        "p50_ms": percentile_ms(lat, 0.50),
+        "p99_ms": percentile_ms(lat, 0.99),
+        "p999_ms": percentile_ms(lat, 0.999),
+        "errors": errors,
+        "params": params,
+    }
 
 
 async def ensure_topic(namesrv: str, topic: str, queues: int) -> None:
@@ -54,8 +74,16 @@ async def ensure_topic(namesrv: str, topic: str, queues: int) -> None:
         await admin.close()
 
 
-async def run_produce(namesrv: str, topic: str, count: int, size: int, batch: int,
-                      inflight: int, queues: int, max_seconds: float) -> dict:
+async def run_produce(
+    namesrv: str,
+    topic: str,
+    count: int,
+    size: int,
+    batch: int,
+    inflight: int,
+    queues: int,
+    max_seconds: float,
+) -> dict:
     await ensure_topic(namesrv, topic, queues)
     producer = AsyncProducer(namesrv)
     if count < 1 or batch < 1 or inflight < 1:
@@ -83,8 +111,9 @@ async def run_produce(namesrv: str, topic: str, count: int, size: int, batch: in
         sent += 1
         started = perf()
         payload, crc = payloads[n]
-        producer.send_payload_async(topic, payload, crc, n,
-                                    lambda result, err: on_done(err, started, n))
+        producer.send_payload_async(
+            topic, payload, crc, n, lambda result, err: on_done(err, started, n)
+        )
 
     def on_done(err: HamqError | None, started: float, n: int) -> None:
         nonlocal done, errors, delivered
@@ -114,16 +143,29 @@ async def run_produce(namesrv: str, topic: str, count: int, size: int, batch: in
         elapsed = perf() - start
     finally:
         await producer.close()
-    result = summary("produce", delivered, size, elapsed, latencies, errors,
-                     {"count": count, "size": size, "batch": batch, "inflight": inflight,
-                      "topic": topic, "queues": queues, "namesrv": namesrv})
+    result = summary(
+        "produce",
+        delivered,
+        size,
+        elapsed,
+        latencies,
+        errors,
+        {
+            "count": count,
+            "size": size,
+            "batch": batch,
+            "inflight": inflight,
+            "topic": topic,
+            "queues": queues,
+            "namesrv": namesrv,
+        },
+    )
     if first_error:
         result["first_error"] = first_error[0]
     return result
 
 
-async def run_consume(namesrv: str, topic: str, count: int, group: str,
-                      max_seconds: float) -> dict:
+async def run_consume(namesrv: str, topic: str, count: int, group: str, max_seconds: float) -> dict:
     consumer = AsyncPullConsumer(group, namesrv)
     latencies = array("d")
     consumed = 0
@@ -155,13 +197,26 @@ async def run_consume(namesrv: str, topic: str, count: int, group: str,
     finally:
         await consumer.close()
     size = nbytes // consumed if consumed else 0
-    return summary("consume", consumed, size, elapsed, latencies, 0,
-                   {"count": count, "topic": topic, "group": group, "namesrv": namesrv,
-                    "pull_batch": CONSUME_PULL_BATCH})
+    return summary(
+        "consume",
+        consumed,
+        size,
+        elapsed,
+        latencies,
+        0,
+        {
+            "count": count,
+            "topic": topic,
+            "group": group,
+            "namesrv": namesrv,
+            "pull_batch": CONSUME_PULL_BATCH,
+        },
+    )
 
 
-async def run_push_consume(namesrv: str, topic: str, count: int, group: str,
-                           max_seconds: float) -> dict:
+async def run_push_consume(
+    namesrv: str, topic: str, count: int, group: str, max_seconds: float
+) -> dict:
     """A push consumer from the first offset; the listener counts bodies (the cost of the
     consumer's own machinery is what is measured)."""
     done = asyncio.Event()
@@ -176,22 +231,38 @@ async def run_push_consume(namesrv: str, topic: str, count: int, group: str,
             done.set()
         return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
-    consumer = AsyncPushConsumer(group, namesrv, consume_from_where="first",
-                                 pull_batch_size=PUSH_PULL_BATCH,
-                                 consume_message_batch_max_size=PUSH_PULL_BATCH)
+    consumer = AsyncPushConsumer(
+        group,
+        namesrv,
+        consume_from_where="first",
+        pull_batch_size=PUSH_PULL_BATCH,
+        consume_message_batch_max_size=PUSH_PULL_BATCH,
+    )
     consumer.subscribe(topic)
     consumer.register_message_listener(listener)
     await consumer.start()
     try:
         await asyncio.wait_for(done.wait(), max_seconds)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
     elapsed = time.perf_counter() - state["first"] if state["consumed"] else 0.0
     await consumer.shutdown()
     consumed = state["consumed"]
-    return summary("consume_push", consumed, state["bytes"] // consumed if consumed else 0,
-                   elapsed, array("d"), 0, {"count": count, "topic": topic, "group": group,
-                                             "namesrv": namesrv, "pull_batch": PUSH_PULL_BATCH})
+    return summary(
+        "consume_push",
+        consumed,
+        state["bytes"] // consumed if consumed else 0,
+        elapsed,
+        array("d"),
+        0,
+        {
+            "count": count,
+            "topic": topic,
+            "group": group,
+            "namesrv": namesrv,
+            "pull_batch": PUSH_PULL_BATCH,
+        },
+    )
 
 
 @click.group()
@@ -201,8 +272,12 @@ def bench() -> None:
 
 _common = [
     click.option("--topic", default="BenchTopic", show_default=True),
-    click.option("--max-seconds", default=60.0, show_default=True,
-                 help="Stop the run after this long, whatever the count."),
+    click.option(
+        "--max-seconds",
+        default=60.0,
+        show_default=True,
+        help="Stop the run after this long, whatever the count.",
+    ),
     namesrv_option,
     click.option("--json", "as_json", is_flag=True, help="Print one JSON object."),
 ]
@@ -215,9 +290,11 @@ def _with_common(fn):
 
 
 def _text(r: dict) -> str:
-    return (f"{r['bench']}: {r['messages']} msgs in {r['elapsed_s']} s = {r['msgs_per_s']} "
-            f"msgs/s, {r['mb_per_s']} MB/s; latency p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, "
-            f"p99.9 {r['p999_ms']} ms; errors {r['errors']}")
+    return (
+        f"{r['bench']}: {r['messages']} msgs in {r['elapsed_s']} s = {r['msgs_per_s']} "
+        f"msgs/s, {r['mb_per_s']} MB/s; latency p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, "
+        f"p99.9 {r['p999_ms']} ms; errors {r['errors']}"
+    )
 
 
 @bench.command("produce")
@@ -228,11 +305,23 @@ def _text(r: dict) -> str:
 @click.option("--queues", default=4, show_default=True)
 @_with_common
 @run_async
-async def bench_produce(count: int, size: int, batch: int, inflight: int, queues: int,
-                        topic: str, max_seconds: float, namesrv: str, as_json: bool) -> None:
+async def bench_produce(
+    count: int,
+    size: int,
+    batch: int,
+    inflight: int,
+    queues: int,
+    topic: str,
+    max_seconds: float,
+    namesrv: str,
+    as_json: bool,
+) -> None:
     """Throughput of (batched, pipelined) sends."""
-    emit(await run_produce(namesrv, topic, count, size, batch, inflight, queues, max_seconds),
-         as_json, _text)
+    emit(
+        await run_produce(namesrv, topic, count, size, batch, inflight, queues, max_seconds),
+        as_json,
+        _text,
+    )
 
 
 @bench.command("latency")
@@ -241,8 +330,9 @@ async def bench_produce(count: int, size: int, batch: int, inflight: int, queues
 @click.option("--queues", default=4, show_default=True)
 @_with_common
 @run_async
-async def bench_latency(count: int, size: int, queues: int, topic: str, max_seconds: float,
-                        namesrv: str, as_json: bool) -> None:
+async def bench_latency(
+    count: int, size: int, queues: int, topic: str, max_seconds: float, namesrv: str, as_json: bool
+) -> None:
     """One send at a time: latency percentiles."""
     result = await run_produce(namesrv, topic, count, size, 1, 1, queues, max_seconds)
     result["bench"] = "latency"
@@ -251,27 +341,61 @@ async def bench_latency(count: int, size: int, queues: int, topic: str, max_seco
 
 @bench.command("consume")
 @click.option("--count", default=1_000_000, show_default=True)
-@click.option("--group", help="Consumer group (default: bench_consumer; with --pop a new "
-                              "group per run, so every run starts at the first message).")
+@click.option(
+    "--group",
+    help="Consumer group (default: bench_consumer; with --pop a new "
+    "group per run, so every run starts at the first message).",
+)
 @click.option("--pop", is_flag=True, help="Pop consumption with a per-message ack (pipelined).")
-@click.option("--push", is_flag=True, help="A push consumer (a new group per run) with a "
-                                           "listener per message.")
+@click.option(
+    "--push",
+    is_flag=True,
+    help="A push consumer (a new group per run) with a listener per message.",
+)
 @_with_common
 @run_async
-async def bench_consume(count: int, group: str | None, pop: bool, push: bool, topic: str,
-                        max_seconds: float, namesrv: str, as_json: bool) -> None:
+async def bench_consume(
+    count: int,
+    group: str | None,
+    pop: bool,
+    push: bool,
+    topic: str,
+    max_seconds: float,
+    namesrv: str,
+    as_json: bool,
+) -> None:
     """Pull (or pop, or push) throughput from the start of every queue of TOPIC."""
     if push:
-        emit(await run_push_consume(namesrv, topic, count,
-                                    group or f"bench_push_{wall_ms()}",
-                                    max_seconds), as_json, _text)
+        emit(
+            await run_push_consume(
+                namesrv, topic, count, group or f"bench_push_{wall_ms()}", max_seconds
+            ),
+            as_json,
+            _text,
+        )
         return
     if pop:
         from hamq.cli.pop import run_pop_consume
+
         consumed, nbytes, errors, elapsed, latencies, params = await run_pop_consume(
-            namesrv, topic, count, group or f"bench_pop_{wall_ms()}", max_seconds)
-        emit(summary("consume_pop", consumed, nbytes // consumed if consumed else 0, elapsed,
-                     latencies, errors, params), as_json, _text)
+            namesrv, topic, count, group or f"bench_pop_{wall_ms()}", max_seconds
+        )
+        emit(
+            summary(
+                "consume_pop",
+                consumed,
+                nbytes // consumed if consumed else 0,
+                elapsed,
+                latencies,
+                errors,
+                params,
+            ),
+            as_json,
+            _text,
+        )
         return
-    emit(await run_consume(namesrv, topic, count, group or "bench_consumer", max_seconds),
-         as_json, _text)
+    emit(
+        await run_consume(namesrv, topic, count, group or "bench_consumer", max_seconds),
+        as_json,
+        _text,
+    )

@@ -1,5 +1,6 @@
 """Shared CLI plumbing: output as text or JSON, errors as one clear line and exit code 1
 (a bad configuration: exit code 2, as for any other bad usage)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -19,15 +20,21 @@ from hamq.net.server import install_uvloop
 DEFAULT_NAMESRV = "127.0.0.1:9876"
 
 namesrv_option = click.option(
-    "--namesrv", "-n", default=lambda: os.environ.get("HAMQ_NAMESRV", DEFAULT_NAMESRV),
+    "--namesrv",
+    "-n",
+    default=lambda: os.environ.get("HAMQ_NAMESRV", DEFAULT_NAMESRV),
     show_default="$HAMQ_NAMESRV or 127.0.0.1:9876",
-    help="Name server address(es), HOST:PORT separated by ';'.")
+    help="Name server address(es), HOST:PORT separated by ';'.",
+)
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
 
 def setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(level=os.environ.get("HAMQ_LOG_LEVEL", level), stream=sys.stderr,
-                        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("HAMQ_LOG_LEVEL", level),
+        stream=sys.stderr,
+        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+    )
 
 
 def emit(obj: Any, as_json: bool, text: Callable[[Any], str] | None = None) -> None:
@@ -40,6 +47,7 @@ def emit(obj: Any, as_json: bool, text: Callable[[Any], str] | None = None) -> N
 class BadConfig(click.ClickException):
     """A ``ConfigError`` as the user sees it: ``config error: <key> = <value>: <allowed>``,
     one line on stderr, no traceback."""
+
     exit_code = 2
 
     def show(self, file: Any = None) -> None:
@@ -48,6 +56,7 @@ class BadConfig(click.ClickException):
 
 def run_async(fn: Callable) -> Callable:
     """Run an async command body on uvloop; hamq errors become one line on stderr, exit 1."""
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         install_uvloop()
@@ -57,4 +66,5 @@ def run_async(fn: Callable) -> Callable:
             raise click.ClickException(f"{type(err).__name__}: {err.message}") from None
         except KeyboardInterrupt:
             raise SystemExit(130) from None
+
     return wrapper

@@ -1,4 +1,5 @@
 """The ``hamq`` command."""
+
 from __future__ import annotations
 
 import click

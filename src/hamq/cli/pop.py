@@ -1,6 +1,7 @@
 """``hamq consume --pop`` and ``hamq bench consume --pop``: the simple consumer from the
 command line. Every message printed (or counted) is acked with ``ack_async``, so acks leave
 batched and pipelined."""
+
 from __future__ import annotations
 
 import asyncio
@@ -17,19 +18,28 @@ from hamq.errors import HamqError
 CONSUME_POP_BATCH = 32
 CONSUME_INVISIBLE_S = 30.0
 CONSUME_AWAIT_S = 1.0
-BENCH_POP_BATCH = 256          # messages per pop request
-BENCH_RECEIVERS = 4            # pop requests in flight
-BENCH_ACKS_IN_FLIGHT = 8192    # received but not yet acked messages before receiving waits
+BENCH_POP_BATCH = 256  # messages per pop request
+BENCH_RECEIVERS = 4  # pop requests in flight
+BENCH_ACKS_IN_FLIGHT = 8192  # received but not yet acked messages before receiving waits
 BENCH_INVISIBLE_S = 60.0
 
 
-async def consume_pop(namesrv: str, topic: str, group: str, from_beginning: bool,
-                      max_messages: int | None, timeout: float | None,
-                      print_message: Callable[[PopMessageExt], None]) -> None:
-    consumer = AsyncSimpleConsumer(group, namesrv, {topic: "*"},
-                                   await_duration_s=min(timeout or CONSUME_AWAIT_S,
-                                                        CONSUME_AWAIT_S),
-                                   consume_from_first=from_beginning)
+async def consume_pop(
+    namesrv: str,
+    topic: str,
+    group: str,
+    from_beginning: bool,
+    max_messages: int | None,
+    timeout: float | None,
+    print_message: Callable[[PopMessageExt], None],
+) -> None:
+    consumer = AsyncSimpleConsumer(
+        group,
+        namesrv,
+        {topic: "*"},
+        await_duration_s=min(timeout or CONSUME_AWAIT_S, CONSUME_AWAIT_S),
+        consume_from_first=from_beginning,
+    )
 
     def acked(err: HamqError | None) -> None:
         if err is not None:
@@ -43,8 +53,9 @@ async def consume_pop(namesrv: str, topic: str, group: str, from_beginning: bool
             if timeout is not None and monotonic_s() - last_message_at > timeout:
                 break
             try:
-                batch = await consumer.receive(min(remaining or CONSUME_POP_BATCH,
-                                                   CONSUME_POP_BATCH), CONSUME_INVISIBLE_S)
+                batch = await consumer.receive(
+                    min(remaining or CONSUME_POP_BATCH, CONSUME_POP_BATCH), CONSUME_INVISIBLE_S
+                )
             except HamqError as err:
                 click.echo(f"receive failed: {err.message}; retrying", err=True)
                 await asyncio.sleep(1.0)
@@ -59,8 +70,9 @@ async def consume_pop(namesrv: str, topic: str, group: str, from_beginning: bool
         await consumer.close()
 
 
-async def run_pop_consume(namesrv: str, topic: str, count: int, group: str,
-                          max_seconds: float) -> tuple[int, int, int, float, array, dict]:
+async def run_pop_consume(
+    namesrv: str, topic: str, count: int, group: str, max_seconds: float
+) -> tuple[int, int, int, float, array, dict]:
     """Pop ``count`` messages and ack each one; returns (acked, bytes, errors, elapsed_s,
     pop latencies, params). Stops early when a pop finds nothing left."""
     consumer = AsyncSimpleConsumer(group, namesrv, {topic: "*"}, await_duration_s=0)
@@ -84,8 +96,9 @@ async def run_pop_consume(namesrv: str, topic: str, count: int, group: str,
         while received < count and not drained and perf() < deadline:
             await room.wait()
             started = perf()
-            batch = await consumer.receive(min(BENCH_POP_BATCH, count - received),
-                                           BENCH_INVISIBLE_S)
+            batch = await consumer.receive(
+                min(BENCH_POP_BATCH, count - received), BENCH_INVISIBLE_S
+            )
             latencies.append(perf() - started)
             if not batch:
                 drained = True
@@ -107,7 +120,15 @@ async def run_pop_consume(namesrv: str, topic: str, count: int, group: str,
         elapsed = perf() - start
     finally:
         await consumer.close()
-    params = {"count": count, "topic": topic, "group": group, "namesrv": namesrv, "pop": True,
-              "pop_batch": BENCH_POP_BATCH, "receivers": BENCH_RECEIVERS,
-              "acks_in_flight": BENCH_ACKS_IN_FLIGHT, "ack": "per message, batched per turn"}
+    params = {
+        "count": count,
+        "topic": topic,
+        "group": group,
+        "namesrv": namesrv,
+        "pop": True,
+        "pop_batch": BENCH_POP_BATCH,
+        "receivers": BENCH_RECEIVERS,
+        "acks_in_flight": BENCH_ACKS_IN_FLIGHT,
+        "ack": "per message, batched per turn",
+    }
     return acked - errors, nbytes, errors, elapsed, latencies, params

@@ -1,4 +1,5 @@
 """``hamq namesrv``, ``hamq broker`` and ``hamq dev``."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,13 @@ def _load(cls, path, **overrides):
 
 
 @click.command()
-@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
-              help="TOML file with name server settings.")
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="TOML file with name server settings.",
+)
 @click.option("--listen", help="HOST:PORT to serve on (default 127.0.0.1:9876).")
 @click.option("--data", "data_dir", help="Data directory.")
 def namesrv(config_path: str | None, listen: str | None, data_dir: str | None) -> None:
@@ -45,8 +51,14 @@ def namesrv(config_path: str | None, listen: str | None, data_dir: str | None) -
 
 
 @click.command()
-@click.option("-c", "--config", "config_path", required=True, type=click.Path(dir_okay=False),
-              help="TOML file with broker settings (cluster_name, broker_name, listen, ...).")
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="TOML file with broker settings (cluster_name, broker_name, listen, ...).",
+)
 def broker(config_path: str) -> None:
     """Run one broker member."""
     setup_logging()
@@ -55,56 +67,115 @@ def broker(config_path: str) -> None:
 
 
 @click.command()
-@click.option("--data", "data_dir", default="./.hamq-dev", show_default=True,
-              help="Where the cluster keeps its data.")
-@click.option("--port-base", default=9876, show_default=True,
-              help="Name server port; member i of the group listens on port-base + 1035 + 10*i "
-                   "(its HA port one above).")
-@click.option("--mode", type=click.Choice(["single", "master-slave", "dledger"]),
-              default="single", show_default=True,
-              help="One broker; one group of a master and slaves; or one DLedger (Raft) group.")
-@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Members of the group (master-slave: a master and replicas-1 slaves).")
-@click.option("--flush-disk-type", type=click.Choice(["async", "sync"]), default="async",
-              show_default=True)
-@click.option("--broker-role", type=click.Choice(["async_master", "sync_master"]),
-              help="The master's role (default: sync_master in master-slave mode).")
+@click.option(
+    "--data",
+    "data_dir",
+    default="./.hamq-dev",
+    show_default=True,
+    help="Where the cluster keeps its data.",
+)
+@click.option(
+    "--port-base",
+    default=9876,
+    show_default=True,
+    help="Name server port; member i of the group listens on port-base + 1035 + 10*i "
+    "(its HA port one above).",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["single", "master-slave", "dledger"]),
+    default="single",
+    show_default=True,
+    help="One broker; one group of a master and slaves; or one DLedger (Raft) group.",
+)
+@click.option(
+    "--replicas",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Members of the group (master-slave: a master and replicas-1 slaves).",
+)
+@click.option(
+    "--flush-disk-type", type=click.Choice(["async", "sync"]), default="async", show_default=True
+)
+@click.option(
+    "--broker-role",
+    type=click.Choice(["async_master", "sync_master"]),
+    help="The master's role (default: sync_master in master-slave mode).",
+)
 @click.option("--total-replicas", type=int, help="totalReplicas (default: --replicas).")
-@click.option("--in-sync-replicas", type=int, default=1, show_default=True,
-              help="inSyncReplicas: copies a send needs before it is acknowledged.")
-@click.option("--min-in-sync-replicas", type=int, default=1, show_default=True,
-              help="minInSyncReplicas: the floor of automatic degradation.")
+@click.option(
+    "--in-sync-replicas",
+    type=int,
+    default=1,
+    show_default=True,
+    help="inSyncReplicas: copies a send needs before it is acknowledged.",
+)
+@click.option(
+    "--min-in-sync-replicas",
+    type=int,
+    default=1,
+    show_default=True,
+    help="minInSyncReplicas: the floor of automatic degradation.",
+)
 @click.option("--auto-degrade", is_flag=True, help="enableAutoInSyncReplicas.")
-@click.option("--ha-max-gap-not-in-sync", type=int, default=256 * 1024 * 1024, show_default=True,
-              help="haMaxGapNotInSync (bytes): a slave further behind the master is not "
-                   "counted in sync (RocketMQ's default, 256 MiB).")
-def dev(data_dir: str, port_base: int, mode: str, replicas: int, flush_disk_type: str,
-        broker_role: str | None, total_replicas: int | None, in_sync_replicas: int,
-        min_in_sync_replicas: int, auto_degrade: bool, ha_max_gap_not_in_sync: int) -> None:
+@click.option(
+    "--ha-max-gap-not-in-sync",
+    type=int,
+    default=256 * 1024 * 1024,
+    show_default=True,
+    help="haMaxGapNotInSync (bytes): a slave further behind the master is not "
+    "counted in sync (RocketMQ's default, 256 MiB).",
+)
+def dev(
+    data_dir: str,
+    port_base: int,
+    mode: str,
+    replicas: int,
+    flush_disk_type: str,
+    broker_role: str | None,
+    total_replicas: int | None,
+    in_sync_replicas: int,
+    min_in_sync_replicas: int,
+    auto_degrade: bool,
+    ha_max_gap_not_in_sync: int,
+) -> None:
     """Run a local cluster (a name server and one broker group) as child processes."""
     if mode == "single" and replicas != 1:
         raise click.BadParameter("--replicas needs --mode master-slave", param_hint="--replicas")
     root = Path(data_dir).resolve()
     namesrv_addr = f"127.0.0.1:{port_base}"
     members: dict[str, dict] = {}  # name: settings
-    raft_peers = [f"{i}@127.0.0.1:{port_base + 1035 + 10 * (i - 1) + 2}"
-                  for i in range(1, replicas + 1)]
+    raft_peers = [
+        f"{i}@127.0.0.1:{port_base + 1035 + 10 * (i - 1) + 2}" for i in range(1, replicas + 1)
+    ]
     for broker_id in range(replicas):
         name = f"broker-a-{broker_id + 1 if mode == 'dledger' else broker_id}"
         settings = {
-            "cluster_name": "DevCluster", "broker_name": "broker-a", "broker_id": broker_id,
-            "broker_role": "slave" if broker_id else (
-                broker_role or ("sync_master" if mode == "master-slave" else "async_master")),
+            "cluster_name": "DevCluster",
+            "broker_name": "broker-a",
+            "broker_id": broker_id,
+            "broker_role": "slave"
+            if broker_id
+            else (broker_role or ("sync_master" if mode == "master-slave" else "async_master")),
             "listen": f"127.0.0.1:{port_base + 1035 + 10 * broker_id}",
-            "namesrv": [namesrv_addr], "store_dir": str(root / name),
-            "flush_disk_type": flush_disk_type, "total_replicas": total_replicas or replicas,
-            "in_sync_replicas": in_sync_replicas, "min_in_sync_replicas": min_in_sync_replicas,
+            "namesrv": [namesrv_addr],
+            "store_dir": str(root / name),
+            "flush_disk_type": flush_disk_type,
+            "total_replicas": total_replicas or replicas,
+            "in_sync_replicas": in_sync_replicas,
+            "min_in_sync_replicas": min_in_sync_replicas,
             "enable_auto_in_sync_replicas": auto_degrade,
-            "ha_max_gap_not_in_sync": ha_max_gap_not_in_sync}
+            "ha_max_gap_not_in_sync": ha_max_gap_not_in_sync,
+        }
         if mode == "dledger":  # members 1..n; whoever Raft elects registers as brokerId 0
-            settings.update(broker_id=broker_id + 1, broker_role="async_master",
-                            replication_mode="dledger", dledger_self_id=broker_id + 1,
-                            dledger_peers=raft_peers)
+            settings.update(
+                broker_id=broker_id + 1,
+                broker_role="async_master",
+                replication_mode="dledger",
+                dledger_self_id=broker_id + 1,
+                dledger_peers=raft_peers,
+            )
         _load(BrokerConfig, None, **settings)  # a bad flag combination fails here, clearly
         members[name] = settings
     _load(NamesrvConfig, None, listen=namesrv_addr, data_dir=str(root / "namesrv"))
@@ -121,8 +192,9 @@ def dev(data_dir: str, port_base: int, mode: str, replicas: int, flush_disk_type
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        ns = _spawn(["namesrv", "--listen", namesrv_addr, "--data", str(root / "namesrv")], root,
-                    "namesrv")
+        ns = _spawn(
+            ["namesrv", "--listen", namesrv_addr, "--data", str(root / "namesrv")], root, "namesrv"
+        )
         children.append(ns)
         _wait_ready(ns, "namesrv")
         brokers = []
@@ -130,23 +202,42 @@ def dev(data_dir: str, port_base: int, mode: str, replicas: int, flush_disk_type
             proc = _spawn(["broker", "-c", str(root / f"{name}.toml")], root, name)
             children.append(proc)
             _wait_ready(proc, name)
-            brokers.append({"broker_name": m["broker_name"], "broker_id": m["broker_id"],
-                            "role": "dledger" if mode == "dledger" else m["broker_role"],
-                            "address": m["listen"], "pid": proc.pid})
+            brokers.append(
+                {
+                    "broker_name": m["broker_name"],
+                    "broker_id": m["broker_id"],
+                    "role": "dledger" if mode == "dledger" else m["broker_role"],
+                    "address": m["listen"],
+                    "pid": proc.pid,
+                }
+            )
         if mode == "dledger":  # ready means a leader was elected and routes point to it
             _wait_for_master(namesrv_addr, "broker-a")
-        click.echo(json.dumps({"event": "ready", "mode": mode, "namesrv": namesrv_addr,
-                               "data": str(root), "namesrv_pid": ns.pid, "brokers": brokers}))
-        click.echo(f"hamq dev: connect with --namesrv {namesrv_addr} "
-                   f"(or export HAMQ_NAMESRV={namesrv_addr}); logs in {root}; Ctrl-C stops",
-                   err=True)
+        click.echo(
+            json.dumps(
+                {
+                    "event": "ready",
+                    "mode": mode,
+                    "namesrv": namesrv_addr,
+                    "data": str(root),
+                    "namesrv_pid": ns.pid,
+                    "brokers": brokers,
+                }
+            )
+        )
+        click.echo(
+            f"hamq dev: connect with --namesrv {namesrv_addr} "
+            f"(or export HAMQ_NAMESRV={namesrv_addr}); logs in {root}; Ctrl-C stops",
+            err=True,
+        )
         reported: set[int] = set()
         while not stopping:
             for child in children:
                 if child.poll() is not None and child.pid not in reported:
                     reported.add(child.pid)
-                    click.echo(f"hamq dev: child pid {child.pid} exited with {child.returncode}",
-                               err=True)
+                    click.echo(
+                        f"hamq dev: child pid {child.pid} exited with {child.returncode}", err=True
+                    )
             if len(reported) == len(children):
                 break
             time.sleep(0.2)
@@ -155,9 +246,13 @@ def dev(data_dir: str, port_base: int, mode: str, replicas: int, flush_disk_type
 
 
 def _spawn(args: list[str], root: Path, name: str) -> subprocess.Popen:
-    log = open(root / f"{name}.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", "hamq.cli.main", *args],
-                            stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+    log = open(root / f"{name}.log", "ab")  # noqa: SIM115 (the child process holds it)
+    return subprocess.Popen(
+        [sys.executable, "-m", "hamq.cli.main", *args],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        start_new_session=True,
+    )
 
 
 def _wait_for_master(namesrv_addr: str, broker_name: str) -> None:
@@ -167,8 +262,9 @@ def _wait_for_master(namesrv_addr: str, broker_name: str) -> None:
             if broker_name in admin.master_addrs():
                 return
             time.sleep(0.1)
-    raise click.ClickException(f"no leader of {broker_name} registered after "
-                               f"{READY_TIMEOUT_S} s; see the broker logs")
+    raise click.ClickException(
+        f"no leader of {broker_name} registered after {READY_TIMEOUT_S} s; see the broker logs"
+    )
 
 
 def _wait_ready(proc: subprocess.Popen, name: str) -> None:
@@ -179,8 +275,9 @@ def _wait_ready(proc: subprocess.Popen, name: str) -> None:
             break
         line = proc.stdout.readline()
         if not line:
-            raise click.ClickException(f"{name} exited before it was ready "
-                                       f"(code {proc.wait()}); see its log")
+            raise click.ClickException(
+                f"{name} exited before it was ready (code {proc.wait()}); see its log"
+            )
         try:
             if json.loads(line).get("event") == "ready":
                 return

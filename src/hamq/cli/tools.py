@@ -1,4 +1,5 @@
 """``hamq topic``, ``hamq produce``, ``hamq consume`` and ``hamq cluster``."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,8 +9,14 @@ import sys
 
 import click
 
-from hamq.aio import (AsyncAdmin, AsyncProducer, AsyncPushConsumer, ConsumeConcurrentlyStatus,
-                      Message, MessageExt)
+from hamq.aio import (
+    AsyncAdmin,
+    AsyncProducer,
+    AsyncPushConsumer,
+    ConsumeConcurrentlyStatus,
+    Message,
+    MessageExt,
+)
 from hamq.cli.common import emit, json_option, namesrv_option, run_async
 from hamq.clock import monotonic_s
 from hamq.errors import HamqError, MessageIllegal
@@ -17,8 +24,12 @@ from hamq.protocol.properties import MAX_DELAY_LEVEL, validate_properties
 
 PRODUCE_INFLIGHT = 64
 # A command-line consumer is short-lived: join the group and commit progress quickly.
-CLI_CONSUMER_TIMINGS = dict(heartbeat_interval_s=5.0, rebalance_interval_s=5.0,
-                            persist_offset_interval_s=1.0, pull_suspend_ms=1000)
+CLI_CONSUMER_TIMINGS = dict(
+    heartbeat_interval_s=5.0,
+    rebalance_interval_s=5.0,
+    persist_offset_interval_s=1.0,
+    pull_suspend_ms=1000,
+)
 
 
 @click.group()
@@ -33,15 +44,19 @@ def topic() -> None:
 @namesrv_option
 @json_option
 @run_async
-async def topic_create(name: str, queues: int, cluster: str | None, namesrv: str,
-                       as_json: bool) -> None:
+async def topic_create(
+    name: str, queues: int, cluster: str | None, namesrv: str, as_json: bool
+) -> None:
     admin = AsyncAdmin(namesrv)
     try:
         masters = await admin.create_topic(name, queues, cluster=cluster)
     finally:
         await admin.close()
-    emit({"topic": name, "queues": queues, "brokers": sorted(masters)}, as_json,
-         lambda o: f"created {o['topic']} with {o['queues']} queues on {', '.join(o['brokers'])}")
+    emit(
+        {"topic": name, "queues": queues, "brokers": sorted(masters)},
+        as_json,
+        lambda o: f"created {o['topic']} with {o['queues']} queues on {', '.join(o['brokers'])}",
+    )
 
 
 @topic.command("list")
@@ -105,14 +120,31 @@ async def cluster_status(namesrv: str, as_json: bool) -> None:
                     runtime = await admin.broker_runtime_info(addr)
                 except HamqError as err:
                     runtime = {"error": err.message}
-                rows.append({"cluster": entry["cluster"], "broker_name": name,
-                             "broker_id": int(broker_id), "address": addr, **runtime})
+                rows.append(
+                    {
+                        "cluster": entry["cluster"],
+                        "broker_name": name,
+                        "broker_id": int(broker_id),
+                        "address": addr,
+                        **runtime,
+                    }
+                )
     finally:
         await admin.close()
-    emit(rows, as_json, lambda rs: "\n".join(
-        f"{r['cluster']:<16} {r['broker_name']:<12} id={r['broker_id']} {r['address']:<22} "
-        f"role={r.get('broker_role', '?')} commitlog_max={r.get('commitlog_max_offset', '?')} "
-        f"topics={r.get('topics', '?')}" for r in rs) or "no brokers registered")
+    emit(
+        rows,
+        as_json,
+        lambda rs: (
+            "\n".join(
+                f"{r['cluster']:<16} {r['broker_name']:<12} id={r['broker_id']} {r['address']:<22} "
+                f"role={r.get('broker_role', '?')} "
+                f"commitlog_max={r.get('commitlog_max_offset', '?')} "
+                f"topics={r.get('topics', '?')}"
+                for r in rs
+            )
+            or "no brokers registered"
+        ),
+    )
 
 
 @click.command()
@@ -121,21 +153,38 @@ async def cluster_status(namesrv: str, as_json: bool) -> None:
 @click.option("--size", default=100, show_default=True, help="Body size of generated messages.")
 @click.option("--keys", help="Message keys.")
 @click.option("--tags", help="Message tag.")
-@click.option("--delay-level", type=click.IntRange(1, MAX_DELAY_LEVEL),
-              help="Deliver after RocketMQ delay level N (1s 5s 10s 30s 1m 2m ... 2h).")
-@click.option("--deliver-at", "deliver_at", metavar="TIME",
-              help="Deliver at TIME: epoch milliseconds or ISO-8601 (UTC if no offset).")
+@click.option(
+    "--delay-level",
+    type=click.IntRange(1, MAX_DELAY_LEVEL),
+    help="Deliver after RocketMQ delay level N (1s 5s 10s 30s 1m 2m ... 2h).",
+)
+@click.option(
+    "--deliver-at",
+    "deliver_at",
+    metavar="TIME",
+    help="Deliver at TIME: epoch milliseconds or ISO-8601 (UTC if no offset).",
+)
 @namesrv_option
 @json_option
 @run_async
-async def produce(topic_name: str, count: int | None, size: int, keys: str | None,
-                  tags: str | None, delay_level: int | None, deliver_at: str | None,
-                  namesrv: str, as_json: bool) -> None:
+async def produce(
+    topic_name: str,
+    count: int | None,
+    size: int,
+    keys: str | None,
+    tags: str | None,
+    delay_level: int | None,
+    deliver_at: str | None,
+    namesrv: str,
+    as_json: bool,
+) -> None:
     """Send stdin lines (or --count generated bodies) to TOPIC; report each send."""
     if delay_level and deliver_at:
         raise click.UsageError("use either --delay-level or --deliver-at")
-    schedule = {"delay_level": delay_level or 0,
-                "deliver_time_ms": _deliver_time_ms(deliver_at) if deliver_at else 0}
+    schedule = {
+        "delay_level": delay_level or 0,
+        "deliver_time_ms": _deliver_time_ms(deliver_at) if deliver_at else 0,
+    }
     producer = AsyncProducer(namesrv)
     window = asyncio.Semaphore(PRODUCE_INFLIGHT)
     failures = 0
@@ -143,13 +192,23 @@ async def produce(topic_name: str, count: int | None, size: int, keys: str | Non
     async def send_one(body: bytes) -> None:
         nonlocal failures
         try:
-            result = await producer.send(Message(topic_name, body, keys=keys, tags=tags,
-                                                 **schedule))
-            emit({"status": result.status.value, "msg_id": result.msg_id,
-                  "broker_name": result.queue.broker_name, "queue_id": result.queue.queue_id,
-                  "queue_offset": result.queue_offset}, as_json,
-                 lambda o: f"{o['status']} {o['broker_name']}:{o['queue_id']} "
-                           f"offset={o['queue_offset']} msg_id={o['msg_id']}")
+            result = await producer.send(
+                Message(topic_name, body, keys=keys, tags=tags, **schedule)
+            )
+            emit(
+                {
+                    "status": result.status.value,
+                    "msg_id": result.msg_id,
+                    "broker_name": result.queue.broker_name,
+                    "queue_id": result.queue.queue_id,
+                    "queue_offset": result.queue_offset,
+                },
+                as_json,
+                lambda o: (
+                    f"{o['status']} {o['broker_name']}:{o['queue_id']} "
+                    f"offset={o['queue_offset']} msg_id={o['msg_id']}"
+                ),
+            )
         except HamqError as err:
             failures += 1
             click.echo(f"send failed: {type(err).__name__}: {err.message}", err=True)
@@ -174,10 +233,11 @@ def _deliver_time_ms(text: str) -> int:
     try:
         when = datetime.datetime.fromisoformat(text)
     except ValueError:
-        raise click.BadParameter(f"{text!r} is neither epoch milliseconds nor ISO-8601",
-                                 param_hint="--deliver-at") from None
+        raise click.BadParameter(
+            f"{text!r} is neither epoch milliseconds nor ISO-8601", param_hint="--deliver-at"
+        ) from None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.timezone.utc)
+        when = when.replace(tzinfo=datetime.UTC)
     return int(when.timestamp() * 1000)
 
 
@@ -193,30 +253,54 @@ def _bodies(count: int | None, size: int):
 @click.command()
 @click.argument("topic_name")
 @click.option("--group", "-g", required=True, help="Consumer group (offsets are per group).")
-@click.option("--from-beginning", is_flag=True,
-              help="Start at the earliest retained message when the group has no offset.")
+@click.option(
+    "--from-beginning",
+    is_flag=True,
+    help="Start at the earliest retained message when the group has no offset.",
+)
 @click.option("--max", "max_messages", type=int, help="Stop after this many messages.")
 @click.option("--timeout", type=float, help="Stop after this many seconds without messages.")
-@click.option("--pop", is_flag=True,
-              help="Pop consumption (simple consumer): each printed message is acked.")
-@click.option("--expression", default="*", show_default=True,
-              help="Tag expression, e.g. 'TagA || TagB'.")
+@click.option(
+    "--pop", is_flag=True, help="Pop consumption (simple consumer): each printed message is acked."
+)
+@click.option(
+    "--expression", default="*", show_default=True, help="Tag expression, e.g. 'TagA || TagB'."
+)
 @namesrv_option
 @json_option
 @run_async
-async def consume(topic_name: str, group: str, from_beginning: bool, max_messages: int | None,
-                  timeout: float | None, pop: bool, expression: str, namesrv: str,
-                  as_json: bool) -> None:
+async def consume(
+    topic_name: str,
+    group: str,
+    from_beginning: bool,
+    max_messages: int | None,
+    timeout: float | None,
+    pop: bool,
+    expression: str,
+    namesrv: str,
+    as_json: bool,
+) -> None:
     """Print messages of TOPIC as a push consumer of GROUP (offsets committed), or with
     --pop as a simple consumer (each printed message acked)."""
     if pop:
         from hamq.cli.pop import consume_pop  # imports the simple consumer only when used
-        await consume_pop(namesrv, topic_name, group, from_beginning, max_messages, timeout,
-                          lambda msg: _print_message(msg, as_json))
+
+        await consume_pop(
+            namesrv,
+            topic_name,
+            group,
+            from_beginning,
+            max_messages,
+            timeout,
+            lambda msg: _print_message(msg, as_json),
+        )
         return
-    consumer = AsyncPushConsumer(group, namesrv,
-                                 consume_from_where="first" if from_beginning else "last",
-                                 **CLI_CONSUMER_TIMINGS)
+    consumer = AsyncPushConsumer(
+        group,
+        namesrv,
+        consume_from_where="first" if from_beginning else "last",
+        **CLI_CONSUMER_TIMINGS,
+    )
     try:
         await consumer.core.route(topic_name)  # an unknown topic fails here, clearly
     except HamqError:
@@ -245,7 +329,7 @@ async def consume(topic_name: str, group: str, from_beginning: bool, max_message
         while not done.is_set():
             try:
                 await asyncio.wait_for(done.wait(), 0.2)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             if timeout is not None and monotonic_s() - last_message_at > timeout:
                 break
@@ -257,9 +341,14 @@ def _print_message(msg: MessageExt, as_json: bool) -> None:
     if not as_json:
         click.echo(msg.body.decode("utf-8", "replace"))
         return
-    obj = {"topic": msg.topic, "broker_name": msg.broker_name, "queue_id": msg.queue_id,
-           "queue_offset": msg.queue_offset, "msg_id": msg.msg_id,
-           "store_timestamp_ms": msg.store_timestamp_ms}
+    obj = {
+        "topic": msg.topic,
+        "broker_name": msg.broker_name,
+        "queue_id": msg.queue_id,
+        "queue_offset": msg.queue_offset,
+        "msg_id": msg.msg_id,
+        "store_timestamp_ms": msg.store_timestamp_ms,
+    }
     try:
         properties = validate_properties(msg.properties)
     except (ValueError, MessageIllegal) as err:  # msgpack's errors are ValueErrors
@@ -267,8 +356,11 @@ def _print_message(msg: MessageExt, as_json: bool) -> None:
         # (a failing listener would stop the consumer at this message).
         obj["error"] = f"properties cannot be read: {err}"
     else:
-        obj.update(keys=properties.get("KEYS"), tags=properties.get("TAGS"), properties={
-            k: v for k, v in properties.items() if k not in ("KEYS", "TAGS")})
+        obj.update(
+            keys=properties.get("KEYS"),
+            tags=properties.get("TAGS"),
+            properties={k: v for k, v in properties.items() if k not in ("KEYS", "TAGS")},
+        )
     try:
         obj["body"] = msg.body.decode("utf-8")
     except UnicodeDecodeError:

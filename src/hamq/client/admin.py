@@ -1,4 +1,5 @@
 """The asyncio admin client: topics, cluster state, broker runtime info."""
+
 from __future__ import annotations
 
 import asyncio
@@ -16,8 +17,12 @@ from hamq.store.metadata import PERM_READ_WRITE
 class AsyncAdmin:
     """``core`` lets another client share its connections and routes."""
 
-    def __init__(self, namesrv: str | Iterable[str] = (), timeout_s: float = 3.0,
-                 core: ClientCore | None = None) -> None:
+    def __init__(
+        self,
+        namesrv: str | Iterable[str] = (),
+        timeout_s: float = 3.0,
+        core: ClientCore | None = None,
+    ) -> None:
         self.core = core or ClientCore(namesrv, timeout_s)
 
     async def close(self) -> None:
@@ -37,23 +42,40 @@ class AsyncAdmin:
                 masters[name] = addrs[MASTER_ID]
         return masters
 
-    async def create_topic(self, topic: str, queue_nums: int = 4, perm: int = PERM_READ_WRITE,
-                           cluster: str | None = None, wait_s: float = 5.0) -> dict[str, str]:
+    async def create_topic(
+        self,
+        topic: str,
+        queue_nums: int = 4,
+        perm: int = PERM_READ_WRITE,
+        cluster: str | None = None,
+        wait_s: float = 5.0,
+    ) -> dict[str, str]:
         """Create (or update) ``topic`` on every master of ``cluster`` (RocketMQ's
         ``updateTopic -c``); waits until the name servers route it."""
         masters = await self.master_addrs(cluster)
         if not masters:
-            raise BrokerNotFound(f"no master broker registered{f' in cluster {cluster}' if cluster else ''}")
-        ext = {"topic": topic, "read_queue_nums": queue_nums, "write_queue_nums": queue_nums,
-               "perm": perm}
-        await asyncio.gather(*(self.core.invoke(addr, RequestCode.UPDATE_AND_CREATE_TOPIC, ext)
-                               for addr in masters.values()))
+            raise BrokerNotFound(
+                f"no master broker registered{f' in cluster {cluster}' if cluster else ''}"
+            )
+        ext = {
+            "topic": topic,
+            "read_queue_nums": queue_nums,
+            "write_queue_nums": queue_nums,
+            "perm": perm,
+        }
+        await asyncio.gather(
+            *(
+                self.core.invoke(addr, RequestCode.UPDATE_AND_CREATE_TOPIC, ext)
+                for addr in masters.values()
+            )
+        )
         deadline = monotonic_s() + wait_s
         while True:
             try:
                 route = await self.core.route(topic, refresh=True)
-                if {q.broker_name for q in route.write_queues} >= set(masters) and \
-                        len(route.write_queues) >= queue_nums * len(masters):
+                if {q.broker_name for q in route.write_queues} >= set(masters) and len(
+                    route.write_queues
+                ) >= queue_nums * len(masters):
                     break
             except TopicNotExist:
                 pass
@@ -67,19 +89,27 @@ class AsyncAdmin:
         servers. A DLedger follower answers NOT_LEADER: it applies the delete from its
         group's log, so only the leader (brokerId 0) must take it."""
         route = await self.topic_route(topic)
-        members = [(broker_id, addr) for ids in route.brokers.values()
-                   for broker_id, addr in ids.items()]
+        members = [
+            (broker_id, addr) for ids in route.brokers.values() for broker_id, addr in ids.items()
+        ]
         results = await asyncio.gather(
-            *(self.core.invoke(addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic})
-              for _, addr in members), return_exceptions=True)
+            *(
+                self.core.invoke(addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic})
+                for _, addr in members
+            ),
+            return_exceptions=True,
+        )
         for (broker_id, _), result in zip(members, results):
             if isinstance(result, NotLeader) and broker_id != MASTER_ID:
                 continue
             if isinstance(result, BaseException):
                 raise result
-        await asyncio.gather(*(self.core.invoke(addr, RequestCode.DELETE_TOPIC_IN_NAMESRV,
-                                                {"topic": topic})
-                               for addr in self.core.namesrv))
+        await asyncio.gather(
+            *(
+                self.core.invoke(addr, RequestCode.DELETE_TOPIC_IN_NAMESRV, {"topic": topic})
+                for addr in self.core.namesrv
+            )
+        )
 
     async def topic_route(self, topic: str) -> TopicRoute:
         return await self.core.route(topic, refresh=True)
@@ -105,9 +135,14 @@ class AsyncAdmin:
             ext = {"topic": topic, "queue_id": mq.queue_id}
             lo, hi = await asyncio.gather(
                 self.core.invoke(addr, RequestCode.GET_MIN_OFFSET, ext),
-                self.core.invoke(addr, RequestCode.GET_MAX_OFFSET, ext))
-            return {"broker_name": mq.broker_name, "queue_id": mq.queue_id,
-                    "min_offset": lo.ext["offset"], "max_offset": hi.ext["offset"]}
+                self.core.invoke(addr, RequestCode.GET_MAX_OFFSET, ext),
+            )
+            return {
+                "broker_name": mq.broker_name,
+                "queue_id": mq.queue_id,
+                "min_offset": lo.ext["offset"],
+                "max_offset": hi.ext["offset"],
+            }
 
         return list(await asyncio.gather(*(row(mq) for mq in route.read_queues)))
 
@@ -122,12 +157,22 @@ class AsyncAdmin:
                 if owner != group:
                     continue
                 for queue_id, offset in sorted(queues.items(), key=lambda kv: int(kv[0])):
-                    top = await self.core.invoke(addr, RequestCode.GET_MAX_OFFSET,
-                                                 {"topic": topic, "queue_id": int(queue_id)})
+                    top = await self.core.invoke(
+                        addr,
+                        RequestCode.GET_MAX_OFFSET,
+                        {"topic": topic, "queue_id": int(queue_id)},
+                    )
                     max_offset = top.ext["offset"]
-                    rows.append({"topic": topic, "broker_name": broker_name,
-                                 "queue_id": int(queue_id), "broker_offset": max_offset,
-                                 "consumer_offset": offset, "lag": max_offset - offset})
+                    rows.append(
+                        {
+                            "topic": topic,
+                            "broker_name": broker_name,
+                            "queue_id": int(queue_id),
+                            "broker_offset": max_offset,
+                            "consumer_offset": offset,
+                            "lag": max_offset - offset,
+                        }
+                    )
         return rows
 
     async def elect(self, broker_name: str, member_id: int, wait_s: float = 10.0) -> str:
@@ -138,8 +183,9 @@ class AsyncAdmin:
         leader = {int(k): v for k, v in (entry or {}).get("broker_addrs", {}).items()}.get(0)
         if leader is None:
             raise BrokerNotFound(f"broker group {broker_name} has no leader right now")
-        await self.core.invoke(leader, RequestCode.DLEDGER_TRANSFER_LEADERSHIP,
-                               {"member_id": member_id})
+        await self.core.invoke(
+            leader, RequestCode.DLEDGER_TRANSFER_LEADERSHIP, {"member_id": member_id}
+        )
         deadline = monotonic_s() + wait_s
         while monotonic_s() < deadline:
             await asyncio.sleep(0.1)
@@ -149,5 +195,6 @@ class AsyncAdmin:
                 runtime = await self.broker_runtime_info(new)
                 if runtime.get("ha", {}).get("member_id") == member_id:
                     return new
-        raise BrokerNotFound(f"member {member_id} of {broker_name} did not take over within "
-                             f"{wait_s} s")
+        raise BrokerNotFound(
+            f"member {member_id} of {broker_name} did not take over within {wait_s} s"
+        )

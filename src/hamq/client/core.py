@@ -1,5 +1,6 @@
 """What every client shares: name-server addresses, a connection pool, cached topic routes
 and ``invoke`` (one request, errors raised as ``hamq.errors`` classes)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,13 +31,15 @@ class TopicRoute:
     topic: str
     write_queues: tuple[MessageQueue, ...]
     read_queues: tuple[MessageQueue, ...]
-    brokers: dict[str, dict[int, str]]   # broker name -> broker id -> address
+    brokers: dict[str, dict[int, str]]  # broker name -> broker id -> address
     fetched_at: float
 
     @staticmethod
-    def from_wire(topic: str, data: dict) -> "TopicRoute":
-        brokers = {b["broker_name"]: {int(i): a for i, a in b["broker_addrs"].items()}
-                   for b in data["broker_datas"]}
+    def from_wire(topic: str, data: dict) -> TopicRoute:
+        brokers = {
+            b["broker_name"]: {int(i): a for i, a in b["broker_addrs"].items()}
+            for b in data["broker_datas"]
+        }
         write, read = [], []
         for qd in data["queue_datas"]:
             name = qd["broker_name"]
@@ -68,8 +71,12 @@ def namesrv_list(namesrv: str | Iterable[str]) -> list[str]:
 
 
 class ClientCore:
-    def __init__(self, namesrv: str | Iterable[str], timeout_s: float = DEFAULT_TIMEOUT_S,
-                 route_refresh_interval_s: float = ROUTE_REFRESH_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        namesrv: str | Iterable[str],
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        route_refresh_interval_s: float = ROUTE_REFRESH_INTERVAL_S,
+    ) -> None:
         self.namesrv = namesrv_list(namesrv)
         self.timeout_s = timeout_s
         self.route_refresh_interval_s = route_refresh_interval_s
@@ -92,9 +99,15 @@ class ClientCore:
     def avoiding_any(self) -> bool:
         return bool(self._unreachable)
 
-    async def invoke(self, addr: str, code: int, ext: dict | None = None, body: bytes = b"",
-                     ok: Iterable[int] = (ResponseCode.SUCCESS,),
-                     timeout_s: float | None = None) -> Frame:
+    async def invoke(
+        self,
+        addr: str,
+        code: int,
+        ext: dict | None = None,
+        body: bytes = b"",
+        ok: Iterable[int] = (ResponseCode.SUCCESS,),
+        timeout_s: float | None = None,
+    ) -> Frame:
         conn = await self.pool.get(addr)
         frame = await conn.request(code, ext, body, timeout_s or self.timeout_s)
         if frame.code not in ok:
@@ -112,7 +125,7 @@ class ClientCore:
                 return await self.invoke(addr, code, ext)
             except (ConnectionLost, RequestTimeout) as err:
                 last = ConnectionLost(f"name server {addr} unreachable: {err.message}")
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 last = ConnectionLost(f"name server {addr} did not answer")
             self._namesrv_index = (start + i + 1) % len(self.namesrv)
         raise last
@@ -123,8 +136,11 @@ class ClientCore:
         cached route is kept (RocketMQ keeps its topic route table): the brokers may well
         be healthy, and a client must not stop because its name servers are down."""
         cached = self.routes.get(topic)
-        if cached is not None and not refresh and \
-                monotonic_s() - cached.fetched_at < self.route_refresh_interval_s:
+        if (
+            cached is not None
+            and not refresh
+            and monotonic_s() - cached.fetched_at < self.route_refresh_interval_s
+        ):
             return cached
         try:
             frame = await self.invoke_namesrv(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
@@ -134,8 +150,7 @@ class ClientCore:
         except HamqError as err:
             if cached is None:
                 raise
-            log.warning("route of %s not refreshed, keeping the cached one: %s", topic,
-                        err.message)
+            log.warning("route of %s not refreshed, keeping the cached one: %s", topic, err.message)
             # Next attempt after another interval, so requests do not each wait on a
             # name server that is down.
             cached = self.routes[topic] = replace(cached, fetched_at=monotonic_s())
@@ -144,9 +159,15 @@ class ClientCore:
         self.routes[topic] = route
         return route
 
-    async def invoke_group(self, topic: str, broker_name: str, code: int,
-                           ext: dict | None = None, ok: Iterable[int] = (ResponseCode.SUCCESS,),
-                           timeout_s: float | None = None) -> Frame:
+    async def invoke_group(
+        self,
+        topic: str,
+        broker_name: str,
+        code: int,
+        ext: dict | None = None,
+        ok: Iterable[int] = (ResponseCode.SUCCESS,),
+        timeout_s: float | None = None,
+    ) -> Frame:
         """A read-side request to a broker group: the master, or — when it does not answer
         — the next member (RocketMQ's slave read, so consumers survive a master failure)."""
         route = await self.route(topic)
@@ -169,11 +190,13 @@ class ClientCore:
     async def heart_beat(self, addrs: Iterable[str], body: bytes) -> None:
         """HEART_BEAT to every address; a broker that does not answer is retried at the
         next period, so a failure is only logged."""
+
         async def one(addr: str) -> None:
             try:
                 await self.invoke(addr, RequestCode.HEART_BEAT, body=body)
             except HamqError as err:
                 log.debug("heartbeat to %s failed: %s", addr, err.message)
+
         await asyncio.gather(*(one(addr) for addr in addrs))
 
     async def close(self) -> None:

@@ -1,17 +1,28 @@
 """User-facing message types, named as in RocketMQ's client."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
 
 from hamq.errors import MessageIllegal
-from hamq.protocol.message import (RecordHeader, decode_properties, encode_message,
-                                   encode_properties, offset_msg_id)
-from hamq.protocol.properties import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_ORIGIN_MESSAGE_ID,
-                                      PROPERTY_RETRY_TOPIC,
-                                      PROPERTY_TIMER_DELIVER_MS, PROPERTY_UNIQ_KEY,
-                                      RETRY_GROUP_TOPIC_PREFIX, leading_held_back_properties,
-                                      reconsume_times_of)
+from hamq.protocol.message import (
+    RecordHeader,
+    decode_properties,
+    encode_message,
+    encode_properties,
+    offset_msg_id,
+)
+from hamq.protocol.properties import (
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_RETRY_TOPIC,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_UNIQ_KEY,
+    RETRY_GROUP_TOPIC_PREFIX,
+    leading_held_back_properties,
+    reconsume_times_of,
+)
 
 PROPERTY_KEYS = "KEYS"
 PROPERTY_TAGS = "TAGS"
@@ -38,7 +49,7 @@ class Message:
     keys: str | list[str] | None = None
     tags: str | None = None
     properties: dict[str, str] = field(default_factory=dict)
-    delay_level: int = 0      # 1..18: RocketMQ's delay levels (1s 5s 10s 30s 1m ... 2h)
+    delay_level: int = 0  # 1..18: RocketMQ's delay levels (1s 5s 10s 30s 1m ... 2h)
     deliver_time_ms: int = 0  # deliver at this epoch time (timer message)
 
     def encode(self, uniq_key: str | None = None) -> bytes:
@@ -46,8 +57,9 @@ class Message:
         ``uniq_key`` (``UNIQ_KEY_CHARS`` characters) as its UNIQ_KEY unless it has one."""
         if not isinstance(self.body, (bytes, bytearray, memoryview)):
             raise TypeError(f"message body must be bytes, not {type(self.body).__name__}")
-        if not (self.keys or self.tags or self.properties or self.delay_level or
-                self.deliver_time_ms):
+        if not (
+            self.keys or self.tags or self.properties or self.delay_level or self.deliver_time_ms
+        ):
             if uniq_key is None:
                 return encode_message(self.body)
             raw_key = uniq_key.encode()
@@ -75,11 +87,25 @@ class MessageExt:
     is shared by all messages of a batch; properties are decoded on first access, so
     consumers that only read bodies pay nothing for them."""
 
-    __slots__ = ("broker_name", "_record", "_index", "queue_offset", "_props", "body",
-                 "_properties")
+    __slots__ = (
+        "_index",
+        "_properties",
+        "_props",
+        "_record",
+        "body",
+        "broker_name",
+        "queue_offset",
+    )
 
-    def __init__(self, broker_name: str, record: RecordHeader, index: int, queue_offset: int,
-                 props: bytes, body: bytes) -> None:
+    def __init__(
+        self,
+        broker_name: str,
+        record: RecordHeader,
+        index: int,
+        queue_offset: int,
+        props: bytes,
+        body: bytes,
+    ) -> None:
         self.broker_name = broker_name
         self._record = record
         self._index = index
@@ -146,8 +172,10 @@ class MessageExt:
         return reconsume_times_of(self.properties)
 
     def __repr__(self) -> str:
-        return (f"MessageExt(topic={self.topic!r}, queue={self.broker_name}:{self.queue_id}, "
-                f"offset={self.queue_offset}, body={len(self.body)} bytes)")
+        return (
+            f"MessageExt(topic={self.topic!r}, queue={self.broker_name}:{self.queue_id}, "
+            f"offset={self.queue_offset}, body={len(self.body)} bytes)"
+        )
 
 
 class SendStatus(Enum):
@@ -160,9 +188,9 @@ class SendStatus(Enum):
 @dataclass(frozen=True)
 class SendResult:
     status: SendStatus
-    msg_id: str            # of the first message when a batch was sent
+    msg_id: str  # of the first message when a batch was sent
     queue: MessageQueue
-    queue_offset: int      # of the first message when a batch was sent
+    queue_offset: int  # of the first message when a batch was sent
     count: int = 1
 
     @property

@@ -9,6 +9,7 @@ Retriable failures move to another queue, preferring another broker group
 Every message gets a UNIQ_KEY (RocketMQ's client-generated id) when it is encoded: a send
 retried after a timeout carries the same bytes, so a consumer can recognise the copy.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -18,13 +19,19 @@ import zlib
 from collections.abc import Callable, Iterable
 
 from hamq.client.core import ClientCore, TopicRoute
-from hamq.client.message import (UNIQ_KEY_CHARS, Message, MessageQueue, SendResult,
-                                 SendStatus)
+from hamq.client.message import UNIQ_KEY_CHARS, Message, MessageQueue, SendResult, SendStatus
 from hamq.clock import monotonic_s, wall_ms
-from hamq.errors import (ConnectionLost, HamqError, InvalidArgument, RequestTimeout,
-                         ServiceNotAvailable, TopicNotExist)
-from hamq.net.connection import Connection
+from hamq.errors import (
+    ConnectionLost,
+    HamqError,
+    InvalidArgument,
+    RequestTimeout,
+    ServiceNotAvailable,
+    TopicNotExist,
+)
 from hamq.namesrv.routes import AUTO_CREATE_TOPIC_KEY_TOPIC
+from hamq.net.connection import Connection
+from hamq.net.tasks import spawn
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame
 from hamq.protocol.limits import MAX_BATCH_MESSAGES
@@ -54,12 +61,17 @@ class UniqKeys:
 
     def next(self) -> str:
         # 12 hex digits last for 2**48 messages of one process.
-        return "%s%012X" % (self._prefix, next(self._counter))
+        return f"{self._prefix}{next(self._counter):012X}"
 
 
 class AsyncProducer:
-    def __init__(self, namesrv: str | Iterable[str], group: str = "DEFAULT_PRODUCER",
-                 send_timeout_s: float = 3.0, retry_times_when_send_failed: int = 2) -> None:
+    def __init__(
+        self,
+        namesrv: str | Iterable[str],
+        group: str = "DEFAULT_PRODUCER",
+        send_timeout_s: float = 3.0,
+        retry_times_when_send_failed: int = 2,
+    ) -> None:
         self.group = group
         self.core = ClientCore(namesrv, send_timeout_s)
         self.send_timeout_s = send_timeout_s
@@ -77,8 +89,9 @@ class AsyncProducer:
 
     # -- public API ---------------------------------------------------------------------
     async def send(self, message: Message, queue: MessageQueue | None = None) -> SendResult:
-        return await self._as_future(message.topic, [self.encode(message)],
-                                     RequestCode.SEND_MESSAGE, queue)
+        return await self._as_future(
+            message.topic, [self.encode(message)], RequestCode.SEND_MESSAGE, queue
+        )
 
     async def send_orderly(self, message: Message, sharding_key: str | bytes) -> SendResult:
         """Send to the queue chosen by ``sharding_key`` (a stable hash), so one key's
@@ -91,8 +104,9 @@ class AsyncProducer:
         queues = (await self._route(topic)).write_queues
         return queues[zlib.crc32(key) % len(queues)]
 
-    async def send_batch(self, messages: list[Message],
-                         queue: MessageQueue | None = None) -> SendResult:
+    async def send_batch(
+        self, messages: list[Message], queue: MessageQueue | None = None
+    ) -> SendResult:
         """All messages must share one topic; they are stored as one record, in order."""
         if not messages:
             raise InvalidArgument("send_batch needs at least one message")
@@ -103,23 +117,38 @@ class AsyncProducer:
             raise InvalidArgument("all messages of a batch must have the same topic")
         if len(messages) > 1 and any(m.delay_level or m.deliver_time_ms for m in messages):
             # RocketMQ does not batch them either: each waits in the schedule topic alone.
-            raise InvalidArgument("delay and timer messages cannot be batched; send them "
-                                  "one at a time")
-        return await self._as_future(topic, [self.encode(m) for m in messages],
-                                     RequestCode.SEND_BATCH_MESSAGE, queue)
+            raise InvalidArgument(
+                "delay and timer messages cannot be batched; send them one at a time"
+            )
+        return await self._as_future(
+            topic, [self.encode(m) for m in messages], RequestCode.SEND_BATCH_MESSAGE, queue
+        )
 
-    def send_async(self, message: Message, callback: SendCallback,
-                   queue: MessageQueue | None = None) -> None:
+    def send_async(
+        self, message: Message, callback: SendCallback, queue: MessageQueue | None = None
+    ) -> None:
         """Send without waiting; ``callback(result, error)`` runs on the event loop."""
         self.send_encoded_async(message.topic, [self.encode(message)], callback, queue)
 
-    def send_encoded_async(self, topic: str, encoded: list[bytes], callback: SendCallback,
-                           queue: MessageQueue | None = None) -> None:
+    def send_encoded_async(
+        self,
+        topic: str,
+        encoded: list[bytes],
+        callback: SendCallback,
+        queue: MessageQueue | None = None,
+    ) -> None:
         payload, crc = encode_batch(encoded)
         self.send_payload_async(topic, payload, crc, len(encoded), callback, queue)
 
-    def send_payload_async(self, topic: str, payload: bytes, crc: int, count: int,
-                           callback: SendCallback, queue: MessageQueue | None = None) -> None:
+    def send_payload_async(
+        self,
+        topic: str,
+        payload: bytes,
+        crc: int,
+        count: int,
+        callback: SendCallback,
+        queue: MessageQueue | None = None,
+    ) -> None:
         """Send a batch that is already encoded (``protocol.message.encode_batch``): the
         same bytes can be sent many times without re-encoding."""
         code = RequestCode.SEND_MESSAGE if count == 1 else RequestCode.SEND_BATCH_MESSAGE
@@ -129,8 +158,12 @@ class AsyncProducer:
         """Fetch the route and open a connection to every master of ``topic``, so the first
         sends do not pay for it (benchmarks, latency-sensitive producers)."""
         route = await self._route(topic)
-        await asyncio.gather(*(self.core.pool.get(route.master_addr(name))
-                               for name in {q.broker_name for q in route.write_queues}))
+        await asyncio.gather(
+            *(
+                self.core.pool.get(route.master_addr(name))
+                for name in {q.broker_name for q in route.write_queues}
+            )
+        )
 
     async def send_oneway(self, message: Message) -> None:
         route = await self._route(message.topic)
@@ -144,8 +177,9 @@ class AsyncProducer:
         return message.encode(self._uniq_keys.next())
 
     # -- internals ----------------------------------------------------------------------
-    def _as_future(self, topic: str, encoded: list[bytes], code: int,
-                   queue: MessageQueue | None) -> asyncio.Future[SendResult]:
+    def _as_future(
+        self, topic: str, encoded: list[bytes], code: int, queue: MessageQueue | None
+    ) -> asyncio.Future[SendResult]:
         future = asyncio.get_running_loop().create_future()
 
         def done(result: SendResult | None, err: HamqError | None) -> None:
@@ -156,10 +190,10 @@ class AsyncProducer:
         self._dispatch(_Send(topic, code, payload, crc, len(encoded), done, queue))
         return future
 
-    def _dispatch(self, s: "_Send") -> None:
+    def _dispatch(self, s: _Send) -> None:
         route = self.core.routes.get(s.topic)
         if route is None or s.topic in self._stale:
-            asyncio.ensure_future(self._route_then_dispatch(s))
+            spawn(self._route_then_dispatch(s))
             return
         try:
             mq = s.queue or self._select_queue(route, s.avoid)
@@ -168,31 +202,34 @@ class AsyncProducer:
             return
         addr = route.master_addr(mq.broker_name)
         if addr is None:
-            self._retry_or_fail(s, mq, ServiceNotAvailable(
-                f"broker group {mq.broker_name} has no master"))
+            self._retry_or_fail(
+                s, mq, ServiceNotAvailable(f"broker group {mq.broker_name} has no master")
+            )
             return
         conn = self.core.pool.get_ready(addr)
         if conn is None:
-            asyncio.ensure_future(self._connect_then_send(s, mq, addr))
+            spawn(self._connect_then_send(s, mq, addr))
         else:
             self._send_on(conn, s, mq)
 
-    def _send_on(self, conn: Connection, s: "_Send", mq: MessageQueue) -> None:
+    def _send_on(self, conn: Connection, s: _Send, mq: MessageQueue) -> None:
         def on_response(frame: Frame | None, err: HamqError | None) -> None:
             if err is None:
                 status = _STATUS_BY_CODE.get(frame.code)
                 if status is not None:
                     ext = frame.ext
-                    s.callback(SendResult(status, ext["msg_id"], mq, ext["queue_offset"],
-                                          s.count), None)
+                    s.callback(
+                        SendResult(status, ext["msg_id"], mq, ext["queue_offset"], s.count), None
+                    )
                     return
                 err = HamqError.for_code(frame.code, frame.remark)
             self._retry_or_fail(s, mq, err)
 
-        conn.request_cb(s.code, on_response, self._ext(mq, s.crc, s.count), s.payload,
-                        self.send_timeout_s)
+        conn.request_cb(
+            s.code, on_response, self._ext(mq, s.crc, s.count), s.payload, self.send_timeout_s
+        )
 
-    async def _connect_then_send(self, s: "_Send", mq: MessageQueue, addr: str) -> None:
+    async def _connect_then_send(self, s: _Send, mq: MessageQueue, addr: str) -> None:
         try:
             conn = await self.core.pool.get(addr)
         except HamqError as err:
@@ -200,7 +237,7 @@ class AsyncProducer:
             return
         self._send_on(conn, s, mq)
 
-    async def _route_then_dispatch(self, s: "_Send") -> None:
+    async def _route_then_dispatch(self, s: _Send) -> None:
         refreshing = self._refreshing.get(s.topic)
         if refreshing is None:  # one route lookup however many sends wait for it
             refreshing = asyncio.ensure_future(self._route(s.topic))
@@ -216,7 +253,7 @@ class AsyncProducer:
             await asyncio.sleep(ROUTE_RETRY_DELAY_S * s.attempt)
         self._dispatch(s)
 
-    def _retry_or_fail(self, s: "_Send", mq: MessageQueue, err: HamqError) -> None:
+    def _retry_or_fail(self, s: _Send, mq: MessageQueue, err: HamqError) -> None:
         if err.refresh_route:
             self._stale.add(s.topic)
         if isinstance(err, (ConnectionLost, RequestTimeout)):
@@ -242,11 +279,19 @@ class AsyncProducer:
             try:
                 template = await self.core.route(AUTO_CREATE_TOPIC_KEY_TOPIC, refresh=refresh)
             except TopicNotExist:
-                raise TopicNotExist(f"topic {topic!r} does not exist (no route on the name "
-                                    "servers) and no broker auto-creates topics") from None
-            route = TopicRoute(topic, tuple(MessageQueue(topic, q.broker_name, q.queue_id)
-                                            for q in template.write_queues), (),
-                               template.brokers, monotonic_s())
+                raise TopicNotExist(
+                    f"topic {topic!r} does not exist (no route on the name "
+                    "servers) and no broker auto-creates topics"
+                ) from None
+            route = TopicRoute(
+                topic,
+                tuple(
+                    MessageQueue(topic, q.broker_name, q.queue_id) for q in template.write_queues
+                ),
+                (),
+                template.brokers,
+                monotonic_s(),
+            )
             self.core.routes[topic] = route
             self._stale.add(topic)  # look up the real route next time
         if not route.write_queues:
@@ -263,16 +308,24 @@ class AsyncProducer:
         n = next(self._next_queue)
         if avoid is None and not self.core.avoiding_any:  # the common case, cheaply
             return queues[n % len(queues)]
-        healthy = [q for q in queues if q.broker_name != avoid
-                   and self.core.reachable(route.master_addr(q.broker_name))]
+        healthy = [
+            q
+            for q in queues
+            if q.broker_name != avoid and self.core.reachable(route.master_addr(q.broker_name))
+        ]
         if healthy and len(healthy) < len(queues):
             return healthy[n % len(healthy)]
         return queues[n % len(queues)]
 
     @staticmethod
     def _ext(mq: MessageQueue, crc: int, count: int) -> dict:
-        return {"topic": mq.topic, "queue_id": mq.queue_id, "count": count, "crc": crc,
-                "born_ts": wall_ms()}
+        return {
+            "topic": mq.topic,
+            "queue_id": mq.queue_id,
+            "count": count,
+            "crc": crc,
+            "born_ts": wall_ms(),
+        }
 
 
 __all__ = ["AsyncProducer"]
@@ -282,11 +335,28 @@ class _Send:
     """One send in flight: its bytes, where its answer goes and how far its retries got.
     A plain object (not a task or future), so thousands in flight stay cheap."""
 
-    __slots__ = ("topic", "code", "payload", "crc", "count", "callback", "queue", "attempt",
-                 "avoid")
+    __slots__ = (
+        "attempt",
+        "avoid",
+        "callback",
+        "code",
+        "count",
+        "crc",
+        "payload",
+        "queue",
+        "topic",
+    )
 
-    def __init__(self, topic: str, code: int, payload: bytes, crc: int, count: int,
-                 callback: SendCallback, queue: MessageQueue | None) -> None:
+    def __init__(
+        self,
+        topic: str,
+        code: int,
+        payload: bytes,
+        crc: int,
+        count: int,
+        callback: SendCallback,
+        queue: MessageQueue | None,
+    ) -> None:
         self.topic = topic
         self.code = code
         self.payload = payload

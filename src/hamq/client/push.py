@@ -18,6 +18,7 @@ listener; progress is committed periodically and at shutdown.
 
 Sync listeners run in a thread pool (one hop per pulled batch), async ones on the loop.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -53,18 +54,18 @@ from hamq.protocol.properties import (
 
 log = logging.getLogger(__name__)
 
-PULL_ERROR_BACKOFF_S = 1.0           # RocketMQ pullTimeDelayMillsWhenException is 3 s
-SUSPEND_CURRENT_QUEUE_S = 1.0        # suspendCurrentQueueTimeMillis
-LOCAL_LOCK_MAX_LIVE_S = 30.0         # REBALANCE_LOCK_MAX_LIVE_TIME on the client
-CONSUME_THREADS = 20                 # consumeThreadMax
-CONSUME_DRAIN_TIMEOUT_S = 10.0       # how long a dropped concurrent queue waits for its listener
-AWAIT_TERMINATION_S = 30.0           # awaitTerminationMillisWhenShutdown
-STOP_LOOPS_TIMEOUT_S = 5.0           # shutdown: the lock loop to end
-LOCK_RETRY_S = 1.0                   # orderly: ask again for a lock that was refused
-RECONSUME_KEPT_S = 5.0               # submitConsumeRequestLater: retry of a kept message
-KEPT_MAX = 1000                      # pullThresholdForQueue: no pulls while this many wait
+PULL_ERROR_BACKOFF_S = 1.0  # RocketMQ pullTimeDelayMillsWhenException is 3 s
+SUSPEND_CURRENT_QUEUE_S = 1.0  # suspendCurrentQueueTimeMillis
+LOCAL_LOCK_MAX_LIVE_S = 30.0  # REBALANCE_LOCK_MAX_LIVE_TIME on the client
+CONSUME_THREADS = 20  # consumeThreadMax
+CONSUME_DRAIN_TIMEOUT_S = 10.0  # how long a dropped concurrent queue waits for its listener
+AWAIT_TERMINATION_S = 30.0  # awaitTerminationMillisWhenShutdown
+STOP_LOOPS_TIMEOUT_S = 5.0  # shutdown: the lock loop to end
+LOCK_RETRY_S = 1.0  # orderly: ask again for a lock that was refused
+RECONSUME_KEPT_S = 5.0  # submitConsumeRequestLater: retry of a kept message
+KEPT_MAX = 1000  # pullThresholdForQueue: no pulls while this many wait
 CONSUME_TIMESTAMP_AGO_MS = 30 * 60_000  # consumeTimestamp: half an hour before start
-DEFAULT_INSTANCE_NAME = "DEFAULT"    # RocketMQ's instanceName default
+DEFAULT_INSTANCE_NAME = "DEFAULT"  # RocketMQ's instanceName default
 
 
 class ConsumeConcurrentlyStatus(Enum):
@@ -83,16 +84,17 @@ Listener = Callable[[list[MessageExt]], object]
 @dataclass
 class ProcessQueue:
     """One assigned queue: where consumption stands and the task pulling it."""
+
     mq: MessageQueue
-    offset: int                 # next offset to pull
-    committed: int | None       # last offset committed (None: the group has none yet)
+    offset: int  # next offset to pull
+    committed: int | None  # last offset committed (None: the group has none yet)
     task: asyncio.Task | None = None
-    locked_until: float = 0.0   # orderly: monotonic time the broker lock is trusted until
+    locked_until: float = 0.0  # orderly: monotonic time the broker lock is trusted until
     # orderly: the connection the lock was granted on; once it closed the broker may have
     # restarted and forgotten the lock (and granted it to another), so it is asked again.
     lock_conn: Connection | None = None
-    dropped: bool = False       # no longer ours: finish the batch in hand, then release
-    abandoned: bool = False     # orderly: the batch in hand went stale (lock lost)
+    dropped: bool = False  # no longer ours: finish the batch in hand, then release
+    abandoned: bool = False  # orderly: the batch in hand went stale (lock lost)
     # Messages whose hand-back failed: consumed again here at ``retry_at``; the
     # committed offset stays below the first of them.
     kept: list[MessageExt] = field(default_factory=list)
@@ -121,19 +123,28 @@ class _Subscription:
 
 
 class AsyncPushConsumer:
-    def __init__(self, group: str, namesrv: str | Iterable[str],
-                 message_model: str = "clustering", consume_from_where: str = "last",
-                 consume_timestamp_ms: int | None = None,
-                 pull_batch_size: int = 32, consume_message_batch_max_size: int = 1,
-                 max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES,
-                 heartbeat_interval_s: float = 30.0,
-                 rebalance_interval_s: float = 20.0, persist_offset_interval_s: float = 5.0,
-                 lock_renew_interval_s: float = 20.0,
-                 lock_max_live_s: float = LOCAL_LOCK_MAX_LIVE_S, pull_suspend_ms: int = 15_000,
-                 poll_name_server_interval_s: float = ROUTE_REFRESH_INTERVAL_S,
-                 await_termination_s: float = AWAIT_TERMINATION_S,
-                 offset_store_dir: str | None = None, instance_name: str = DEFAULT_INSTANCE_NAME,
-                 client_id: str | None = None) -> None:
+    def __init__(
+        self,
+        group: str,
+        namesrv: str | Iterable[str],
+        message_model: str = "clustering",
+        consume_from_where: str = "last",
+        consume_timestamp_ms: int | None = None,
+        pull_batch_size: int = 32,
+        consume_message_batch_max_size: int = 1,
+        max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES,
+        heartbeat_interval_s: float = 30.0,
+        rebalance_interval_s: float = 20.0,
+        persist_offset_interval_s: float = 5.0,
+        lock_renew_interval_s: float = 20.0,
+        lock_max_live_s: float = LOCAL_LOCK_MAX_LIVE_S,
+        pull_suspend_ms: int = 15_000,
+        poll_name_server_interval_s: float = ROUTE_REFRESH_INTERVAL_S,
+        await_termination_s: float = AWAIT_TERMINATION_S,
+        offset_store_dir: str | None = None,
+        instance_name: str = DEFAULT_INSTANCE_NAME,
+        client_id: str | None = None,
+    ) -> None:
         if message_model not in ("clustering", "broadcasting"):
             raise InvalidArgument("message_model must be 'clustering' or 'broadcasting'")
         if consume_from_where not in ("last", "first", "timestamp"):
@@ -143,8 +154,11 @@ class AsyncPushConsumer:
         self.group = group
         self.message_model = message_model
         self.consume_from_where = consume_from_where
-        self.consume_timestamp_ms = consume_timestamp_ms if consume_timestamp_ms is not None \
+        self.consume_timestamp_ms = (
+            consume_timestamp_ms
+            if consume_timestamp_ms is not None
             else wall_ms() - CONSUME_TIMESTAMP_AGO_MS
+        )
         self.pull_batch_size = pull_batch_size
         self.consume_message_batch_max_size = consume_message_batch_max_size
         self.max_reconsume_times = max_reconsume_times
@@ -165,20 +179,31 @@ class AsyncPushConsumer:
         # Broadcasting progress is local; the file is named after the instance, not the
         # process, so a restarted member continues where it stopped (RocketMQ's
         # LocalFileOffsetStore names it after host@instanceName, instanceName "DEFAULT").
-        self.offset_file = Path(offset_store_dir or Path.home() / ".hamq" / "offsets") / \
-            instance_name / f"{group}.json" if message_model == "broadcasting" else None
+        self.offset_file = (
+            Path(offset_store_dir or Path.home() / ".hamq" / "offsets")
+            / instance_name
+            / f"{group}.json"
+            if message_model == "broadcasting"
+            else None
+        )
         self._offset_file_lock: int | None = None  # broadcasting: the file is ours alone
         self._refused: set[MessageQueue] = set()  # orderly: wanted, but locked by another
         self._releases: set[asyncio.Task] = set()
-        self._heartbeats = PeriodicTask(f"heartbeat of consumer group {group}",
-                                        heartbeat_interval_s, self._send_heartbeats)
+        self._heartbeats = PeriodicTask(
+            f"heartbeat of consumer group {group}", heartbeat_interval_s, self._send_heartbeats
+        )
         # every interval, and at once when a broker says the group changed
-        self._rebalances = PeriodicTask(f"rebalance of consumer group {group}",
-                                        rebalance_interval_s, self._rebalance_round)
-        self._persists = PeriodicTask(f"offset persist of consumer group {group}",
-                                      persist_offset_interval_s, self._persist_all)
-        self._take_refused = PeriodicTask(f"lock retry of consumer group {group}",
-                                          LOCK_RETRY_S, self._take_refused_queues)
+        self._rebalances = PeriodicTask(
+            f"rebalance of consumer group {group}", rebalance_interval_s, self._rebalance_round
+        )
+        self._persists = PeriodicTask(
+            f"offset persist of consumer group {group}",
+            persist_offset_interval_s,
+            self._persist_all,
+        )
+        self._take_refused = PeriodicTask(
+            f"lock retry of consumer group {group}", LOCK_RETRY_S, self._take_refused_queues
+        )
         self._lock_task: asyncio.Task | None = None
         self._adding: set[MessageQueue] = set()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -206,7 +231,8 @@ class AsyncPushConsumer:
             self._lock_offset_file()
         if not inspect.iscoroutinefunction(self.listener):
             self._executor = concurrent.futures.ThreadPoolExecutor(
-                CONSUME_THREADS, thread_name_prefix=f"hamq-consume-{self.group}")
+                CONSUME_THREADS, thread_name_prefix=f"hamq-consume-{self.group}"
+            )
         self._running = True
         await self._send_heartbeats()
         await self._rebalance()
@@ -240,8 +266,7 @@ class AsyncPushConsumer:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         for pq in self.process_queues.values():
-            log.warning("listener still busy on %s at shutdown: left uncommitted and locked",
-                        pq.mq)
+            log.warning("listener still busy on %s at shutdown: left uncommitted and locked", pq.mq)
             if pq.task is not None:
                 pq.task.cancel()
         if self._lock_task is not None:
@@ -274,7 +299,8 @@ class AsyncPushConsumer:
             os.close(fd)
             raise InvalidArgument(
                 f"broadcasting offsets {self.offset_file} are in use by another member of "
-                f"group {self.group!r} on this host: give each its own instance_name") from None
+                f"group {self.group!r} on this host: give each its own instance_name"
+            ) from None
         self._offset_file_lock = fd
 
     # -- RequestHandler: what brokers send us ----------------------------------------------
@@ -299,9 +325,18 @@ class AsyncPushConsumer:
         return addrs
 
     def _heartbeat_body(self) -> bytes:
-        return pack_body({"client_id": self.client_id, "consumer_groups": [{
-            "group": self.group, "message_model": self.message_model,
-            "subscriptions": {t: s.expression for t, s in self.subscriptions.items()}}]})
+        return pack_body(
+            {
+                "client_id": self.client_id,
+                "consumer_groups": [
+                    {
+                        "group": self.group,
+                        "message_model": self.message_model,
+                        "subscriptions": {t: s.expression for t, s in self.subscriptions.items()},
+                    }
+                ],
+            }
+        )
 
     async def _send_heartbeats(self) -> None:
         await self.core.heart_beat(await self._broker_addrs(), self._heartbeat_body())
@@ -309,15 +344,19 @@ class AsyncPushConsumer:
     async def _unregister(self) -> None:
         for addr in await self._broker_addrs():
             try:
-                await self.core.invoke(addr, RequestCode.UNREGISTER_CLIENT,
-                                       {"client_id": self.client_id, "group": self.group})
+                await self.core.invoke(
+                    addr,
+                    RequestCode.UNREGISTER_CLIENT,
+                    {"client_id": self.client_id, "group": self.group},
+                )
             except HamqError:
                 pass
 
     # -- rebalance --------------------------------------------------------------------------
     def _duties(self) -> list[PeriodicTask]:
-        return [self._heartbeats, self._rebalances, self._persists] + \
-            ([self._take_refused] if self.orderly else [])
+        return [self._heartbeats, self._rebalances, self._persists] + (
+            [self._take_refused] if self.orderly else []
+        )
 
     async def _rebalance_round(self) -> None:
         await self._send_heartbeats()  # new brokers of the topic learn about us too
@@ -356,8 +395,9 @@ class AsyncPushConsumer:
     async def _consumer_ids(self, route) -> list[str] | None:
         for addr in sorted(a for members in route.brokers.values() for a in members.values()):
             try:
-                frame = await self.core.invoke(addr, RequestCode.GET_CONSUMER_LIST_BY_GROUP,
-                                               {"group": self.group})
+                frame = await self.core.invoke(
+                    addr, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"group": self.group}
+                )
             except HamqError:
                 continue
             ids = unpack_body(frame.body) or []
@@ -368,7 +408,7 @@ class AsyncPushConsumer:
 
     async def _add(self, mq: MessageQueue) -> None:
         if mq in self._adding or not self._running:  # a rebalance and a lock retry may
-            return                                     # both want it; none after shutdown
+            return  # both want it; none after shutdown
         self._adding.add(mq)
         try:
             await self._take(mq)
@@ -387,8 +427,7 @@ class AsyncPushConsumer:
             self._refused.discard(mq)
         try:
             pq.committed = await self._committed_offset(mq)
-            pq.offset = pq.committed if pq.committed is not None else \
-                await self._first_offset(mq)
+            pq.offset = pq.committed if pq.committed is not None else await self._first_offset(mq)
         except HamqError as err:
             log.warning("cannot start %s: %s", mq, err.message)
             started = False
@@ -417,9 +456,12 @@ class AsyncPushConsumer:
                 await pq.wait_idle()
             else:  # the offset never passes the batch in hand: committing is safe anyway
                 await asyncio.wait_for(pq.wait_idle(), CONSUME_DRAIN_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            log.warning("listener still busy on %s after %s s; dropping it anyway", pq.mq,
-                        CONSUME_DRAIN_TIMEOUT_S)
+        except TimeoutError:
+            log.warning(
+                "listener still busy on %s after %s s; dropping it anyway",
+                pq.mq,
+                CONSUME_DRAIN_TIMEOUT_S,
+            )
         if pq.task is not None:
             pq.task.cancel()
             await asyncio.gather(pq.task, return_exceptions=True)
@@ -462,11 +504,13 @@ class AsyncPushConsumer:
             if len(pq.kept) >= KEPT_MAX:  # flow control: no new messages until some are done
                 await asyncio.sleep(wait_s)
                 continue
-            suspend_ms = self.pull_suspend_ms if not pq.kept else \
-                min(self.pull_suspend_ms, int(wait_s * 1000))
+            suspend_ms = (
+                self.pull_suspend_ms
+                if not pq.kept
+                else min(self.pull_suspend_ms, int(wait_s * 1000))
+            )
             try:
-                result = await self.puller.pull(pq.mq, pq.offset, self.pull_batch_size,
-                                                suspend_ms)
+                result = await self.puller.pull(pq.mq, pq.offset, self.pull_batch_size, suspend_ms)
             except HamqError as err:
                 log.debug("pull %s failed: %s", pq.mq, err.message)
                 if isinstance(err, ConnectionLost):
@@ -481,8 +525,9 @@ class AsyncPushConsumer:
             messages = result.messages
             if sub.tags is not None:
                 messages = [m for m in messages if m.tags in sub.tags]
-            await self._consume_batch(pq, self._consume_pulled, pq, messages,
-                                      result.next_begin_offset)
+            await self._consume_batch(
+                pq, self._consume_pulled, pq, messages, result.next_begin_offset
+            )
 
     async def _consume_batch(self, pq: ProcessQueue, consume, *args) -> None:
         pq.idle.clear()
@@ -491,8 +536,9 @@ class AsyncPushConsumer:
         finally:
             pq.idle.set()
 
-    async def _consume_pulled(self, pq: ProcessQueue, messages: list[MessageExt],
-                              next_offset: int) -> None:
+    async def _consume_pulled(
+        self, pq: ProcessQueue, messages: list[MessageExt], next_offset: int
+    ) -> None:
         if messages:
             await self._consume(pq, messages)
         if not pq.abandoned:
@@ -501,7 +547,7 @@ class AsyncPushConsumer:
 
     async def _consume(self, pq: ProcessQueue, messages: list[MessageExt]) -> None:
         size = self.consume_message_batch_max_size
-        chunks = [messages[i:i + size] for i in range(0, len(messages), size)]
+        chunks = [messages[i : i + size] for i in range(0, len(messages), size)]
         if self.orderly:
             await self._consume_orderly(pq, chunks)
             return
@@ -518,8 +564,12 @@ class AsyncPushConsumer:
         for chunk in chunks:
             while True:
                 position = pq.offset
-                if pq.dropped or self._suspended or not await self._ensure_locked(pq) \
-                        or pq.offset != position:
+                if (
+                    pq.dropped
+                    or self._suspended
+                    or not await self._ensure_locked(pq)
+                    or pq.offset != position
+                ):
                     pq.abandoned = True  # dropped, suspended or the lock lost: re-pull later
                     return
                 (status,) = await self._call_listener([chunk])
@@ -545,8 +595,9 @@ class AsyncPushConsumer:
         """Clustering: hand each message back and return those that could not be;
         broadcasting: drop them (RocketMQ logs and drops)."""
         if self.message_model == "broadcasting":
-            log.warning("broadcasting: %d message(s) of %s failed and are dropped",
-                        len(chunk), pq.mq)
+            log.warning(
+                "broadcasting: %d message(s) of %s failed and are dropped", len(chunk), pq.mq
+            )
             return []
         not_taken = []
         for msg in chunk:
@@ -559,7 +610,7 @@ class AsyncPushConsumer:
         """The kept messages stay in ``pq.kept`` (so the committed offset stays below them)
         until their listener succeeded or a hand-back took them."""
         size = self.consume_message_batch_max_size
-        chunks = [pq.kept[i:i + size] for i in range(0, len(pq.kept), size)]
+        chunks = [pq.kept[i : i + size] for i in range(0, len(pq.kept), size)]
         statuses = await self._call_listener(chunks)
         still: list[MessageExt] = []
         for i, chunk in enumerate(chunks):
@@ -573,8 +624,11 @@ class AsyncPushConsumer:
     async def _ensure_locked(self, pq: ProcessQueue) -> bool:
         """Orderly: hold the queue's broker lock. A lock that lapsed and is won back may have
         been someone else's meanwhile, so the offset moves up to the group's commit."""
-        if pq.locked_until >= monotonic_s() and pq.lock_conn is not None \
-                and not pq.lock_conn.is_closed:
+        if (
+            pq.locked_until >= monotonic_s()
+            and pq.lock_conn is not None
+            and not pq.lock_conn.is_closed
+        ):
             return True
         await self._lock([pq])
         if pq.locked_until < monotonic_s():
@@ -655,10 +709,10 @@ class AsyncPushConsumer:
             body = pack_body([[pq.mq.topic, pq.mq.queue_id] for pq in group])
             try:
                 frame = await self.core.invoke(
-                    addr, code, {"group": self.group, "client_id": self.client_id}, body)
+                    addr, code, {"group": self.group, "client_id": self.client_id}, body
+                )
             except HamqError as err:
-                log.warning("%s on %s failed: %s", RequestCode(code).name, broker_name,
-                            err.message)
+                log.warning("%s on %s failed: %s", RequestCode(code).name, broker_name, err.message)
                 frame = None
                 if code == RequestCode.LOCK_BATCH_MQ:
                     # A restarted broker (or one whose connection to us closed) locks only

@@ -1,4 +1,5 @@
 """Pure pieces of the push consumer: queue allocation and tag expressions."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -17,10 +18,7 @@ def allocate_averagely(queues: Sequence[T], client_ids: Sequence[str], client_id
     queues, client_ids = sorted(queues), sorted(client_ids)
     index, n = client_ids.index(client_id), len(client_ids)
     mod = len(queues) % n
-    if len(queues) <= n:
-        size = 1
-    else:
-        size = len(queues) // n + (1 if mod > 0 and index < mod else 0)
+    size = 1 if len(queues) <= n else len(queues) // n + (1 if mod > 0 and index < mod else 0)
     start = index * size if mod > 0 and index < mod else index * size + mod
     return [queues[(start + i) % len(queues)] for i in range(min(size, len(queues) - start))]
 

@@ -8,6 +8,7 @@ has the retry topic (brokers create it when a clustering consumer's heartbeat ar
 Either way the attempt is bounded: the caller learns whether the message is safe elsewhere
 and otherwise keeps it, so a queue never waits forever on a broker that cannot answer.
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,19 +18,30 @@ from hamq.client.consumer import AsyncPullConsumer
 from hamq.client.message import PROPERTY_KEYS, PROPERTY_TAGS, Message, MessageExt
 from hamq.client.producer import AsyncProducer
 from hamq.errors import HamqError
-from hamq.protocol.properties import (DLQ_GROUP_TOPIC_PREFIX, HELD_BACK_PROPERTIES,
-                                      MAX_DELAY_LEVEL, PROPERTY_ORIGIN_MESSAGE_ID,
-                                      PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC,
-                                      PROPERTY_RECONSUME_TIME, PROPERTY_RETRY_TOPIC,
-                                      RETRY_GROUP_TOPIC_PREFIX)
+from hamq.protocol.properties import (
+    DLQ_GROUP_TOPIC_PREFIX,
+    HELD_BACK_PROPERTIES,
+    MAX_DELAY_LEVEL,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_RECONSUME_TIME,
+    PROPERTY_RETRY_TOPIC,
+    RETRY_GROUP_TOPIC_PREFIX,
+)
 
 log = logging.getLogger(__name__)
 
 INNER_PRODUCER_GROUP = "CLIENT_INNER_PRODUCER"  # RocketMQ MixAll.CLIENT_INNER_PRODUCER_GROUP
-BASE_RETRY_DELAY_LEVEL = 3                      # RocketMQ: delay level 3 + reconsume times
+BASE_RETRY_DELAY_LEVEL = 3  # RocketMQ: delay level 3 + reconsume times
 # Properties of the failed copy that describe where it was stored, not what it is.
-_NOT_COPIED = (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID,
-               *HELD_BACK_PROPERTIES)
+_NOT_COPIED = (
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_REAL_QUEUE_ID,
+    *HELD_BACK_PROPERTIES,
+)
 
 
 def retry_copy(message: MessageExt, group: str, max_reconsume_times: int) -> Message:
@@ -43,16 +55,23 @@ def retry_copy(message: MessageExt, group: str, max_reconsume_times: int) -> Mes
     properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, message.msg_id)
     properties[PROPERTY_RECONSUME_TIME] = str(reconsume_times + 1)
     if reconsume_times >= max_reconsume_times:
-        return Message(DLQ_GROUP_TOPIC_PREFIX + group, message.body, message.keys,
-                       message.tags, properties)
-    return Message(RETRY_GROUP_TOPIC_PREFIX + group, message.body, message.keys, message.tags,
-                   properties,
-                   delay_level=min(BASE_RETRY_DELAY_LEVEL + reconsume_times, MAX_DELAY_LEVEL))
+        return Message(
+            DLQ_GROUP_TOPIC_PREFIX + group, message.body, message.keys, message.tags, properties
+        )
+    return Message(
+        RETRY_GROUP_TOPIC_PREFIX + group,
+        message.body,
+        message.keys,
+        message.tags,
+        properties,
+        delay_level=min(BASE_RETRY_DELAY_LEVEL + reconsume_times, MAX_DELAY_LEVEL),
+    )
 
 
 class SendBack:
-    def __init__(self, puller: AsyncPullConsumer, namesrv: Iterable[str],
-                 max_reconsume_times: int) -> None:
+    def __init__(
+        self, puller: AsyncPullConsumer, namesrv: Iterable[str], max_reconsume_times: int
+    ) -> None:
         self.puller = puller
         self.namesrv = list(namesrv)
         self.max_reconsume_times = max_reconsume_times
@@ -64,17 +83,20 @@ class SendBack:
             await self.puller.send_back(message, 0, self.max_reconsume_times)
             return True
         except HamqError as err:
-            log.warning("send back of %s failed (%s); re-sending it from the client",
-                        message.msg_id, err.message)
+            log.warning(
+                "send back of %s failed (%s); re-sending it from the client",
+                message.msg_id,
+                err.message,
+            )
         if self._producer is None:
             self._producer = AsyncProducer(self.namesrv, INNER_PRODUCER_GROUP)
         try:
-            await self._producer.send(retry_copy(message, self.puller.group,
-                                                 self.max_reconsume_times))
+            await self._producer.send(
+                retry_copy(message, self.puller.group, self.max_reconsume_times)
+            )
             return True
         except HamqError as err:
-            log.warning("re-send of %s to the retry topic failed: %s", message.msg_id,
-                        err.message)
+            log.warning("re-send of %s to the retry topic failed: %s", message.msg_id, err.message)
             return False
 
     async def close(self) -> None:

@@ -12,6 +12,7 @@ is acked at once and never returned, so it is consumed (and skipped) for the gro
 ``ack_async`` batches the acks of one event-loop turn per broker into one
 ``BATCH_ACK_MESSAGE``: per-message acks cost one request per turn, not one per message.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,17 +24,18 @@ from hamq.client.rebalance import parse_tag_expression
 from hamq.clock import monotonic_s
 from hamq.errors import HamqError, InvalidArgument, ServiceNotAvailable
 from hamq.net.connection import Connection
+from hamq.net.tasks import spawn
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, pack_body
 from hamq.protocol.message import decode_records
 
 AckCallback = Callable[[HamqError | None], None]
 
-DEFAULT_RECEIVE_BATCH = 32         # RocketMQ's default maxMessageNum
+DEFAULT_RECEIVE_BATCH = 32  # RocketMQ's default maxMessageNum
 DEFAULT_INVISIBLE_DURATION_S = 30.0
-DEFAULT_AWAIT_DURATION_S = 5.0     # RocketMQ awaitDuration: long-polling hold of a receive
-MAX_ACKS_PER_REQUEST = 4096        # the broker's limit for one BATCH_ACK_MESSAGE
-CLOSE_ACK_WAIT_S = 5.0             # close() waits this long for acks still in flight
+DEFAULT_AWAIT_DURATION_S = 5.0  # RocketMQ awaitDuration: long-polling hold of a receive
+MAX_ACKS_PER_REQUEST = 4096  # the broker's limit for one BATCH_ACK_MESSAGE
+CLOSE_ACK_WAIT_S = 5.0  # close() waits this long for acks still in flight
 _POP_OK = (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND)
 
 
@@ -41,7 +43,7 @@ class PopMessageExt(MessageExt):
     """A received message: a ``MessageExt`` plus the pop's ``reconsume_times`` and the
     checkpoint (``ck``) that makes its receipt handle."""
 
-    __slots__ = ("reconsume_times", "ck")
+    __slots__ = ("ck", "reconsume_times")
 
     # Acks name the stored topic; pop redelivers in place, so there is none to restore.
     topic = property(lambda self: self._record.topic)
@@ -56,9 +58,15 @@ class PopMessageExt(MessageExt):
 
 
 class AsyncSimpleConsumer:
-    def __init__(self, group: str, namesrv: str | Iterable[str], subscriptions: dict[str, str],
-                 await_duration_s: float = DEFAULT_AWAIT_DURATION_S, timeout_s: float = 3.0,
-                 consume_from_first: bool = True) -> None:
+    def __init__(
+        self,
+        group: str,
+        namesrv: str | Iterable[str],
+        subscriptions: dict[str, str],
+        await_duration_s: float = DEFAULT_AWAIT_DURATION_S,
+        timeout_s: float = 3.0,
+        consume_from_first: bool = True,
+    ) -> None:
         if not subscriptions:
             raise InvalidArgument("subscriptions must name at least one topic")
         self.group = group
@@ -78,41 +86,57 @@ class AsyncSimpleConsumer:
 
     async def close(self) -> None:
         deadline = monotonic_s() + CLOSE_ACK_WAIT_S
-        while (self._pending_acks or self._ack_requests_in_flight) and \
-                monotonic_s() < deadline:
+        while (self._pending_acks or self._ack_requests_in_flight) and monotonic_s() < deadline:
             await asyncio.sleep(0.01)
         await self.core.close()
 
     # -- receive --------------------------------------------------------------------------
-    async def receive(self, max_messages: int = DEFAULT_RECEIVE_BATCH,
-                      invisible_duration_s: float = DEFAULT_INVISIBLE_DURATION_S
-                      ) -> list[PopMessageExt]:
-        targets = [(topic, broker) for topic in self.filters
-                   for broker in sorted({mq.broker_name
-                                         for mq in (await self.core.route(topic)).read_queues})]
+    async def receive(
+        self,
+        max_messages: int = DEFAULT_RECEIVE_BATCH,
+        invisible_duration_s: float = DEFAULT_INVISIBLE_DURATION_S,
+    ) -> list[PopMessageExt]:
+        targets = [
+            (topic, broker)
+            for topic in self.filters
+            for broker in sorted(
+                {mq.broker_name for mq in (await self.core.route(topic)).read_queues}
+            )
+        ]
         if not targets:
             raise ServiceNotAvailable(f"no broker serves {', '.join(self.filters)}")
         for i in range(len(targets)):
             topic, broker = targets[self._next_target % len(targets)]
             self._next_target += 1
             poll_s = self.await_duration_s if i == len(targets) - 1 else 0.0
-            messages = await self._pop(topic, broker, max_messages,
-                                       int(invisible_duration_s * 1000), poll_s)
+            messages = await self._pop(
+                topic, broker, max_messages, int(invisible_duration_s * 1000), poll_s
+            )
             if messages is not None:
                 return self._filter(topic, messages)
         return []
 
-    async def _pop(self, topic: str, broker: str, max_messages: int, invisible_ms: int,
-                   poll_s: float) -> list[PopMessageExt] | None:
+    async def _pop(
+        self, topic: str, broker: str, max_messages: int, invisible_ms: int, poll_s: float
+    ) -> list[PopMessageExt] | None:
         addr = (await self.core.route(topic)).master_addr(broker)
         if addr is None:
             return None  # pop changes state: only a master serves it
         frame = await self.core.invoke(
-            addr, RequestCode.POP_MESSAGE,
-            {"group": self.group, "topic": topic, "queue_id": -1, "max_msgs": max_messages,
-             "invisible_time_ms": invisible_ms, "poll_time_ms": int(poll_s * 1000),
-             "init_mode": self.init_mode},
-            ok=_POP_OK, timeout_s=self.core.timeout_s + poll_s)
+            addr,
+            RequestCode.POP_MESSAGE,
+            {
+                "group": self.group,
+                "topic": topic,
+                "queue_id": -1,
+                "max_msgs": max_messages,
+                "invisible_time_ms": invisible_ms,
+                "poll_time_ms": int(poll_s * 1000),
+                "init_mode": self.init_mode,
+            },
+            ok=_POP_OK,
+            timeout_s=self.core.timeout_s + poll_s,
+        )
         if frame.code != ResponseCode.SUCCESS:
             return None
         return decode_pop(frame, broker)
@@ -133,10 +157,17 @@ class AsyncSimpleConsumer:
     async def ack(self, message: PopMessageExt) -> None:
         """Ack one message and wait for the broker's answer. Raises ``InvalidArgument`` if
         its receipt handle is stale (its invisible time ran out and it was received again)."""
-        await self.core.invoke(await self._addr(message), RequestCode.ACK_MESSAGE,
-                               {"group": self.group, "topic": message.topic,
-                                "queue_id": message.queue_id, "offset": message.queue_offset,
-                                "ck": message.ck})
+        await self.core.invoke(
+            await self._addr(message),
+            RequestCode.ACK_MESSAGE,
+            {
+                "group": self.group,
+                "topic": message.topic,
+                "queue_id": message.queue_id,
+                "offset": message.queue_offset,
+                "ck": message.ck,
+            },
+        )
 
     def ack_async(self, message: PopMessageExt, callback: AckCallback | None = None) -> None:
         """Ack without waiting; ``callback(error_or_None)`` runs on the event loop. The acks
@@ -157,10 +188,10 @@ class AsyncSimpleConsumer:
         pending = self._pending_acks.pop(addr)
         conn = self.core.pool.get_ready(addr)
         for i in range(0, len(pending), MAX_ACKS_PER_REQUEST):
-            batch = pending[i:i + MAX_ACKS_PER_REQUEST]
+            batch = pending[i : i + MAX_ACKS_PER_REQUEST]
             self._ack_requests_in_flight += 1
             if conn is None:
-                asyncio.ensure_future(self._connect_then_ack(addr, batch))
+                spawn(self._connect_then_ack(addr, batch))
             else:
                 self._send_acks(conn, batch)
 
@@ -179,8 +210,13 @@ class AsyncSimpleConsumer:
             self._acks_done(batch, err, frame.ext.get("stale", ()) if err is None else ())
 
         body = pack_body([[m.topic, m.queue_id, m.queue_offset, m.ck] for m, _ in batch])
-        conn.request_cb(RequestCode.BATCH_ACK_MESSAGE, on_response, {"group": self.group}, body,
-                        self.core.timeout_s)
+        conn.request_cb(
+            RequestCode.BATCH_ACK_MESSAGE,
+            on_response,
+            {"group": self.group},
+            body,
+            self.core.timeout_s,
+        )
 
     def _acks_done(self, batch: list, err: HamqError | None, stale: Iterable[int]) -> None:
         self._ack_requests_in_flight -= 1
@@ -197,10 +233,17 @@ class AsyncSimpleConsumer:
         """Make the message invisible for ``duration_s`` from now (0: visible again at
         once); its receipt handle changes."""
         frame = await self.core.invoke(
-            await self._addr(message), RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
-            {"group": self.group, "topic": message.topic, "queue_id": message.queue_id,
-             "offset": message.queue_offset, "ck": message.ck,
-             "invisible_time_ms": int(duration_s * 1000)})
+            await self._addr(message),
+            RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
+            {
+                "group": self.group,
+                "topic": message.topic,
+                "queue_id": message.queue_id,
+                "offset": message.queue_offset,
+                "ck": message.ck,
+                "invisible_time_ms": int(duration_s * 1000),
+            },
+        )
         message.ck = frame.ext["ck"]
 
     async def _addr(self, message: PopMessageExt) -> str:
@@ -219,7 +262,7 @@ def decode_pop(frame: Frame, broker_name: str) -> list[PopMessageExt]:
     pos = 0
     for _, offsets, times, nbytes in frame.ext["chunks"]:
         wanted = dict(zip(offsets, times))
-        for m in decode_records(body[pos:pos + nbytes], offsets[0], PopMessageExt, broker_name):
+        for m in decode_records(body[pos : pos + nbytes], offsets[0], PopMessageExt, broker_name):
             times_ = wanted.get(m.queue_offset)
             if times_ is not None:
                 m.reconsume_times = times_

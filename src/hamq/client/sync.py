@@ -4,6 +4,7 @@ thread and exposes the same methods as plain blocking calls.
 ``Producer.send_async(message, callback)`` stays non-blocking; its callback runs on that
 event-loop thread.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,6 +24,7 @@ from hamq.client.simple import AckCallback, AsyncSimpleConsumer, PopMessageExt
 def _new_loop() -> asyncio.AbstractEventLoop:
     try:
         import uvloop
+
         return uvloop.new_event_loop()
     except ImportError:
         return asyncio.new_event_loop()
@@ -35,8 +37,9 @@ class _SyncFacade:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._loop = _new_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                        name=f"hamq-{type(self).__name__}")
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, daemon=True, name=f"hamq-{type(self).__name__}"
+        )
         self._thread.start()
         self._async = self._async_cls(*args, **kwargs)
         self._closed = False
@@ -71,7 +74,7 @@ class _SyncFacade:
         self._thread.join(timeout=5)
         self._loop.close()
 
-    def __enter__(self) -> "_SyncFacade":
+    def __enter__(self) -> _SyncFacade:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -96,6 +99,7 @@ class Admin(_SyncFacade):
 class PushConsumer(_SyncFacade):
     """``listener(messages)`` runs on a pool of consume threads and returns a
     ``ConsumeConcurrentlyStatus`` (or ``ConsumeOrderlyStatus`` when orderly)."""
+
     _async_cls = AsyncPushConsumer
     shutdown = _SyncFacade.close
 
@@ -103,6 +107,7 @@ class PushConsumer(_SyncFacade):
 class SimpleConsumer(_SyncFacade):
     """Pop consumption: ``receive``, ``ack``, ``change_invisible_duration`` block;
     ``ack_async`` does not (its callback runs on the event-loop thread)."""
+
     _async_cls = AsyncSimpleConsumer
 
     def ack_async(self, message: PopMessageExt, callback: AckCallback | None = None) -> None:

@@ -11,6 +11,7 @@ heartbeats to all brokers it knows from start): a producer restarted after a cra
 reachable for the checks of the half messages its previous run left, before it sends
 anything itself.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -59,10 +60,15 @@ class TransactionSendResult:
 
 
 class AsyncTransactionProducer:
-    def __init__(self, namesrv: str | Iterable[str], group: str,
-                 execute_local_transaction: ExecuteLocalTransaction,
-                 check_local_transaction: CheckLocalTransaction, send_timeout_s: float = 3.0,
-                 heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        namesrv: str | Iterable[str],
+        group: str,
+        execute_local_transaction: ExecuteLocalTransaction,
+        check_local_transaction: CheckLocalTransaction,
+        send_timeout_s: float = 3.0,
+        heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
+    ) -> None:
         self.group = group
         self.execute_local_transaction = execute_local_transaction
         self.check_local_transaction = check_local_transaction
@@ -73,8 +79,9 @@ class AsyncTransactionProducer:
         self._admin = AsyncAdmin(core=self.core)
         self._masters: set[str] = set()  # brokers that may hold our half messages
         self._masters_fetched_at = -ROUTE_REFRESH_INTERVAL_S
-        self._heartbeats = PeriodicTask(f"heartbeat of producer group {group}",
-                                        heartbeat_interval_s, self._heartbeat_round)
+        self._heartbeats = PeriodicTask(
+            f"heartbeat of producer group {group}", heartbeat_interval_s, self._heartbeat_round
+        )
         self._checks: set[asyncio.Task] = set()
 
     async def start(self) -> None:
@@ -89,13 +96,19 @@ class AsyncTransactionProducer:
         await cancel_all(self._checks)
         await self.producer.close()
 
-    async def send_message_in_transaction(self, message: Message,
-                                          arg: Any = None) -> TransactionSendResult:
+    async def send_message_in_transaction(
+        self, message: Message, arg: Any = None
+    ) -> TransactionSendResult:
         if message.delay_level or message.deliver_time_ms:
             raise InvalidArgument("a transaction message cannot also be a delay or timer message")
-        half = dataclasses.replace(message, properties={
-            **message.properties, PROPERTY_TRANSACTION_PREPARED: "true",
-            PROPERTY_PRODUCER_GROUP: self.group})
+        half = dataclasses.replace(
+            message,
+            properties={
+                **message.properties,
+                PROPERTY_TRANSACTION_PREPARED: "true",
+                PROPERTY_PRODUCER_GROUP: self.group,
+            },
+        )
         result = await self.producer.send(half)
         master = await self._master_of(message.topic, result.queue.broker_name)
         if master not in self._masters:  # a master that joined since the last refresh
@@ -105,8 +118,9 @@ class AsyncTransactionProducer:
         state = await self._run_callback(self.execute_local_transaction, message, arg)
         if state is not TransactionState.UNKNOW:
             try:
-                await self.core.invoke(master, RequestCode.END_TRANSACTION,
-                                       self._end_ext(result.queue_offset, state))
+                await self.core.invoke(
+                    master, RequestCode.END_TRANSACTION, self._end_ext(result.queue_offset, state)
+                )
             except HamqError as err:  # the broker will ask us again
                 log.warning("END_TRANSACTION to %s failed: %s", master, err.message)
         return TransactionSendResult(result, state)
@@ -114,8 +128,9 @@ class AsyncTransactionProducer:
     # -- requests from brokers (RequestHandler) --------------------------------------------
     def handle(self, conn: Connection, frame: Frame) -> list | None:
         if frame.code != RequestCode.CHECK_TRANSACTION_STATE:
-            raise RequestCodeNotSupported(f"a transaction producer does not take request code "
-                                          f"{frame.code}")
+            raise RequestCodeNotSupported(
+                f"a transaction producer does not take request code {frame.code}"
+            )
         task = asyncio.ensure_future(self._answer_check(conn, frame))
         self._checks.add(task)
         task.add_done_callback(self._checks.discard)
@@ -128,17 +143,27 @@ class AsyncTransactionProducer:
         properties, body = decode_single_message(frame.body)
         properties.pop(PROPERTY_TRANSACTION_PREPARED, None)
         properties.pop(PROPERTY_PRODUCER_GROUP, None)
-        message = Message(frame.ext["topic"], body, keys=properties.pop(PROPERTY_KEYS, None),
-                          tags=properties.pop(PROPERTY_TAGS, None), properties=properties)
+        message = Message(
+            frame.ext["topic"],
+            body,
+            keys=properties.pop(PROPERTY_KEYS, None),
+            tags=properties.pop(PROPERTY_TAGS, None),
+            properties=properties,
+        )
         state = await self._run_callback(self.check_local_transaction, message)
         if state is not TransactionState.UNKNOW:
-            conn.oneway(RequestCode.END_TRANSACTION,
-                        self._end_ext(frame.ext["tran_state_table_offset"], state))
+            conn.oneway(
+                RequestCode.END_TRANSACTION,
+                self._end_ext(frame.ext["tran_state_table_offset"], state),
+            )
 
     # -- internals ---------------------------------------------------------------------------
     def _end_ext(self, half_offset: int, state: TransactionState) -> dict:
-        return {"group": self.group, "tran_state_table_offset": half_offset,
-                "commit_or_rollback": state.value}
+        return {
+            "group": self.group,
+            "tran_state_table_offset": half_offset,
+            "commit_or_rollback": state.value,
+        }
 
     @staticmethod
     async def _run_callback(callback: Callable, *args: Any) -> TransactionState:
@@ -151,8 +176,11 @@ class AsyncTransactionProducer:
             log.exception("transaction callback %s failed; state UNKNOW", callback)
             return TransactionState.UNKNOW
         if not isinstance(state, TransactionState):
-            log.error("transaction callback %s returned %r, not a TransactionState; state "
-                      "UNKNOW", callback, state)
+            log.error(
+                "transaction callback %s returned %r, not a TransactionState; state UNKNOW",
+                callback,
+                state,
+            )
             return TransactionState.UNKNOW
         return state
 
@@ -163,8 +191,9 @@ class AsyncTransactionProducer:
         return master
 
     async def _heartbeat(self, addrs: list[str]) -> None:
-        await self.core.heart_beat(addrs, pack_body({"client_id": self.client_id,
-                                                     "producer_groups": [self.group]}))
+        await self.core.heart_beat(
+            addrs, pack_body({"client_id": self.client_id, "producer_groups": [self.group]})
+        )
 
     async def _heartbeat_round(self) -> None:
         """Refresh the cluster's masters from the name server (as often as routes), then
@@ -174,14 +203,16 @@ class AsyncTransactionProducer:
                 self._masters.update((await self._admin.master_addrs()).values())
                 self._masters_fetched_at = monotonic_s()
             except HamqError as err:
-                log.warning("listing masters for producer group %s failed: %s", self.group,
-                            err.message)
+                log.warning(
+                    "listing masters for producer group %s failed: %s", self.group, err.message
+                )
         await self._heartbeat(list(self._masters))
 
 
 class TransactionProducer(_SyncFacade):
     """The blocking twin of ``AsyncTransactionProducer``, started on construction; its
     callbacks run on the facade's event-loop thread."""
+
     _async_cls = AsyncTransactionProducer
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

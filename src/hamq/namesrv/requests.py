@@ -5,17 +5,17 @@ queue they see, slaves connect to the ``ha_addr`` they are given. So every field
 and range-checked here, and a bad one is an ``InvalidArgument`` naming it; nothing of a
 refused request is applied.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
 from hamq.errors import InvalidArgument
-from hamq.protocol.frame import (Frame, check_int, optional, require_int, require_name,
-                                 unpack_body)
+from hamq.protocol.frame import Frame, check_int, optional, require_int, require_name, unpack_body
 from hamq.protocol.limits import MAX_ADDRESS_LENGTH, MAX_BROKER_ID, MAX_QUEUE_NUMS
 from hamq.protocol.message import validate_topic
-from hamq.store.metadata import DataVersion, PERM_READ_WRITE
+from hamq.store.metadata import PERM_READ_WRITE, DataVersion
 
 # A broker may ask for a longer liveness timeout than the name server's default, but not
 # one that keeps a dead (or forged) member in the routes for longer than this.
@@ -27,6 +27,7 @@ _DATA_VERSION_KEYS = frozenset(DataVersion.__dataclass_fields__)
 @dataclass(frozen=True)
 class Member:
     """Who a request speaks for: one member of a broker group."""
+
     broker_name: str
     broker_id: int
     broker_addr: str
@@ -43,8 +44,11 @@ class Registration:
 
 
 def member(ext: dict[str, Any]) -> Member:
-    return Member(require_name(ext, "broker_name"), require_int(ext, "broker_id", 0, MAX_BROKER_ID),
-                  address(ext.get("broker_addr"), "broker_addr"))
+    return Member(
+        require_name(ext, "broker_name"),
+        require_int(ext, "broker_id", 0, MAX_BROKER_ID),
+        address(ext.get("broker_addr"), "broker_addr"),
+    )
 
 
 def registration(frame: Frame) -> Registration:
@@ -58,9 +62,14 @@ def registration(frame: Frame) -> Registration:
     body = unpack_body(frame.body) or {}
     if not isinstance(body, dict):
         raise InvalidArgument("register body must be a map")
-    return Registration(cluster_name, who, ha_addr, timeout_ms,
-                        topic_configs(body.get("topic_configs") or {}),
-                        data_version(body.get("data_version") or {}))
+    return Registration(
+        cluster_name,
+        who,
+        ha_addr,
+        timeout_ms,
+        topic_configs(body.get("topic_configs") or {}),
+        data_version(body.get("data_version") or {}),
+    )
 
 
 def address(value: object, field: str) -> str:
@@ -68,10 +77,17 @@ def address(value: object, field: str) -> str:
     if not isinstance(value, str) or not 0 < len(value) <= MAX_ADDRESS_LENGTH:
         raise InvalidArgument(f"request field {field!r} must be HOST:PORT, got {value!r:.80}")
     host, _, port = value.rpartition(":")
-    if not host or not host.isprintable() or " " in host or not port.isascii() \
-            or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidArgument(f"request field {field!r} must be HOST:PORT with a port in "
-                              f"1..65535, got {value!r}")
+    if (
+        not host
+        or not host.isprintable()
+        or " " in host
+        or not port.isascii()
+        or not port.isdigit()
+        or not 0 < int(port) < 65536
+    ):
+        raise InvalidArgument(
+            f"request field {field!r} must be HOST:PORT with a port in 1..65535, got {value!r}"
+        )
     return value
 
 
@@ -83,20 +99,25 @@ def topic_configs(raw: object) -> dict[str, dict[str, int]]:
     for topic, cfg in raw.items():
         validate_topic(topic)
         if not isinstance(cfg, dict) or set(cfg) != set(_TOPIC_CONFIG_KEYS):
-            raise InvalidArgument(f"register body: topic config of {topic!r} must map "
-                                  f"{', '.join(_TOPIC_CONFIG_KEYS)} to integers")
+            raise InvalidArgument(
+                f"register body: topic config of {topic!r} must map "
+                f"{', '.join(_TOPIC_CONFIG_KEYS)} to integers"
+            )
         for key in ("read_queue_nums", "write_queue_nums"):
             check_int(f"topic_configs[{topic!r}].{key}", cfg[key], 1, MAX_QUEUE_NUMS)
         if check_int(f"topic_configs[{topic!r}].perm", cfg["perm"]) & ~PERM_READ_WRITE:
-            raise InvalidArgument(f"topic_configs[{topic!r}].perm {cfg['perm']} is not a "
-                                  "combination of read (4) and write (2)")
+            raise InvalidArgument(
+                f"topic_configs[{topic!r}].perm {cfg['perm']} is not a "
+                "combination of read (4) and write (2)"
+            )
     return raw
 
 
 def data_version(raw: object) -> dict[str, int]:
     if not isinstance(raw, dict) or not set(raw) <= _DATA_VERSION_KEYS:
-        raise InvalidArgument("register body 'data_version' must be a map of "
-                              f"{', '.join(sorted(_DATA_VERSION_KEYS))}")
+        raise InvalidArgument(
+            f"register body 'data_version' must be a map of {', '.join(sorted(_DATA_VERSION_KEYS))}"
+        )
     for key, value in raw.items():
         check_int(f"data_version.{key}", value)
     return raw

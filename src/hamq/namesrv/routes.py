@@ -1,6 +1,7 @@
 """The route registry (RocketMQ's RouteInfoManager): who is alive, which groups serve which
 topics. Pure state driven by calls that carry the current time, so it is testable without
 sockets or clocks."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -37,26 +38,36 @@ class QueueData:
 
 
 class RouteInfoManager:
-    def __init__(self, broker_not_active_timeout_ms: int,
-                 max_route_entries: int = 1_000_000) -> None:
+    def __init__(
+        self, broker_not_active_timeout_ms: int, max_route_entries: int = 1_000_000
+    ) -> None:
         self.default_timeout_ms = broker_not_active_timeout_ms
         # Registrations cost memory until they expire (up to 10 min, the broker's choice):
         # a flood of forged groups and topics is bounded by this many members and routes.
         self.max_route_entries = max_route_entries
         self.route_count = 0  # (topic, broker name) pairs in topic_queue_table
-        self.cluster_addr_table: dict[str, set[str]] = {}          # cluster -> broker names
-        self.broker_addr_table: dict[str, dict[int, str]] = {}    # broker name -> id -> addr
-        self.broker_cluster: dict[str, str] = {}                   # broker name -> cluster
-        self.live: dict[str, BrokerLiveInfo] = {}                  # addr -> liveness
+        self.cluster_addr_table: dict[str, set[str]] = {}  # cluster -> broker names
+        self.broker_addr_table: dict[str, dict[int, str]] = {}  # broker name -> id -> addr
+        self.broker_cluster: dict[str, str] = {}  # broker name -> cluster
+        self.live: dict[str, BrokerLiveInfo] = {}  # addr -> liveness
         self.topic_queue_table: dict[str, dict[str, QueueData]] = {}
         # broker name -> the topics it serves: a registration or expiry touches its own
         # topics only (walking every topic of every group, 300k entries, took 0.4 s of the
         # event loop per registration)
         self.topics_of: dict[str, set[str]] = {}
 
-    def register_broker(self, cluster_name: str, broker_name: str, broker_id: int, addr: str,
-                        topic_configs: dict[str, dict[str, int]], data_version: dict[str, int],
-                        now_ms: int, timeout_ms: int | None = None, ha_addr: str = "") -> bool:
+    def register_broker(
+        self,
+        cluster_name: str,
+        broker_name: str,
+        broker_id: int,
+        addr: str,
+        topic_configs: dict[str, dict[str, int]],
+        data_version: dict[str, int],
+        now_ms: int,
+        timeout_ms: int | None = None,
+        ha_addr: str = "",
+    ) -> bool:
         """Returns whether the group's membership changed (members are then notified).
         ``NoPermission`` if it conflicts with a live member, ``SystemBusy`` if it would
         grow the routes past ``max_route_entries`` (nothing is changed then)."""
@@ -76,9 +87,15 @@ class RouteInfoManager:
             self.live.pop(old, None)
         members[broker_id] = addr
         self.broker_cluster[broker_name] = cluster_name
-        self.live[addr] = BrokerLiveInfo(cluster_name, broker_name, broker_id, now_ms,
-                                         timeout_ms or self.default_timeout_ms, data_version,
-                                         ha_addr)
+        self.live[addr] = BrokerLiveInfo(
+            cluster_name,
+            broker_name,
+            broker_id,
+            now_ms,
+            timeout_ms or self.default_timeout_ms,
+            data_version,
+            ha_addr,
+        )
         if broker_id == 0:  # the master's topic configs define the group's queues
             self._replace_topics_of(broker_name, topic_configs)
         return members != before
@@ -102,8 +119,11 @@ class RouteInfoManager:
 
     def scan_not_active_broker(self, now_ms: int) -> list[str]:
         """Drop members silent for longer than their timeout; returns their addresses."""
-        expired = [addr for addr, info in self.live.items()
-                   if now_ms - info.last_update_ms > info.timeout_ms]
+        expired = [
+            addr
+            for addr, info in self.live.items()
+            if now_ms - info.last_update_ms > info.timeout_ms
+        ]
         for addr in expired:
             info = self.live[addr]
             self.unregister_broker(info.broker_name, info.broker_id, addr)
@@ -127,27 +147,47 @@ class RouteInfoManager:
             members = self.broker_addr_table.get(name)
             if not members:
                 continue
-            queue_datas.append({"broker_name": name, "read_queue_nums": qd.read_queue_nums,
-                                "write_queue_nums": qd.write_queue_nums, "perm": qd.perm})
-            broker_datas.append({"cluster": self.broker_cluster.get(name, ""),
-                                 "broker_name": name, "broker_addrs": dict(members)})
+            queue_datas.append(
+                {
+                    "broker_name": name,
+                    "read_queue_nums": qd.read_queue_nums,
+                    "write_queue_nums": qd.write_queue_nums,
+                    "perm": qd.perm,
+                }
+            )
+            broker_datas.append(
+                {
+                    "cluster": self.broker_cluster.get(name, ""),
+                    "broker_name": name,
+                    "broker_addrs": dict(members),
+                }
+            )
         if not queue_datas:
             return None
         return {"topic": topic, "queue_datas": queue_datas, "broker_datas": broker_datas}
 
     def get_broker_member_group(self, cluster_name: str, broker_name: str) -> dict[str, Any]:
         members = self.broker_addr_table.get(broker_name, {})
-        return {"cluster": cluster_name, "broker_name": broker_name,
-                "broker_addrs": dict(members),
-                "ha_addrs": {i: self.live[a].ha_addr for i, a in members.items()
-                             if a in self.live and self.live[a].ha_addr}}
+        return {
+            "cluster": cluster_name,
+            "broker_name": broker_name,
+            "broker_addrs": dict(members),
+            "ha_addrs": {
+                i: self.live[a].ha_addr
+                for i, a in members.items()
+                if a in self.live and self.live[a].ha_addr
+            },
+        }
 
     def cluster_info(self) -> dict[str, Any]:
         return {
-            "cluster_addr_table": {c: sorted(names) for c, names in self.cluster_addr_table.items()},
+            "cluster_addr_table": {
+                c: sorted(names) for c, names in self.cluster_addr_table.items()
+            },
             "broker_addr_table": {
                 name: {"cluster": self.broker_cluster.get(name, ""), "broker_addrs": dict(m)}
-                for name, m in self.broker_addr_table.items()},
+                for name, m in self.broker_addr_table.items()
+            },
         }
 
     def topic_list(self) -> list[str]:
@@ -164,8 +204,9 @@ class RouteInfoManager:
         info = self.live[addr]
         return now_ms - info.last_update_ms > info.timeout_ms // SILENT_FRACTION
 
-    def _check_conflict(self, cluster_name: str, broker_name: str, broker_id: int, addr: str,
-                        now_ms: int) -> None:
+    def _check_conflict(
+        self, cluster_name: str, broker_name: str, broker_id: int, addr: str, now_ms: int
+    ) -> None:
         """Without authentication, a registration may not take over what a live member
         holds: its broker id or its group's cluster. A live member of the group may take
         the id of one that has gone silent (DLedger elected it after the leader died) but
@@ -174,35 +215,52 @@ class RouteInfoManager:
         holder = self.broker_addr_table.get(broker_name, {}).get(broker_id)
         if holder is not None and holder != addr and self._is_live(holder, now_ms):
             promoted = self.live.get(addr)
-            if not (promoted is not None and promoted.broker_name == broker_name
-                    and self._is_live(addr, now_ms) and self._is_silent(holder, now_ms)):
-                raise NoPermission(f"broker {broker_name}/{broker_id} is registered by live "
-                                   f"member {holder}; refused for {addr}")
+            if not (
+                promoted is not None
+                and promoted.broker_name == broker_name
+                and self._is_live(addr, now_ms)
+                and self._is_silent(holder, now_ms)
+            ):
+                raise NoPermission(
+                    f"broker {broker_name}/{broker_id} is registered by live "
+                    f"member {holder}; refused for {addr}"
+                )
         cluster = self.broker_cluster.get(broker_name)
         members = self.broker_addr_table.get(broker_name, {}).values()
-        if cluster is not None and cluster != cluster_name and any(
-                self._is_live(a, now_ms) for a in members):
-            raise NoPermission(f"broker group {broker_name} belongs to cluster {cluster} with "
-                               f"live members; refused in cluster {cluster_name} for {addr}")
+        if (
+            cluster is not None
+            and cluster != cluster_name
+            and any(self._is_live(a, now_ms) for a in members)
+        ):
+            raise NoPermission(
+                f"broker group {broker_name} belongs to cluster {cluster} with "
+                f"live members; refused in cluster {cluster_name} for {addr}"
+            )
 
-    def _check_room(self, broker_name: str, broker_id: int, addr: str,
-                    topic_configs: dict[str, dict[str, int]]) -> None:
+    def _check_room(
+        self, broker_name: str, broker_id: int, addr: str, topic_configs: dict[str, dict[str, int]]
+    ) -> None:
         grow = addr not in self.live
         if broker_id == 0:
             grow += len(topic_configs) - len(self.topics_of.get(broker_name, ()))
         if grow > 0 and len(self.live) + self.route_count + grow > self.max_route_entries:
-            raise SystemBusy(f"this name server holds {len(self.live)} members and "
-                             f"{self.route_count} routes; {addr} would add {grow} more than "
-                             f"max_route_entries ({self.max_route_entries}) allows")
+            raise SystemBusy(
+                f"this name server holds {len(self.live)} members and "
+                f"{self.route_count} routes; {addr} would add {grow} more than "
+                f"max_route_entries ({self.max_route_entries}) allows"
+            )
 
-    def _replace_topics_of(self, broker_name: str,
-                           topic_configs: dict[str, dict[str, int]]) -> None:
-        self._drop_topics_of(broker_name, self.topics_of.get(broker_name, set()) -
-                             topic_configs.keys())
+    def _replace_topics_of(
+        self, broker_name: str, topic_configs: dict[str, dict[str, int]]
+    ) -> None:
+        self._drop_topics_of(
+            broker_name, self.topics_of.get(broker_name, set()) - topic_configs.keys()
+        )
         self.route_count += len(topic_configs) - len(self.topics_of.get(broker_name, ()))
         for topic, cfg in topic_configs.items():
             self.topic_queue_table.setdefault(topic, {})[broker_name] = QueueData(
-                broker_name, cfg["read_queue_nums"], cfg["write_queue_nums"], cfg["perm"])
+                broker_name, cfg["read_queue_nums"], cfg["write_queue_nums"], cfg["perm"]
+            )
         self.topics_of[broker_name] = set(topic_configs)
 
     def _drop_topics_of(self, broker_name: str, topics: set[str]) -> None:

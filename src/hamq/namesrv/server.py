@@ -1,5 +1,6 @@
 """The name server process: serves the route registry over the wire protocol and expires
 silent brokers every ``scan_not_active_broker_interval_ms``."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,8 +27,9 @@ log = logging.getLogger(__name__)
 class NamesrvProcessor:
     def __init__(self, config: NamesrvConfig) -> None:
         self.config = config
-        self.routes = RouteInfoManager(config.broker_not_active_timeout_ms,
-                                       config.max_route_entries)
+        self.routes = RouteInfoManager(
+            config.broker_not_active_timeout_ms, config.max_route_entries
+        )
         # The connection each broker last registered or heartbeated on: the way back to it
         # for reverse notifications (as RocketMQ uses the broker's channel).
         self.broker_conns: dict[str, Connection] = {}
@@ -56,8 +58,16 @@ class NamesrvProcessor:
         who = reg.member
         try:
             changed = self.routes.register_broker(
-                reg.cluster_name, who.broker_name, who.broker_id, who.broker_addr,
-                reg.topic_configs, reg.data_version, monotonic_ms(), reg.timeout_ms, reg.ha_addr)
+                reg.cluster_name,
+                who.broker_name,
+                who.broker_id,
+                who.broker_addr,
+                reg.topic_configs,
+                reg.data_version,
+                monotonic_ms(),
+                reg.timeout_ms,
+                reg.ha_addr,
+            )
         except NoPermission as err:
             log.warning("registration from %s refused: %s", conn.peer, err.message)
             raise
@@ -73,9 +83,11 @@ class NamesrvProcessor:
             self.broker_conns[addr] = conn
         if frame.is_oneway:
             return None
-        return response_pieces(frame, ResponseCode.SUCCESS if known else
-                               ResponseCode.BROKER_NOT_FOUND,
-                               remark="" if known else "unknown broker: register first")
+        return response_pieces(
+            frame,
+            ResponseCode.SUCCESS if known else ResponseCode.BROKER_NOT_FOUND,
+            remark="" if known else "unknown broker: register first",
+        )
 
     def _unregister_broker(self, conn: Connection, frame: Frame) -> list:
         who = member(frame.ext)
@@ -105,8 +117,9 @@ class NamesrvProcessor:
         for addr in group["broker_addrs"].values():
             conn = self.broker_conns.get(addr)
             if conn is not None and not conn.is_closed:
-                conn.oneway(RequestCode.NOTIFY_MIN_BROKER_ID_CHANGE,
-                            {"broker_name": broker_name}, body)
+                conn.oneway(
+                    RequestCode.NOTIFY_MIN_BROKER_ID_CHANGE, {"broker_name": broker_name}, body
+                )
 
     def _get_route(self, conn: Connection, frame: Frame) -> list:
         topic = validate_topic(frame.ext.get("topic")).decode()
@@ -116,8 +129,9 @@ class NamesrvProcessor:
         return response_pieces(frame, body=pack_body(route))
 
     def _get_member_group(self, conn: Connection, frame: Frame) -> list:
-        group = self.routes.get_broker_member_group(require_name(frame.ext, "cluster_name"),
-                                                    require_name(frame.ext, "broker_name"))
+        group = self.routes.get_broker_member_group(
+            require_name(frame.ext, "cluster_name"), require_name(frame.ext, "broker_name")
+        )
         return response_pieces(frame, body=pack_body(group))
 
     def _cluster_info(self, conn: Connection, frame: Frame) -> list:
@@ -132,21 +146,29 @@ class NamesrvProcessor:
 
 
 async def serve_namesrv(config: NamesrvConfig, stop: asyncio.Event) -> None:
-    Path(config.data_dir).mkdir(parents=True, exist_ok=True)
+    Path(config.data_dir).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, before serving)
     processor = NamesrvProcessor(config)
     server = Server(processor, config)
     await server.start(config.listen)
     metrics = serve_metrics(config.metrics_listen)
     if metrics is not None:
-        gauge("hamq_namesrv_live_brokers", "Broker members alive in the route table",
-              lambda: len(processor.routes.live))
-        gauge("hamq_namesrv_topics", "Topics with a route",
-              lambda: len(processor.routes.topic_queue_table))
+        gauge(
+            "hamq_namesrv_live_brokers",
+            "Broker members alive in the route table",
+            lambda: len(processor.routes.live),
+        )
+        gauge(
+            "hamq_namesrv_topics",
+            "Topics with a route",
+            lambda: len(processor.routes.topic_queue_table),
+        )
     log.info("name server listening on %s", config.listen)
     print(json.dumps({"event": "ready", "role": "namesrv", "listen": config.listen}), flush=True)
-    scan = PeriodicTask("scan of silent brokers",
-                        config.scan_not_active_broker_interval_ms / 1000,
-                        processor.scan_not_active_broker)
+    scan = PeriodicTask(
+        "scan of silent brokers",
+        config.scan_not_active_broker_interval_ms / 1000,
+        processor.scan_not_active_broker,
+    )
     scan.start()
     await stop.wait()
     await scan.stop()

@@ -1,7 +1,7 @@
 """One request-multiplexing connection class used by clients and servers.
 
-Frames are handled synchronously as they are read (``buffer_updated``): a handler returns the response
-pieces at once, or ``None`` and answers later through ``reply``. Responses produced while
+Frames are handled synchronously as they are read (``buffer_updated``): a handler returns the
+response pieces at once, or ``None`` and answers later through ``reply``. Responses produced while
 handling one read are written together after the handler's ``after_batch`` hook (the broker
 appends every send of that read in one write there), so a pipelined client gets group
 writes for free and no coroutine or future is created per request on the server.
@@ -18,6 +18,7 @@ wait here, unwritten and in order, until answers (or timeouts) make room — the
 told, as RocketMQ's async semaphore would, only its request leaves later. The hot path pays
 one length check for it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -45,15 +46,20 @@ TIMEOUT_SWEEP_INTERVAL_S = 0.05
 
 
 class RequestHandler(Protocol):
-    def handle(self, conn: "Connection", frame: Frame) -> list | None:
+    def handle(self, conn: Connection, frame: Frame) -> list | None:
         """Return response pieces now, or None when answering later (or never, if oneway)."""
 
     def after_batch(self) -> None:
         """Called once after all frames of one read were handled, before replies go out."""
 
 
-def response_pieces(request: Frame, code: int = ResponseCode.SUCCESS, ext: dict | None = None,
-                    remark: str = "", body: bytes | memoryview = b"") -> list:
+def response_pieces(
+    request: Frame,
+    code: int = ResponseCode.SUCCESS,
+    ext: dict | None = None,
+    remark: str = "",
+    body: bytes | memoryview = b"",
+) -> list:
     return encode_frame(code, request.opaque, Flag.RESPONSE, ext, remark, body)
 
 
@@ -62,11 +68,14 @@ def error_pieces(request: Frame, err: HamqError) -> list:
 
 
 class Connection(asyncio.BufferedProtocol):
-    def __init__(self, handler: RequestHandler | None = None,
-                 on_close: Callable[["Connection"], None] | None = None,
-                 on_open: Callable[["Connection"], bool] | None = None,
-                 max_pending_bytes: int | None = None,
-                 held_bytes: HeldBytes | None = None) -> None:
+    def __init__(
+        self,
+        handler: RequestHandler | None = None,
+        on_close: Callable[[Connection], None] | None = None,
+        on_open: Callable[[Connection], bool] | None = None,
+        max_pending_bytes: int | None = None,
+        held_bytes: HeldBytes | None = None,
+    ) -> None:
         self.handler = handler
         self.on_close = on_close
         self.on_open = on_open  # a server's admission check; False: refused and closed
@@ -140,8 +149,11 @@ class Connection(asyncio.BufferedProtocol):
             self._serve(frames)
         if self._held_bytes is not None:
             self._account()
-            if self._held_bytes.pressure and self._decoder.pending_bytes > FAIR_SHARE_BYTES \
-                    and not self._starved:
+            if (
+                self._held_bytes.pressure
+                and self._decoder.pending_bytes > FAIR_SHARE_BYTES
+                and not self._starved
+            ):
                 # The server holds too much: this unfinished frame waits for room.
                 self._starved = True
                 self._held_bytes.waiting.add(self)
@@ -163,7 +175,7 @@ class Connection(asyncio.BufferedProtocol):
                 out += error_pieces(frame, HamqError("this endpoint serves no requests"))
             elif budget is not None and budget <= 0:
                 # The peer has not read what it was sent: the rest waits for it to catch up.
-                self._deferred = frames[frames.index(frame):]
+                self._deferred = frames[frames.index(frame) :]
                 self._update_reading()
                 break
             else:
@@ -313,7 +325,7 @@ class Connection(asyncio.BufferedProtocol):
         elif now - self._active_at > idle_s:
             return f"idle for {idle_s:g} s"
         self._account()
-        if not self._decoder.pending_bytes or self._reading_paused and not self._starved:
+        if not self._decoder.pending_bytes or (self._reading_paused and not self._starved):
             self._frames_mark = -1
         elif self._frames_mark != self.frames_in:
             self._frames_mark, self._frame_started_at = self.frames_in, now
@@ -337,8 +349,14 @@ class Connection(asyncio.BufferedProtocol):
             self._drain_waiters.append(waiter)
             await waiter
 
-    def request_cb(self, code: int, callback: ResponseCallback, ext: dict[str, Any] | None = None,
-                   body: bytes | memoryview = b"", timeout_s: float = 3.0) -> None:
+    def request_cb(
+        self,
+        code: int,
+        callback: ResponseCallback,
+        ext: dict[str, Any] | None = None,
+        body: bytes | memoryview = b"",
+        timeout_s: float = 3.0,
+    ) -> None:
         """Send a request; ``callback(frame, error)`` runs exactly once. ``timeout_s`` counts
         from now, time spent waiting for room among the requests in flight included."""
         if self.is_closed:
@@ -350,14 +368,21 @@ class Connection(asyncio.BufferedProtocol):
         else:
             self._write_request(deadline, code, callback, ext, body)
 
-    def _write_request(self, deadline: float, code: int, callback: ResponseCallback,
-                       ext: dict[str, Any] | None, body: bytes | memoryview) -> None:
+    def _write_request(
+        self,
+        deadline: float,
+        code: int,
+        callback: ResponseCallback,
+        ext: dict[str, Any] | None,
+        body: bytes | memoryview,
+    ) -> None:
         opaque = self._next_opaque
         self._next_opaque = opaque + 1 if opaque < 0x7FFFFFFF else 1
         self._pending[opaque] = (deadline, callback)
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().call_later(
-                TIMEOUT_SWEEP_INTERVAL_S, self._sweep)
+                TIMEOUT_SWEEP_INTERVAL_S, self._sweep
+            )
         if not self._outbox:
             asyncio.get_running_loop().call_soon(self._flush_outbox)
         self._outbox += encode_frame(code, opaque, 0, ext, "", body)
@@ -367,8 +392,13 @@ class Connection(asyncio.BufferedProtocol):
         if not self.is_closed:
             self.transport.writelines(outbox)
 
-    def request(self, code: int, ext: dict[str, Any] | None = None, body: bytes | memoryview = b"",
-                timeout_s: float = 3.0) -> asyncio.Future[Frame]:
+    def request(
+        self,
+        code: int,
+        ext: dict[str, Any] | None = None,
+        body: bytes | memoryview = b"",
+        timeout_s: float = 3.0,
+    ) -> asyncio.Future[Frame]:
         future = asyncio.get_running_loop().create_future()
 
         def done(frame: Frame | None, err: HamqError | None) -> None:
@@ -419,25 +449,29 @@ class Connection(asyncio.BufferedProtocol):
             callback(None, RequestTimeout(f"no response from {self.peer} in time"))
         if self._pending and not self.is_closed:
             self._sweeper = asyncio.get_running_loop().call_later(
-                TIMEOUT_SWEEP_INTERVAL_S, self._sweep)
+                TIMEOUT_SWEEP_INTERVAL_S, self._sweep
+            )
 
     def _reject(self, err: BadFrame) -> None:
         log.warning("closing connection from %s: %s", self.peer, err.message)
         if self.transport is not None:
             opaque = self._decoder.last_opaque or 0
-            self.transport.writelines(encode_frame(err.code, opaque, Flag.RESPONSE, None,
-                                                   err.message))
+            self.transport.writelines(
+                encode_frame(err.code, opaque, Flag.RESPONSE, None, err.message)
+            )
             self.transport.close()
 
 
-async def connect(address: str, handler: RequestHandler | None = None,
-                  timeout_s: float = 3.0) -> Connection:
+async def connect(
+    address: str, handler: RequestHandler | None = None, timeout_s: float = 3.0
+) -> Connection:
     host, port = split_address(address)
     loop = asyncio.get_running_loop()
     try:
         _, conn = await asyncio.wait_for(
-            loop.create_connection(lambda: Connection(handler), host, port), timeout_s)
-    except (OSError, asyncio.TimeoutError) as exc:
+            loop.create_connection(lambda: Connection(handler), host, port), timeout_s
+        )
+    except (TimeoutError, OSError) as exc:
         raise ConnectionLost(f"cannot connect to {address}: {exc or 'timed out'}") from None
     return conn
 

@@ -8,6 +8,7 @@ answers of all its connections; past ``max_held_bytes`` a connection holding mor
 ``FAIR_SHARE_BYTES`` is not read further (its frame waits, or its requests wait for it to
 read), and connections holding less are served as before, so small requests stay fast.
 """
+
 from __future__ import annotations
 
 from typing import Protocol

@@ -10,6 +10,7 @@ client that opens connections and sends half a request held a thread each, witho
 the process. A request must arrive within ``SCRAPE_TIMEOUT_S`` and at most
 ``MAX_SCRAPES`` are served at once (more are closed unanswered).
 """
+
 from __future__ import annotations
 
 import threading
@@ -17,8 +18,8 @@ from collections.abc import Callable, Iterator
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import REGISTRY, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from hamq.net.connection import split_address
@@ -95,7 +96,8 @@ def serve_metrics(listen: str) -> WSGIServer | None:
     if not listen:
         return None
     host, port = split_address(listen)
-    server = make_server(host, port, make_wsgi_app(REGISTRY), _MetricsServer,
-                         handler_class=_Handler)
+    server = make_server(
+        host, port, make_wsgi_app(REGISTRY), _MetricsServer, handler_class=_Handler
+    )
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server

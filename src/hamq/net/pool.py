@@ -1,4 +1,5 @@
 """One cached connection per address, reopened on demand."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,8 +11,9 @@ class ConnectionPool:
     """``handler`` serves requests the peers send back on these connections (a name
     server notifying a broker)."""
 
-    def __init__(self, connect_timeout_s: float = 3.0,
-                 handler: RequestHandler | None = None) -> None:
+    def __init__(
+        self, connect_timeout_s: float = 3.0, handler: RequestHandler | None = None
+    ) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.handler = handler
         self._conns: dict[str, Connection] = {}
@@ -46,5 +48,5 @@ class ConnectionPool:
         for conn in conns:
             try:
                 await asyncio.wait_for(asyncio.shield(conn.closed), 1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass

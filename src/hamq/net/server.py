@@ -1,4 +1,5 @@
 """TCP servers and the event loop: uvloop when it is installed, asyncio otherwise."""
+
 from __future__ import annotations
 
 import asyncio
@@ -42,27 +43,38 @@ class Server:
     async def start(self, address: str) -> None:
         host, port = split_address(address)
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._new_connection, host, port,
-                                                reuse_address=True, backlog=1024)
+        self._server = await loop.create_server(
+            self._new_connection, host, port, reuse_address=True, backlog=1024
+        )
         limits = self.limits
         shortest_s = min(limits.connection_idle_timeout_ms, limits.frame_read_timeout_ms) / 1000
-        self._sweep = PeriodicTask("connection timeout sweep",
-                                   min(SWEEP_INTERVAL_MAX_S, shortest_s / 4), self._sweep_timeouts)
+        self._sweep = PeriodicTask(
+            "connection timeout sweep",
+            min(SWEEP_INTERVAL_MAX_S, shortest_s / 4),
+            self._sweep_timeouts,
+        )
         self._sweep.start()
 
     def _new_connection(self) -> Connection:
-        return Connection(self.handler, on_close=self._closed, on_open=self._admit,
-                          max_pending_bytes=self.limits.max_pending_response_bytes,
-                          held_bytes=self.held)
+        return Connection(
+            self.handler,
+            on_close=self._closed,
+            on_open=self._admit,
+            max_pending_bytes=self.limits.max_pending_response_bytes,
+            held_bytes=self.held,
+        )
 
     def _admit(self, conn: Connection) -> bool:
         limits = self.limits
         if len(self.connections) >= limits.max_connections:
-            reason = f"this server already has {limits.max_connections} connections " \
-                     "(max_connections)"
+            reason = (
+                f"this server already has {limits.max_connections} connections (max_connections)"
+            )
         elif self._per_host[conn.peer_host] >= limits.max_connections_per_address:
-            reason = f"{conn.peer_host} already has {limits.max_connections_per_address} " \
-                     "connections to this server (max_connections_per_address)"
+            reason = (
+                f"{conn.peer_host} already has {limits.max_connections_per_address} "
+                "connections to this server (max_connections_per_address)"
+            )
         else:
             self.connections.add(conn)
             self._per_host[conn.peer_host] += 1

@@ -1,11 +1,12 @@
 """Background duties of a server: periodic jobs that one failure must not kill, and the
 tasks a service cancels when it stops."""
+
 from __future__ import annotations
 
 import asyncio
 import inspect
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 
 from hamq.net.counts import COUNTS
 
@@ -24,8 +25,13 @@ class PeriodicTask:
     run makes the next run follow at once); the interval then starts again. The pause is
     one timer per interval, like ``asyncio.sleep``, so a 10 ms tick costs no more."""
 
-    def __init__(self, name: str, interval_s: float, duty: Callable[[], object],
-                 errors: tuple[type[BaseException], ...] = (OSError,)) -> None:
+    def __init__(
+        self,
+        name: str,
+        interval_s: float,
+        duty: Callable[[], object],
+        errors: tuple[type[BaseException], ...] = (OSError,),
+    ) -> None:
         self.name = name
         self.interval_s = interval_s
         self.duty = duty
@@ -68,8 +74,9 @@ class PeriodicTask:
                 log.error("%s failed: %s", self.name, exc)
             except Exception:
                 COUNTS.internal_errors += 1
-                log.exception("%s failed on a bug; running it again in %.3g s", self.name,
-                              self.interval_s)
+                log.exception(
+                    "%s failed on a bug; running it again in %.3g s", self.name, self.interval_s
+                )
 
     async def _wait(self) -> None:
         if self._woken:
@@ -95,3 +102,15 @@ async def cancel_all(tasks: Iterable[asyncio.Task | None]) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+_spawned: set[asyncio.Task] = set()
+
+
+def spawn(coro: Coroutine[object, object, object]) -> asyncio.Task:
+    """Run ``coro`` in the background, fire and forget: the event loop holds only weak
+    references to tasks, so one nobody keeps could be collected before it finishes."""
+    task = asyncio.ensure_future(coro)
+    _spawned.add(task)
+    task.add_done_callback(_spawned.discard)
+    return task

@@ -1,5 +1,6 @@
 """Request and response codes, named (and where possible numbered) after RocketMQ's
 ``RequestCode`` / ``ResponseCode`` so its users recognise them on the wire and in logs."""
+
 from enum import IntEnum
 
 
@@ -81,5 +82,6 @@ class ResponseCode(IntEnum):
 
 class Flag:
     """Bits of the frame header's ``flags`` field."""
+
     RESPONSE = 1
     ONEWAY = 2

@@ -5,6 +5,7 @@ and raises ``BadFrame`` when the peer broke the rules; ``encode_frame`` returns 
 to write. The header is a msgpack array ``[code, opaque, flags, ext, remark]`` — an array
 rather than a map because it is packed and unpacked for every request.
 """
+
 from __future__ import annotations
 
 import struct
@@ -14,8 +15,7 @@ import msgpack
 
 from hamq.errors import BadFrame, InvalidArgument
 from hamq.protocol.codes import Flag
-from hamq.protocol.limits import (INT64_MAX, MAX_FRAME_BYTES, MAX_HEADER_BYTES,
-                                  MAX_NAME_LENGTH)
+from hamq.protocol.limits import INT64_MAX, MAX_FRAME_BYTES, MAX_HEADER_BYTES, MAX_NAME_LENGTH
 from hamq.protocol.message import validate_name
 
 _PREFIX = struct.Struct(">II")
@@ -35,10 +35,17 @@ _SHRINK_ABOVE_BYTES = 8 * 1024 * 1024  # a full pull response (4 MiB) keeps its 
 class Frame:
     """One request or response. ``ext`` holds the request's named fields."""
 
-    __slots__ = ("code", "opaque", "flags", "ext", "remark", "body")
+    __slots__ = ("body", "code", "ext", "flags", "opaque", "remark")
 
-    def __init__(self, code: int, opaque: int, flags: int = 0, ext: dict[str, Any] | None = None,
-                 remark: str = "", body: bytes = b"") -> None:
+    def __init__(
+        self,
+        code: int,
+        opaque: int,
+        flags: int = 0,
+        ext: dict[str, Any] | None = None,
+        remark: str = "",
+        body: bytes = b"",
+    ) -> None:
         self.code = code
         self.opaque = opaque
         self.flags = flags
@@ -51,12 +58,20 @@ class Frame:
         return bool(self.flags & Flag.ONEWAY)
 
     def __repr__(self) -> str:
-        return (f"Frame(code={self.code}, opaque={self.opaque}, flags={self.flags}, "
-                f"ext={self.ext!r}, remark={self.remark!r}, body={len(self.body)} bytes)")
+        return (
+            f"Frame(code={self.code}, opaque={self.opaque}, flags={self.flags}, "
+            f"ext={self.ext!r}, remark={self.remark!r}, body={len(self.body)} bytes)"
+        )
 
 
-def encode_frame(code: int, opaque: int, flags: int = 0, ext: dict[str, Any] | None = None,
-                 remark: str = "", body: Piece | list[Piece] = b"") -> list[Piece]:
+def encode_frame(
+    code: int,
+    opaque: int,
+    flags: int = 0,
+    ext: dict[str, Any] | None = None,
+    remark: str = "",
+    body: Piece | list[Piece] = b"",
+) -> list[Piece]:
     """Pieces for ``transport.writelines``; the body is never copied. It may itself be a
     list of pieces (one large piece shared by several frames is then written by reference)."""
     header = _packb([code, opaque, flags, ext or None, remark or None])
@@ -83,7 +98,7 @@ class FrameDecoder:
     def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
         self._buf = bytearray(_MIN_READ_BYTES)
         self._start = 0  # first unparsed byte
-        self._end = 0    # end of received bytes
+        self._end = 0  # end of received bytes
         self._read_bytes = _MIN_READ_BYTES  # free space offered to the next read
         self._max_frame_bytes = max_frame_bytes
         self.last_opaque: int | None = None  # of the last frame whose header was readable
@@ -118,13 +133,13 @@ class FrameDecoder:
             if len(self._buf) - pending >= want:
                 # Room enough once the unparsed tail moves to the front: a same-length
                 # slice assignment, which never resizes (the loop may hold an old view).
-                self._buf[:pending] = self._buf[self._start:self._end]
+                self._buf[:pending] = self._buf[self._start : self._end]
             else:  # a bigger buffer; allocating (and zeroing) it is the rare case
                 fresh = bytearray(pending + want)
-                fresh[:pending] = self._buf[self._start:self._end]
+                fresh[:pending] = self._buf[self._start : self._end]
                 self._buf = fresh
             self._start, self._end = 0, pending
-        return memoryview(self._buf)[self._end:]
+        return memoryview(self._buf)[self._end :]
 
     def buffer_updated(self, nbytes: int) -> list[Frame]:
         self._end += nbytes
@@ -148,17 +163,21 @@ class FrameDecoder:
             while end - pos >= PREFIX_BYTES:
                 total, header_len = unpack_prefix(buf, pos)
                 if total > self._max_frame_bytes:
-                    raise BadFrame(f"frame declares {total} bytes, more than the limit of "
-                                   f"{self._max_frame_bytes}")
+                    raise BadFrame(
+                        f"frame declares {total} bytes, more than the limit of "
+                        f"{self._max_frame_bytes}"
+                    )
                 if header_len > MAX_HEADER_BYTES or header_len + 4 > total or header_len == 0:
-                    raise BadFrame(f"frame declares a header of {header_len} bytes in a frame "
-                                   f"of {total} bytes")
+                    raise BadFrame(
+                        f"frame declares a header of {header_len} bytes in a frame of {total} bytes"
+                    )
                 frame_end = pos + 4 + total
                 if frame_end > end:
                     break
                 body_start = pos + PREFIX_BYTES + header_len
-                frame = _decode_header(view[pos + PREFIX_BYTES:body_start],
-                                       bytes(view[body_start:frame_end]))
+                frame = _decode_header(
+                    view[pos + PREFIX_BYTES : body_start], bytes(view[body_start:frame_end])
+                )
                 self.last_opaque = frame.opaque
                 frames.append(frame)
                 pos = frame_end
@@ -196,8 +215,9 @@ def unpack_body(body: bytes) -> Any:
         raise InvalidArgument(f"request body is not valid msgpack: {exc}") from None
 
 
-def optional(ext: dict[str, Any], name: str, default: int, low: int = 0,
-             high: int = INT64_MAX) -> int:
+def optional(
+    ext: dict[str, Any], name: str, default: int, low: int = 0, high: int = INT64_MAX
+) -> int:
     """An optional integer request field, checked: a wrong type or a value out of range is
     an ``InvalidArgument`` naming the field, never a server-side crash."""
     value = ext.get(name)
@@ -223,7 +243,7 @@ def check_int(name: str, value: Any, low: int = 0, high: int = INT64_MAX) -> int
 def require(ext: dict[str, Any], name: str, kind: type = str) -> Any:
     """A named request field, checked; a clear error names what is missing."""
     value = ext.get(name)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise InvalidArgument(f"request field {name!r} missing or not {kind.__name__}")
     return value
 

@@ -7,6 +7,7 @@ and appends the unchanged bytes in one write. Replication ships records as they 
 responses are raw records that consumers decode client-side. One record per send, so a
 batch of 64 messages costs one header, one CRC and one consume-queue entry.
 """
+
 from __future__ import annotations
 
 import string
@@ -19,8 +20,14 @@ from typing import Any, TypeVar
 import msgpack
 
 from hamq.errors import CrcMismatch, HamqError, InvalidArgument, MessageIllegal
-from hamq.protocol.limits import (MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, MAX_MESSAGE_BYTES,
-                                  MAX_NAME_LENGTH, MAX_PROPERTIES_BYTES, MAX_TOPIC_LENGTH)
+from hamq.protocol.limits import (
+    MAX_BATCH_BYTES,
+    MAX_BATCH_MESSAGES,
+    MAX_MESSAGE_BYTES,
+    MAX_NAME_LENGTH,
+    MAX_PROPERTIES_BYTES,
+    MAX_TOPIC_LENGTH,
+)
 
 T = TypeVar("T")
 
@@ -63,8 +70,10 @@ def encode_properties(properties: dict[str, str] | None) -> bytes:
         return b""
     raw = msgpack.packb(properties, use_bin_type=True)
     if len(raw) > MAX_PROPERTIES_BYTES:
-        raise MessageIllegal(f"message properties are {len(raw)} bytes encoded, more than "
-                             f"the limit of {MAX_PROPERTIES_BYTES}")
+        raise MessageIllegal(
+            f"message properties are {len(raw)} bytes encoded, more than "
+            f"the limit of {MAX_PROPERTIES_BYTES}"
+        )
     return raw
 
 
@@ -74,13 +83,13 @@ def decode_properties(raw: bytes) -> dict[str, str]:
 
 def encode_message(body: bytes, props: bytes = b"") -> bytes:
     if len(body) > MAX_MESSAGE_BYTES:
-        raise MessageIllegal(f"message body is {len(body)} bytes, more than the limit of "
-                             f"{MAX_MESSAGE_BYTES}")
+        raise MessageIllegal(
+            f"message body is {len(body)} bytes, more than the limit of {MAX_MESSAGE_BYTES}"
+        )
     return message_head(len(body), props) + body
 
 
-def message_bounds(buf: bytes | bytearray | memoryview, pos: int,
-                   end: int) -> tuple[int, int, int]:
+def message_bounds(buf: bytes | bytearray | memoryview, pos: int, end: int) -> tuple[int, int, int]:
     """``(props_start, body_start, next_pos)`` of the message encoded at ``buf[pos:]``: its
     properties, then its body up to ``next_pos``, where the next message starts. The one
     reader of a message head: every walk over a batch or a record's messages steps with
@@ -115,8 +124,12 @@ def encode_batch(messages: list[bytes]) -> tuple[bytes, int]:
 _MAP_HEADS = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
 
 
-def validate_batch(payload: bytes | memoryview, count: int, payload_crc: int,
-                   max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+def validate_batch(
+    payload: bytes | memoryview,
+    count: int,
+    payload_crc: int,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+) -> None:
     """Check a producer's batch before it is stored; raise a clear error if it is bad."""
     size = len(payload)
     if size > MAX_BATCH_BYTES:
@@ -130,11 +143,14 @@ def validate_batch(payload: bytes | memoryview, count: int, payload_crc: int,
     while pos < size:
         props_start, body_start, pos = message_bounds(payload, pos, size)
         if pos - body_start > max_message_bytes:
-            raise MessageIllegal(f"message {seen} is {pos - body_start} bytes, more than the "
-                                 f"limit of {max_message_bytes}")
+            raise MessageIllegal(
+                f"message {seen} is {pos - body_start} bytes, more than the "
+                f"limit of {max_message_bytes}"
+            )
         if body_start > props_start and payload[props_start] not in _MAP_HEADS:
-            raise MessageIllegal(f"message {seen} has properties that are not a map of string "
-                                 "to string")
+            raise MessageIllegal(
+                f"message {seen} has properties that are not a map of string to string"
+            )
         seen += 1
     if seen != count:
         raise MessageIllegal(f"batch declares {count} messages but holds {seen}")
@@ -147,8 +163,12 @@ _NAME_CHARS = frozenset(string.ascii_letters + string.digits + "%|_-.")
 _NAME_CHARS_TEXT = "letters, digits and % | _ - ."
 
 
-def validate_name(value: object, field: str, max_length: int = MAX_NAME_LENGTH,
-                  error: type[HamqError] = InvalidArgument) -> str:
+def validate_name(
+    value: object,
+    field: str,
+    max_length: int = MAX_NAME_LENGTH,
+    error: type[HamqError] = InvalidArgument,
+) -> str:
     """A name a peer sent (topic, group, broker, cluster), checked so that it is safe as a
     path component and in logs; ``error`` names the field and what is wrong."""
     if not isinstance(value, str):
@@ -171,15 +191,35 @@ def validate_topic(topic: object) -> bytes:
     return validate_name(topic, "topic", MAX_TOPIC_LENGTH, MessageIllegal).encode()
 
 
-def encode_record_header(topic: bytes, queue_id: int, payload_len: int, payload_crc: int,
-                         count: int, base_queue_offset: int, physical_offset: int,
-                         store_timestamp_ms: int, born_timestamp_ms: int,
-                         sys_flag: int = 0) -> bytes:
+def encode_record_header(
+    topic: bytes,
+    queue_id: int,
+    payload_len: int,
+    payload_crc: int,
+    count: int,
+    base_queue_offset: int,
+    physical_offset: int,
+    store_timestamp_ms: int,
+    born_timestamp_ms: int,
+    sys_flag: int = 0,
+) -> bytes:
     """The fixed header plus topic that the broker stamps in front of a payload."""
     total = RECORD_HEADER_BYTES + len(topic) + payload_len
-    tail = _RECORD_TAIL.pack(total, payload_crc, physical_offset, base_queue_offset,
-                             store_timestamp_ms, born_timestamp_ms, count, sys_flag, queue_id,
-                             len(topic)) + topic
+    tail = (
+        _RECORD_TAIL.pack(
+            total,
+            payload_crc,
+            physical_offset,
+            base_queue_offset,
+            store_timestamp_ms,
+            born_timestamp_ms,
+            count,
+            sys_flag,
+            queue_id,
+            len(topic),
+        )
+        + topic
+    )
     return _RECORD_CHECKED.pack(RECORD_MAGIC, zlib.crc32(tail)) + tail
 
 
@@ -192,8 +232,9 @@ def peek_record_size(buf: bytes | bytearray | memoryview, pos: int = 0) -> int |
     return size
 
 
-def parse_record_header(buf: bytes | bytearray | memoryview, pos: int = 0,
-                        available: int | None = None) -> RecordHeader:
+def parse_record_header(
+    buf: bytes | bytearray | memoryview, pos: int = 0, available: int | None = None
+) -> RecordHeader:
     """Parse and check the header at ``buf[pos:]``; raise ``CrcMismatch`` if it is torn."""
     end = len(buf) if available is None else pos + available
     if end - pos < RECORD_HEADER_BYTES:
@@ -201,31 +242,45 @@ def parse_record_header(buf: bytes | bytearray | memoryview, pos: int = 0,
     magic, header_crc = _RECORD_CHECKED.unpack_from(buf, pos)
     if magic != RECORD_MAGIC:
         raise CrcMismatch(f"bad record magic {magic:#x}")
-    (total, payload_crc, phys, base, store_ts, born_ts, count, sys_flag, queue_id,
-     topic_len) = _RECORD_TAIL.unpack_from(buf, pos + _HEADER_CRC_FROM)
+    (total, payload_crc, phys, base, store_ts, born_ts, count, sys_flag, queue_id, topic_len) = (
+        _RECORD_TAIL.unpack_from(buf, pos + _HEADER_CRC_FROM)
+    )
     payload_start = RECORD_HEADER_BYTES + topic_len
     if pos + payload_start > end:
         raise CrcMismatch("record header truncated")
-    if zlib.crc32(buf[pos + _HEADER_CRC_FROM:pos + payload_start]) != header_crc:
+    if zlib.crc32(buf[pos + _HEADER_CRC_FROM : pos + payload_start]) != header_crc:
         raise CrcMismatch("record header CRC mismatch")
     if total < payload_start:
         raise CrcMismatch("record declares a size smaller than its header")
-    topic = bytes(buf[pos + RECORD_HEADER_BYTES:pos + payload_start]).decode()
-    return RecordHeader(total, payload_crc, phys, base, store_ts, born_ts, count, sys_flag,
-                        queue_id, topic, payload_start)
+    topic = bytes(buf[pos + RECORD_HEADER_BYTES : pos + payload_start]).decode()
+    return RecordHeader(
+        total,
+        payload_crc,
+        phys,
+        base,
+        store_ts,
+        born_ts,
+        count,
+        sys_flag,
+        queue_id,
+        topic,
+        payload_start,
+    )
 
 
-def check_record_payload(buf: bytes | bytearray | memoryview, pos: int,
-                         header: RecordHeader) -> None:
+def check_record_payload(
+    buf: bytes | bytearray | memoryview, pos: int, header: RecordHeader
+) -> None:
     end = pos + header.total_size
     if end > len(buf):
         raise CrcMismatch("record payload truncated")
-    if zlib.crc32(buf[pos + header.payload_start:end]) != header.payload_crc:
+    if zlib.crc32(buf[pos + header.payload_start : end]) != header.payload_crc:
         raise CrcMismatch("record payload CRC mismatch")
 
 
-def decode_records(data: bytes, min_queue_offset: int, factory: Callable[..., T],
-                   *context: Any) -> list[T]:
+def decode_records(
+    data: bytes, min_queue_offset: int, factory: Callable[..., T], *context: Any
+) -> list[T]:
     """Decode a pull response (raw records) into ``factory(*context, header, index,
     queue_offset, properties, body)`` objects, skipping messages below
     ``min_queue_offset`` (a pull may start inside a batch). One call per message and no
@@ -242,9 +297,16 @@ def decode_records(data: bytes, min_queue_offset: int, factory: Callable[..., T]
         for index in range(h.count):
             props_start, body_start, mpos = message_bounds(data, mpos, end)
             if offset >= min_queue_offset:
-                append(factory(*context, h, index, offset,
-                               data[props_start:body_start] if body_start > props_start
-                               else b"", data[body_start:mpos]))
+                append(
+                    factory(
+                        *context,
+                        h,
+                        index,
+                        offset,
+                        data[props_start:body_start] if body_start > props_start else b"",
+                        data[body_start:mpos],
+                    )
+                )
             offset += 1
         pos = end
     return out

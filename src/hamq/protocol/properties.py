@@ -9,8 +9,8 @@ where the first key of the batch's first message starts: plain sends pay one
 whose first message is held back is refused; the producer must not put one later in a
 batch (the broker does not look there).
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import msgpack
 
@@ -37,13 +37,15 @@ PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 PROPERTY_MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
 
 # RocketMQ's messageDelayLevel "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h".
-DELAY_LEVELS_MS = tuple(s * 1000 for s in (
-    1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200))
+DELAY_LEVELS_MS = tuple(
+    s * 1000
+    for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+)
 MAX_DELAY_LEVEL = len(DELAY_LEVELS_MS)
 
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"  # RocketMQ MixAll.RETRY_GROUP_TOPIC_PREFIX
-DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"      # RocketMQ MixAll.DLQ_GROUP_TOPIC_PREFIX
-DEFAULT_MAX_RECONSUME_TIMES = 16      # RocketMQ maxReconsumeTimes
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"  # RocketMQ MixAll.DLQ_GROUP_TOPIC_PREFIX
+DEFAULT_MAX_RECONSUME_TIMES = 16  # RocketMQ maxReconsumeTimes
 
 # Properties that make the broker hold a message back: delay/timer, transaction half
 # messages. They lead the properties map.
@@ -80,8 +82,9 @@ def decode_single_message(payload: bytes) -> tuple[dict[str, str], bytes]:
     try:
         properties = decode_properties(payload[props_start:body_start])
     except ValueError as err:  # msgpack's errors
-        raise MessageIllegal(f"message properties are not a msgpack map of string to string: "
-                             f"{err}") from None
+        raise MessageIllegal(
+            f"message properties are not a msgpack map of string to string: {err}"
+        ) from None
     return validate_properties(properties), payload[body_start:]
 
 
@@ -105,24 +108,36 @@ def validate_properties(properties: object) -> dict[str, str]:
     later): a map of string to string whose typed keys hold what the broker expects;
     ``MessageIllegal`` naming the property otherwise."""
     if not isinstance(properties, dict):
-        raise MessageIllegal("message properties must be a msgpack map of string to string, got "
-                             f"{type(properties).__name__}")
+        raise MessageIllegal(
+            "message properties must be a msgpack map of string to string, got "
+            f"{type(properties).__name__}"
+        )
     for key, value in properties.items():
         if not isinstance(key, str) or not isinstance(value, str):
-            raise MessageIllegal(f"message property {key!r} must map a string to a string, "
-                                 f"got {type(key).__name__} -> {type(value).__name__}")
+            raise MessageIllegal(
+                f"message property {key!r} must map a string to a string, "
+                f"got {type(key).__name__} -> {type(value).__name__}"
+            )
     for key, (low, high) in _INT_PROPERTIES.items():
         if key in properties:
             property_int(properties, key, low, high)
     if PROPERTY_PRODUCER_GROUP in properties:
-        validate_name(properties[PROPERTY_PRODUCER_GROUP], f"property {PROPERTY_PRODUCER_GROUP}",
-                      error=MessageIllegal)
+        validate_name(
+            properties[PROPERTY_PRODUCER_GROUP],
+            f"property {PROPERTY_PRODUCER_GROUP}",
+            error=MessageIllegal,
+        )
     if PROPERTY_REAL_TOPIC in properties:
-        validate_name(properties[PROPERTY_REAL_TOPIC], f"property {PROPERTY_REAL_TOPIC}",
-                      MAX_TOPIC_LENGTH, MessageIllegal)
+        validate_name(
+            properties[PROPERTY_REAL_TOPIC],
+            f"property {PROPERTY_REAL_TOPIC}",
+            MAX_TOPIC_LENGTH,
+            MessageIllegal,
+        )
     if len(properties.get(PROPERTY_UNIQ_KEY, "")) > MAX_UNIQ_KEY_LENGTH:
-        raise MessageIllegal(f"property {PROPERTY_UNIQ_KEY} is longer than "
-                             f"{MAX_UNIQ_KEY_LENGTH} characters")
+        raise MessageIllegal(
+            f"property {PROPERTY_UNIQ_KEY} is longer than {MAX_UNIQ_KEY_LENGTH} characters"
+        )
     return properties
 
 
@@ -141,8 +156,15 @@ def property_int(properties: dict[str, str], key: str, low: int, high: int) -> i
     """The integer in property ``key``: ASCII digits only (``str.isdigit`` accepts
     superscripts that ``int`` refuses), in ``low..high``."""
     raw = properties[key]
-    if not isinstance(raw, str) or not raw.isascii() or not raw.isdigit() \
-            or len(raw) > len(str(high)) or not low <= int(raw) <= high:
-        raise MessageIllegal(f"property {key} must be an integer in {low}..{high} written in "
-                             f"ASCII digits, got {raw!r}")
+    if (
+        not isinstance(raw, str)
+        or not raw.isascii()
+        or not raw.isdigit()
+        or len(raw) > len(str(high))
+        or not low <= int(raw) <= high
+    ):
+        raise MessageIllegal(
+            f"property {key} must be an integer in {low}..{high} written in "
+            f"ASCII digits, got {raw!r}"
+        )
     return int(raw)

@@ -15,15 +15,38 @@ from hamq.raft.errors import (
 from hamq.raft.file_storage import FileStorage
 from hamq.raft.log import EMPTY_INDEX, Checkpoint, Entry, EntryId, HardState
 from hamq.raft.messages import Message, MessageType, ResponseCode
-from hamq.raft.node import RawNode, Role, Rng
+from hamq.raft.node import RawNode, Rng, Role
 from hamq.raft.quorum import QuorumAckChecker, quorum_index
 from hamq.raft.ready import FailedProposal, FailureReason, Ready
 from hamq.raft.storage import LogStorage, MemoryStorage
 
 __all__ = [
-    "EMPTY_INDEX", "Checkpoint", "ConfigError", "CorruptLogError", "Entry", "EntryId",
-    "FailedProposal", "FailureReason", "FileStorage", "HardState", "LogIndexError",
-    "LogStorage", "MemoryStorage", "Message", "MessageDecodeError", "MessageType",
-    "NotLeaderError", "QuorumAckChecker", "RaftConfig", "RaftError", "RawNode", "ResponseCode",
-    "Ready", "Rng", "Role", "TransferInProgressError", "UnknownPeerError", "quorum_index",
+    "EMPTY_INDEX",
+    "Checkpoint",
+    "ConfigError",
+    "CorruptLogError",
+    "Entry",
+    "EntryId",
+    "FailedProposal",
+    "FailureReason",
+    "FileStorage",
+    "HardState",
+    "LogIndexError",
+    "LogStorage",
+    "MemoryStorage",
+    "Message",
+    "MessageDecodeError",
+    "MessageType",
+    "NotLeaderError",
+    "QuorumAckChecker",
+    "RaftConfig",
+    "RaftError",
+    "RawNode",
+    "Ready",
+    "ResponseCode",
+    "Rng",
+    "Role",
+    "TransferInProgressError",
+    "UnknownPeerError",
+    "quorum_index",
 ]

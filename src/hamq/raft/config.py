@@ -51,9 +51,16 @@ class RaftConfig:
             raise ConfigError("member ids must be >= 1 (0 means 'nobody')")
         if self.node_id not in self.member_ids:
             raise ConfigError(f"node {self.node_id} is not in {self.member_ids}")
-        limits = (self.election_timeout_ms, self.heartbeat_interval_ms, self.push_timeout_ms,
-                  self.proposal_timeout_ms, self.max_pending_pushes, self.max_entries_per_push,
-                  self.max_push_bytes, self.max_committed_per_ready)
+        limits = (
+            self.election_timeout_ms,
+            self.heartbeat_interval_ms,
+            self.push_timeout_ms,
+            self.proposal_timeout_ms,
+            self.max_pending_pushes,
+            self.max_entries_per_push,
+            self.max_push_bytes,
+            self.max_committed_per_ready,
+        )
         if min(limits) <= 0:
             raise ConfigError("timeouts and limits must be positive")
         if self.heartbeat_interval_ms >= self.election_timeout_ms:

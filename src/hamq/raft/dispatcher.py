@@ -45,8 +45,9 @@ class EntryDispatcher:
     awaiting: bool = False
     last_send_ms: int = NEVER_MS
 
-    def poll(self, log: RaftLog, water_mark: int, committed_index: int,
-             now_ms: int) -> list[Message]:
+    def poll(
+        self, log: RaftLog, water_mark: int, committed_index: int, now_ms: int
+    ) -> list[Message]:
         """Messages this follower should get now."""
         if self.awaiting and now_ms - self.last_send_ms < self.config.push_timeout_ms:
             return []
@@ -65,21 +66,44 @@ class EntryDispatcher:
 
     def _truncate(self, log: RaftLog, committed_index: int, now_ms: int) -> Message:
         index = self.truncate_index
-        return self._request(MessageType.TRUNCATE, log, index, now_ms,
-                             log_term=log.term(index - 1), committed_index=committed_index,
-                             next_term=log.term(index + 1))
+        return self._request(
+            MessageType.TRUNCATE,
+            log,
+            index,
+            now_ms,
+            log_term=log.term(index - 1),
+            committed_index=committed_index,
+            next_term=log.term(index + 1),
+        )
 
-    def _request(self, mtype: MessageType, log: RaftLog, index: int, now_ms: int, *,
-                 log_term: int = NO_TERM, committed_index: int = EMPTY_INDEX,
-                 next_term: int = NO_TERM) -> Message:
+    def _request(
+        self,
+        mtype: MessageType,
+        log: RaftLog,
+        index: int,
+        now_ms: int,
+        *,
+        log_term: int = NO_TERM,
+        committed_index: int = EMPTY_INDEX,
+        next_term: int = NO_TERM,
+    ) -> Message:
         self.awaiting = True
         self.last_send_ms = now_ms
-        return Message(mtype, self.leader_id, self.peer_id, self.term, index=index,
-                       log_term=log_term, entries=(log.entry(index),),
-                       committed_index=committed_index, next_term=next_term)
+        return Message(
+            mtype,
+            self.leader_id,
+            self.peer_id,
+            self.term,
+            index=index,
+            log_term=log_term,
+            entries=(log.entry(index),),
+            committed_index=committed_index,
+            next_term=next_term,
+        )
 
-    def _append(self, log: RaftLog, water_mark: int, committed_index: int,
-                now_ms: int) -> list[Message]:
+    def _append(
+        self, log: RaftLog, water_mark: int, committed_index: int, now_ms: int
+    ) -> list[Message]:
         # pending entries at or below the watermark were answered out of order: drop them
         for index in [i for i in self.pending_map if i <= water_mark]:
             del self.pending_map[index]
@@ -92,15 +116,26 @@ class EntryDispatcher:
         # late acks of entries sent before such a resend may have moved the watermark on
         self.write_index = max(self.write_index, water_mark + 1)
         out = []
-        while (self.write_index <= log.ledger_end_index
-               and len(self.pending_map) < self.config.max_pending_pushes):
+        while (
+            self.write_index <= log.ledger_end_index
+            and len(self.pending_map) < self.config.max_pending_pushes
+        ):
             index = self.write_index
             entries = self._next_run(log, index)
             last = entries[-1].index
-            out.append(Message(MessageType.APPEND, self.leader_id, self.peer_id, self.term,
-                               index=index, log_term=log.term(index - 1),
-                               entries=entries, committed_index=committed_index,
-                               water_mark=water_mark))
+            out.append(
+                Message(
+                    MessageType.APPEND,
+                    self.leader_id,
+                    self.peer_id,
+                    self.term,
+                    index=index,
+                    log_term=log.term(index - 1),
+                    entries=entries,
+                    committed_index=committed_index,
+                    water_mark=water_mark,
+                )
+            )
             self.pending_map[last] = now_ms
             self.write_index = last + 1
         # The committed index rides on every APPEND; a COMMIT goes only to an idle
@@ -108,9 +143,16 @@ class EntryDispatcher:
         # answer) per commit would double the messages of one-at-a-time sends.
         if not out and now_ms - self.last_send_ms >= self.config.heartbeat_interval_ms:
             # only what this follower is known to hold may be declared committed to it
-            out.append(Message(MessageType.COMMIT, self.leader_id, self.peer_id, self.term,
-                               committed_index=min(committed_index, water_mark),
-                               water_mark=water_mark))
+            out.append(
+                Message(
+                    MessageType.COMMIT,
+                    self.leader_id,
+                    self.peer_id,
+                    self.term,
+                    committed_index=min(committed_index, water_mark),
+                    water_mark=water_mark,
+                )
+            )
         if out:
             self.last_send_ms = now_ms
         return out
@@ -203,4 +245,3 @@ class EntryDispatcher:
         self.truncate_index = EMPTY_INDEX
         self.pending_map.clear()
         self.awaiting = False
-

@@ -39,8 +39,7 @@ import msgpack
 from hamq.raft.errors import CorruptLogError, LogIndexError
 from hamq.raft.log import Checkpoint, Entry, HardState
 from hamq.raft.storage import LogStorage
-from hamq.store.disk import (AFTER_FAILED_FSYNC, OS_DISK, Disk, DiskFile, atomic_write,
-                             write_all)
+from hamq.store.disk import AFTER_FAILED_FSYNC, OS_DISK, Disk, DiskFile, atomic_write, write_all
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +80,7 @@ def _parse_record(data: bytes, offset: int) -> tuple[int, int, int] | str:
     end = offset + _HEADER.size + length
     if length > MAX_RECORD_BYTES or end > len(data):
         return f"record of {length} bytes cut short"
-    body = memoryview(data)[offset + _HEADER.size:end]
+    body = memoryview(data)[offset + _HEADER.size : end]
     if zlib.crc32(body) != crc or length < _ENTRY_HEAD.size:
         return "record fails its CRC"
     index, term, _ = _ENTRY_HEAD.unpack_from(body)
@@ -90,12 +89,17 @@ def _parse_record(data: bytes, offset: int) -> tuple[int, int, int] | str:
 
 def _decode_body(body: bytes | memoryview) -> Entry:
     index, term, is_noop = _ENTRY_HEAD.unpack_from(body)
-    return Entry(index, term, bytes(body[_ENTRY_HEAD.size:]), is_noop)
+    return Entry(index, term, bytes(body[_ENTRY_HEAD.size :]), is_noop)
 
 
 class FileStorage(LogStorage):
-    def __init__(self, directory: str | os.PathLike[str],
-                 segment_max_bytes: int = SEGMENT_MAX_BYTES, *, disk: Disk = OS_DISK) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        segment_max_bytes: int = SEGMENT_MAX_BYTES,
+        *,
+        disk: Disk = OS_DISK,
+    ) -> None:
         self._dir = Path(directory)
         self._disk = disk
         disk.mkdir(self._dir)
@@ -116,8 +120,11 @@ class FileStorage(LogStorage):
 
     def _recover(self) -> None:
         durable = self.load_checkpoint().committed_index
-        starts = sorted(int(name[:-len(_SEGMENT_SUFFIX)]) for name in self._disk.listdir(self._dir)
-                        if name.endswith(_SEGMENT_SUFFIX))
+        starts = sorted(
+            int(name[: -len(_SEGMENT_SUFFIX)])
+            for name in self._disk.listdir(self._dir)
+            if name.endswith(_SEGMENT_SUFFIX)
+        )
         for position, start in enumerate(starts):
             if start != len(self._locations):
                 self._cut(durable, start, 0, f"segment starts at index {start}", starts[position:])
@@ -125,12 +132,13 @@ class FileStorage(LogStorage):
             self._open_segment(start)
             bad = self._scan_segment(start)
             if bad is not None:
-                self._cut(durable, start, *bad, starts[position + 1:])
+                self._cut(durable, start, *bad, starts[position + 1 :])
                 break
         if self.last_index() < durable:
             raise CorruptLogError(
                 f"Raft log in {self._dir} ends at index {self.last_index()}, but the checkpoint "
-                f"says entries up to {durable} were committed and fsynced: refusing to start")
+                f"says entries up to {durable} were committed and fsynced: refusing to start"
+            )
         # records a killed process left in the page cache are durable only once synced: a
         # checkpoint saved later must not vouch for records a power loss could still take
         # (nor a sync acknowledge them in a segment whose directory entry it never synced)
@@ -155,8 +163,7 @@ class FileStorage(LogStorage):
             offset += length
         return None
 
-    def _cut(self, durable: int, segment: int, offset: int, problem: str,
-             later: list[int]) -> None:
+    def _cut(self, durable: int, segment: int, offset: int, problem: str, later: list[int]) -> None:
         """Cut the log at a bad place found by recovery: at ``offset`` of ``segment`` (kept if
         open), removing the segments in ``later``; refused at or below ``durable``."""
         index = len(self._locations)
@@ -165,9 +172,14 @@ class FileStorage(LogStorage):
             raise CorruptLogError(
                 f"bad Raft log record at {where}: {problem}; the checkpoint says entries up to "
                 f"{durable} were committed and fsynced, so this is lost or damaged data, not "
-                f"a torn write: refusing to start")
-        log.warning("Raft log cut at %s: %s (past committed index %d, never fsynced)",
-                    where, problem, durable)
+                f"a torn write: refusing to start"
+            )
+        log.warning(
+            "Raft log cut at %s: %s (past committed index %d, never fsynced)",
+            where,
+            problem,
+            durable,
+        )
         if segment in self._files:
             self._files[segment].truncate(offset)
             self._files[segment].fsync()
@@ -193,8 +205,11 @@ class FileStorage(LogStorage):
         # RaftLog.truncate_after re-emits the entry at the cut, which ends up here.
         last = self.last_index()
         keep = 0
-        while keep < len(entries) and entries[keep].index <= last and \
-                self._locations[entries[keep].index].term == entries[keep].term:
+        while (
+            keep < len(entries)
+            and entries[keep].index <= last
+            and self._locations[entries[keep].index].term == entries[keep].term
+        ):
             keep += 1
         cut = entries[keep].index if keep < len(entries) else entries[-1].index + 1
         if cut <= last:
@@ -280,7 +295,7 @@ class FileStorage(LogStorage):
             raise LogIndexError(f"index {index} outside [0, {self.last_index()}]")
         loc = self._locations[index]
         record = self._files[loc.segment_start].pread(loc.length, loc.offset)
-        return _decode_body(memoryview(record)[_HEADER.size:])
+        return _decode_body(memoryview(record)[_HEADER.size :])
 
     def last_index(self) -> int:
         return len(self._locations) - 1
@@ -315,14 +330,17 @@ class FileStorage(LogStorage):
                 if dir_dirty:
                     self._disk.fsync_dir(self._dir)
             except OSError as err:
-                self._sync_error = (f"fsync of the Raft log in {self._dir} failed "
-                                    f"({err.strerror or err}); nothing written since the "
-                                    f"last good sync counts as durable; {AFTER_FAILED_FSYNC}")
+                self._sync_error = (
+                    f"fsync of the Raft log in {self._dir} failed "
+                    f"({err.strerror or err}); nothing written since the "
+                    f"last good sync counts as durable; {AFTER_FAILED_FSYNC}"
+                )
                 log.error("%s", self._sync_error)
                 raise
             finally:
                 for file in files:
                     file.close()
+
         return job
 
     def _failed_sync(self) -> None:
@@ -343,8 +361,9 @@ class FileStorage(LogStorage):
         return HardState() if fields is None else HardState(int(fields[0]), int(fields[1]))
 
     def save_checkpoint(self, checkpoint: Checkpoint) -> None:
-        self._replace_file(_CHECKPOINT_FILE,
-                           [checkpoint.ledger_end_index, checkpoint.committed_index])
+        self._replace_file(
+            _CHECKPOINT_FILE, [checkpoint.ledger_end_index, checkpoint.committed_index]
+        )
 
     def load_checkpoint(self) -> Checkpoint:
         fields = self._read_file(_CHECKPOINT_FILE)
@@ -353,8 +372,9 @@ class FileStorage(LogStorage):
     def _replace_file(self, name: str, fields: list[int]) -> None:
         """Write-then-rename, so a crash leaves the old or the new file, never half of one."""
         payload = msgpack.packb(fields)
-        atomic_write(self._disk, self._dir / name,
-                     _HEADER.pack(len(payload), zlib.crc32(payload)) + payload)
+        atomic_write(
+            self._disk, self._dir / name, _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+        )
 
     def _read_file(self, name: str) -> list[int] | None:
         path = self._dir / name
@@ -364,7 +384,7 @@ class FileStorage(LogStorage):
         if len(data) < _HEADER.size:
             raise CorruptLogError(f"{path} is truncated")
         length, crc = _HEADER.unpack_from(data)
-        payload = data[_HEADER.size:_HEADER.size + length]
+        payload = data[_HEADER.size : _HEADER.size + length]
         if len(payload) != length or zlib.crc32(payload) != crc:
             raise CorruptLogError(f"{path} fails its CRC")
         fields = msgpack.unpackb(payload)

@@ -23,7 +23,6 @@ from hamq.raft.log import EMPTY_INDEX
 from hamq.raft.messages import Message, MessageType, ResponseCode
 from hamq.raft.raft_log import LEDGER_BEGIN_INDEX, RaftLog
 
-
 # APPENDs that arrived ahead of a gap, held until the gap fills (DLedger's
 # writeRequestMap); past this many the follower answers INCONSISTENT_STATE instead.
 MAX_BUFFERED_APPENDS = 256
@@ -50,11 +49,9 @@ class EntryHandler:
         lost_acknowledged = end < msg.water_mark
         if msg.type == MessageType.COMMIT:
             # capped at our end: what we still hold of what the leader declares committed
-            result.committed_index = self._advance_commit(
-                committed_index, msg.committed_index, end)
+            result.committed_index = self._advance_commit(committed_index, msg.committed_index, end)
             # answered so the leader knows a majority still hears it (check quorum)
-            code = (ResponseCode.INCONSISTENT_STATE if lost_acknowledged
-                    else ResponseCode.SUCCESS)
+            code = ResponseCode.INCONSISTENT_STATE if lost_acknowledged else ResponseCode.SUCCESS
             result.responses.append(self._response(msg, code))
             return result
         if msg.type == MessageType.APPEND and lost_acknowledged:
@@ -90,7 +87,8 @@ class EntryHandler:
         if code == ResponseCode.SUCCESS and msg.type != MessageType.COMPARE:
             # a verified request proves our log matches the leader's through msg.index
             result.committed_index = self._advance_commit(
-                result.committed_index, msg.committed_index, msg.last_index)
+                result.committed_index, msg.committed_index, msg.last_index
+            )
         result.responses.append(self._response(msg, code))
 
     def _append(self, msg: Message) -> ResponseCode:
@@ -123,10 +121,17 @@ class EntryHandler:
 
     def _response(self, msg: Message, code: ResponseCode) -> Message:
         end = self._log.ledger_end_index
-        return Message(MessageType.PUSH_RESPONSE, msg.to_id, msg.from_id, msg.term,
-                       index=msg.last_index, code=code, req_type=msg.type,
-                       begin_index=LEDGER_BEGIN_INDEX if end != EMPTY_INDEX else EMPTY_INDEX,
-                       end_index=end)
+        return Message(
+            MessageType.PUSH_RESPONSE,
+            msg.to_id,
+            msg.from_id,
+            msg.term,
+            index=msg.last_index,
+            code=code,
+            req_type=msg.type,
+            begin_index=LEDGER_BEGIN_INDEX if end != EMPTY_INDEX else EMPTY_INDEX,
+            end_index=end,
+        )
 
     @staticmethod
     def _advance_commit(committed_index: int, leader_committed: int, verified_index: int) -> int:

@@ -88,15 +88,27 @@ class Message:
     def encode(self, *, with_data: bool = True) -> bytes:
         """`with_data=False` leaves the entries' data out, for a transport that ships it as
         separate pieces and hands it back to `decode`."""
-        packed_entries = [[e.index, e.term, e.data if with_data else b"", e.is_noop]
-                          for e in self.entries]
+        packed_entries = [
+            [e.index, e.term, e.data if with_data else b"", e.is_noop] for e in self.entries
+        ]
         return msgpack.packb(
             [
-                int(self.type), self.from_id, self.to_id, self.term, self.index,
-                self.log_term, packed_entries, self.committed_index, int(self.code),
+                int(self.type),
+                self.from_id,
+                self.to_id,
+                self.term,
+                self.index,
+                self.log_term,
+                packed_entries,
+                self.committed_index,
+                int(self.code),
                 None if self.req_type is None else int(self.req_type),
-                self.begin_index, self.end_index, self.next_term, self.force,
-                self.water_mark, self.probe,
+                self.begin_index,
+                self.end_index,
+                self.next_term,
+                self.force,
+                self.water_mark,
+                self.probe,
             ],
             use_bin_type=True,
         )
@@ -108,20 +120,50 @@ class Message:
             fields = msgpack.unpackb(data, raw=False)
             if not isinstance(fields, list) or len(fields) != _FIELD_COUNT:
                 raise MessageDecodeError(f"expected a {_FIELD_COUNT}-field array")
-            (mtype, from_id, to_id, term, index, log_term, packed_entries, committed,
-             code, req_type, begin, end, next_term, force, water_mark, probe) = fields
+            (
+                mtype,
+                from_id,
+                to_id,
+                term,
+                index,
+                log_term,
+                packed_entries,
+                committed,
+                code,
+                req_type,
+                begin,
+                end,
+                next_term,
+                force,
+                water_mark,
+                probe,
+            ) = fields
             if entry_data is None:
                 entry_data = [bytes(e[2]) for e in packed_entries]
             elif len(entry_data) != len(packed_entries):
-                raise MessageDecodeError(f"{len(entry_data)} data for "
-                                         f"{len(packed_entries)} entries")
-            entries = tuple(Entry(int(e[0]), int(e[1]), d, bool(e[3]))
-                            for e, d in zip(packed_entries, entry_data))
+                raise MessageDecodeError(
+                    f"{len(entry_data)} data for {len(packed_entries)} entries"
+                )
+            entries = tuple(
+                Entry(int(e[0]), int(e[1]), d, bool(e[3]))
+                for e, d in zip(packed_entries, entry_data)
+            )
             return cls(
-                _MESSAGE_TYPES[mtype], int(from_id), int(to_id), int(term), int(index),
-                int(log_term), entries, int(committed), _RESPONSE_CODES[code],
+                _MESSAGE_TYPES[mtype],
+                int(from_id),
+                int(to_id),
+                int(term),
+                int(index),
+                int(log_term),
+                entries,
+                int(committed),
+                _RESPONSE_CODES[code],
                 None if req_type is None else _MESSAGE_TYPES[req_type],
-                int(begin), int(end), int(next_term), bool(force), int(water_mark),
+                int(begin),
+                int(end),
+                int(next_term),
+                bool(force),
+                int(water_mark),
                 int(probe),
             )
         except MessageDecodeError:

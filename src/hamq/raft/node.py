@@ -34,8 +34,16 @@ from hamq.raft.config import RaftConfig
 from hamq.raft.dispatcher import EntryDispatcher
 from hamq.raft.errors import NotLeaderError, TransferInProgressError, UnknownPeerError
 from hamq.raft.handler import EntryHandler
-from hamq.raft.log import (EMPTY_INDEX, NO_NODE, NO_TERM, UNKNOWN_VOTE, Checkpoint, Entry, EntryId,
-                           HardState)
+from hamq.raft.log import (
+    EMPTY_INDEX,
+    NO_NODE,
+    NO_TERM,
+    UNKNOWN_VOTE,
+    Checkpoint,
+    Entry,
+    EntryId,
+    HardState,
+)
 from hamq.raft.messages import REQUEST_TYPES, Message, MessageType, ResponseCode
 from hamq.raft.quorum import QuorumAckChecker
 from hamq.raft.raft_log import RaftLog
@@ -57,23 +65,35 @@ class Role(IntEnum):
 
 
 class RawNode:
-    def __init__(self, config: RaftConfig, storage: LogStorage, rng: Rng, now_ms: int = 0,
-                 applied_index: int = EMPTY_INDEX) -> None:
+    def __init__(
+        self,
+        config: RaftConfig,
+        storage: LogStorage,
+        rng: Rng,
+        now_ms: int = 0,
+        applied_index: int = EMPTY_INDEX,
+    ) -> None:
         """Start from what `storage` holds durably; `applied_index` is how far the caller's
         state machine already is (EMPTY_INDEX if it is rebuilt from the log)."""
         self.config = config
         self._rng = rng
         self._now_ms = now_ms
-        self.log = RaftLog([storage.term(i) for i in range(storage.last_index() + 1)],
-                           storage.entry)
+        self.log = RaftLog(
+            [storage.term(i) for i in range(storage.last_index() + 1)], storage.entry
+        )
         hard_state = storage.load_hard_state()
         self.term = hard_state.term
         self.voted_for = hard_state.voted_for
         self._saved_hard_state = hard_state
         # empty, or not vouched for since it was (a crash while waiting keeps it so)
-        self._empty_start = config.empty_disk_guard and len(config.member_ids) > 1 and (
-            hard_state.voted_for == UNKNOWN_VOTE
-            or (hard_state == HardState() and self.log.ledger_end_index == EMPTY_INDEX))
+        self._empty_start = (
+            config.empty_disk_guard
+            and len(config.member_ids) > 1
+            and (
+                hard_state.voted_for == UNKNOWN_VOTE
+                or (hard_state == HardState() and self.log.ledger_end_index == EMPTY_INDEX)
+            )
+        )
         self._probe = 0  # names this start in our probes while the group does not vouch
         if self._empty_start:
             self.voted_for = UNKNOWN_VOTE
@@ -185,12 +205,14 @@ class RawNode:
     # ---- outputs --------------------------------------------------------------------
 
     def has_ready(self) -> bool:
-        return (bool(self._messages or self._completed or self._failed)
-                or self.term != self._saved_hard_state.term
-                or self.voted_for != self._saved_hard_state.voted_for
-                or self.log.persisted_end_index != self.log.ledger_end_index
-                or self.committed_index != self._saved_checkpoint.committed_index
-                or self.applied_index < self.committed_index)
+        return (
+            bool(self._messages or self._completed or self._failed)
+            or self.term != self._saved_hard_state.term
+            or self.voted_for != self._saved_hard_state.voted_for
+            or self.log.persisted_end_index != self.log.ledger_end_index
+            or self.committed_index != self._saved_checkpoint.committed_index
+            or self.applied_index < self.committed_index
+        )
 
     def ready(self) -> Ready:
         assert self._ready_out is None, "advance() the previous Ready first"
@@ -250,13 +272,28 @@ class RawNode:
         if msg.term < self.term:
             if msg.type in REQUEST_TYPES:
                 # tell a deposed leader about the newer term so it steps down
-                self._send(Message(MessageType.PUSH_RESPONSE, self.config.node_id, msg.from_id,
-                                   self.term, index=msg.last_index, code=ResponseCode.STALE_TERM,
-                                   req_type=msg.type))
+                self._send(
+                    Message(
+                        MessageType.PUSH_RESPONSE,
+                        self.config.node_id,
+                        msg.from_id,
+                        self.term,
+                        index=msg.last_index,
+                        code=ResponseCode.STALE_TERM,
+                        req_type=msg.type,
+                    )
+                )
             elif msg.type == MessageType.PRE_VOTE:
-                self._send(Message(MessageType.PRE_VOTE_RESPONSE, self.config.node_id,
-                                   msg.from_id, self.term, code=ResponseCode.REJECTED,
-                                   probe=self._probe_echo(msg)))
+                self._send(
+                    Message(
+                        MessageType.PRE_VOTE_RESPONSE,
+                        self.config.node_id,
+                        msg.from_id,
+                        self.term,
+                        code=ResponseCode.REJECTED,
+                        probe=self._probe_echo(msg),
+                    )
+                )
             return False
         return True
 
@@ -264,8 +301,11 @@ class RawNode:
         if self.role == Role.LEADER:
             return True  # it steps down by itself once a majority stops answering
         contact = self._last_leader_contact_ms
-        return (self.leader_id != NO_NODE and contact is not None
-                and self._now_ms - contact < self.config.election_timeout_ms)
+        return (
+            self.leader_id != NO_NODE
+            and contact is not None
+            and self._now_ms - contact < self.config.election_timeout_ms
+        )
 
     def _start_pre_vote(self) -> None:
         self.role = Role.PRE_CANDIDATE
@@ -296,9 +336,18 @@ class RawNode:
     def _request_votes(self, mtype: MessageType, term: int, force: bool) -> None:
         probe = self._probe if self.voted_for == UNKNOWN_VOTE else 0
         for peer in self.config.peer_ids:
-            self._send(Message(mtype, self.config.node_id, peer, term,
-                               index=self.log.ledger_end_index,
-                               log_term=self.log.ledger_end_term, force=force, probe=probe))
+            self._send(
+                Message(
+                    mtype,
+                    self.config.node_id,
+                    peer,
+                    term,
+                    index=self.log.ledger_end_index,
+                    log_term=self.log.ledger_end_term,
+                    force=force,
+                    probe=probe,
+                )
+            )
 
     def _on_vote_request(self, msg: Message) -> None:
         up_to_date = self.log.is_up_to_date(msg.index, msg.log_term)
@@ -309,7 +358,8 @@ class RawNode:
             response_type = MessageType.PRE_VOTE_RESPONSE
         else:
             can_vote = self.voted_for == msg.from_id or (
-                self.voted_for == NO_NODE and self.leader_id == NO_NODE)
+                self.voted_for == NO_NODE and self.leader_id == NO_NODE
+            )
             granted = up_to_date and can_vote
             response_type = MessageType.VOTE_RESPONSE
             if granted:
@@ -318,8 +368,16 @@ class RawNode:
         code = ResponseCode.SUCCESS if granted else ResponseCode.REJECTED
         # a granted pre-vote answers in the candidate's future term, as etcd does
         term = msg.term if granted else self.term
-        self._send(Message(response_type, self.config.node_id, msg.from_id, term, code=code,
-                           probe=self._probe_echo(msg)))
+        self._send(
+            Message(
+                response_type,
+                self.config.node_id,
+                msg.from_id,
+                term,
+                code=code,
+                probe=self._probe_echo(msg),
+            )
+        )
 
     def _on_vote_response(self, msg: Message) -> None:
         if msg.type == MessageType.PRE_VOTE_RESPONSE:
@@ -363,8 +421,11 @@ class RawNode:
         for it. A heartbeat's commit index is capped at what we acknowledged, so only an
         APPEND's is the leader's own."""
         committed = self.committed_index
-        if msg.type == MessageType.APPEND and committed >= msg.committed_index and \
-                self.log.term(committed) == self.term:
+        if (
+            msg.type == MessageType.APPEND
+            and committed >= msg.committed_index
+            and self.log.term(committed) == self.term
+        ):
             self.voted_for = self.leader_id
 
     def _majority(self) -> int:
@@ -400,7 +461,7 @@ class RawNode:
             peer: EntryDispatcher(peer, self.config.node_id, self.term, self.config)
             for peer in self.config.peer_ids
         }
-        self._peer_contact_ms = {peer: self._now_ms for peer in self.config.peer_ids}
+        self._peer_contact_ms = dict.fromkeys(self.config.peer_ids, self._now_ms)
         self._broadcast()
 
     def _reset_election_timer(self) -> None:
@@ -427,8 +488,9 @@ class RawNode:
         if self.role != Role.LEADER or msg.term != self.term:
             return
         self._peer_contact_ms[msg.from_id] = self._now_ms
-        if (msg.code == ResponseCode.INCONSISTENT_STATE
-                and msg.end_index < self._quorum.water_mark(self.term, msg.from_id)):
+        if msg.code == ResponseCode.INCONSISTENT_STATE and msg.end_index < self._quorum.water_mark(
+            self.term, msg.from_id
+        ):
             self._on_lost_entries(msg.from_id, msg.end_index)
         matched = self._dispatchers[msg.from_id].handle_response(msg, self.log)
         if matched is not None:
@@ -497,8 +559,9 @@ class RawNode:
     def _broadcast(self) -> None:
         for peer, dispatcher in self._dispatchers.items():
             water_mark = self._quorum.water_mark(self.term, peer)
-            self._messages.extend(dispatcher.poll(self.log, water_mark, self.committed_index,
-                                                  self._now_ms))
+            self._messages.extend(
+                dispatcher.poll(self.log, water_mark, self.committed_index, self._now_ms)
+            )
 
     def _maybe_send_timeout_now(self) -> None:
         target = self._transfer_target

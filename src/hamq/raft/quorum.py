@@ -29,7 +29,7 @@ class QuorumAckChecker:
     def start_term(self, term: int) -> list[EntryId]:
         """Begin leading `term`; returns pending proposals of older terms, now failed."""
         stale = self.drop_all()
-        self.peer_water_marks_by_term[term] = {m: EMPTY_INDEX for m in self._member_ids}
+        self.peer_water_marks_by_term[term] = dict.fromkeys(self._member_ids, EMPTY_INDEX)
         self.pending_append_responses_by_term[term] = {}
         return stale
 

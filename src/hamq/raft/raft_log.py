@@ -60,7 +60,7 @@ class RaftLog:
 
     def entries(self, start: int, stop: int) -> list[Entry]:
         if start >= self._cached_from:
-            return self._cached[start - self._cached_from:stop - self._cached_from]
+            return self._cached[start - self._cached_from : stop - self._cached_from]
         return [self.entry(i) for i in range(start, min(stop, self.ledger_end_index + 1))]
 
     def matches(self, index: int, term: int) -> bool:
@@ -109,7 +109,7 @@ class RaftLog:
         """Stop holding the data of entries up to `index`, which must be persisted."""
         assert index <= self.persisted_end_index, "releasing entries not on disk"
         if index >= self._cached_from:
-            del self._cached[:index + 1 - self._cached_from]
+            del self._cached[: index + 1 - self._cached_from]
             self._cached_from = index + 1
 
     def _cache(self, entry: Entry) -> None:
@@ -118,12 +118,12 @@ class RaftLog:
         self._terms.append(entry.term)
 
     def _drop_after(self, index: int) -> None:
-        del self._terms[index + 1:]
+        del self._terms[index + 1 :]
         if index + 1 <= self._cached_from:  # e.g. a restarted follower's stale suffix
             self._cached.clear()
             self._cached_from = index + 1
         else:
-            del self._cached[index + 1 - self._cached_from:]
+            del self._cached[index + 1 - self._cached_from :]
 
     def _note_rewrite(self, index: int) -> None:
         self._unstable_from = min(self._unstable_from, index)

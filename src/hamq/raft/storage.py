@@ -77,7 +77,7 @@ class MemoryStorage(LogStorage):
     def append(self, entries: Sequence[Entry]) -> None:
         self._check_append(entries)
         if entries:
-            del self._entries[entries[0].index:]
+            del self._entries[entries[0].index :]
             self._entries.extend(entries)
 
     def truncate_suffix(self, from_index: int) -> None:
@@ -112,8 +112,9 @@ class MemoryStorage(LogStorage):
         """Nothing to flush: memory is as durable as this store gets."""
 
 
-def persist(storage: LogStorage, ready: Ready, *, checkpoint: bool = True,
-            sync: bool = True) -> None:
+def persist(
+    storage: LogStorage, ready: Ready, *, checkpoint: bool = True, sync: bool = True
+) -> None:
     """The first step of the Ready contract: save the hard state, append the entries (they
     replace the stored suffix), sync, then save the checkpoint — before any of the Ready's
     messages leave. A driver may skip the checkpoint (a recovery hint) or, when it accepts

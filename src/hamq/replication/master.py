@@ -6,6 +6,7 @@ Time comes in as ``now_ms``; outputs are return values (what to send, which wait
 finished); the commit log is read through a ``RecordLog``. The asyncio shell
 (``broker/ha/service.py``) and the simulator (``sim/master_slave.py``) drive the same object.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -20,6 +21,7 @@ from hamq.replication.quorum import AckDecision, QuorumConfig, decide, is_in_syn
 
 class HAConnectionState(IntEnum):
     """RocketMQ's HAConnectionState names."""
+
     READY = 0
     HANDSHAKE = 1
     TRANSFER = 2
@@ -29,6 +31,7 @@ class HAConnectionState(IntEnum):
 
 class ReplicaStatus(Enum):
     """How a waiting send ended (``PutMessageStatus`` subset)."""
+
     PUT_OK = "PUT_OK"
     FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
     SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
@@ -49,6 +52,7 @@ class Probe:
     header. The header covers the payload CRC, the offsets and the store time, so equal
     probes mean equal records, and a record written again after a master lost its tail
     (a later store time) differs from the one a slave kept."""
+
     offset: int
     end: int
     fingerprint: int
@@ -58,8 +62,12 @@ class Probe:
 
     @classmethod
     def from_wire(cls, raw: object) -> Probe:
-        if not (isinstance(raw, list) and len(raw) == 3 and all(type(v) is int for v in raw)
-                and 0 <= raw[0] < raw[1]):
+        if not (
+            isinstance(raw, list)
+            and len(raw) == 3
+            and all(type(v) is int for v in raw)
+            and 0 <= raw[0] < raw[1]
+        ):
             raise HandshakeError(f"malformed record probe {raw!r}")
         return cls(*raw)
 
@@ -86,8 +94,8 @@ class RecordLog(Protocol):
 
 @dataclass(frozen=True)
 class SlaveAttached:
-    start: int                  # where transfer starts: the slave cuts or restarts its log here
-    replaced: list[Hashable]    # older sessions of the same broker id, dropped: close them
+    start: int  # where transfer starts: the slave cuts or restarts its log here
+    replaced: list[Hashable]  # older sessions of the same broker id, dropped: close them
 
 
 @dataclass
@@ -95,8 +103,8 @@ class SlaveProgress:
     key: Hashable
     broker_id: int
     state: HAConnectionState
-    ack_offset: int         # what the slave has written
-    sent_offset: int        # next byte the master sends it
+    ack_offset: int  # what the slave has written
+    sent_offset: int  # next byte the master sends it
     last_heard_ms: int
 
 
@@ -105,8 +113,8 @@ AckCallback = Callable[[ReplicaStatus], None]
 
 @dataclass
 class AckWaiter:
-    offset: int             # commit-log end of the send
-    need_slaves: int        # acks needed besides the master's own copy
+    offset: int  # commit-log end of the send
+    need_slaves: int  # acks needed besides the master's own copy
     deadline_ms: int
     callback: AckCallback
 
@@ -126,12 +134,20 @@ class MasterReplication:
     def compare(self, log: RecordLog, probes: Sequence[Probe]) -> list[bool]:
         """Which of a slave's records this master holds identically (a handshake round)."""
         if len(probes) > MAX_PROBES:
-            raise HandshakeError(f"{len(probes)} probes in one handshake round; at most "
-                                 f"{MAX_PROBES}")
+            raise HandshakeError(
+                f"{len(probes)} probes in one handshake round; at most {MAX_PROBES}"
+            )
         return [log.probe(p.offset) == p for p in probes]
 
-    def attach(self, key: Hashable, broker_id: int, offset: int, proof: Probe | None,
-               log: RecordLog, now_ms: int) -> SlaveAttached | None:
+    def attach(
+        self,
+        key: Hashable,
+        broker_id: int,
+        offset: int,
+        proof: Probe | None,
+        log: RecordLog,
+        now_ms: int,
+    ) -> SlaveAttached | None:
         """Register a slave whose log agrees with ours up to ``offset``: ``proof`` is its
         record ending there, or None when ``offset`` is its log's start. None if the proof
         does not match our record (the slave then looks further back). A slave's older
@@ -140,16 +156,18 @@ class MasterReplication:
             if proof.end != offset or log.probe(proof.offset) != proof:
                 return None
             start = max(offset, log.min_offset)
-        elif log.min_offset < offset and (offset == log.max_offset or
-                                          log.probe(offset) is not None):
+        elif log.min_offset < offset and (
+            offset == log.max_offset or log.probe(offset) is not None
+        ):
             start = offset  # an empty slave log starting at one of our record boundaries
         else:
             start = log.min_offset  # nothing agrees: the slave restarts from our first byte
         replaced = [k for k, s in self.slaves.items() if s.broker_id == broker_id and k != key]
         for k in replaced:
             self.slaves.pop(k).state = HAConnectionState.SHUTDOWN
-        self.slaves[key] = SlaveProgress(key, broker_id, HAConnectionState.TRANSFER, start,
-                                         start, now_ms)
+        self.slaves[key] = SlaveProgress(
+            key, broker_id, HAConnectionState.TRANSFER, start, start, now_ms
+        )
         return SlaveAttached(start, replaced)
 
     def disconnect(self, key: Hashable) -> list[tuple[AckCallback, ReplicaStatus]]:
@@ -172,8 +190,9 @@ class MasterReplication:
         start, s.sent_offset = s.sent_offset, end
         return start, end
 
-    def on_ack(self, key: Hashable, ack_offset: int, now_ms: int
-               ) -> list[tuple[AckCallback, ReplicaStatus]]:
+    def on_ack(
+        self, key: Hashable, ack_offset: int, now_ms: int
+    ) -> list[tuple[AckCallback, ReplicaStatus]]:
         """A slave's ack counts only as far as it was shipped: a slave holds nothing else,
         and an ack past that (a broken peer) must not complete sends or count in sync."""
         s = self.slaves.get(key)
@@ -192,15 +211,21 @@ class MasterReplication:
     # -- quorum -------------------------------------------------------------------------------
     def in_sync_slave_nums(self, master_offset: int) -> int:
         gap = self.quorum.ha_max_gap_not_in_sync
-        return len({s.broker_id for s in self.slaves.values()
-                    if s.state is HAConnectionState.TRANSFER
-                    and is_in_sync(master_offset, s.ack_offset, gap)})
+        return len(
+            {
+                s.broker_id
+                for s in self.slaves.values()
+                if s.state is HAConnectionState.TRANSFER
+                and is_in_sync(master_offset, s.ack_offset, gap)
+            }
+        )
 
     def decide(self, alive_replicas_in_group: int, master_offset: int) -> AckDecision:
         return decide(self.quorum, alive_replicas_in_group, self.in_sync_slave_nums(master_offset))
 
-    def wait_for_acks(self, offset: int, need_ack_nums: int, now_ms: int, timeout_ms: int,
-                      callback: AckCallback) -> None:
+    def wait_for_acks(
+        self, offset: int, need_ack_nums: int, now_ms: int, timeout_ms: int, callback: AckCallback
+    ) -> None:
         """Group commit: ordered waiters, woken as ack offsets advance."""
         waiter = AckWaiter(offset, need_ack_nums - 1, now_ms + timeout_ms, callback)
         if self._acked_by(offset) >= waiter.need_slaves:
@@ -220,15 +245,23 @@ class MasterReplication:
         return done
 
     def fail_all(self) -> list[tuple[AckCallback, ReplicaStatus]]:
-        done = [(w.callback, ReplicaStatus.SLAVE_NOT_AVAILABLE)
-                for waiters in self.waiters.values() for w in waiters]
+        done = [
+            (w.callback, ReplicaStatus.SLAVE_NOT_AVAILABLE)
+            for waiters in self.waiters.values()
+            for w in waiters
+        ]
         self.waiters.clear()
         return done
 
     # -- internals ----------------------------------------------------------------------------
     def _acked_by(self, offset: int) -> int:
-        return len({s.broker_id for s in self.slaves.values()
-                    if s.state is HAConnectionState.TRANSFER and s.ack_offset >= offset})
+        return len(
+            {
+                s.broker_id
+                for s in self.slaves.values()
+                if s.state is HAConnectionState.TRANSFER and s.ack_offset >= offset
+            }
+        )
 
     def _complete_satisfied(self) -> list[tuple[AckCallback, ReplicaStatus]]:
         done = []
@@ -238,8 +271,9 @@ class MasterReplication:
         return done
 
     def _fail_unreachable(self) -> list[tuple[AckCallback, ReplicaStatus]]:
-        connected = len({s.broker_id for s in self.slaves.values()
-                         if s.state is HAConnectionState.TRANSFER})
+        connected = len(
+            {s.broker_id for s in self.slaves.values() if s.state is HAConnectionState.TRANSFER}
+        )
         done = []
         for need, waiters in self.waiters.items():
             if need > connected:

@@ -2,6 +2,7 @@
 
 Pure functions of the numbers the seed names, so every branch is testable as data.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,9 +10,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class QuorumConfig:
-    total_replicas: int = 1              # totalReplicas
-    in_sync_replicas: int = 1            # inSyncReplicas
-    min_in_sync_replicas: int = 1        # minInSyncReplicas
+    total_replicas: int = 1  # totalReplicas
+    in_sync_replicas: int = 1  # inSyncReplicas
+    min_in_sync_replicas: int = 1  # minInSyncReplicas
     enable_auto_in_sync_replicas: bool = False  # enableAutoInSyncReplicas
     ha_max_gap_not_in_sync: int = 256 * 1024 * 1024  # haMaxGapNotInSync (bytes)
 

@@ -14,6 +14,7 @@ slave then attaches at the end of the last agreeing record, cuts what follows, a
 master ships from there. Time and I/O stay outside: the slave's log is read through a
 ``RecordLog``; requests and replies are values the shell puts on the wire.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,17 +24,19 @@ from hamq.replication.master import MAX_PROBES, HandshakeError, Probe, RecordLog
 
 @dataclass(frozen=True)
 class AttachRequest:
-    offset: int             # where this slave's log agrees with the master's, it claims
-    proof: Probe | None     # its record ending at ``offset``; None: ``offset`` is its log start
+    offset: int  # where this slave's log agrees with the master's, it claims
+    proof: Probe | None  # its record ending at ``offset``; None: ``offset`` is its log start
 
     def to_wire(self) -> dict[str, object]:
-        return {"attach": self.offset,
-                "proof": self.proof.to_wire() if self.proof is not None else None}
+        return {
+            "attach": self.offset,
+            "proof": self.proof.to_wire() if self.proof is not None else None,
+        }
 
 
 @dataclass(frozen=True)
 class CompareRequest:
-    probes: tuple[Probe, ...]   # ascending offsets
+    probes: tuple[Probe, ...]  # ascending offsets
 
     def to_wire(self) -> dict[str, object]:
         return {"probes": [p.to_wire() for p in self.probes]}
@@ -46,6 +49,7 @@ HandshakeRequest = AttachRequest | CompareRequest
 class Attached:
     """The handshake's outcome: cut the log back to ``agreed`` (or restart it empty at
     ``start`` when the master keeps nothing that old) and receive from ``start``."""
+
     agreed: int
     start: int
 
@@ -59,8 +63,10 @@ def parse_request(ext: dict[str, object]) -> HandshakeRequest:
         return CompareRequest(tuple(Probe.from_wire(p) for p in raw))
     offset = ext.get("attach")
     if type(offset) is not int or offset < 0:
-        raise HandshakeError("a handshake names the offset to attach at ('attach') or the "
-                             "records to compare ('probes'); this slave may be too old")
+        raise HandshakeError(
+            "a handshake names the offset to attach at ('attach') or the "
+            "records to compare ('probes'); this slave may be too old"
+        )
     proof = ext.get("proof")
     return AttachRequest(offset, Probe.from_wire(proof) if proof is not None else None)
 
@@ -119,8 +125,11 @@ class SlaveHandshake:
         if not starts:
             return self._ask(AttachRequest(self.lo, self.lo_proof))
         n = len(starts)
-        picks = range(n) if n <= MAX_PROBES else \
-            sorted({i * n // MAX_PROBES for i in range(MAX_PROBES)})
+        picks = (
+            range(n)
+            if n <= MAX_PROBES
+            else sorted({i * n // MAX_PROBES for i in range(MAX_PROBES)})
+        )
         probes = []
         for i in picks:
             probe = self.log.probe(starts[i])

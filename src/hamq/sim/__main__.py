@@ -29,14 +29,19 @@ def main(argv: list[str] | None = None) -> int:
     for seed in range(args.seed, args.seed + args.seeds):
         result = run_seed(seed, steps=args.steps, nodes=args.nodes)
         status = "ok" if result.ok else f"FAILED: {result.failure}"
-        print(f"seed={seed} nodes={result.nodes} committed={result.committed} "
-              f"acked={result.acknowledged} crashes={result.crashes} "
-              f"messages={result.messages_sent} liveness_ms={result.liveness_ms} "
-              f"trace={result.trace_hash} {status}")
+        print(
+            f"seed={seed} nodes={result.nodes} committed={result.committed} "
+            f"acked={result.acknowledged} crashes={result.crashes} "
+            f"messages={result.messages_sent} liveness_ms={result.liveness_ms} "
+            f"trace={result.trace_hash} {status}"
+        )
         if not result.ok:
             failed += 1
-            print(f"replay with: python -m hamq.sim --seed {seed} --steps {args.steps}"
-                  + (f" --nodes {args.nodes}" if args.nodes else ""), file=sys.stderr)
+            print(
+                f"replay with: python -m hamq.sim --seed {seed} --steps {args.steps}"
+                + (f" --nodes {args.nodes}" if args.nodes else ""),
+                file=sys.stderr,
+            )
     return 1 if failed else 0
 
 
@@ -44,8 +49,10 @@ def _master_slave(first: int, count: int) -> int:
     failed = 0
     for seed in range(first, first + count):
         r = run_master_slave_seed(seed)
-        print(f"seed={seed} acked={r.acked} refused={r.refused} timed_out={r.timed_out} "
-              + ("ok" if r.ok else f"FAILED: {r.failure}"))
+        print(
+            f"seed={seed} acked={r.acked} refused={r.refused} timed_out={r.timed_out} "
+            + ("ok" if r.ok else f"FAILED: {r.failure}")
+        )
         failed += not r.ok
     return 1 if failed else 0
 

@@ -9,6 +9,7 @@ from what the store claimed.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from hamq.broker.dledger.core import Recovery
@@ -40,8 +41,10 @@ class Checkers:
     def on_elected(self, node_id: int, node: RawNode) -> None:
         for index, entry in self.committed.items():
             if entry.term < node.term and not node.log.matches(index, entry.term):
-                raise SafetyViolation(f"leader {node_id} of term {node.term} lacks committed "
-                                      f"entry {index} (term {entry.term})")
+                raise SafetyViolation(
+                    f"leader {node_id} of term {node.term} lacks committed "
+                    f"entry {index} (term {entry.term})"
+                )
 
     def on_persist(self, node_id: int, node: RawNode, entries: list[Entry]) -> None:
         for entry in entries:
@@ -87,25 +90,31 @@ class Ack:
     queue_offset: int
 
 
-def check_restart(node_id: int, claim: int | None, recovery: Recovery,
-                  applied_at_clean_stop: int | None) -> None:
+def check_restart(
+    node_id: int, claim: int | None, recovery: Recovery, applied_at_clean_stop: int | None
+) -> None:
     """A restarted member resumes from the applied index its store checkpoint claimed
     (re-applying only what followed, which a crash may have lost); after a clean stop it
     re-applies nothing at all."""
     expected = EMPTY_INDEX if claim is None else claim
     if recovery.applied_index != expected:
-        raise SafetyViolation(f"node {node_id} restarted from applied index "
-                              f"{recovery.applied_index}, its store claimed {expected}")
-    if applied_at_clean_stop is not None and (recovery.cut_bytes or
-                                              recovery.applied_index != applied_at_clean_stop):
+        raise SafetyViolation(
+            f"node {node_id} restarted from applied index "
+            f"{recovery.applied_index}, its store claimed {expected}"
+        )
+    if applied_at_clean_stop is not None and (
+        recovery.cut_bytes or recovery.applied_index != applied_at_clean_stop
+    ):
         raise SafetyViolation(
             f"node {node_id} re-applies after a clean stop: applied {applied_at_clean_stop} "
             f"when stopped, resumes from {recovery.applied_index}, {recovery.cut_bytes} "
-            "bytes cut")
+            "bytes cut"
+        )
 
 
-def check_stores(stores: dict[int, MessageStore], leader_id: int, acks: list[Ack],
-                 caught_up: set[int]) -> None:
+def check_stores(
+    stores: dict[int, MessageStore], leader_id: int, acks: list[Ack], caught_up: set[int]
+) -> None:
     """Members' commit logs are prefixes of one another, byte for byte; members that
     applied as far as the leader have the same queues (a member behind may still hold a
     topic the others deleted); every acknowledged send is where its answer said, on every
@@ -117,8 +126,10 @@ def check_stores(stores: dict[int, MessageStore], leader_id: int, acks: list[Ack
             cq = store.queues.get(key)
             queues[i] = [] if cq is None else list(zip(cq.phys, cq.size, cq.base, cq.count))
         _check_prefixes(f"queue {key}", queues)
-    logs = {i: bytes(s.commitlog.read_range(s.commitlog.min_offset, s.commitlog.written_offset))
-            for i, s in stores.items()}
+    logs = {
+        i: bytes(s.commitlog.read_range(s.commitlog.min_offset, s.commitlog.written_offset))
+        for i, s in stores.items()
+    }
     _check_prefixes("commit log", logs)
     for ack in acks:
         for i, store in stores.items():
@@ -128,17 +139,24 @@ def check_stores(stores: dict[int, MessageStore], leader_id: int, acks: list[Ack
 
 def _check_prefixes(what: str, contents: dict[int, bytes | list]) -> None:
     ordered = sorted(contents.items(), key=lambda item: len(item[1]))
-    for (a, shorter), (b, longer) in zip(ordered, ordered[1:]):
-        if longer[:len(shorter)] != shorter:
-            raise SafetyViolation(f"{what} of nodes {a} and {b} differ within their common "
-                                  f"prefix ({len(shorter)} long)")
+    for (a, shorter), (b, longer) in itertools.pairwise(ordered):
+        if longer[: len(shorter)] != shorter:
+            raise SafetyViolation(
+                f"{what} of nodes {a} and {b} differ within their common "
+                f"prefix ({len(shorter)} long)"
+            )
 
 
 def _check_ack(node_id: int, store: MessageStore, ack: Ack) -> None:
     got = store.get_messages(ack.topic, ack.queue_id, ack.queue_offset, 1, 1 << 20)
-    found = decode_records(got.records, ack.queue_offset,
-                           lambda h, index, off, props, body: (h.physical_offset, off, body))
+    found = decode_records(
+        got.records,
+        ack.queue_offset,
+        lambda h, index, off, props, body: (h.physical_offset, off, body),
+    )
     if (ack.physical_offset, ack.queue_offset, ack.body) not in found:
-        raise SafetyViolation(f"node {node_id} lost acknowledged send {ack.body!r} "
-                              f"({ack.topic}/{ack.queue_id}@{ack.queue_offset}, msg id "
-                              f"{offset_msg_id(ack.physical_offset, 0)}): holds {found}")
+        raise SafetyViolation(
+            f"node {node_id} lost acknowledged send {ack.body!r} "
+            f"({ack.topic}/{ack.queue_id}@{ack.queue_offset}, msg id "
+            f"{offset_msg_id(ack.physical_offset, 0)}): holds {found}"
+        )

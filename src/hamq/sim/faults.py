@@ -52,8 +52,7 @@ class FaultMix:
     clock_jump_ms_max: int
 
 
-def choose_fault_mix(rng: random.Random, nodes: int | None,
-                     later_rng: random.Random) -> FaultMix:
+def choose_fault_mix(rng: random.Random, nodes: int | None, later_rng: random.Random) -> FaultMix:
     """`later_rng` draws the probabilities of faults added later (disk wipes, full disks)
     apart from `rng`, so a seed without them keeps the schedule it had."""
     flush_disk_type = rng.choice(FLUSH_DISK_TYPES)
@@ -66,7 +65,8 @@ def choose_fault_mix(rng: random.Random, nodes: int | None,
         # "async" acknowledges what is in the page cache only (RocketMQ's ASYNC_FLUSH
         # contract): a power loss may then lose acknowledged data by design
         power_loss_probability=rng.choice((0.0, 0.0, 0.003, 0.01))
-        if flush_disk_type == "sync" else 0.0,
+        if flush_disk_type == "sync"
+        else 0.0,
         clean_stop_probability=rng.choice((0.0, 0.002, 0.005)),
         disk_wipe_probability=later_rng.choice((0.0, 0.0, 0.003, 0.01)),
         disk_full_probability=later_rng.choice((0.0, 0.0, 0.003, 0.01)),

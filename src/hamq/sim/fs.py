@@ -19,6 +19,7 @@ One more fault, ``fail_fsync(path)``: that file's next fsync fails with EIO and,
 Linux, the writes it should have made durable never will be (the kernel marks their pages
 clean), though reads still see them until the next power loss.
 """
+
 from __future__ import annotations
 
 import errno
@@ -39,7 +40,7 @@ class ProcessCrash(Exception):
 @dataclass(slots=True)
 class _Inode:
     data: bytearray = field(default_factory=bytearray)  # the page cache: what reads see
-    durable: bytes = b""                                 # what a power loss keeps for sure
+    durable: bytes = b""  # what a power loss keeps for sure
     # writes since the last fsync, in order: ("w", offset, bytes) or ("t", size)
     unsynced: list[tuple] = field(default_factory=list)
     mtime: float = 0.0
@@ -48,7 +49,7 @@ class _Inode:
     def write(self, offset: int, data: bytes) -> None:
         if offset > len(self.data):
             self.data.extend(bytes(offset - len(self.data)))
-        self.data[offset:offset + len(data)] = data
+        self.data[offset : offset + len(data)] = data
         self.unsynced.append(("w", offset, data))
 
     def truncate(self, size: int) -> None:
@@ -59,8 +60,9 @@ class _Inode:
         self.unsynced.append(("t", size))
 
     def fsync(self) -> None:
-        self.durable = bytes(self.data) if not self.dropped else bytes(self._replay(
-            len(self.unsynced)).data)
+        self.durable = (
+            bytes(self.data) if not self.dropped else bytes(self._replay(len(self.unsynced)).data)
+        )
         self.unsynced.clear()
 
     def fsync_failed(self) -> None:
@@ -83,7 +85,7 @@ class _Inode:
         replay = self._replay(kept)
         if kept < len(self.unsynced) and self.unsynced[kept][0] == "w" and rng.random() < 0.5:
             _, offset, data = self.unsynced[kept]
-            replay.write(offset, data[:rng.randrange(len(data) + 1)])  # a torn write
+            replay.write(offset, data[: rng.randrange(len(data) + 1)])  # a torn write
         self.data = replay.data
         self.durable = bytes(self.data)
         self.unsynced.clear()
@@ -93,7 +95,7 @@ class _Inode:
 class SimFile:
     """One handle; like a descriptor, useless once closed (or once its process died)."""
 
-    __slots__ = ("path", "_disk", "_inode", "_append", "_closed")
+    __slots__ = ("_append", "_closed", "_disk", "_inode", "path")
 
     def __init__(self, disk: SimDisk, path: Path, inode: _Inode, append: bool) -> None:
         self.path = path
@@ -129,11 +131,11 @@ class SimFile:
         return len(data)
 
     def pread(self, size: int, offset: int) -> bytes:
-        return bytes(self._live().data[offset:offset + size])
+        return bytes(self._live().data[offset : offset + size])
 
     def pread_into(self, into: memoryview, offset: int) -> int:
-        chunk = self._live().data[offset:offset + len(into)]
-        into[:len(chunk)] = chunk
+        chunk = self._live().data[offset : offset + len(into)]
+        into[: len(chunk)] = chunk
         return len(chunk)
 
     def truncate(self, size: int) -> None:
@@ -164,11 +166,12 @@ class SimFile:
 class SimDisk:
     """The files of one simulated machine."""
 
-    def __init__(self, clock: Callable[[], float] = lambda: 0.0,
-                 capacity_bytes: int = DEFAULT_CAPACITY_BYTES) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = lambda: 0.0, capacity_bytes: int = DEFAULT_CAPACITY_BYTES
+    ) -> None:
         self.clock = clock
         self.capacity_bytes = capacity_bytes
-        self.names: dict[str, _Inode] = {}          # the page cache's directory entries
+        self.names: dict[str, _Inode] = {}  # the page cache's directory entries
         self.durable_names: dict[str, _Inode] = {}  # those a power loss keeps
         self.dirs: set[str] = {"/"}
         # ids of the handles the current process holds (a dead process's handles are not)
@@ -188,8 +191,11 @@ class SimDisk:
 
     def reserve(self, grow: int) -> None:
         # counting is O(files): done only when a seed gave this disk a small capacity
-        if grow and self.capacity_bytes < DEFAULT_CAPACITY_BYTES and \
-                self.used_bytes() + grow > self.capacity_bytes:
+        if (
+            grow
+            and self.capacity_bytes < DEFAULT_CAPACITY_BYTES
+            and self.used_bytes() + grow > self.capacity_bytes
+        ):
             raise OSError(errno.ENOSPC, "No space left on device (simulated)")
 
     def used_bytes(self) -> int:
@@ -250,9 +256,13 @@ class SimDisk:
 
     def listdir(self, path: Path) -> list[str]:
         prefix = _key(path).rstrip("/") + "/"
-        return sorted({name[len(prefix):] for name in (*self.names, *self.dirs)
-                       if name.startswith(prefix) and "/" not in name[len(prefix):]
-                       and name != prefix})
+        return sorted(
+            {
+                name[len(prefix) :]
+                for name in (*self.names, *self.dirs)
+                if name.startswith(prefix) and "/" not in name[len(prefix) :] and name != prefix
+            }
+        )
 
     def is_dir(self, path: Path) -> bool:
         return _key(path) in self.dirs
@@ -294,8 +304,11 @@ class SimDisk:
         removed = [d for d in self.removed_dirs if _parent(d) == directory]
         for gone in removed:
             self.removed_dirs.discard(gone)
-            for name in [n for n in self.durable_names if n.startswith(gone + "/")
-                         and self.durable_names[n] is not self.names.get(n)]:
+            for name in [
+                n
+                for n in self.durable_names
+                if n.startswith(gone + "/") and self.durable_names[n] is not self.names.get(n)
+            ]:
                 del self.durable_names[name]
         for name, inode in self.names.items():
             if _parent(name) == directory:

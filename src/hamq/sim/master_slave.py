@@ -14,6 +14,7 @@ size (records the master writes again after a loss land on the old boundaries).
 Checkers run at every event (see ``replica_checkers.py``); after the faults stop, every
 slave must be attached again and sends acknowledged.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -27,21 +28,27 @@ from hamq.protocol.message import encode_batch, encode_message, offset_msg_id
 from hamq.replication.master import MasterReplication, ReplicaStatus
 from hamq.replication.quorum import QuorumConfig
 from hamq.sim.fs import ProcessCrash, SimDisk
-from hamq.sim.replica_checkers import (AckedMessage, InvariantViolation, check_held,
-                                       check_readable, check_same_bytes, check_same_queues)
+from hamq.sim.replica_checkers import (
+    AckedMessage,
+    InvariantViolation,
+    check_held,
+    check_readable,
+    check_same_bytes,
+    check_same_queues,
+)
 from hamq.store.message_store import MessageStore
 
 TICK_MS = 10
-SEND_TIMEOUT_MS = 300         # the waiting send's deadline (sync_flush_timeout_ms)
-NS_TIMEOUT_MS = 400           # name server drops a member silent this long
-HEARTBEAT_MS = 100            # slave ack heartbeat (ha_send_heartbeat_interval_ms)
-HOUSEKEEPING_MS = 500         # master closes a silent session (ha_housekeeping_interval_ms)
-RECONNECT_MS = 50             # slave waits this long before a new session
-FLUSH_MS = 200                # async flush interval (flush_interval_commitlog_ms)
-CHECKPOINT_MS = 400           # consume queues + checkpoint (flush_interval_consume_queue_ms)
+SEND_TIMEOUT_MS = 300  # the waiting send's deadline (sync_flush_timeout_ms)
+NS_TIMEOUT_MS = 400  # name server drops a member silent this long
+HEARTBEAT_MS = 100  # slave ack heartbeat (ha_send_heartbeat_interval_ms)
+HOUSEKEEPING_MS = 500  # master closes a silent session (ha_housekeeping_interval_ms)
+RECONNECT_MS = 50  # slave waits this long before a new session
+FLUSH_MS = 200  # async flush interval (flush_interval_commitlog_ms)
+CHECKPOINT_MS = 400  # consume queues + checkpoint (flush_interval_consume_queue_ms)
 WINDOW_BYTES = 64 * 1024
 BATCH_BYTES = 16 * 1024
-SEGMENT_BYTES = 32 * 1024     # small segments, so rolls and cuts across them happen
+SEGMENT_BYTES = 32 * 1024  # small segments, so rolls and cuts across them happen
 SAFETY_MS = 2500
 LIVENESS_BOUND_MS = 2500
 TOPIC = "T"
@@ -49,13 +56,14 @@ QUEUES = 4
 STORE_DIR = "/store"
 WALL_CLOCK_EPOCH_MS = 1_700_000_000_000
 CLOCK_SKEW_MS_MAX = 5000
-RETENTION_MS = 400            # file_reserved_hours: segments last written this long ago go
-FIXED_BODY_BYTES = 600        # some seeds send one size: a rewrite lands on old boundaries
+RETENTION_MS = 400  # file_reserved_hours: segments last written this long ago go
+FIXED_BODY_BYTES = 600  # some seeds send one size: a rewrite lands on old boundaries
 
 
 @dataclass(eq=False)  # compared and hashed by identity, like a socket
 class _Conn:
     """One HA session's TCP connection; frames of a broken one are never delivered."""
+
     id: int
     member_id: int
     live: bool = True
@@ -68,7 +76,7 @@ class _Member:
     disk: SimDisk
     store: MessageStore | None = None
     down_until: int = 0
-    clock_skew_ms: int = 0    # its wall clock minus the world's; steps at restarts
+    clock_skew_ms: int = 0  # its wall clock minus the world's; steps at restarts
 
     def up(self, now: int) -> bool:
         return self.store is not None and now >= self.down_until
@@ -81,8 +89,8 @@ class _Slave(_Member):
     hung_until: int = 0
     reconnect_at: int = 0
     last_heard_ms: int = 0
-    acked_end: int = 0        # its highest ack since it last attached: what it surely holds
-    checked_upto: int = 0     # its log agrees with the master's up to here (while attached)
+    acked_end: int = 0  # its highest ack since it last attached: what it surely holds
+    checked_upto: int = 0  # its log agrees with the master's up to here (while attached)
     inbox: list = field(default_factory=list)  # frames waiting while the process is stopped
 
     def active(self, now: int) -> bool:
@@ -117,13 +125,21 @@ class MasterSlaveWorld:
         total = slaves + 1
         in_sync = self.rng.randint(1, total)
         minimum = self.rng.randint(1, in_sync)
-        self.quorum = QuorumConfig(total, in_sync, minimum, self.rng.random() < 0.7,
-                                   ha_max_gap_not_in_sync=self.rng.choice([4096, 65536]))
+        self.quorum = QuorumConfig(
+            total,
+            in_sync,
+            minimum,
+            self.rng.random() < 0.7,
+            ha_max_gap_not_in_sync=self.rng.choice([4096, 65536]),
+        )
         self.sync_flush = self.rng.random() < 0.5
-        self.config = StoreConfig(store_dir=STORE_DIR, disk_min_free_bytes=1,
-                                  mapped_file_size_commitlog=SEGMENT_BYTES,
-                                  file_reserved_hours=RETENTION_MS / 3_600_000,
-                                  flush_disk_type="sync" if self.sync_flush else "async")
+        self.config = StoreConfig(
+            store_dir=STORE_DIR,
+            disk_min_free_bytes=1,
+            mapped_file_size_commitlog=SEGMENT_BYTES,
+            file_reserved_hours=RETENTION_MS / 3_600_000,
+            flush_disk_type="sync" if self.sync_flush else "async",
+        )
         self.crash_probability = self.rng.choice([0.002, 0.005, 0.01])
         self.master_crash_probability = self.rng.choice([0.0, 0.002, 0.005])
         # Faults added later draw from their own stream, so older seeds replay unchanged.
@@ -143,8 +159,7 @@ class MasterSlaveWorld:
         self.last_ok_ms = 0
         self.faults_until = SAFETY_MS
         self.master = _Member(0, SimDisk(), clock_skew_ms=self._skew())
-        self.slaves = {i: _Slave(i, SimDisk(), clock_skew_ms=self._skew())
-                       for i in range(1, total)}
+        self.slaves = {i: _Slave(i, SimDisk(), clock_skew_ms=self._skew()) for i in range(1, total)}
         for member in (self.master, *self.slaves.values()):
             member.disk.clock = lambda m=member: self._wall_clock_ms(m) / 1000
         self._start_master()
@@ -175,11 +190,11 @@ class MasterSlaveWorld:
     # -- processes -------------------------------------------------------------------------
     def _open_store(self, member: _Member) -> MessageStore:
         try:
-            return MessageStore(self.config, lambda: self._wall_clock_ms(member),
-                                disk=member.disk)
+            return MessageStore(self.config, lambda: self._wall_clock_ms(member), disk=member.disk)
         except HamqError as err:
-            raise InvariantViolation(f"member {member.member_id} refused to start after a "
-                                     f"crash: {err.message}") from None
+            raise InvariantViolation(
+                f"member {member.member_id} refused to start after a crash: {err.message}"
+            ) from None
 
     def _start_master(self) -> None:
         self.master.store = self._open_store(self.master)
@@ -285,18 +300,32 @@ class MasterSlaveWorld:
         self._seq += 1
         send_id, queue_id = self._seq, self.rng.randrange(QUEUES)
         size = self.rng.randrange(20, 1500)
-        body = (b"m%d:" % send_id).ljust(FIXED_BODY_BYTES, b"\0") if self.fixed_body \
+        body = (
+            (b"m%d:" % send_id).ljust(FIXED_BODY_BYTES, b"\0")
+            if self.fixed_body
             else b"m%d:" % send_id + bytes(size)
+        )
         payload, crc = encode_batch([encode_message(body)])
         put = store.put_batch(TOPIC, queue_id, payload, 1, crc, born_timestamp_ms=send_id)
         store.commit()
         if self.sync_flush:
             store.commitlog.flush()  # group commit: this send's fsync, before any answer
-        message = AckedMessage(TOPIC, queue_id, put.base_queue_offset,
-                               offset_msg_id(put.physical_offset, 0), body, put.physical_offset)
+        message = AckedMessage(
+            TOPIC,
+            queue_id,
+            put.base_queue_offset,
+            offset_msg_id(put.physical_offset, 0),
+            body,
+            put.physical_offset,
+        )
         self.outstanding[send_id] = (put.end_offset, decision.need_ack_nums, message)
-        self.core.wait_for_acks(put.end_offset, decision.need_ack_nums, self.now,
-                                SEND_TIMEOUT_MS, lambda status: self._done(send_id, status))
+        self.core.wait_for_acks(
+            put.end_offset,
+            decision.need_ack_nums,
+            self.now,
+            SEND_TIMEOUT_MS,
+            lambda status: self._done(send_id, status),
+        )
         for conn in list(self.sessions):
             self._pump(conn)
 
@@ -318,8 +347,9 @@ class MasterSlaveWorld:
             callback(status)
 
     def _alive_replicas(self) -> int:
-        return 1 + sum(1 for s in self.slaves.values()
-                       if self.now - s.last_heard_ms <= NS_TIMEOUT_MS)
+        return 1 + sum(
+            1 for s in self.slaves.values() if self.now - s.last_heard_ms <= NS_TIMEOUT_MS
+        )
 
     # -- the slave's side (HASlave) --------------------------------------------------------
     def _on_slave_frame(self, conn: _Conn, kind: str, payload) -> None:
@@ -332,8 +362,10 @@ class MasterSlaveWorld:
                 self._at(s.hung_until - self.now, "resume", s.member_id)
             s.inbox.append((conn, kind, payload))
             return
-        if self.now < self.faults_until and \
-                self.mid_crash_rng.random() < self.mid_crash_probability:
+        if (
+            self.now < self.faults_until
+            and self.mid_crash_rng.random() < self.mid_crash_probability
+        ):
             s.disk.crash_after(self.mid_crash_rng.randrange(12))
         try:
             if kind == "reply":
@@ -411,8 +443,9 @@ class MasterSlaveWorld:
             return
         for s in self.slaves.values():
             if s.up(self.now) and s.conn is not None and s.link.attached:
-                s.checked_upto = check_same_bytes(self.master.store, s.store, s.member_id,
-                                                  s.checked_upto)
+                s.checked_upto = check_same_bytes(
+                    self.master.store, s.store, s.member_id, s.checked_upto
+                )
 
     def _inject_faults(self) -> None:
         if self.later_rng.random() < self.retention_probability:
@@ -456,13 +489,18 @@ class MasterSlaveWorld:
 
     def _finish(self) -> None:
         """Faults are over and the group had time to heal: every member agrees."""
-        if self.quorum.enable_auto_in_sync_replicas and self.last_ok_ms < self.faults_until \
-                and self.quorum.min_in_sync_replicas <= len(self.slaves) + 1:
+        if (
+            self.quorum.enable_auto_in_sync_replicas
+            and self.last_ok_ms < self.faults_until
+            and self.quorum.min_in_sync_replicas <= len(self.slaves) + 1
+        ):
             raise InvariantViolation("no send acknowledged in the fault-free phase")
         for s in self.slaves.values():
             if not (s.up(self.now) and s.conn is not None and s.link.attached):
-                raise InvariantViolation(f"slave {s.member_id} is not attached "
-                                         f"{LIVENESS_BOUND_MS} ms after the faults stopped")
+                raise InvariantViolation(
+                    f"slave {s.member_id} is not attached "
+                    f"{LIVENESS_BOUND_MS} ms after the faults stopped"
+                )
             check_same_bytes(self.master.store, s.store, s.member_id, 0)
             check_same_queues(self.master.store, s.store, s.member_id)
         if self.sync_flush:
@@ -481,8 +519,16 @@ class MasterSlaveWorld:
             self._finish()
         except InvariantViolation as err:
             failure = str(err)
-        return MasterSlaveResult(self.seed, failure is None, failure, self.acked, self.refused,
-                                 self.timed_out, self.crashes, self.cuts)
+        return MasterSlaveResult(
+            self.seed,
+            failure is None,
+            failure,
+            self.acked,
+            self.refused,
+            self.timed_out,
+            self.crashes,
+            self.cuts,
+        )
 
 
 def run_master_slave_seed(seed: int) -> MasterSlaveResult:

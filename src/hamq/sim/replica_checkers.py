@@ -8,6 +8,7 @@ They read the members' real message stores (on their simulated disks):
 - under sync flush, every acknowledged message is readable with the same id from the
   master after any crash and recovery.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ class AckedMessage:
     queue_offset: int
     msg_id: str
     body: bytes
-    physical_offset: int    # retention may remove it once its segment is old enough
+    physical_offset: int  # retention may remove it once its segment is old enough
 
 
 def check_held(end: int, need: int, slave_ends: dict[int, int]) -> None:
@@ -35,12 +36,12 @@ def check_held(end: int, need: int, slave_ends: dict[int, int]) -> None:
     ``slave_ends`` is how far each slave has acknowledged since it last attached."""
     holders = 1 + sum(1 for slave_end in slave_ends.values() if slave_end >= end)
     if holders < need:
-        raise InvariantViolation(f"PUT_OK for offset {end} with needAckNums={need} but only "
-                                 f"{holders} members hold it")
+        raise InvariantViolation(
+            f"PUT_OK for offset {end} with needAckNums={need} but only {holders} members hold it"
+        )
 
 
-def check_same_bytes(master: MessageStore, slave: MessageStore, member_id: int,
-                     start: int) -> int:
+def check_same_bytes(master: MessageStore, slave: MessageStore, member_id: int, start: int) -> int:
     """Compare the two commit logs from ``start`` to the end of their common range; returns
     that end (what is checked so far)."""
     lo = max(start, master.commitlog.min_offset, slave.commitlog.min_offset)
@@ -48,8 +49,9 @@ def check_same_bytes(master: MessageStore, slave: MessageStore, member_id: int,
     if hi > lo and master.commitlog.read_range(lo, hi) != slave.commitlog.read_range(lo, hi):
         theirs, ours = master.commitlog.read_range(lo, hi), slave.commitlog.read_range(lo, hi)
         at = lo + next(i for i in range(hi - lo) if theirs[i] != ours[i])
-        raise InvariantViolation(f"slave {member_id} diverged from its master at offset {at} "
-                                 f"(common range {lo}..{hi})")
+        raise InvariantViolation(
+            f"slave {member_id} diverged from its master at offset {at} (common range {lo}..{hi})"
+        )
     return max(hi, start)
 
 
@@ -60,8 +62,10 @@ def check_same_queues(master: MessageStore, slave: MessageStore, member_id: int)
     for key in sorted(master.queues.keys() | slave.queues.keys()):
         theirs, ours = _entries(master, key, lo, hi), _entries(slave, key, lo, hi)
         if theirs != ours:
-            raise InvariantViolation(f"slave {member_id} queue {key} differs from its "
-                                     f"master's in {lo}..{hi}: {ours[:3]}... vs {theirs[:3]}...")
+            raise InvariantViolation(
+                f"slave {member_id} queue {key} differs from its "
+                f"master's in {lo}..{hi}: {ours[:3]}... vs {theirs[:3]}..."
+            )
 
 
 def check_readable(store: MessageStore, acked: list[AckedMessage]) -> None:
@@ -71,11 +75,16 @@ def check_readable(store: MessageStore, acked: list[AckedMessage]) -> None:
         if m.physical_offset < store.commitlog.min_offset:
             continue
         got = store.get_messages(m.topic, m.queue_id, m.queue_offset, 1, 1 << 20)
-        found = decode_records(bytes(got.records), m.queue_offset, _id_and_body) \
-            if got.status is GetStatus.FOUND else []
+        found = (
+            decode_records(bytes(got.records), m.queue_offset, _id_and_body)
+            if got.status is GetStatus.FOUND
+            else []
+        )
         if not found or found[0] != (m.msg_id, m.body):
-            raise InvariantViolation(f"acknowledged message {m.msg_id} ({m.topic}:{m.queue_id}"
-                                     f"@{m.queue_offset}) lost or changed after recovery")
+            raise InvariantViolation(
+                f"acknowledged message {m.msg_id} ({m.topic}:{m.queue_id}"
+                f"@{m.queue_offset}) lost or changed after recovery"
+            )
 
 
 def _id_and_body(header, index: int, queue_offset: int, props: bytes, body: bytes):
@@ -86,5 +95,8 @@ def _entries(store: MessageStore, key: tuple[str, int], lo: int, hi: int) -> lis
     cq = store.queues.get(key)
     if cq is None:
         return []
-    return [(p, s, b, c) for p, s, b, c in zip(cq.phys, cq.size, cq.base, cq.count)
-            if lo <= p and p + s <= hi]
+    return [
+        (p, s, b, c)
+        for p, s, b, c in zip(cq.phys, cq.size, cq.base, cq.count)
+        if lo <= p and p + s <= hi
+    ]

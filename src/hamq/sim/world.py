@@ -124,15 +124,21 @@ class World:
             self._attach_clock(member)
             self.members[i] = member
         self._raft_configs = {
-            i: RaftConfig(node_id=i, member_ids=member_ids,
-                          max_entries_per_push=mix.max_entries_per_push,
-                          max_push_bytes=mix.max_push_bytes)
-            for i in member_ids}
+            i: RaftConfig(
+                node_id=i,
+                member_ids=member_ids,
+                max_entries_per_push=mix.max_entries_per_push,
+                max_push_bytes=mix.max_push_bytes,
+            )
+            for i in member_ids
+        }
         self._store_config = StoreConfig(
-            store_dir=str(STORE_DIR), flush_disk_type=mix.flush_disk_type,
+            store_dir=str(STORE_DIR),
+            flush_disk_type=mix.flush_disk_type,
             mapped_file_size_commitlog=mix.commitlog_segment_bytes,
             disk_min_free_bytes=MIN_FREE_BYTES if mix.store_disk_guard else 0,
-            disk_max_used_space_ratio=1.0)
+            disk_max_used_space_ratio=1.0,
+        )
         self.crashes = 0
         self._sends = 0
         self._partitioned = False
@@ -213,18 +219,30 @@ class World:
         claim = self._claim_on_disk(member)
         disk = member.disk
         try:
-            store = MessageStore(self._store_config, clock_ms=lambda: self._wall_ms(member),
-                                 disk=disk)
-            storage = FileStorage(RAFT_DIR, segment_max_bytes=self.mix.raft_segment_bytes,
-                                  disk=disk)
+            store = MessageStore(
+                self._store_config, clock_ms=lambda: self._wall_ms(member), disk=disk
+            )
+            storage = FileStorage(
+                RAFT_DIR, segment_max_bytes=self.mix.raft_segment_bytes, disk=disk
+            )
             core = DLedgerCore(
-                self._raft_configs[member.node_id], storage, store,
-                TopicService(store, RoleState(BrokerRole.SLAVE, member.node_id),
-                             default_queue_nums=QUEUES, auto_create=False,
-                             on_change=lambda: None),
-                random.Random(self.rng.getrandbits(64)), self.now_ms,
-                sync_appends=self.mix.flush_disk_type == "sync", send=self._send,
-                on_applied=lambda arrived: None, not_leader=NotLeader)
+                self._raft_configs[member.node_id],
+                storage,
+                store,
+                TopicService(
+                    store,
+                    RoleState(BrokerRole.SLAVE, member.node_id),
+                    default_queue_nums=QUEUES,
+                    auto_create=False,
+                    on_change=lambda: None,
+                ),
+                random.Random(self.rng.getrandbits(64)),
+                self.now_ms,
+                sync_appends=self.mix.flush_disk_type == "sync",
+                send=self._send,
+                on_applied=lambda arrived: None,
+                not_leader=NotLeader,
+            )
         except (HamqError, RaftError) as err:
             raise SafetyViolation(f"node {member.node_id} cannot restart: {err}") from err
         except OSError as err:
@@ -233,20 +251,28 @@ class World:
             # recovery could not write on a full disk: the process exits, and its
             # supervisor starts it again later
             disk.kill()
-            self._push(self.now_ms + self.rng.randint(1, self.mix.restart_ms_max),
-                       _Event.RESTART, member.node_id)
+            self._push(
+                self.now_ms + self.rng.randint(1, self.mix.restart_ms_max),
+                _Event.RESTART,
+                member.node_id,
+            )
             return
         check_restart(member.node_id, claim, core.recovery, member.applied_at_clean_stop)
         member.process = _Process(core, store, storage)
         member.applied_at_clean_stop = None
         member.was_leader = False
-        member.due_ms = {name: self.now_ms + self.rng.randint(1, period) for name, period in
-                         self._periods().items()}
+        member.due_ms = {
+            name: self.now_ms + self.rng.randint(1, period)
+            for name, period in self._periods().items()
+        }
 
     def _periods(self) -> dict[str, int]:
         mix = self.mix
-        return {"store_flush": mix.store_flush_ms, "raft_flush": mix.raft_flush_ms,
-                "checkpoint": mix.store_checkpoint_ms}
+        return {
+            "store_flush": mix.store_flush_ms,
+            "raft_flush": mix.raft_flush_ms,
+            "checkpoint": mix.store_checkpoint_ms,
+        }
 
     @staticmethod
     def _claim_on_disk(member: _Member) -> int | None:
@@ -282,8 +308,9 @@ class World:
                 return  # a full disk: the core writes the same Ready again later
             applied = core.applied_index
             core.finish_cycle(cycle, self.now_ms)
-            self._trace.update(b"R%d|%d|%d|" % (member.node_id, len(ready.entries),
-                                                core.applied_index))
+            self._trace.update(
+                b"R%d|%d|%d|" % (member.node_id, len(ready.entries), core.applied_index)
+            )
             self._check_applied(member, applied, ready.committed_entries)
             self.checkers.acknowledged.extend(ready.completed_proposals)
 
@@ -295,8 +322,11 @@ class World:
         if core.applied_index <= applied:
             return
         entries = [e for e in handed_out if applied < e.index <= core.applied_index]
-        if not entries or entries[0].index != applied + 1 or \
-                entries[-1].index != core.applied_index:
+        if (
+            not entries
+            or entries[0].index != applied + 1
+            or entries[-1].index != core.applied_index
+        ):
             entries = core.node.log.entries(applied + 1, core.applied_index + 1)
         self.checkers.on_apply(member.node_id, applied, entries)
 
@@ -342,8 +372,11 @@ class World:
         else:
             member.disk.kill()
         self.crashes += 1
-        self._push(self.now_ms + self.rng.randint(1, self.mix.restart_ms_max),
-                   _Event.RESTART, member.node_id)
+        self._push(
+            self.now_ms + self.rng.randint(1, self.mix.restart_ms_max),
+            _Event.RESTART,
+            member.node_id,
+        )
 
     def _wipe(self, member: _Member) -> None:
         """The member's machine comes back with an empty disk (a disk replaced, a volume
@@ -387,8 +420,11 @@ class World:
         member.applied_at_clean_stop = process.core.applied_index if clean else None
         member.process = None
         member.disk.kill()  # the process exits: any handle left open is gone
-        self._push(self.now_ms + self.rng.randint(1, self.mix.restart_ms_max),
-                   _Event.RESTART, member.node_id)
+        self._push(
+            self.now_ms + self.rng.randint(1, self.mix.restart_ms_max),
+            _Event.RESTART,
+            member.node_id,
+        )
 
     # ---- faults and workload -----------------------------------------------------------
 
@@ -401,8 +437,13 @@ class World:
             self._crash(rng.choice(live), power_loss=True)
         elif live and rng.random() < mix.clean_stop_probability:
             self._stop_cleanly(rng.choice(live))
-        elif mix.disk_wipe_probability and rng.random() < mix.disk_wipe_probability and \
-                mix.nodes > 1 and live and not self._unvouched():
+        elif (
+            mix.disk_wipe_probability
+            and rng.random() < mix.disk_wipe_probability
+            and mix.nodes > 1
+            and live
+            and not self._unvouched()
+        ):
             self._wipe(rng.choice(live))
         if mix.disk_full_probability and rng.random() < mix.disk_full_probability and live:
             full = rng.choice(live)
@@ -411,8 +452,9 @@ class World:
             # the disk is full (RocketMQ's guard, if the mix has it); the Raft log has none
             if full.process is not None:  # (it may have crashed in this very tick)
                 full.process.store.check_disk()
-            self._push(self.now_ms + rng.randint(1, mix.heal_ms_max), _Event.DISK_FREED,
-                       full.node_id)
+            self._push(
+                self.now_ms + rng.randint(1, mix.heal_ms_max), _Event.DISK_FREED, full.node_id
+            )
         if rng.random() < mix.clock_jump_probability:
             member = rng.choice(list(self.members.values()))
             member.clock_offset_ms += rng.randint(-mix.clock_jump_ms_max, mix.clock_jump_ms_max)
@@ -433,11 +475,13 @@ class World:
         try:
             if rng.random() < mix.topic_probability:
                 if rng.random() < 0.5:
-                    core.propose(encode_command([KIND_DELETE_TOPIC, DELETABLE]), _ignore,
-                                 alone=True)
+                    core.propose(
+                        encode_command([KIND_DELETE_TOPIC, DELETABLE]), _ignore, alone=True
+                    )
                 else:
-                    core.propose(encode_command([KIND_TOPIC, rng.choice(TOPICS), QUEUES,
-                                                 QUEUES, 6]), _ignore)
+                    core.propose(
+                        encode_command([KIND_TOPIC, rng.choice(TOPICS), QUEUES, QUEUES, 6]), _ignore
+                    )
             if rng.random() < mix.proposal_probability:
                 for _ in range(rng.randint(1, 3)):
                     self._sends += 1
@@ -448,8 +492,9 @@ class World:
             pass  # e.g. a transfer is under way: clients retry elsewhere
         self._drain(leader)
 
-    def _propose_send(self, leader: _Member, body: bytes, topic: str | None = None,
-                      queue_id: int | None = None) -> None:
+    def _propose_send(
+        self, leader: _Member, body: bytes, topic: str | None = None, queue_id: int | None = None
+    ) -> None:
         assert leader.process is not None
         topic = topic or self.rng.choice(TOPICS)
         queue_id = self.rng.randrange(QUEUES) if queue_id is None else queue_id
@@ -459,13 +504,15 @@ class World:
         def answered(result: PutResult | None, err: HamqError | None) -> None:
             if result is None or topic == DELETABLE:
                 return
-            self.acks.append(Ack(topic, queue_id, body, result.physical_offset,
-                                 result.base_queue_offset))
+            self.acks.append(
+                Ack(topic, queue_id, body, result.physical_offset, result.base_queue_offset)
+            )
             if body == LIVENESS_MARKER:
                 self._marker_acked = True
 
-        leader.process.core.propose(encode_entry(topic, queue_id, 1, crc, wall, wall, payload),
-                                    answered)
+        leader.process.core.propose(
+            encode_entry(topic, queue_id, 1, crc, wall, wall, payload), answered
+        )
 
     # ---- checks -------------------------------------------------------------------------
 
@@ -504,15 +551,19 @@ class World:
         # a member that votes for nobody yet is as good as down: while there is one, all
         # come back (a new group needs every member once, a wiped one a majority besides it)
         ids = list(self.members)
-        kept_down: set[int] = set() if self._unvouched() else set(
-            self.rng.sample(ids, self.rng.randint(0, (len(ids) - 1) // 2)))
+        kept_down: set[int] = (
+            set()
+            if self._unvouched()
+            else set(self.rng.sample(ids, self.rng.randint(0, (len(ids) - 1) // 2)))
+        )
         for member in self.members.values():
             if member.process is None and member.node_id not in kept_down:
                 self._start(member)
             elif member.process is not None and member.node_id in kept_down:
                 self._crash(member, power_loss=self._power_loss_possible())
-        self._queue = [e for e in self._queue
-                       if e[2] not in (_Event.RESTART, _Event.HEAL, _Event.DISK_FREED)]
+        self._queue = [
+            e for e in self._queue if e[2] not in (_Event.RESTART, _Event.HEAL, _Event.DISK_FREED)
+        ]
         heapq.heapify(self._queue)
         self._workload_on = False  # only the marker is sent now
         healed_at_ms = self.now_ms
@@ -525,13 +576,13 @@ class World:
                 except HamqError:
                     pass
                 self._drain(leader)
-            if self.run_until(min(deadline, self.now_ms + LIVENESS_RETRY_MS), faults=False,
-                              stop_when_marker=True):
+            if self.run_until(
+                min(deadline, self.now_ms + LIVENESS_RETRY_MS), faults=False, stop_when_marker=True
+            ):
                 self.liveness_ms = self.now_ms - healed_at_ms
                 self._final_checks()
                 return
-        raise LivenessFailure(f"nothing acknowledged within {LIVENESS_BOUND_MS} ms after "
-                              "healing")
+        raise LivenessFailure(f"nothing acknowledged within {LIVENESS_BOUND_MS} ms after healing")
 
     def _final_checks(self) -> None:
         leader = self._live_leader()
@@ -542,29 +593,48 @@ class World:
         # for the store's next claim), then compare the stores
         live = [m for m in self.members.values() if m.process is not None]
         deadline = self.now_ms + CATCH_UP_MS
-        while self.now_ms < deadline and leader.process is not None and any(
-                m.process is not None and m.process.core.applied_index
-                < leader.process.core.applied_index for m in live):
+        while (
+            self.now_ms < deadline
+            and leader.process is not None
+            and any(
+                m.process is not None
+                and m.process.core.applied_index < leader.process.core.applied_index
+                for m in live
+            )
+        ):
             self.run_until(self.now_ms + LIVENESS_RETRY_MS, faults=False)
         if leader.process is None or any(m.process is None for m in live):
             return
         applied = leader.process.core.applied_index
-        check_stores({m.node_id: m.process.store for m in live}, leader.node_id, self.acks,
-                     {m.node_id for m in live if m.process.core.applied_index == applied})
+        check_stores(
+            {m.node_id: m.process.store for m in live},
+            leader.node_id,
+            self.acks,
+            {m.node_id for m in live if m.process.core.applied_index == applied},
+        )
 
     def _live_leader(self) -> _Member | None:
-        leaders = [m for m in self.members.values()
-                   if m.process is not None and m.process.core.is_leader]
-        return max(leaders, key=lambda m: m.process.core.node.term if m.process else 0,
-                   default=None)
+        leaders = [
+            m for m in self.members.values() if m.process is not None and m.process.core.is_leader
+        ]
+        return max(
+            leaders, key=lambda m: m.process.core.node.term if m.process else 0, default=None
+        )
 
     def result(self, failure: str | None) -> SimResult:
         return SimResult(
-            seed=self.seed, nodes=self.mix.nodes, ok=failure is None, failure=failure,
-            trace_hash=self._trace.hexdigest(), virtual_ms=self.now_ms,
-            messages_sent=self.network.sent, crashes=self.crashes,
-            committed=len(self.checkers.committed), acknowledged=len(self.acks),
-            liveness_ms=self.liveness_ms, fault_mix=self.mix,
+            seed=self.seed,
+            nodes=self.mix.nodes,
+            ok=failure is None,
+            failure=failure,
+            trace_hash=self._trace.hexdigest(),
+            virtual_ms=self.now_ms,
+            messages_sent=self.network.sent,
+            crashes=self.crashes,
+            committed=len(self.checkers.committed),
+            acknowledged=len(self.acks),
+            liveness_ms=self.liveness_ms,
+            fault_mix=self.mix,
         )
 
 

@@ -1,6 +1,7 @@
 """hamq as a Spark data source: ``spark.read.format("hamq")``, ``readStream``, ``write`` and
 ``writeStream``. Installed with ``pip install hamq[spark]``; ``register(spark)`` makes the
 format known to a session (``pyspark_hamq`` also registers it automatically)."""
+
 from __future__ import annotations
 
 from pyspark.sql import SparkSession

@@ -5,6 +5,7 @@ slice (read) or one bytes object (write).
 A partition reads one queue, so topic, broker and queue are constants of a pull and the
 offsets a range; only bodies, timestamps and (when present) properties vary per message.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -16,16 +17,22 @@ import msgpack
 import pyarrow as pa
 
 from hamq.client.message import PROPERTY_KEYS, PROPERTY_TAGS
+from hamq.protocol.message import (
+    MSG_HEAD,
+    encode_properties,
+    message_bounds,
+    message_head,
+    parse_record_header,
+)
 from hamq.protocol.properties import PROPERTY_UNIQ_KEY
-from hamq.protocol.message import (MSG_HEAD, encode_properties, message_bounds, message_head,
-                                   parse_record_header)
 from hamq.spark.schema import ARROW_SCHEMA
 
 _EMPTY_STRINGS = pa.array([], pa.string())
 
 
-def records_to_batch(data: bytes | memoryview, start: int, end: int, topic: str,
-                     broker: str, queue_id: int) -> tuple[pa.RecordBatch | None, int]:
+def records_to_batch(
+    data: bytes | memoryview, start: int, end: int, topic: str, broker: str, queue_id: int
+) -> tuple[pa.RecordBatch | None, int]:
     """Messages with ``start <= offset < end`` from a pull's records, as one Arrow batch
     (None if there were none), and the offset after the last message seen."""
     view = memoryview(data)
@@ -70,30 +77,36 @@ def records_to_batch(data: bytes | memoryview, start: int, end: int, topic: str,
         return None, max(offset, start)
     value_offsets = array("i", [0])
     value_offsets.extend(accumulate(map(len, bodies)))
-    values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(value_offsets),
-                                                    pa.py_buffer(b"".join(bodies))])
+    values = pa.Array.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(value_offsets), pa.py_buffer(b"".join(bodies))]
+    )
     key, tags, properties = _property_columns(n, props)
     columns = [
-        key, values,
+        key,
+        values,
         pa.array(repeat(topic, n), pa.string(), size=n),
         pa.array(repeat(broker, n), pa.string(), size=n),
         pa.array(repeat(queue_id, n), pa.int32(), size=n),
-        pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(
-            array("q", range(first, first + n)))]),
+        pa.Array.from_buffers(
+            pa.int64(), n, [None, pa.py_buffer(array("q", range(first, first + n)))]
+        ),
         pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, pa.py_buffer(stamps)]),
-        tags, properties,
+        tags,
+        properties,
     ]
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA), first + n
 
 
-def _property_columns(n: int, props: list[tuple[int, bytes]]
-                      ) -> tuple[pa.Array, pa.Array, pa.Array]:
+def _property_columns(
+    n: int, props: list[tuple[int, bytes]]
+) -> tuple[pa.Array, pa.Array, pa.Array]:
     """key (from KEYS), tags (from TAGS) and the remaining properties as a map; the
     producer's UNIQ_KEY is a system property (RocketMQ's client id of the send), not one
     the user set, so it stays out of the map as KEYS and TAGS do."""
     if not props:
-        empty = pa.MapArray.from_arrays(pa.array(repeat(0, n + 1), pa.int32(), size=n + 1),
-                                        _EMPTY_STRINGS, _EMPTY_STRINGS)
+        empty = pa.MapArray.from_arrays(
+            pa.array(repeat(0, n + 1), pa.int32(), size=n + 1), _EMPTY_STRINGS, _EMPTY_STRINGS
+        )
         return pa.nulls(n, pa.binary()), pa.nulls(n, pa.string()), empty
     keys: list[bytes | None] = [None] * n
     tags: list[str | None] = [None] * n
@@ -114,7 +127,9 @@ def _property_columns(n: int, props: list[tuple[int, bytes]]
         map_offsets[row + 1] = len(names)
     properties = pa.MapArray.from_arrays(
         pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(map_offsets)]),
-        pa.array(names, pa.string()), pa.array(items, pa.string()))
+        pa.array(names, pa.string()),
+        pa.array(items, pa.string()),
+    )
     return pa.array(keys, pa.binary()), pa.array(tags, pa.string()), properties
 
 
@@ -122,6 +137,7 @@ def _property_columns(n: int, props: list[tuple[int, bytes]]
 class EncodedRows:
     """A batch's rows in hamq's message format, column-wise: ``heads[i] + values[i]`` is
     row i's encoded message (kept apart so the body is never copied before the send)."""
+
     topics: list[str] | str
     keys: list[bytes | None] | None
     heads: list[bytes]
@@ -142,15 +158,19 @@ class BatchEncoder:
             raise ValueError("the hamq sink got a null 'value'; every row needs one")
         keys = _as_bytes(batch.column(names.index("key")), "key") if "key" in names else None
         tags = batch.column(names.index("tags")).to_pylist() if "tags" in names else None
-        props = batch.column(names.index("properties")).to_pylist() \
-            if "properties" in names else None
+        props = (
+            batch.column(names.index("properties")).to_pylist() if "properties" in names else None
+        )
         topics: list[str] | str | None = self.default_topic
         if "topic" in names:
-            topics = [t or self.default_topic for t in
-                      batch.column(names.index("topic")).to_pylist()]
+            topics = [
+                t or self.default_topic for t in batch.column(names.index("topic")).to_pylist()
+            ]
             if None in topics:
-                raise ValueError("the hamq sink got a row with a null 'topic' and no 'topic' "
-                                 "option to fall back on")
+                raise ValueError(
+                    "the hamq sink got a row with a null 'topic' and no 'topic' "
+                    "option to fall back on"
+                )
         pack = MSG_HEAD.pack
         if tags is None and props is None and (keys is None or not any(keys)):
             return EncodedRows(topics, None, [pack(len(v) + 2, 0) for v in values], values)
@@ -170,8 +190,7 @@ def _as_bytes(column: pa.Array, name: str) -> list[bytes | None]:
         return [None if s is None else s.encode() for s in column.to_pylist()]
     if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
         return column.to_pylist()
-    raise TypeError(f"the hamq sink's {name!r} column must be binary or string, not "
-                    f"{column.type}")
+    raise TypeError(f"the hamq sink's {name!r} column must be binary or string, not {column.type}")
 
 
 def queue_for_key(key: bytes, queue_count: int) -> int:

@@ -6,6 +6,7 @@ halves)`` before committing ``B``, so a replay can tell it was committed (or hal
 committed) already. The sink is named by the query's checkpoint and the query id Spark
 keeps there, so a new checkpoint, which restarts at batch 0, is a new sink.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -62,8 +63,9 @@ class SinkJournal:
             return None
         result = await self.consumer.pull_raw(mq, end - 1, 1)
         if result.status is not PullStatus.FOUND:
-            raise ServiceNotAvailable(f"the sink journal {self.topic} did not serve offset "
-                                      f"{end - 1}")
+            raise ServiceNotAvailable(
+                f"the sink journal {self.topic} did not serve offset {end - 1}"
+            )
         body = decode_records(result.records, end - 1, lambda *a: a[-1])[0]
         entry = msgpack.unpackb(body, raw=False)
         return JournalEntry(entry["batch"], entry["halves"])
@@ -80,8 +82,10 @@ def sink_key(options: WriteOptions) -> str:
     checkpoint (which restarts at batch 0) is a new sink even at the same path."""
     location = options.checkpoint_location
     if not location:
-        raise ValueError("the hamq streaming sink needs option checkpointLocation (it keys "
-                         "its exactly-once journal on the query's checkpoint)")
+        raise ValueError(
+            "the hamq streaming sink needs option checkpointLocation (it keys "
+            "its exactly-once journal on the query's checkpoint)"
+        )
     path = location.removeprefix("file://").removeprefix("file:")
     try:
         with open(os.path.join(path, "metadata")) as f:

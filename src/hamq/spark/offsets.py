@@ -5,6 +5,7 @@ A queue is named ``"<broker>:<queue id>"``. Offsets travel as JSON shaped like K
 in ``startingOffsets`` / ``endingOffsets``. Stream offsets are built with sorted keys,
 since Spark compares offsets as JSON text.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,6 +31,7 @@ def parse_queue_key(key: str) -> tuple[str, int]:
 @dataclass(frozen=True)
 class QueueBounds:
     """What a queue holds right now."""
+
     min_offset: int
     max_offset: int
 
@@ -38,6 +40,7 @@ class QueueBounds:
 class OffsetSpec:
     """``earliest``, ``latest``, ``group`` (the consumer group's committed offsets) or an
     explicit offset per queue."""
+
     kind: str
     per_queue: dict[str, int]
 
@@ -49,24 +52,32 @@ class OffsetSpec:
         try:
             parsed = json.loads(text)
         except json.JSONDecodeError as err:
-            raise ValueError(f"option {option}: expected 'earliest', 'latest' or JSON like "
-                             f'{{"{topic}": {{"broker-a:0": 42}}}}, got {text!r} ({err})') \
-                from None
-        if not isinstance(parsed, dict) or set(parsed) != {topic} or \
-                not isinstance(parsed[topic], dict):
-            raise ValueError(f"option {option}: the JSON must be an object with the one key "
-                             f"{topic!r} mapping queues to offsets, got {text!r}")
+            raise ValueError(
+                f"option {option}: expected 'earliest', 'latest' or JSON like "
+                f'{{"{topic}": {{"broker-a:0": 42}}}}, got {text!r} ({err})'
+            ) from None
+        if (
+            not isinstance(parsed, dict)
+            or set(parsed) != {topic}
+            or not isinstance(parsed[topic], dict)
+        ):
+            raise ValueError(
+                f"option {option}: the JSON must be an object with the one key "
+                f"{topic!r} mapping queues to offsets, got {text!r}"
+            )
         per_queue = {}
         for key, value in parsed[topic].items():
             parse_queue_key(key)
             if not isinstance(value, int) or isinstance(value, bool) or value < EARLIEST:
-                raise ValueError(f"option {option}: offset of {key} must be an integer >= -2, "
-                                 f"got {value!r}")
+                raise ValueError(
+                    f"option {option}: offset of {key} must be an integer >= -2, got {value!r}"
+                )
             per_queue[key] = value
         return cls("json", per_queue)
 
-    def resolve(self, key: str, bounds: QueueBounds, committed: int | None = None,
-                missing: int = EARLIEST) -> int:
+    def resolve(
+        self, key: str, bounds: QueueBounds, committed: int | None = None, missing: int = EARLIEST
+    ) -> int:
         """The concrete offset for one queue, clamped into what it holds."""
         if self.kind == "json":
             wanted = self.per_queue.get(key, missing)
@@ -109,20 +120,23 @@ def cap_to_limit(start: dict[str, int], latest: dict[str, int], max_rows: int) -
 @dataclass(frozen=True)
 class QueueRange(InputPartition):
     """One Spark partition: offsets ``[start, end)`` of one queue."""
+
     broker: str
     queue_id: int
     start: int
     end: int
 
 
-def plan_ranges(start: dict[str, int], end: dict[str, int],
-                max_records: int | None) -> list[QueueRange]:
+def plan_ranges(
+    start: dict[str, int], end: dict[str, int], max_records: int | None
+) -> list[QueueRange]:
     """One partition per queue with something to read, split every ``max_records``."""
     ranges = []
     for key in sorted(end):
         lo, hi = start.get(key, 0), end[key]
         broker, queue_id = parse_queue_key(key)
         step = max_records or max(hi - lo, 1)
-        ranges.extend(QueueRange(broker, queue_id, a, min(a + step, hi))
-                      for a in range(lo, hi, step))
+        ranges.extend(
+            QueueRange(broker, queue_id, a, min(a + step, hi)) for a in range(lo, hi, step)
+        )
     return ranges

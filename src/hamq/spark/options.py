@@ -1,6 +1,7 @@
 """The data source's options, checked once on the driver so a typo fails the query with a
 readable message instead of a hang on an executor. Spark hands them over with lower-cased
 keys and string values."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -1,6 +1,7 @@
 """Batch and streaming reads of a hamq topic: plan offset ranges per queue on the driver,
 pull them on executors as Arrow batches (the next pulls are in flight while Spark takes the
 current batch)."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -9,17 +10,29 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
-from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
-                                              SupportsTriggerAvailableNow)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 
-from hamq.client.message import MessageQueue
 from hamq.client.consumer import PullStatus
+from hamq.client.message import MessageQueue
 from hamq.client.sync import Admin, PullConsumer
 from hamq.clock import monotonic_s
 from hamq.spark.arrow_codec import records_to_batch
-from hamq.spark.offsets import (OffsetSpec, QueueBounds, QueueRange, cap_to_limit,
-                                from_stream_offset, parse_queue_key, plan_ranges, queue_key,
-                                stream_offset)
+from hamq.spark.offsets import (
+    OffsetSpec,
+    QueueBounds,
+    QueueRange,
+    cap_to_limit,
+    from_stream_offset,
+    parse_queue_key,
+    plan_ranges,
+    queue_key,
+    stream_offset,
+)
 from hamq.spark.options import ReadOptions
 
 # Messages asked per pull; the broker also stops at its byte limit (4 MiB).
@@ -33,23 +46,28 @@ def queue_bounds(options: ReadOptions) -> dict[str, QueueBounds]:
     """Min and max offset of every readable queue of the topic, by queue key."""
     with Admin(options.namesrv, options.timeout_s) as admin:
         rows = admin.topic_offsets(options.topic)
-    return {queue_key(r["broker_name"], r["queue_id"]): QueueBounds(r["min_offset"],
-                                                                    r["max_offset"])
-            for r in rows}
+    return {
+        queue_key(r["broker_name"], r["queue_id"]): QueueBounds(r["min_offset"], r["max_offset"])
+        for r in rows
+    }
 
 
 def committed_offsets(options: ReadOptions, keys: list[str]) -> dict[str, int | None]:
     if not options.group:
         return {}
     with PullConsumer(options.group, options.namesrv, options.timeout_s) as consumer:
-        return {key: consumer.fetch_offset(MessageQueue(options.topic, *parse_queue_key(key)))
-                for key in keys}
+        return {
+            key: consumer.fetch_offset(MessageQueue(options.topic, *parse_queue_key(key)))
+            for key in keys
+        }
 
 
-def resolve(spec: OffsetSpec, bounds: dict[str, QueueBounds],
-            committed: dict[str, int | None], missing: int) -> dict[str, int]:
-    return {key: spec.resolve(key, b, committed.get(key), missing)
-            for key, b in sorted(bounds.items())}
+def resolve(
+    spec: OffsetSpec, bounds: dict[str, QueueBounds], committed: dict[str, int | None], missing: int
+) -> dict[str, int]:
+    return {
+        key: spec.resolve(key, b, committed.get(key), missing) for key, b in sorted(bounds.items())
+    }
 
 
 def read_range(options: ReadOptions, part: QueueRange) -> Iterator[pa.RecordBatch]:
@@ -73,16 +91,17 @@ def read_range(options: ReadOptions, part: QueueRange) -> Iterator[pa.RecordBatc
             result = pulls.pop(offset).result()
             batch = None
             if result.status is PullStatus.FOUND:
-                batch, next_offset = records_to_batch(result.records, offset, part.end,
-                                                      options.topic, part.broker,
-                                                      part.queue_id)
+                batch, next_offset = records_to_batch(
+                    result.records, offset, part.end, options.topic, part.broker, part.queue_id
+                )
                 step, offset, waited_since = next_offset - offset, next_offset, None
             elif result.status is PullStatus.OFFSET_ILLEGAL and result.min_offset > offset:
                 if options.fail_on_data_loss:
                     raise RuntimeError(
                         f"hamq queue {part.broker}:{part.queue_id} of {options.topic} no longer "
                         f"holds offsets {offset}..{result.min_offset - 1} (removed by retention)"
-                        "; set failOnDataLoss=false to skip them")
+                        "; set failOnDataLoss=false to skip them"
+                    )
                 offset = min(result.min_offset, part.end)
             else:
                 waited_since = waited_since or monotonic_s()
@@ -90,7 +109,8 @@ def read_range(options: ReadOptions, part: QueueRange) -> Iterator[pa.RecordBatc
                     raise RuntimeError(
                         f"hamq queue {part.broker}:{part.queue_id} of {options.topic} did not "
                         f"serve offset {offset} (planned up to {part.end}) within "
-                        f"{MISSING_DATA_RETRY_S:.0f} s")
+                        f"{MISSING_DATA_RETRY_S:.0f} s"
+                    )
                 time.sleep(0.05)
             for stale in [at for at in pulls if at < offset]:
                 del pulls[stale]  # guessed wrong: its answer is not needed
@@ -107,8 +127,9 @@ class HamqBatchReader(DataSourceReader):
 
     def partitions(self) -> list[QueueRange]:
         o = self.options
-        start_spec = OffsetSpec.parse(o.starting_offsets, o.topic,
-                                      "group" if o.group else "earliest", "startingOffsets")
+        start_spec = OffsetSpec.parse(
+            o.starting_offsets, o.topic, "group" if o.group else "earliest", "startingOffsets"
+        )
         end_spec = OffsetSpec.parse(o.ending_offsets, o.topic, "latest", "endingOffsets")
         if end_spec.kind in ("earliest", "group"):
             raise ValueError("option endingOffsets must be 'latest' or JSON offsets")
@@ -116,8 +137,9 @@ class HamqBatchReader(DataSourceReader):
         committed = committed_offsets(o, list(bounds)) if start_spec.kind == "group" else {}
         start = resolve(start_spec, bounds, committed, missing=-2)
         end = resolve(end_spec, bounds, {}, missing=-1)
-        return plan_ranges(start, {k: max(end[k], start[k]) for k in end},
-                           o.max_records_per_partition)
+        return plan_ranges(
+            start, {k: max(end[k], start[k]) for k in end}, o.max_records_per_partition
+        )
 
     def read(self, partition: QueueRange) -> Iterator[pa.RecordBatch]:
         yield from read_range(self.options, partition)
@@ -134,8 +156,9 @@ class HamqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         o = self.options
-        spec = OffsetSpec.parse(o.starting_offsets, o.topic, "group" if o.group else "latest",
-                                "startingOffsets")
+        spec = OffsetSpec.parse(
+            o.starting_offsets, o.topic, "group" if o.group else "latest", "startingOffsets"
+        )
         bounds = queue_bounds(o)
         committed = committed_offsets(o, list(bounds)) if spec.kind == "group" else {}
         return stream_offset(o.topic, resolve(spec, bounds, committed, missing=-2))
@@ -174,8 +197,11 @@ class HamqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if key not in begin:  # a queue that appeared in this batch
                 bounds = bounds or queue_bounds(self.options)
                 begin[key] = bounds[key].min_offset if key in bounds else 0
-        return plan_ranges(begin, {k: max(v, begin[k]) for k, v in stop.items()},
-                           self.options.max_records_per_partition)
+        return plan_ranges(
+            begin,
+            {k: max(v, begin[k]) for k, v in stop.items()},
+            self.options.max_records_per_partition,
+        )
 
     def read(self, partition: QueueRange) -> Iterator[pa.RecordBatch]:
         yield from read_range(self.options, partition)

@@ -1,4 +1,5 @@
 """``format("hamq")``: the PySpark data source (pure Python Data Source API, no jars)."""
+
 from __future__ import annotations
 
 from pyspark.sql.datasource import DataSource
@@ -47,21 +48,27 @@ class HamqDataSource(DataSource):
 def check_write_schema(schema: StructType) -> None:
     fields = {f.name: f.dataType for f in schema.fields}
     if "value" not in fields:
-        raise ValueError(f"the hamq sink needs a 'value' column (binary or string); the data "
-                         f"has {sorted(fields)}")
+        raise ValueError(
+            f"the hamq sink needs a 'value' column (binary or string); the data "
+            f"has {sorted(fields)}"
+        )
     for name, data_type in fields.items():
         allowed = WRITE_COLUMNS.get(name)
         if allowed is None:
-            raise ValueError(f"the hamq sink does not take column {name!r}; it takes "
-                             f"{sorted(WRITE_COLUMNS)}")
+            raise ValueError(
+                f"the hamq sink does not take column {name!r}; it takes {sorted(WRITE_COLUMNS)}"
+            )
         if not isinstance(data_type, allowed) or not _string_map_or_other(data_type):
-            raise ValueError(f"the hamq sink's {name!r} column must be "
-                             f"{' or '.join(t.typeName() for t in allowed)}, not "
-                             f"{data_type.simpleString()}")
+            raise ValueError(
+                f"the hamq sink's {name!r} column must be "
+                f"{' or '.join(t.typeName() for t in allowed)}, not "
+                f"{data_type.simpleString()}"
+            )
 
 
 def _string_map_or_other(data_type: DataType) -> bool:
     if isinstance(data_type, MapType):
-        return isinstance(data_type.keyType, StringType) and \
-            isinstance(data_type.valueType, StringType)
+        return isinstance(data_type.keyType, StringType) and isinstance(
+            data_type.valueType, StringType
+        )
     return True

@@ -13,6 +13,7 @@ topic keyed on the query's checkpoint and id. A micro-batch replayed after a cra
 itself journaled: its journaled halves are (re-)committed, which is idempotent, and the
 replay's own halves rolled back, so each row becomes visible once.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -25,8 +26,11 @@ from dataclasses import dataclass, field
 from itertools import repeat
 
 import pyarrow as pa
-from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter,
-                                    WriterCommitMessage)
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
 
 from hamq.client.admin import AsyncAdmin
 from hamq.client.core import ClientCore
@@ -37,9 +41,12 @@ from hamq.errors import HamqError, ServiceNotAvailable
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.limits import MAX_BATCH_MESSAGES
 from hamq.protocol.message import encode_properties, message_head
-from hamq.protocol.properties import (PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
-                                      PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_BATCH,
-                                      PROPERTY_TRANSACTION_PREPARED)
+from hamq.protocol.properties import (
+    PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_TRANSACTION_BATCH,
+    PROPERTY_TRANSACTION_PREPARED,
+)
 from hamq.protocol.transaction import TransactionState
 from hamq.spark.arrow_codec import BatchEncoder, queue_for_key
 from hamq.spark.journal import Halves, JournalEntry, SinkJournal, sink_key
@@ -82,16 +89,26 @@ class HalfSender:
         self._group = group
 
     def send(self, mq: MessageQueue, chunk: Chunk) -> None:
-        props = encode_properties({
-            PROPERTY_TRANSACTION_PREPARED: "true", PROPERTY_PRODUCER_GROUP: self._group,
-            PROPERTY_TRANSACTION_BATCH: str(chunk.count),
-            PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS: str(HALF_IMMUNITY_S)})
+        props = encode_properties(
+            {
+                PROPERTY_TRANSACTION_PREPARED: "true",
+                PROPERTY_PRODUCER_GROUP: self._group,
+                PROPERTY_TRANSACTION_BATCH: str(chunk.count),
+                PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS: str(HALF_IMMUNITY_S),
+            }
+        )
         # the half is one message whose body is the batch
         half = b"".join([message_head(chunk.nbytes, props), *chunk.pieces])
         self._slots.acquire()
         self.producer.loop.call_soon_threadsafe(
-            self.producer.async_client.send_payload_async, mq.topic, half, zlib.crc32(half), 1,
-            self._sent, mq)
+            self.producer.async_client.send_payload_async,
+            mq.topic,
+            half,
+            zlib.crc32(half),
+            1,
+            self._sent,
+            mq,
+        )
 
     def _sent(self, result: SendResult | None, err: HamqError | None) -> None:
         if err is not None:
@@ -112,7 +129,8 @@ class HalfSender:
 
 class Chunk:
     """The encoded messages gathered for one queue's next half batch."""
-    __slots__ = ("pieces", "count", "nbytes")
+
+    __slots__ = ("count", "nbytes", "pieces")
 
     def __init__(self) -> None:
         self.pieces: list[bytes] = []
@@ -179,31 +197,43 @@ def write_halves(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> Ha
             if isinstance(encoded.topics, str) and encoded.keys is None:
                 chunks_of(encoded.topics).add_all(encoded.heads, encoded.values)
             else:
-                topic_of = repeat(encoded.topics) if isinstance(encoded.topics, str) \
-                    else encoded.topics
-                for topic, key, head, value in zip(topic_of, encoded.keys or repeat(None),
-                                                   encoded.heads, encoded.values):
+                topic_of = (
+                    repeat(encoded.topics) if isinstance(encoded.topics, str) else encoded.topics
+                )
+                for topic, key, head, value in zip(
+                    topic_of, encoded.keys or repeat(None), encoded.heads, encoded.values
+                ):
                     chunks_of(topic).add(key, head, value)
         for chunks in topics.values():
             chunks.flush()
         return HalvesWritten(sender.finish())
 
 
-async def end_halves(core: ClientCore, group: str, halves: Halves,
-                     state: TransactionState) -> None:
+async def end_halves(core: ClientCore, group: str, halves: Halves, state: TransactionState) -> None:
     """END_TRANSACTION for every half; a half already decided is left as it is."""
     masters = await AsyncAdmin(core=core).master_addrs()
     missing = sorted(halves.keys() - masters.keys())
     if missing:
-        raise ServiceNotAvailable(f"broker groups {missing} have no master to end the sink's "
-                                  "transactions on; the micro-batch will be retried")
+        raise ServiceNotAvailable(
+            f"broker groups {missing} have no master to end the sink's "
+            "transactions on; the micro-batch will be retried"
+        )
     requests = [(masters[b], o) for b, offsets in sorted(halves.items()) for o in offsets]
     for i in range(0, len(requests), END_TRANSACTIONS_IN_FLIGHT):
-        await asyncio.gather(*(
-            core.invoke(addr, RequestCode.END_TRANSACTION,
-                        {"group": group, "tran_state_table_offset": offset,
-                         "commit_or_rollback": state.value})
-            for addr, offset in requests[i:i + END_TRANSACTIONS_IN_FLIGHT]))
+        await asyncio.gather(
+            *(
+                core.invoke(
+                    addr,
+                    RequestCode.END_TRANSACTION,
+                    {
+                        "group": group,
+                        "tran_state_table_offset": offset,
+                        "commit_or_rollback": state.value,
+                    },
+                )
+                for addr, offset in requests[i : i + END_TRANSACTIONS_IN_FLIGHT]
+            )
+        )
 
 
 FAILPOINT_ENV = "HAMQ_TEST_FAILPOINT"
@@ -248,8 +278,7 @@ class _Committer:
     def end(self, messages: list[WriterCommitMessage | None], state: TransactionState) -> None:
         halves = merge_halves(messages)
         if halves:
-            self.run(lambda producer: end_halves(producer.core, self.options.group, halves,
-                                                 state))
+            self.run(lambda producer: end_halves(producer.core, self.options.group, halves, state))
 
 
 class HamqBatchWriter(DataSourceArrowWriter):

@@ -13,6 +13,7 @@ checkpoint says was fsynced) the disk lost confirmed data and opening is refused
 otherwise the later segments can only hold bytes that were never fsynced (a flush syncs a
 rolled segment before the one after it counts) and are removed.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -24,8 +25,12 @@ from pathlib import Path
 
 from hamq.errors import BrokerSystemError, CrcMismatch
 from hamq.protocol.limits import MAX_TOPIC_LENGTH
-from hamq.protocol.message import (RECORD_HEADER_BYTES, RecordHeader, check_record_payload,
-                                   parse_record_header)
+from hamq.protocol.message import (
+    RECORD_HEADER_BYTES,
+    RecordHeader,
+    check_record_payload,
+    parse_record_header,
+)
 from hamq.store.disk import AFTER_FAILED_FSYNC, OS_DISK, Disk, DiskFile, write_all
 
 log = logging.getLogger(__name__)
@@ -52,8 +57,14 @@ class Segment:
 
 
 class CommitLog:
-    def __init__(self, directory: str | Path, segment_bytes: int, *, disk: Disk = OS_DISK,
-                 checkpoint_flushed: int = 0) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        segment_bytes: int,
+        *,
+        disk: Disk = OS_DISK,
+        checkpoint_flushed: int = 0,
+    ) -> None:
         self.directory = Path(directory)
         self.segment_bytes = segment_bytes
         self.disk = disk
@@ -102,8 +113,10 @@ class CommitLog:
     def reserve(self, size: int) -> int:
         """Physical offset at which a record of ``size`` bytes will be written."""
         active = self.segments[-1]
-        if active.size + self._pending_bytes and \
-                active.size + self._pending_bytes + size > self.segment_bytes:
+        if (
+            active.size + self._pending_bytes
+            and active.size + self._pending_bytes + size > self.segment_bytes
+        ):
             self.write_pending()
             self._roll(active.end)
         return self.max_offset
@@ -141,7 +154,7 @@ class CommitLog:
         if target <= self.flushed_offset and not self._rolled:
             return self._durable
         rolled, self._rolled = self._rolled, []
-        files = [seg.file.dup() for seg in rolled + [self.segments[-1]]]
+        files = [seg.file.dup() for seg in [*rolled, self.segments[-1]]]
         generation = self._generation
 
         def job() -> int:
@@ -149,10 +162,12 @@ class CommitLog:
                 for file in files:
                     file.fsync()
             except OSError as err:
-                self.fsync_error = (f"fsync of commit log segment {file.path} failed "
-                                    f"({err.strerror or err}): its writes may never reach "
-                                    f"the disk; nothing past offset {self.flushed_offset} "
-                                    f"counts as durable; {AFTER_FAILED_FSYNC}")
+                self.fsync_error = (
+                    f"fsync of commit log segment {file.path} failed "
+                    f"({err.strerror or err}): its writes may never reach "
+                    f"the disk; nothing past offset {self.flushed_offset} "
+                    f"counts as durable; {AFTER_FAILED_FSYNC}"
+                )
                 log.error("%s", self.fsync_error)
                 raise BrokerSystemError(self.fsync_error) from err
             finally:
@@ -162,6 +177,7 @@ class CommitLog:
                 if generation == self._generation:
                     self.flushed_offset = max(self.flushed_offset, target)
                 return self.flushed_offset
+
         return job
 
     def _durable(self) -> int:
@@ -185,7 +201,7 @@ class CommitLog:
             n = min(end - pos, seg.end - offset)
             if n <= 0:
                 raise OSError(f"read of the commit log past its end at {offset}")
-            got = seg.file.pread_into(into[pos:pos + n], offset - seg.start)
+            got = seg.file.pread_into(into[pos : pos + n], offset - seg.start)
             if got != n:
                 raise OSError(f"short read of the commit log at {offset}: {got} of {n} bytes")
             pos += n
@@ -212,7 +228,7 @@ class CommitLog:
                 except CrcMismatch as err:
                     log.warning("commit log scan stops at %d: %s", pos, err.message)
                     return
-                yield pos, header, buf[rel:rel + header.total_size]
+                yield pos, header, buf[rel : rel + header.total_size]
                 pos += header.total_size
                 self.scan_stopped_at = pos
 
@@ -245,8 +261,10 @@ class CommitLog:
     def check_cut(self, offset: int) -> None:
         """Refuse a cut ``truncate`` would refuse, before the caller changes anything."""
         if offset < self.min_offset:
-            raise BrokerSystemError(f"cannot cut the commit log back to {offset}: retention "
-                                    f"already removed everything below {self.min_offset}")
+            raise BrokerSystemError(
+                f"cannot cut the commit log back to {offset}: retention "
+                f"already removed everything below {self.min_offset}"
+            )
 
     def reset(self, start: int) -> None:
         """Drop every segment and restart the log, empty, at ``start``."""
@@ -288,8 +306,11 @@ class CommitLog:
 
     # -- internals ----------------------------------------------------------------------
     def _open_segments(self, checkpoint_flushed: int) -> None:
-        names = [name for name in self.disk.listdir(self.directory)
-                 if name.isdigit() and len(name) == SEGMENT_NAME_DIGITS]
+        names = [
+            name
+            for name in self.disk.listdir(self.directory)
+            if name.isdigit() and len(name) == SEGMENT_NAME_DIGITS
+        ]
         for position, name in enumerate(names):
             file = self.disk.open(self.directory / name, create=False, append=True)
             seg = Segment(int(name), file, file.size())
@@ -310,14 +331,21 @@ class CommitLog:
 
     def _drop_after_gap(self, names: list[str], checkpoint_flushed: int) -> None:
         end = self.segments[-1].end
-        where = (f"commit log segment {self.directory / names[0]} starts at {int(names[0])}, "
-                 f"but the log before it ends at {end}")
+        where = (
+            f"commit log segment {self.directory / names[0]} starts at {int(names[0])}, "
+            f"but the log before it ends at {end}"
+        )
         if end < checkpoint_flushed:
             raise BrokerSystemError(
                 f"{where}, below offset {checkpoint_flushed} that the checkpoint says was "
-                f"fsynced: the disk lost confirmed data; refusing to start")
-        log.warning("%s, past the fsynced offset %d: removing %d segment(s) never fsynced",
-                    where, checkpoint_flushed, len(names))
+                f"fsynced: the disk lost confirmed data; refusing to start"
+            )
+        log.warning(
+            "%s, past the fsynced offset %d: removing %d segment(s) never fsynced",
+            where,
+            checkpoint_flushed,
+            len(names),
+        )
         for name in names:
             self.disk.unlink(self.directory / name)
         self.disk.fsync_dir(self.directory)

@@ -5,6 +5,7 @@ queue offset, message count and store time. Entries live in typed arrays (one bi
 the record holding a queue offset) and are appended to a file that recovery trusts up to
 the checkpoint and rebuilds past it from the commit log.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -94,7 +95,7 @@ class ConsumeQueue:
         for arr in (self.phys, self.size, self.base, self.count, self.store_ts):
             del arr[keep:]
         if keep >= in_file:
-            del self._unwritten[(keep - in_file) * ENTRY_BYTES:]
+            del self._unwritten[(keep - in_file) * ENTRY_BYTES :]
             return
         self._unwritten.clear()
         file = self.disk.open(self.path, create=False)
@@ -158,9 +159,14 @@ class ConsumeQueue:
         # ".min" first: it counts only while the entries are empty, so a crash between the
         # two writes never leaves an emptied queue without where it continues
         self._write_min(self._empty_offset)
-        atomic_write(self.disk, self.path, b"".join(
-            ENTRY.pack(*e) for e in zip(self.phys, self.size, self.base, self.count,
-                                        self.store_ts)))
+        atomic_write(
+            self.disk,
+            self.path,
+            b"".join(
+                ENTRY.pack(*e)
+                for e in zip(self.phys, self.size, self.base, self.count, self.store_ts)
+            ),
+        )
 
     def _write_min(self, offset: int) -> None:
         atomic_write(self.disk, self.path.with_suffix(".min"), str(offset).encode())

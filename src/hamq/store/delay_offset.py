@@ -8,6 +8,7 @@ progress is a read cursor over due time, as RocketMQ's ``TimerCheckpoint`` keeps
 (``lastReadTimeMs``, ``lastTimerQueueOffset``): its size does not depend on how many timers
 wait.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass

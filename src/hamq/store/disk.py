@@ -6,6 +6,7 @@ never fsynced (power loss) or keep it (a killed process). Only what the commit l
 consume queues, the Raft log and the small state files need is here: the interface is the
 contract the simulator must honour, so it stays narrow.
 """
+
 from __future__ import annotations
 
 import os
@@ -83,7 +84,7 @@ class Disk(Protocol):
 
 
 class OsFile:
-    __slots__ = ("path", "fd")
+    __slots__ = ("fd", "path")
 
     def __init__(self, path: Path, fd: int) -> None:
         self.path = path
@@ -171,8 +172,10 @@ OS_DISK: Disk = OsDisk()
 
 # What to do after a failed fsync, for its error message: a restart in the same boot would
 # read back, and recovery accept, writes the page cache kept but the disk never got.
-AFTER_FAILED_FSYNC = ("restart only after a reboot or after dropping the page cache "
-                      "(echo 1 > /proc/sys/vm/drop_caches)")
+AFTER_FAILED_FSYNC = (
+    "restart only after a reboot or after dropping the page cache "
+    "(echo 1 > /proc/sys/vm/drop_caches)"
+)
 
 
 def write_all(file: DiskFile, pieces: Sequence[Buffer], offset: int | None = None) -> int:
@@ -181,14 +184,17 @@ def write_all(file: DiskFile, pieces: Sequence[Buffer], offset: int | None = Non
     total = 0
     iov_max = 1024  # Linux's IOV_MAX: pieces one writev may take
     for first in range(0, len(pieces), iov_max):
-        chunk = list(pieces[first:first + iov_max])
+        chunk = list(pieces[first : first + iov_max])
         size = sum(map(len, chunk))
         written = file.append(chunk) if offset is None else file.pwrite(chunk, offset + total)
         if written != size:
             rest = b"".join(chunk)[written:]
             while rest:
-                n = file.append([rest]) if offset is None else \
-                    file.pwrite([rest], offset + total + size - len(rest))
+                n = (
+                    file.append([rest])
+                    if offset is None
+                    else file.pwrite([rest], offset + total + size - len(rest))
+                )
                 if n <= 0:
                     raise OSError(f"no progress writing {file.path}")
                 rest = rest[n:]

@@ -7,6 +7,7 @@ RocketMQ's GroupCommitService it also flushes on a short period when nobody wait
 writes no send waits for (a slave's replicated bytes, a DLedger member's applied entries)
 are fsynced under sync flush too.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -50,27 +51,37 @@ class FlushService:
     def start(self) -> None:
         cfg = self.store.config
         self._duties = [
-            PeriodicTask("consume queue checkpoint", cfg.flush_interval_consume_queue_ms / 1000,
-                         self._checkpoint),
-            PeriodicTask("retention", cfg.clean_resource_interval_ms / 1000,
-                         self._delete_expired),
+            PeriodicTask(
+                "consume queue checkpoint",
+                cfg.flush_interval_consume_queue_ms / 1000,
+                self._checkpoint,
+            ),
+            PeriodicTask("retention", cfg.clean_resource_interval_ms / 1000, self._delete_expired),
             PeriodicTask("disk check", DISK_CHECK_INTERVAL_S, self._check_disk),
-            PeriodicTask("consumer offset persist", OFFSET_PERSIST_INTERVAL_S,
-                         self._persist_offsets)]
+            PeriodicTask(
+                "consumer offset persist", OFFSET_PERSIST_INTERVAL_S, self._persist_offsets
+            ),
+        ]
         if self.sync:
             self._sync_flush = asyncio.create_task(self._sync_flush_loop())
-            self._duties.append(PeriodicTask("sync flush timeout sweep", _TIMEOUT_SWEEP_S,
-                                             self._expire_waiters))
+            self._duties.append(
+                PeriodicTask("sync flush timeout sweep", _TIMEOUT_SWEEP_S, self._expire_waiters)
+            )
         else:
-            self._duties.append(PeriodicTask("commit log flush",
-                                             cfg.flush_interval_commitlog_ms / 1000,
-                                             self._flush_commitlog))
+            self._duties.append(
+                PeriodicTask(
+                    "commit log flush",
+                    cfg.flush_interval_commitlog_ms / 1000,
+                    self._flush_commitlog,
+                )
+            )
         for duty in self._duties:
             duty.start()
 
     async def stop(self) -> None:
-        await asyncio.gather(cancel_all([self._sync_flush]),
-                             *(duty.stop() for duty in self._duties))
+        await asyncio.gather(
+            cancel_all([self._sync_flush]), *(duty.stop() for duty in self._duties)
+        )
         for _, _, callback in self._waiters:
             callback(False)
         self._waiters.clear()
@@ -87,8 +98,11 @@ class FlushService:
             self._wake.clear()
             commitlog.write_pending()
             try:
-                flushed = await asyncio.to_thread(commitlog.detach_flush()) \
-                    if commitlog.unflushed else commitlog.flushed_offset
+                flushed = (
+                    await asyncio.to_thread(commitlog.detach_flush())
+                    if commitlog.unflushed
+                    else commitlog.flushed_offset
+                )
             except BrokerSystemError:
                 self.store.check_disk()  # refuses writes: none could become durable
                 return
@@ -130,4 +144,3 @@ class FlushService:
         waiters = self._waiters
         while waiters and waiters[0][1] <= now:
             waiters.popleft()[2](False)
-

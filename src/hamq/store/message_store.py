@@ -4,6 +4,7 @@ Synchronous and single-threaded by design (it runs on the broker's event loop); 
 work handed to a thread is ``fsync`` (see ``flush.py``). Consume-queue entries are written
 inline at append time, so a send is readable as soon as its response is sent.
 """
+
 from __future__ import annotations
 
 import errno
@@ -13,14 +14,20 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import NamedTuple, NoReturn
 from pathlib import Path
+from typing import NamedTuple, NoReturn
 
 from hamq.clock import wall_ms
 from hamq.config import StoreConfig
 from hamq.errors import BrokerSystemError, CrcMismatch, DiskFull, QueueNotExist
-from hamq.protocol.message import (RECORD_HEADER_BYTES, check_record_payload, encode_record_header,
-                                   parse_record_header, peek_record_size, validate_topic)
+from hamq.protocol.message import (
+    RECORD_HEADER_BYTES,
+    check_record_payload,
+    encode_record_header,
+    parse_record_header,
+    peek_record_size,
+    validate_topic,
+)
 from hamq.store.commitlog import CommitLog
 from hamq.store.consume_queue import ConsumeQueue
 from hamq.store.disk import AFTER_FAILED_FSYNC, OS_DISK, Disk, atomic_write
@@ -34,9 +41,9 @@ _OWN_FIELDS = ("dispatched", "flushed", "timestamp_ms")  # the store's checkpoin
 class GetStatus(Enum):
     FOUND = "FOUND"
     NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
-    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"      # caught up: wait for new messages
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"  # caught up: wait for new messages
     OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"  # asked past the end
-    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"            # asked below the retained minimum
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"  # asked below the retained minimum
 
 
 class PutResult(NamedTuple):  # a tuple: built once per send on the hot path
@@ -63,16 +70,20 @@ class WritesUndone(DiskFull):
 
 
 class MessageStore:
-    def __init__(self, config: StoreConfig, clock_ms: Callable[[], int] = wall_ms, *,
-                 disk: Disk = OS_DISK) -> None:
+    def __init__(
+        self, config: StoreConfig, clock_ms: Callable[[], int] = wall_ms, *, disk: Disk = OS_DISK
+    ) -> None:
         self.config = config
         self.clock_ms = clock_ms
         self.disk = disk
         self.root = Path(config.store_dir)
         disk.mkdir(self.root)
-        self.commitlog = CommitLog(self.root / "commitlog", config.mapped_file_size_commitlog,
-                                   disk=disk,
-                                   checkpoint_flushed=self.read_checkpoint().get("flushed", 0))
+        self.commitlog = CommitLog(
+            self.root / "commitlog",
+            config.mapped_file_size_commitlog,
+            disk=disk,
+            checkpoint_flushed=self.read_checkpoint().get("flushed", 0),
+        )
         self.cq_root = self.root / "consumequeue"
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self.topics = TopicConfigManager(self.root, clock_ms(), disk=disk)
@@ -143,8 +154,11 @@ class MessageStore:
         if valid_end < flushed:
             self._refuse_lost_data(valid_end, flushed, "has a bad record at")
         if valid_end < self.commitlog.written_offset:
-            log.warning("truncating torn commit log tail: %d bytes at %d",
-                        self.commitlog.written_offset - valid_end, valid_end)
+            log.warning(
+                "truncating torn commit log tail: %d bytes at %d",
+                self.commitlog.written_offset - valid_end,
+                valid_end,
+            )
             self.commitlog.truncate(valid_end)
         for cq in self.queues.values():
             cq.drop_from_physical(self.commitlog.written_offset)
@@ -160,12 +174,21 @@ class MessageStore:
         raise BrokerSystemError(
             f"commit log in {self.commitlog.directory} {what} offset {offset}, below offset "
             f"{flushed} that the checkpoint says was fsynced: the disk lost or damaged "
-            f"confirmed data; refusing to start (nothing was changed)")
+            f"confirmed data; refusing to start (nothing was changed)"
+        )
 
     # -- writing ------------------------------------------------------------------------
-    def put_batch(self, topic: str, queue_id: int, payload: bytes | memoryview, count: int,
-                  payload_crc: int, born_timestamp_ms: int, sys_flag: int = 0,
-                  store_timestamp_ms: int | None = None) -> PutResult:
+    def put_batch(
+        self,
+        topic: str,
+        queue_id: int,
+        payload: bytes | memoryview,
+        count: int,
+        payload_crc: int,
+        born_timestamp_ms: int,
+        sys_flag: int = 0,
+        store_timestamp_ms: int | None = None,
+    ) -> PutResult:
         """Append one producer batch (already validated) as one record. DLedger passes the
         leader's ``store_timestamp_ms`` so every member writes identical bytes."""
         if self._disk_refusal:
@@ -180,8 +203,18 @@ class MessageStore:
         except OSError as exc:  # a segment roll writes this turn's appends first
             touched, self._touched = self._touched, []
             self._undo_failed_write(touched, exc)
-        header = encode_record_header(topic_raw, queue_id, len(payload), payload_crc, count,
-                                      base, phys, store_ts, born_timestamp_ms, sys_flag)
+        header = encode_record_header(
+            topic_raw,
+            queue_id,
+            len(payload),
+            payload_crc,
+            count,
+            base,
+            phys,
+            store_ts,
+            born_timestamp_ms,
+            sys_flag,
+        )
         if not self._touched:
             self._turn_start = phys
         self.commitlog.append([header, payload], total)
@@ -200,8 +233,10 @@ class MessageStore:
             self.commitlog.write_pending()
         except OSError as exc:
             self._undo_failed_write(touched, exc)
-        if self._free_bytes_at_check - self._written_since_disk_check < \
-                self.config.disk_min_free_bytes:
+        if (
+            self._free_bytes_at_check - self._written_since_disk_check
+            < self.config.disk_min_free_bytes
+        ):
             self.check_disk()
 
     def _undo_failed_write(self, touched: list[ConsumeQueue], exc: OSError) -> NoReturn:
@@ -217,8 +252,9 @@ class MessageStore:
             self.commitlog.truncate(self._turn_start)  # nothing past it was fsynced yet
         for cq in touched:
             cq.drop_from_physical(self.commitlog.written_offset)
-        raise WritesUndone(f"{self._disk_refusal}; this turn's earlier uncommitted writes "
-                           f"were undone") from None
+        raise WritesUndone(
+            f"{self._disk_refusal}; this turn's earlier uncommitted writes were undone"
+        ) from None
 
     @property
     def durable_offset(self) -> int:
@@ -238,16 +274,17 @@ class MessageStore:
         expects) and indexed; a partial last record waits in memory for the rest. Returns
         the (topic, queue) pairs that got messages."""
         if offset != self.replica_offset:
-            raise CrcMismatch(f"replicated bytes start at {offset}, expected "
-                              f"{self.replica_offset}: the stream has a gap")
+            raise CrcMismatch(
+                f"replicated bytes start at {offset}, expected "
+                f"{self.replica_offset}: the stream has a gap"
+            )
         buf = self._replica_tail + data if self._replica_tail else data
         arrived: list[tuple[str, int]] = []
         try:
             pos = self._append_replicated_records(buf, arrived)
         except OSError:  # the log kept only what it wrote whole: so do the queues
             for topic, queue_id in arrived:
-                self.queues[(topic, queue_id)].drop_from_physical(
-                    self.commitlog.written_offset)
+                self.queues[(topic, queue_id)].drop_from_physical(self.commitlog.written_offset)
             self._replica_tail = b""
             raise
         self._replica_tail = buf[pos:]
@@ -268,9 +305,10 @@ class MessageStore:
                 self._restart_replicated_queue(cq, h.base_queue_offset, h.physical_offset)
             phys = self.commitlog.reserve(size)
             if phys != h.physical_offset:
-                raise CrcMismatch(f"replicated record claims offset {h.physical_offset} but "
-                                  f"lands at {phys}")
-            self.commitlog.append([buf[pos:pos + size]], size)
+                raise CrcMismatch(
+                    f"replicated record claims offset {h.physical_offset} but lands at {phys}"
+                )
+            self.commitlog.append([buf[pos : pos + size]], size)
             cq.append(phys, size, h.base_queue_offset, h.count, h.store_timestamp_ms)
             arrived.append((h.topic, h.queue_id))
             pos += size
@@ -283,9 +321,15 @@ class MessageStore:
         record). Its entries belong to the deleted topic, and go as they did on the master.
         The checkpoint first vouches for every record before this one, so a restart never
         indexes the deleted topic's records again."""
-        log.warning("replicated %s:%d goes back to queue offset %d at %d: the master deleted "
-                    "and re-created the topic; dropping %d entries of the old one",
-                    cq.topic, cq.queue_id, base, at, len(cq))
+        log.warning(
+            "replicated %s:%d goes back to queue offset %d at %d: the master deleted "
+            "and re-created the topic; dropping %d entries of the old one",
+            cq.topic,
+            cq.queue_id,
+            base,
+            at,
+            len(cq),
+        )
         self.flush_consume_queues()
         cq.drop_from_physical(0)
 
@@ -313,15 +357,17 @@ class MessageStore:
         self.flush_consume_queues()
 
     # -- reading ------------------------------------------------------------------------
-    def get_messages(self, topic: str, queue_id: int, offset: int, max_messages: int,
-                     max_bytes: int) -> GetResult:
+    def get_messages(
+        self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int
+    ) -> GetResult:
         cq = self.queues.get((topic, queue_id))
         if cq is None:
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, b"", 0, 0, 0)
         lo, hi = cq.min_offset, cq.max_offset
         if hi == lo:
-            status = GetStatus.NO_MESSAGE_IN_QUEUE if offset <= hi else \
-                GetStatus.OFFSET_OVERFLOW_BADLY
+            status = (
+                GetStatus.NO_MESSAGE_IN_QUEUE if offset <= hi else GetStatus.OFFSET_OVERFLOW_BADLY
+            )
             return GetResult(status, b"", hi if offset != hi else offset, lo, hi)
         if offset < lo:
             return GetResult(GetStatus.OFFSET_TOO_SMALL, b"", lo, lo, hi)
@@ -339,13 +385,12 @@ class MessageStore:
             messages += cq.count[last]
             nbytes += cq.size[last]
         records = self._read_entries(cq, first, last)
-        return GetResult(GetStatus.FOUND, records, cq.base[last] + cq.count[last], lo, hi,
-                         messages)
+        return GetResult(GetStatus.FOUND, records, cq.base[last] + cq.count[last], lo, hi, messages)
 
     def _read_entries(self, cq: ConsumeQueue, first: int, last: int) -> bytearray:
         """Read records first..last of a queue into one buffer; records that follow each
         other in the commit log (the usual case for one queue) are read with one call."""
-        total = sum(cq.size[first:last + 1])
+        total = sum(cq.size[first : last + 1])
         records = bytearray(total)
         view = memoryview(records)
         pos = 0
@@ -353,11 +398,11 @@ class MessageStore:
         for i in range(first, last + 1):
             phys, size = cq.phys[i], cq.size[i]
             if phys != run_start + run_len:
-                self.commitlog.read_into(run_start, view[pos:pos + run_len])
+                self.commitlog.read_into(run_start, view[pos : pos + run_len])
                 pos += run_len
                 run_start, run_len = phys, 0
             run_len += size
-        self.commitlog.read_into(run_start, view[pos:pos + run_len])
+        self.commitlog.read_into(run_start, view[pos : pos + run_len])
         return records
 
     def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
@@ -406,10 +451,11 @@ class MessageStore:
         """Hand new queue entries to the OS and take a checkpoint candidate; returns the
         files (and directories) to fsync before ``write_checkpoint`` may claim them."""
         self.commitlog.write_pending()
-        candidate = {"dispatched": self.commitlog.written_offset,
-                     "flushed": self.commitlog.flushed_offset,
-                     **(self.checkpoint_extra() if self.checkpoint_extra
-                        else self._carried_extra)}
+        candidate = {
+            "dispatched": self.commitlog.written_offset,
+            "flushed": self.commitlog.flushed_offset,
+            **(self.checkpoint_extra() if self.checkpoint_extra else self._carried_extra),
+        }
         paths: list[Path] = []
         try:
             for cq in self.queues.values():
@@ -420,7 +466,7 @@ class MessageStore:
         created = [cq for cq in self._new_queues if self.disk.exists(cq.path)]
         if created:
             self._new_queues = [cq for cq in self._new_queues if cq not in created]
-            directories = sorted({cq.path.parent for cq in created}) + [self.cq_root]
+            directories = [*sorted({cq.path.parent for cq in created}), self.cq_root]
             self._mark_unsynced(directories)
             paths += directories
         # published only now: a checkpoint must not claim entries a failed write left out
@@ -443,8 +489,10 @@ class MessageStore:
             try:
                 self._fsync(path)
             except OSError as err:
-                self._queue_fsync_error = (f"fsync of {path} failed ({err.strerror or err}); "
-                                           f"no checkpoint is written; {AFTER_FAILED_FSYNC}")
+                self._queue_fsync_error = (
+                    f"fsync of {path} failed ({err.strerror or err}); "
+                    f"no checkpoint is written; {AFTER_FAILED_FSYNC}"
+                )
                 log.error("%s", self._queue_fsync_error)
                 raise
             with self._unsynced_lock:
@@ -477,8 +525,11 @@ class MessageStore:
             with self._unsynced_lock:
                 paths = list(self._unsynced)
             self.sync_files(paths)
-            atomic_write(self.disk, self.root / "checkpoint", json.dumps(
-                {**candidate, "timestamp_ms": self.clock_ms()}).encode())
+            atomic_write(
+                self.disk,
+                self.root / "checkpoint",
+                json.dumps({**candidate, "timestamp_ms": self.clock_ms()}).encode(),
+            )
             self._written_candidate = number
 
     def _lower_checkpoint(self, offset: int) -> None:
@@ -519,13 +570,17 @@ class MessageStore:
         if self.fsync_error:
             self._disk_refusal = f"{self.fsync_error}; writes refused"
         elif free < self.config.disk_min_free_bytes:
-            self._disk_refusal = (f"disk nearly full: {free // (1024 * 1024)} MiB free at "
-                                  f"{self.root}, below disk_min_free_bytes="
-                                  f"{self.config.disk_min_free_bytes}; writes refused")
+            self._disk_refusal = (
+                f"disk nearly full: {free // (1024 * 1024)} MiB free at "
+                f"{self.root}, below disk_min_free_bytes="
+                f"{self.config.disk_min_free_bytes}; writes refused"
+            )
         elif ratio > self.config.disk_max_used_space_ratio:
-            self._disk_refusal = (f"disk {ratio:.0%} used at {self.root}, above "
-                                  f"disk_max_used_space_ratio="
-                                  f"{self.config.disk_max_used_space_ratio}; writes refused")
+            self._disk_refusal = (
+                f"disk {ratio:.0%} used at {self.root}, above "
+                f"disk_max_used_space_ratio="
+                f"{self.config.disk_max_used_space_ratio}; writes refused"
+            )
         else:
             if self._disk_refusal:
                 log.info("disk has room again; accepting writes")

@@ -4,6 +4,7 @@ Every change steps the table's ``DataVersion`` (RocketMQ: a state version fixed 
 plus a counter and a timestamp); peers compare versions to decide who is newer (pre-online
 sync in seed 004). Files are JSON written through write-then-rename.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ from hamq.store.disk import OS_DISK, Disk, atomic_write
 
 log = logging.getLogger(__name__)
 
-PERM_READ = 4   # RocketMQ PermName.PERM_READ
+PERM_READ = 4  # RocketMQ PermName.PERM_READ
 PERM_WRITE = 2  # RocketMQ PermName.PERM_WRITE
 PERM_READ_WRITE = PERM_READ | PERM_WRITE
 
@@ -28,7 +29,7 @@ class DataVersion:
     counter: int = 0
     timestamp_ms: int = 0
 
-    def next(self, now_ms: int) -> "DataVersion":
+    def next(self, now_ms: int) -> DataVersion:
         return DataVersion(self.state_version, self.counter + 1, now_ms)
 
 
@@ -59,7 +60,7 @@ class VersionedTable:
         self.table: dict[str, Any] = {}
         self.data_version = DataVersion(now_ms, 0, now_ms)
         self.dirty = False
-        self._taken = 0    # snapshots taken
+        self._taken = 0  # snapshots taken
         self._written = 0  # number of the newest snapshot on disk
         self._write_lock = threading.Lock()
         if disk.exists(path):
@@ -111,7 +112,8 @@ class TopicConfigManager:
     def __init__(self, directory: Path, now_ms: int, *, disk: Disk = OS_DISK) -> None:
         self._t = VersionedTable(directory / "topics.json", now_ms, disk=disk)
         self.topics: dict[str, TopicConfig] = {
-            name: TopicConfig(**cfg) for name, cfg in self._t.table.items()}
+            name: TopicConfig(**cfg) for name, cfg in self._t.table.items()
+        }
 
     @property
     def data_version(self) -> DataVersion:

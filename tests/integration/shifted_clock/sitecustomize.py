@@ -2,6 +2,7 @@
 wall clock (``time.time``) runs ``HAMQ_TEST_CLOCK_SHIFT_FILE``'s seconds ahead, read on
 every call, so a test can step the clock of a running server as NTP would. Monotonic
 clocks are left alone."""
+
 import os
 import time
 

@@ -32,6 +32,7 @@ sends before it would find the topic's queues gone and take other queue offsets.
 delete is proposed alone, first in its entry, and a member applies it only once its store
 claims everything before it; a restart then resumes at the delete or after it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,11 +42,30 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from hamq.broker.dledger.grouping import ProposalCallback, ProposalGroup
-from hamq.broker.dledger.wire import (KIND_DELETE_TOPIC, KIND_SEND, KIND_TOPIC, Command,
-                                      decode_commands, first_command_kind)
+from hamq.broker.dledger.wire import (
+    KIND_DELETE_TOPIC,
+    KIND_SEND,
+    KIND_TOPIC,
+    Command,
+    decode_commands,
+    first_command_kind,
+)
 from hamq.errors import BrokerSystemError, HamqError, NotLeader, SystemBusy
-from hamq.raft import (EMPTY_INDEX, Checkpoint, Entry, EntryId, FailureReason,
-                       FileStorage, Message, RaftConfig, RaftError, RawNode, Ready, Rng, Role)
+from hamq.raft import (
+    EMPTY_INDEX,
+    Checkpoint,
+    Entry,
+    EntryId,
+    FailureReason,
+    FileStorage,
+    Message,
+    RaftConfig,
+    RaftError,
+    RawNode,
+    Ready,
+    Rng,
+    Role,
+)
 from hamq.raft.log import UNKNOWN_VOTE
 from hamq.raft.storage import persist
 from hamq.store.message_store import MessageStore, PutResult, WritesUndone
@@ -117,14 +137,21 @@ def recover_store(store: MessageStore, raft_committed_index: int) -> Recovery:
         raise BrokerSystemError(
             f"the message store claims Raft index {applied} applied, but the Raft log holds "
             f"only up to committed index {raft_committed_index}: the Raft directory was "
-            "replaced or lost data it had fsynced; restore it or empty the store")
+            "replaced or lost data it had fsynced; restore it or empty the store"
+        )
     if written < offset:
         raise BrokerSystemError(
             f"the message store claims {offset} bytes applied (Raft index {applied}) but its "
-            f"commit log ends at {written}: it lost data it had fsynced")
+            f"commit log ends at {written}: it lost data it had fsynced"
+        )
     if written > offset:
-        log.info("DLedger recovery: store cut back to %d (applied index %d), %d bytes "
-                 "re-applied from the Raft log", offset, applied, written - offset)
+        log.info(
+            "DLedger recovery: store cut back to %d (applied index %d), %d bytes "
+            "re-applied from the Raft log",
+            offset,
+            applied,
+            written - offset,
+        )
         store.truncate_to(offset)
     return Recovery(applied, offset, written - offset)
 
@@ -135,11 +162,20 @@ def raft_committed_index(storage: FileStorage) -> int:
 
 
 class DLedgerCore:
-    def __init__(self, raft_config: RaftConfig, storage: FileStorage, store: MessageStore,
-                 topics: TopicTable, rng: Rng, now_ms: int, *, sync_appends: bool,
-                 send: Callable[[list[Message]], None],
-                 on_applied: Callable[[list[tuple[str, int]]], None],
-                 not_leader: Callable[[str], HamqError]) -> None:
+    def __init__(
+        self,
+        raft_config: RaftConfig,
+        storage: FileStorage,
+        store: MessageStore,
+        topics: TopicTable,
+        rng: Rng,
+        now_ms: int,
+        *,
+        sync_appends: bool,
+        send: Callable[[list[Message]], None],
+        on_applied: Callable[[list[tuple[str, int]]], None],
+        not_leader: Callable[[str], HamqError],
+    ) -> None:
         self.storage = storage
         self.store = store
         self.topics = topics
@@ -148,8 +184,9 @@ class DLedgerCore:
         self.on_applied = on_applied  # wakes pulls held on the queues that grew
         self.not_leader = not_leader
         self.recovery = recover_store(store, raft_committed_index(storage))
-        self.node = RawNode(raft_config, storage, rng, now_ms,
-                            applied_index=self.recovery.applied_index)
+        self.node = RawNode(
+            raft_config, storage, rng, now_ms, applied_index=self.recovery.applied_index
+        )
         self._claimed = (self.recovery.applied_index, self.recovery.applied_offset)
         self._apply_marks: deque[tuple[int, int]] = deque()  # (applied index, log end)
         # the store checkpoint claims only indexes the Raft checkpoint on disk has as
@@ -178,8 +215,7 @@ class DLedgerCore:
         return self.node.role == Role.LEADER
 
     # -- proposals --------------------------------------------------------------------------
-    def propose(self, command: Command, callback: ProposalCallback, *,
-                alone: bool = False) -> None:
+    def propose(self, command: Command, callback: ProposalCallback, *, alone: bool = False) -> None:
         """Queue `command` for the entry proposed at the next cycle (`alone`: an entry of
         its own); `callback` gets its result once that entry is applied."""
         if not self.is_leader:
@@ -226,8 +262,7 @@ class DLedgerCore:
         if self.apply_error and now_ms >= self._retry_at_ms:
             log.info("retrying to apply from Raft index %d", self._cursor.index)
             self.apply_error = ""
-        if self.waiting_for_claim != EMPTY_INDEX and \
-                self._claimed[0] >= self.waiting_for_claim - 1:
+        if self.waiting_for_claim != EMPTY_INDEX and self._claimed[0] >= self.waiting_for_claim - 1:
             self.waiting_for_claim = EMPTY_INDEX
         self._apply_backlog(now_ms)
 
@@ -244,8 +279,11 @@ class DLedgerCore:
         leading = self.is_leader and ready.hard_state is None
         if leading and ready.entries:
             self.send(ready.messages)
-        return Cycle(ready, leading,
-                     ready.hard_state is not None or (bool(ready.entries) and self.sync_appends))
+        return Cycle(
+            ready,
+            leading,
+            ready.hard_state is not None or (bool(ready.entries) and self.sync_appends),
+        )
 
     def persist(self, cycle: Cycle) -> bool:
         """Write the Ready (a driver may run this in a worker thread). False if that failed:
@@ -257,8 +295,9 @@ class DLedgerCore:
             self._unwritten = cycle
             self.persist_error = f"writing the Raft log failed: {err}"
             self._persist_retry_at_ms = self._now_ms + PERSIST_RETRY_MS
-            log.error("%s; this member writes it again in %d ms", self.persist_error,
-                      PERSIST_RETRY_MS)
+            log.error(
+                "%s; this member writes it again in %d ms", self.persist_error, PERSIST_RETRY_MS
+            )
             return False
         self.persist_error = ""
         return True
@@ -270,8 +309,11 @@ class DLedgerCore:
         if not cycle.leading:
             self.send(ready.messages)
         self._apply_backlog(now_ms)
-        if not self.paused and ready.committed_entries and \
-                ready.committed_entries[0].index == self._cursor.index:
+        if (
+            not self.paused
+            and ready.committed_entries
+            and ready.committed_entries[0].index == self._cursor.index
+        ):
             self._apply(ready.committed_entries, now_ms)
         self._complete(ready)
         if cycle.leading and not ready.entries:
@@ -315,8 +357,9 @@ class DLedgerCore:
         """Apply entries the node handed out while applying was paused, from the log."""
         if self.paused or self.applied_index >= self.node.applied_index:
             return
-        last = min(self.node.applied_index,
-                   self.applied_index + self.node.config.max_committed_per_ready)
+        last = min(
+            self.node.applied_index, self.applied_index + self.node.config.max_committed_per_ready
+        )
         self._apply(self.node.log.entries(self._cursor.index, last + 1), now_ms)
 
     def _apply(self, entries: list[Entry], now_ms: int) -> None:
@@ -361,9 +404,12 @@ class DLedgerCore:
 
     def _must_wait_for_claim(self, entry: Entry) -> bool:
         """A topic delete waits until the store claims every entry before it."""
-        return self._cursor.command == 0 and not entry.is_noop and \
-            first_command_kind(entry.data) == KIND_DELETE_TOPIC and \
-            self._claimed[0] < entry.index - 1
+        return (
+            self._cursor.command == 0
+            and not entry.is_noop
+            and first_command_kind(entry.data) == KIND_DELETE_TOPIC
+            and self._claimed[0] < entry.index - 1
+        )
 
     def _entry_applied(self, entry: Entry) -> None:
         results = self._cursor.results
@@ -382,8 +428,9 @@ class DLedgerCore:
         self.on_applied(list(arrived))
         arrived.clear()
 
-    def _pause(self, err: Exception, committed: _Cursor, arrived: list[tuple[str, int]],
-               now_ms: int) -> None:
+    def _pause(
+        self, err: Exception, committed: _Cursor, arrived: list[tuple[str, int]], now_ms: int
+    ) -> None:
         """Stop applying at the first command not on disk; retry later from there."""
         # a put whose segment roll failed undid the puts since the last commit too
         undone = isinstance(err, WritesUndone)
@@ -403,18 +450,21 @@ class DLedgerCore:
             self._apply_marks.append((self.applied_index, self.store.commitlog.written_offset))
         self.apply_error = f"applying Raft index {self._cursor.index} failed: {err}"
         self._retry_at_ms = now_ms + APPLY_RETRY_MS
-        log.error("%s; this member stops applying and retries in %d ms", self.apply_error,
-                  APPLY_RETRY_MS)
+        log.error(
+            "%s; this member stops applying and retries in %d ms", self.apply_error, APPLY_RETRY_MS
+        )
 
-    def _apply_command(self, meta: list, data: memoryview,
-                       arrived: list[tuple[str, int]]) -> PutResult | None:
+    def _apply_command(
+        self, meta: list, data: memoryview, arrived: list[tuple[str, int]]
+    ) -> PutResult | None:
         kind, *fields = meta
         if kind != KIND_SEND:
             self._apply_topic_change(kind, fields)
             return None
         topic, queue_id, count, crc, born_ts, store_ts = fields
-        result = self.store.put_batch(topic, queue_id, data, count, crc, born_ts,
-                                      store_timestamp_ms=store_ts)
+        result = self.store.put_batch(
+            topic, queue_id, data, count, crc, born_ts, store_timestamp_ms=store_ts
+        )
         arrived.append((topic, queue_id))
         return result
 
@@ -440,9 +490,11 @@ class DLedgerCore:
         for failed in ready.failed_proposals:
             callbacks = self._pending.pop(failed.entry_id, None)
             if callbacks is not None:
-                err = SystemBusy("not committed in time; the outcome is unknown") \
-                    if failed.reason is FailureReason.TIMEOUT else \
-                    NotLeader("leadership changed before commit; the outcome is unknown")
+                err = (
+                    SystemBusy("not committed in time; the outcome is unknown")
+                    if failed.reason is FailureReason.TIMEOUT
+                    else NotLeader("leadership changed before commit; the outcome is unknown")
+                )
                 for callback in callbacks:
                     callback(None, err)
         if not self._pending:
@@ -462,17 +514,21 @@ class DLedgerCore:
         return index <= self.durable_committed_index and offset <= durable_offset
 
     def status(self) -> dict:
-        return {"term": self.node.term, "committed_index": self.node.committed_index,
-                # past committed_index: entries this member holds that no quorum has yet
-                "ledger_end_index": self.node.log.ledger_end_index,
-                # False: started on an empty disk, votes for nobody until caught up
-                "vouched": self.node.voted_for != UNKNOWN_VOTE,
-                "applied_index": self.applied_index, "apply_error": self.apply_error,
-                "persist_error": self.persist_error,
-                "waiting_for_claim": self.waiting_for_claim,
-                "claimed_applied_index": self._claimed[0],
-                "recovered_applied_index": self.recovery.applied_index,
-                "recovery_cut_bytes": self.recovery.cut_bytes}
+        return {
+            "term": self.node.term,
+            "committed_index": self.node.committed_index,
+            # past committed_index: entries this member holds that no quorum has yet
+            "ledger_end_index": self.node.log.ledger_end_index,
+            # False: started on an empty disk, votes for nobody until caught up
+            "vouched": self.node.voted_for != UNKNOWN_VOTE,
+            "applied_index": self.applied_index,
+            "apply_error": self.apply_error,
+            "persist_error": self.persist_error,
+            "waiting_for_claim": self.waiting_for_claim,
+            "claimed_applied_index": self._claimed[0],
+            "recovered_applied_index": self.recovery.applied_index,
+            "recovery_cut_bytes": self.recovery.cut_bytes,
+        }
 
 
 def _answer(callbacks: list[ProposalCallback], results: list[PutResult | None]) -> None:

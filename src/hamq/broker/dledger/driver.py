@@ -5,6 +5,7 @@ member-to-member transport.
 Only the leader takes sends; what it is asked in one event-loop turn becomes one Raft
 entry (``grouping``), answered once that entry is applied (``core``).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,7 +32,7 @@ from hamq.errors import HamqError, InvalidArgument, NotLeader
 from hamq.net.connection import Connection, error_pieces, response_pieces
 from hamq.net.pool import ConnectionPool
 from hamq.net.server import Server
-from hamq.net.tasks import PeriodicTask
+from hamq.net.tasks import PeriodicTask, spawn
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import Frame, require
 from hamq.raft import FileStorage, Message, MessageDecodeError, RaftConfig, RaftError, RawNode
@@ -52,25 +53,41 @@ def _ignore(result: PutResult | None, err: HamqError | None) -> None:
 
 
 class DLedgerCommitLog:
-    def __init__(self, config: BrokerConfig, store: MessageStore, topics: TopicService, *,
-                 on_applied: Callable[[list[tuple[str, int]]], None],
-                 on_role_change: Callable[[bool], None]) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: MessageStore,
+        topics: TopicService,
+        *,
+        on_applied: Callable[[list[tuple[str, int]]], None],
+        on_role_change: Callable[[bool], None],
+    ) -> None:
         self.config = config
         self.store = store
         self.on_role_change = on_role_change  # True when this member became the leader
         self.node_id = config.dledger_self_id
         self.peers = config.dledger_peer_map
         election_ms = config.dledger_election_timeout_ms
-        raft_config = RaftConfig(self.node_id, tuple(sorted(self.peers)),
-                                 election_timeout_ms=election_ms,
-                                 push_timeout_ms=election_ms * 2 // 5,
-                                 max_pending_pushes=MAX_PENDING_PUSHES)
+        raft_config = RaftConfig(
+            self.node_id,
+            tuple(sorted(self.peers)),
+            election_timeout_ms=election_ms,
+            push_timeout_ms=election_ms * 2 // 5,
+            max_pending_pushes=MAX_PENDING_PUSHES,
+        )
         self.storage = FileStorage(Path(config.store_dir) / RAFT_DIR)
-        self.core = DLedgerCore(raft_config, self.storage, store, topics,
-                                random.Random(os.urandom(8)), monotonic_ms(),
-                                sync_appends=config.flush_disk_type == "sync",
-                                send=self._send_all, on_applied=on_applied,
-                                not_leader=self.not_leader)
+        self.core = DLedgerCore(
+            raft_config,
+            self.storage,
+            store,
+            topics,
+            random.Random(os.urandom(8)),
+            monotonic_ms(),
+            sync_appends=config.flush_disk_type == "sync",
+            send=self._send_all,
+            on_applied=on_applied,
+            not_leader=self.not_leader,
+        )
         self.server = Server(self, config)
         self.pool = ConnectionPool()
         self._pumping = False
@@ -109,8 +126,9 @@ class DLedgerCommitLog:
         self._stopping = True
         # a Ready cycle or a flush may be writing in a worker thread: let it finish before
         # the storage's files are closed (a reused descriptor would take its writes)
-        await asyncio.gather(*(t for t in (self._pump_future, self._flush_task) if t),
-                             return_exceptions=True)
+        await asyncio.gather(
+            *(t for t in (self._pump_future, self._flush_task) if t), return_exceptions=True
+        )
         self.core.fail_all(NotLeader("member shutting down; the outcome is unknown"))
         job = self.core.begin_flush()
         try:
@@ -123,18 +141,24 @@ class DLedgerCommitLog:
         self.storage.close()
 
     def status(self) -> dict:
-        return {"role": "dledger", "member_id": self.node_id, "leader_id": self.leader_id,
-                "is_leader": self.is_leader, **self.core.status()}
+        return {
+            "role": "dledger",
+            "member_id": self.node_id,
+            "leader_id": self.leader_id,
+            "is_leader": self.is_leader,
+            **self.core.status(),
+        }
 
     # -- the send path --------------------------------------------------------------------------
     def not_leader(self, why: str = "") -> NotLeader:
         leader = self.peers.get(self.leader_id, "unknown, an election is running")
-        return NotLeader(f"member {self.node_id} is not the leader of group "
-                         f"{self.config.broker_name} (leader's raft endpoint: {leader})"
-                         + (f": {why}" if why else ""))
+        return NotLeader(
+            f"member {self.node_id} is not the leader of group "
+            f"{self.config.broker_name} (leader's raft endpoint: {leader})"
+            + (f": {why}" if why else "")
+        )
 
-    def propose(self, command: Command, callback: ProposalCallback, *,
-                alone: bool = False) -> None:
+    def propose(self, command: Command, callback: ProposalCallback, *, alone: bool = False) -> None:
         """Queue `command` for the entry of this event-loop turn (proposed when the Ready
         cycle next runs; `alone`: in an entry of its own); `callback` gets its result once
         that entry is applied."""
@@ -183,14 +207,15 @@ class DLedgerCommitLog:
     def delete_topic(self, conn: Connection, frame: Frame) -> None:
         topic = require(frame.ext, "topic")
         # alone in its entry: see DLedgerCore on why a delete waits for the store's claim
-        self._propose_and_reply(conn, frame, encode_command([KIND_DELETE_TOPIC, topic]),
-                                alone=True)
+        self._propose_and_reply(conn, frame, encode_command([KIND_DELETE_TOPIC, topic]), alone=True)
         self._topics_in_log.discard(topic)
 
-    def _propose_and_reply(self, conn: Connection, frame: Frame, command: Command,
-                           alone: bool = False) -> None:
+    def _propose_and_reply(
+        self, conn: Connection, frame: Frame, command: Command, alone: bool = False
+    ) -> None:
         def committed(result: PutResult | None, err: HamqError | None) -> None:
             conn.reply(error_pieces(frame, err) if err else response_pieces(frame))
+
         self.propose(command, committed, alone=alone)
 
     def handle_transfer(self, conn: Connection, frame: Frame) -> list:
@@ -236,9 +261,13 @@ class DLedgerCommitLog:
         if self.is_leader != self._was_leader:
             self._was_leader = self.is_leader
             self._topics_in_log.clear()
-            log.info("member %d is now %s of group %s (term %d)", self.node_id,
-                     "LEADER" if self.is_leader else "a follower", self.config.broker_name,
-                     core.node.term)
+            log.info(
+                "member %d is now %s of group %s (term %d)",
+                self.node_id,
+                "LEADER" if self.is_leader else "a follower",
+                self.config.broker_name,
+                core.node.term,
+            )
             self.on_role_change(self.is_leader)
         if self._pump_again:
             self._pump_again = False
@@ -248,8 +277,7 @@ class DLedgerCommitLog:
         """Every ``flush_interval_commitlog_ms``, fsync the Raft log and save its checkpoint
         in a worker thread the Ready cycle never waits for, like the commit log's flush
         thread. Only called between Readies (see ``DLedgerCore.begin_flush``)."""
-        if self._flush_task is not None or \
-                monotonic_s() - self._flushed_at < self.flush_interval_s:
+        if self._flush_task is not None or monotonic_s() - self._flushed_at < self.flush_interval_s:
             return
         self._flush_task = asyncio.ensure_future(self._flush())
 
@@ -276,7 +304,7 @@ class DLedgerCommitLog:
             if conn is not None:
                 conn.oneway_many(RequestCode.DLEDGER_MESSAGE, bodies)
             else:  # connect in the background; Raft resends what is lost meanwhile
-                asyncio.ensure_future(self._connect(addr))
+                spawn(self._connect(addr))
 
     async def _connect(self, addr: str) -> None:
         try:
@@ -286,5 +314,12 @@ class DLedgerCommitLog:
 
 
 def _topic_command(config: TopicConfig) -> Command:
-    return encode_command([KIND_TOPIC, config.topic_name, config.read_queue_nums,
-                           config.write_queue_nums, config.perm])
+    return encode_command(
+        [
+            KIND_TOPIC,
+            config.topic_name,
+            config.read_queue_nums,
+            config.write_queue_nums,
+            config.perm,
+        ]
+    )

@@ -5,6 +5,7 @@ MAX_GROUPED_ENTRY_BYTES, so pipelined single-message sends do not each cost an e
 APPEND and a write on every member. Each command keeps its own callback, answered with its
 own result once the entry is applied.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -2,6 +2,7 @@
 
 Pure codec: no asyncio, no I/O, so the simulator and tools can import it alone.
 """
+
 from __future__ import annotations
 
 import struct
@@ -28,8 +29,9 @@ def encode_command(meta: list, data: bytes = b"") -> Command:
     return [_COMMAND_HEAD.pack(len(packed), len(data)), packed, data]
 
 
-def encode_entry(topic: str, queue_id: int, count: int, crc: int, born_ts: int, store_ts: int,
-                 payload: bytes) -> Command:
+def encode_entry(
+    topic: str, queue_id: int, count: int, crc: int, born_ts: int, store_ts: int, payload: bytes
+) -> Command:
     """The command storing one send batch (the leader's store timestamp included, so every
     member writes identical records)."""
     return encode_command([KIND_SEND, topic, queue_id, count, crc, born_ts, store_ts], payload)
@@ -41,9 +43,9 @@ def decode_commands(data: bytes) -> Iterator[tuple[list, memoryview]]:
     while pos < len(view):
         meta_len, data_len = _COMMAND_HEAD.unpack_from(view, pos)
         pos += _COMMAND_HEAD.size
-        meta = msgpack.unpackb(view[pos:pos + meta_len], raw=False)
+        meta = msgpack.unpackb(view[pos : pos + meta_len], raw=False)
         pos += meta_len
-        yield meta, view[pos:pos + data_len]
+        yield meta, view[pos : pos + data_len]
         pos += data_len
 
 
@@ -65,8 +67,9 @@ def encode_message(msg: Message) -> list:
         head = msg.encode()
         return [_U32.pack(len(head)), head]
     head = msg.encode(with_data=False)
-    lengths = struct.pack(f">I{len(msg.entries)}I", len(msg.entries),
-                          *(len(entry.data) for entry in msg.entries))
+    lengths = struct.pack(
+        f">I{len(msg.entries)}I", len(msg.entries), *(len(entry.data) for entry in msg.entries)
+    )
     return [_U32.pack(len(head)), head, lengths, *(e.data for e in msg.entries)]
 
 
@@ -74,7 +77,7 @@ def decode_message(body: bytes) -> Message:
     try:
         (head_len,) = _U32.unpack_from(body)
         pos = _U32.size + head_len
-        head = body[_U32.size:pos]
+        head = body[_U32.size : pos]
         if pos >= len(body):
             return Message.decode(head)
         (count,) = _U32.unpack_from(body, pos)
@@ -86,6 +89,6 @@ def decode_message(body: bytes) -> Message:
         raise MessageDecodeError("raft frame data does not match its lengths")
     data = []
     for length in lengths:
-        data.append(bytes(body[pos:pos + length]))
+        data.append(bytes(body[pos : pos + length]))
         pos += length
     return Message.decode(head, data)

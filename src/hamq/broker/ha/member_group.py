@@ -20,6 +20,7 @@ and ignores empty answers:
 - until some name server knows us, nothing changes (before the first answer, the
   configured ``total_replicas`` counts).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -50,8 +51,10 @@ class GroupAnswer:
 
     @classmethod
     def parse(cls, group: dict) -> GroupAnswer:
-        return cls({int(k): v for k, v in (group.get("broker_addrs") or {}).items()},
-                   {int(k): v for k, v in (group.get("ha_addrs") or {}).items()})
+        return cls(
+            {int(k): v for k, v in (group.get("broker_addrs") or {}).items()},
+            {int(k): v for k, v in (group.get("ha_addrs") or {}).items()},
+        )
 
 
 class MemberGroup:
@@ -65,13 +68,15 @@ class MemberGroup:
         # name server -> its latest answer that holds us
         self._answers: dict[str, GroupAnswer] = {}
         self._ignoring: set[str] = set()  # name servers whose answers lack us (logged once)
-        self._rounds = PeriodicTask("member group sync",
-                                    config.sync_broker_member_group_period_ms / 1000,
-                                    self.sync_once)
+        self._rounds = PeriodicTask(
+            "member group sync", config.sync_broker_member_group_period_ms / 1000, self.sync_once
+        )
         # a member registers as the master (0) while it is one (broker/role.py), under its
         # own id else (its DLedger member id in DLedger mode)
-        self._own_ids = {MASTER_ID, config.dledger_self_id
-                         if config.replication_mode == "dledger" else config.broker_id}
+        self._own_ids = {
+            MASTER_ID,
+            config.dledger_self_id if config.replication_mode == "dledger" else config.broker_id,
+        }
 
     @property
     def alive_replicas(self) -> int:
@@ -110,10 +115,11 @@ class MemberGroup:
         c = self.config
         try:
             conn = await self.pool.get(addr)
-            frame = await conn.request(RequestCode.GET_BROKER_MEMBER_GROUP,
-                                       {"cluster_name": c.cluster_name,
-                                        "broker_name": c.broker_name},
-                                       timeout_s=MEMBER_GROUP_TIMEOUT_S)
+            frame = await conn.request(
+                RequestCode.GET_BROKER_MEMBER_GROUP,
+                {"cluster_name": c.cluster_name, "broker_name": c.broker_name},
+                timeout_s=MEMBER_GROUP_TIMEOUT_S,
+            )
         except HamqError as err:
             log.debug("member group from %s: %s", addr, err.message)
             return None
@@ -124,8 +130,7 @@ class MemberGroup:
     def _namesrv_of(self, conn: Connection) -> str:
         """The configured name server a notification came from (on the connection this
         broker opened to it)."""
-        return next((a for a in self.config.namesrv if self.pool.get_ready(a) is conn),
-                    conn.peer)
+        return next((a for a in self.config.namesrv if self.pool.get_ready(a) is conn), conn.peer)
 
     def _take(self, source: str, group: dict) -> None:
         answer = GroupAnswer.parse(group)
@@ -136,9 +141,14 @@ class MemberGroup:
         self._answers.pop(source, None)
         if source not in self._ignoring:
             self._ignoring.add(source)
-            log.warning("ignoring name server %s's member group of %s: it does not hold this "
-                        "broker (%s) yet, e.g. it restarted: %s", source,
-                        self.config.broker_name, self.config.listen, answer.broker_addrs)
+            log.warning(
+                "ignoring name server %s's member group of %s: it does not hold this "
+                "broker (%s) yet, e.g. it restarted: %s",
+                source,
+                self.config.broker_name,
+                self.config.listen,
+                answer.broker_addrs,
+            )
 
     def _reconcile(self) -> None:
         if not self._answers:

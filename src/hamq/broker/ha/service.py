@@ -12,6 +12,7 @@ sends wait on the acks through the core's ordered waiters; no task per message.
 or clocks: ``HAMaster`` / ``HASlave`` drive them over TCP, the simulator
 (``sim/master_slave.py``) over its virtual network.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -52,9 +53,13 @@ SLAVE_RECONNECT_DELAY_S = 0.5
 
 
 def quorum_of(config: BrokerConfig) -> QuorumConfig:
-    return QuorumConfig(config.total_replicas, config.in_sync_replicas,
-                        config.min_in_sync_replicas, config.enable_auto_in_sync_replicas,
-                        config.ha_max_gap_not_in_sync)
+    return QuorumConfig(
+        config.total_replicas,
+        config.in_sync_replicas,
+        config.min_in_sync_replicas,
+        config.enable_auto_in_sync_replicas,
+        config.ha_max_gap_not_in_sync,
+    )
 
 
 class StoreRecords:
@@ -84,13 +89,13 @@ class StoreRecords:
             return None
         if h.physical_offset != offset or offset + h.total_size > end:
             return None
-        return Probe(offset, offset + h.total_size, zlib.crc32(head[:h.payload_start]))
+        return Probe(offset, offset + h.total_size, zlib.crc32(head[: h.payload_start]))
 
     def record_starts(self, lo: int, hi: int) -> Sequence[int]:
         starts: list[int] = []
         for cq in self.store.queues.values():
             phys = cq.phys
-            starts += phys[bisect_left(phys, lo):bisect_left(phys, hi)]
+            starts += phys[bisect_left(phys, lo) : bisect_left(phys, hi)]
         starts.sort()
         return starts
 
@@ -106,15 +111,15 @@ class MasterLink:
         self.store = store
         self.records = StoreRecords(store)
 
-    def handshake(self, key: Hashable, ext: dict, now_ms: int
-                  ) -> tuple[dict, SlaveAttached | None]:
+    def handshake(self, key: Hashable, ext: dict, now_ms: int) -> tuple[dict, SlaveAttached | None]:
         """Answer one handshake round; ``SlaveAttached`` once the slave is registered."""
         broker_id = require(ext, "broker_id", int)
         request = parse_request(ext)
         if isinstance(request, CompareRequest):
             return {"matches": self.core.compare(self.records, request.probes)}, None
-        attached = self.core.attach(key, broker_id, request.offset, request.proof,
-                                    self.records, now_ms)
+        attached = self.core.attach(
+            key, broker_id, request.offset, request.proof, self.records, now_ms
+        )
         return {"start_offset": attached.start if attached else None}, attached
 
     def transfers(self, key: Hashable) -> Iterator[tuple[int, bytearray]]:
@@ -124,12 +129,15 @@ class MasterLink:
         commitlog = self.store.commitlog
         while (span := self.core.next_transfer(key, commitlog.written_offset)) is not None:
             if span[0] < commitlog.min_offset:
-                raise HamqError(f"slave needs the log from offset {span[0]}, but retention "
-                                f"removed everything below {commitlog.min_offset}")
+                raise HamqError(
+                    f"slave needs the log from offset {span[0]}, but retention "
+                    f"removed everything below {commitlog.min_offset}"
+                )
             yield span[0], commitlog.read_range(*span)
 
-    def on_ack(self, key: Hashable, ext: dict, now_ms: int
-               ) -> list[tuple[AckCallback, ReplicaStatus]]:
+    def on_ack(
+        self, key: Hashable, ext: dict, now_ms: int
+    ) -> list[tuple[AckCallback, ReplicaStatus]]:
         return self.core.on_ack(key, require(ext, "ack_offset", int), now_ms)
 
 
@@ -183,14 +191,21 @@ class SlaveLink:
     def _cut(self, attached: Attached) -> None:
         end = self.store.replica_offset
         if attached.start != attached.agreed:
-            log.warning("master keeps no data before %d; restarting this slave's log there "
-                        "(%d bytes dropped)", attached.start, end - self.store.commitlog.min_offset)
+            log.warning(
+                "master keeps no data before %d; restarting this slave's log there "
+                "(%d bytes dropped)",
+                attached.start,
+                end - self.store.commitlog.min_offset,
+            )
         elif attached.agreed < self.store.commitlog.max_offset:
             cut = self.store.commitlog.max_offset - attached.agreed
             self.last_cut = {"offset": attached.agreed, "bytes": cut}
-            log.error("this slave's commit log differs from its master's after offset %d: "
-                      "cutting %d bytes of commit log and their consume-queue entries",
-                      attached.agreed, cut)
+            log.error(
+                "this slave's commit log differs from its master's after offset %d: "
+                "cutting %d bytes of commit log and their consume-queue entries",
+                attached.agreed,
+                cut,
+            )
         self.store.reset_log(attached.agreed, attached.start)
 
 
@@ -199,15 +214,17 @@ class HAMaster:
         self.config = config
         self.store = store
         self.members = members
-        self.core = MasterReplication(quorum_of(config), config.ha_window_bytes,
-                                      config.ha_transfer_batch_bytes)
+        self.core = MasterReplication(
+            quorum_of(config), config.ha_window_bytes, config.ha_transfer_batch_bytes
+        )
         self.link = MasterLink(self.core, store)
         self.sync = config.broker_role == "sync_master"
         self.server = Server(self, config)
         self.server.on_connection_closed.append(self._closed)
         self._conns: dict[Connection, int] = {}  # attached sessions -> broker id
-        self._housekeeping = PeriodicTask("HA waiter and session sweep", _WAITER_SWEEP_S,
-                                          self._sweep)
+        self._housekeeping = PeriodicTask(
+            "HA waiter and session sweep", _WAITER_SWEEP_S, self._sweep
+        )
 
     async def start(self) -> None:
         """Listen on the HA port (again, after a stop: a member that became master)."""
@@ -234,12 +251,14 @@ class HAMaster:
                 f"{self.members.alive_replicas}, in-sync slaves "
                 f"{decision.in_sync_replicas - 1}; in_sync_replicas="
                 f"{self.config.in_sync_replicas}, enable_auto_in_sync_replicas="
-                f"{self.config.enable_auto_in_sync_replicas})")
+                f"{self.config.enable_auto_in_sync_replicas})"
+            )
         return decision.need_ack_nums
 
     def wait_for_acks(self, end_offset: int, need_ack_nums: int, callback: AckCallback) -> None:
-        self.core.wait_for_acks(end_offset, need_ack_nums, monotonic_ms(),
-                                self.config.sync_flush_timeout_ms, callback)
+        self.core.wait_for_acks(
+            end_offset, need_ack_nums, monotonic_ms(), self.config.sync_flush_timeout_ms, callback
+        )
 
     def new_data(self) -> None:
         """After a commit-log write: ship it to every slave with window room."""
@@ -264,12 +283,17 @@ class HAMaster:
         if attached is not None:
             broker_id = self.core.slaves[conn].broker_id
             for stale in attached.replaced:  # a half-open session of a slave that came back
-                log.warning("slave %d reconnected from %s; closing its older session from %s",
-                            broker_id, conn.peer, stale.peer)
+                log.warning(
+                    "slave %d reconnected from %s; closing its older session from %s",
+                    broker_id,
+                    conn.peer,
+                    stale.peer,
+                )
                 self._conns.pop(stale, None)
                 stale.close()
-            log.info("slave %d from %s replicates from offset %d", broker_id, conn.peer,
-                     attached.start)
+            log.info(
+                "slave %d from %s replicates from offset %d", broker_id, conn.peer, attached.start
+            )
             self._conns[conn] = broker_id
             asyncio.get_running_loop().call_soon(self._pump, conn)
         return response_pieces(frame, ext=reply)
@@ -299,17 +323,31 @@ class HAMaster:
 
     def status(self) -> dict:
         master_offset = self.store.commitlog.max_offset
-        return {"role": "master", "in_sync_slaves": self.core.in_sync_slave_nums(master_offset),
-                "slaves": [{"broker_id": s.broker_id, "state": s.state.name,
-                            "ack_offset": s.ack_offset, "behind_bytes": master_offset - s.ack_offset}
-                           for s in self.core.slaves.values()]}
+        return {
+            "role": "master",
+            "in_sync_slaves": self.core.in_sync_slave_nums(master_offset),
+            "slaves": [
+                {
+                    "broker_id": s.broker_id,
+                    "state": s.state.name,
+                    "ack_offset": s.ack_offset,
+                    "behind_bytes": master_offset - s.ack_offset,
+                }
+                for s in self.core.slaves.values()
+            ],
+        }
 
 
 class HASlave:
     """Keeps one connection to the master's HA port and appends what it ships."""
 
-    def __init__(self, config: BrokerConfig, store: MessageStore, members: MemberGroup,
-                 on_arrival: Callable[[list[tuple[str, int]]], None]) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: MessageStore,
+        members: MemberGroup,
+        on_arrival: Callable[[list[tuple[str, int]]], None],
+    ) -> None:
         self.config = config
         self.store = store
         self.members = members
@@ -336,8 +374,9 @@ class HASlave:
         try:
             arrived = self.link.on_transfer(require(frame.ext, "offset", int), frame.body)
         except HamqError as err:  # a gap or a corrupt record: handshake again
-            log.error("replication stream from %s rejected: %s; reconnecting", conn.peer,
-                      err.message)
+            log.error(
+                "replication stream from %s rejected: %s; reconnecting", conn.peer, err.message
+            )
             conn.close()
             return None
         self.on_arrival(arrived)
@@ -360,8 +399,11 @@ class HASlave:
                 log.warning("HA session with master %s ended: %s", addr, err.message)
             except Exception:  # a bug, or an address the name server let through: retry
                 COUNTS.internal_errors += 1
-                log.exception("HA session with master %r failed; reconnecting in %.1f s",
-                              addr, SLAVE_RECONNECT_DELAY_S)
+                log.exception(
+                    "HA session with master %r failed; reconnecting in %.1f s",
+                    addr,
+                    SLAVE_RECONNECT_DELAY_S,
+                )
             if self.state is not HAConnectionState.SHUTDOWN:
                 self.state = HAConnectionState.READY
                 await asyncio.sleep(SLAVE_RECONNECT_DELAY_S)
@@ -378,7 +420,7 @@ class HASlave:
                     conn.oneway(RequestCode.HA_ACK, {"ack_offset": self.link.ack_offset})
                 try:
                     await asyncio.wait_for(asyncio.shield(conn.closed), interval_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         finally:
             conn.close()
@@ -386,8 +428,9 @@ class HASlave:
     def _ask(self, conn: Connection, ext: dict) -> None:
         # Replies are handled in the callback, before any frame that follows them on the
         # connection: the log is cut before the first shipped bytes are appended.
-        conn.request_cb(RequestCode.HA_HANDSHAKE,
-                        lambda frame, err: self._answered(conn, frame, err), ext)
+        conn.request_cb(
+            RequestCode.HA_HANDSHAKE, lambda frame, err: self._answered(conn, frame, err), ext
+        )
 
     def _answered(self, conn: Connection, frame: Frame | None, err: HamqError | None) -> None:
         if err is None and frame.code != ResponseCode.SUCCESS:
@@ -408,8 +451,13 @@ class HASlave:
             conn.oneway(RequestCode.HA_ACK, {"ack_offset": self.link.ack_offset})
 
     def status(self) -> dict:
-        return {"role": "slave", "state": self.state.name, "master_ha_addr": self.master_addr,
-                "replica_offset": self.store.replica_offset, "last_cut": self.link.last_cut}
+        return {
+            "role": "slave",
+            "state": self.state.name,
+            "master_ha_addr": self.master_addr,
+            "replica_offset": self.store.replica_offset,
+            "last_cut": self.link.last_cut,
+        }
 
 
 def _run(done: list[tuple[AckCallback, ReplicaStatus]]) -> None:

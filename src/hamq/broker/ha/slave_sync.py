@@ -5,6 +5,7 @@ consumers at their committed offsets) when the master is gone.
 A DLedger member takes no topics this way: topics (and their deletion) are Raft commands,
 applied only from the log in log order; a table copied from a leader ahead of it would
 make it skip a delete it later applies, and its queues would then differ from the others'."""
+
 from __future__ import annotations
 
 import logging
@@ -24,9 +25,17 @@ log = logging.getLogger(__name__)
 
 
 class SlaveSynchronize:
-    def __init__(self, store: MessageStore, topics: TopicService, members: MemberGroup,
-                 pool: ConnectionPool, delay_offsets: DelayOffsetManager, *, interval_ms: int,
-                 sync_topics: bool) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicService,
+        members: MemberGroup,
+        pool: ConnectionPool,
+        delay_offsets: DelayOffsetManager,
+        *,
+        interval_ms: int,
+        sync_topics: bool,
+    ) -> None:
         self.store = store
         self.delay_offsets = delay_offsets
         self.topics = topics
@@ -53,16 +62,23 @@ class SlaveSynchronize:
             return False
         try:
             conn = await self.pool.get(master)
-            topics = await conn.request(RequestCode.GET_ALL_TOPIC_CONFIG, timeout_s=3.0) \
-                if self.sync_topics else None
+            topics = (
+                await conn.request(RequestCode.GET_ALL_TOPIC_CONFIG, timeout_s=3.0)
+                if self.sync_topics
+                else None
+            )
             offsets = await conn.request(RequestCode.GET_ALL_CONSUMER_OFFSET, timeout_s=3.0)
             delay = await conn.request(RequestCode.GET_ALL_DELAY_OFFSET, timeout_s=3.0)
         except HamqError as err:
             log.debug("slave sync from %s failed: %s", master, err.message)
             return False
         if topics is not None and topics.code == 0:
-            self.topics.replace_all({name: TopicConfig(name, **cfg)
-                                     for name, cfg in (unpack_body(topics.body) or {}).items()})
+            self.topics.replace_all(
+                {
+                    name: TopicConfig(name, **cfg)
+                    for name, cfg in (unpack_body(topics.body) or {}).items()
+                }
+            )
         if offsets.code == 0:
             self.store.offsets.merge(unpack_body(offsets.body) or {}, self.store.clock_ms())
         if delay.code == 0:

@@ -8,6 +8,7 @@ file (the state as of a revive-log offset) and the records after that offset are
 Every record carries the broker name (seed 004: a member scanning a revive log offsets only
 its own group's CK/ACK records).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,8 @@ from typing import Any
 
 import msgpack
 
-from hamq.protocol.message import decode_records, encode_message
 from hamq.protocol.limits import MAX_PULL_BYTES
+from hamq.protocol.message import decode_records, encode_message
 from hamq.store.disk import atomic_write
 from hamq.store.message_store import GetStatus, MessageStore, PutResult
 
@@ -46,9 +47,9 @@ class ReviveRecord:
     revive_offset: int
     kind: str
     group: str
-    topic: str                  # CK only
-    deadline_ms: int            # CK only
-    entries: list               # CkEntry for CK, AckEntry for ACK
+    topic: str  # CK only
+    deadline_ms: int  # CK only
+    entries: list  # CkEntry for CK, AckEntry for ACK
 
 
 class ReviveLog:
@@ -64,25 +65,41 @@ class ReviveLog:
     def end_offset(self) -> int:
         return self.store.max_offset(REVIVE_LOG_TOPIC, REVIVE_QUEUE_ID)
 
-    def append_ck(self, group: str, topic: str, deadline_ms: int,
-                  entries: list[CkEntry]) -> PutResult:
-        return self._append({"k": KIND_CK, "b": self.broker_name, "g": group, "t": topic,
-                             "d": deadline_ms, "e": entries})
+    def append_ck(
+        self, group: str, topic: str, deadline_ms: int, entries: list[CkEntry]
+    ) -> PutResult:
+        return self._append(
+            {
+                "k": KIND_CK,
+                "b": self.broker_name,
+                "g": group,
+                "t": topic,
+                "d": deadline_ms,
+                "e": entries,
+            }
+        )
 
     def append_ack(self, group: str, entries: list[AckEntry]) -> PutResult:
         return self._append({"k": KIND_ACK, "b": self.broker_name, "g": group, "e": entries})
 
     def _append(self, record: dict[str, Any]) -> PutResult:
         payload = encode_message(msgpack.packb(record, use_bin_type=True))
-        return self.store.put_batch(REVIVE_LOG_TOPIC, REVIVE_QUEUE_ID, payload, 1,
-                                    zlib.crc32(payload), self.store.clock_ms())
+        return self.store.put_batch(
+            REVIVE_LOG_TOPIC,
+            REVIVE_QUEUE_ID,
+            payload,
+            1,
+            zlib.crc32(payload),
+            self.store.clock_ms(),
+        )
 
     def replay(self, start: int) -> Iterator[ReviveRecord]:
         """This broker's records from revive offset ``start`` to the end."""
         offset = max(start, self.store.min_offset(REVIVE_LOG_TOPIC, REVIVE_QUEUE_ID))
         while True:
-            result = self.store.get_messages(REVIVE_LOG_TOPIC, REVIVE_QUEUE_ID, offset,
-                                             REPLAY_BATCH, MAX_PULL_BYTES)
+            result = self.store.get_messages(
+                REVIVE_LOG_TOPIC, REVIVE_QUEUE_ID, offset, REPLAY_BATCH, MAX_PULL_BYTES
+            )
             if result.status is not GetStatus.FOUND:
                 return
             for revive_offset, body in decode_records(result.records, offset, _offset_body):
@@ -96,8 +113,9 @@ class ReviveLog:
             raw = msgpack.unpackb(body, raw=False)
             if raw["b"] != self.broker_name:
                 return None
-            return ReviveRecord(revive_offset, raw["k"], raw["g"], raw.get("t", ""),
-                                raw.get("d", 0), raw["e"])
+            return ReviveRecord(
+                revive_offset, raw["k"], raw["g"], raw.get("t", ""), raw.get("d", 0), raw["e"]
+            )
         except (ValueError, KeyError, TypeError) as exc:
             log.error("skipping unreadable revive log record at %d: %s", revive_offset, exc)
             return None
@@ -109,8 +127,11 @@ class ReviveLog:
         except FileNotFoundError:
             return {}
         except ValueError as exc:
-            log.error("revive checkpoint %s unreadable (%s); replaying the whole revive log",
-                      self.checkpoint_path, exc)
+            log.error(
+                "revive checkpoint %s unreadable (%s); replaying the whole revive log",
+                self.checkpoint_path,
+                exc,
+            )
             return {}
 
     def write_checkpoint(self, snapshot: bytes) -> None:
@@ -118,6 +139,7 @@ class ReviveLog:
             atomic_write(self.store.disk, self.checkpoint_path, snapshot)
 
 
-def _offset_body(header: Any, index: int, queue_offset: int, props: bytes,
-                 body: bytes) -> tuple[int, bytes]:
+def _offset_body(
+    header: Any, index: int, queue_offset: int, props: bytes, body: bytes
+) -> tuple[int, bytes]:
     return queue_offset, body

@@ -18,6 +18,7 @@ record run, the offsets handed out and their reconsume times; the receipt handle
 (queue, offset, ck) where ck is the revive-log offset of the checkpoint that handed the
 message out.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -50,14 +51,14 @@ log = logging.getLogger(__name__)
 
 _DUTY_ERRORS = (OSError, HamqError)  # logged; the sweep and the checkpoint carry on
 
-DEFAULT_POP_BATCH = 32                 # RocketMQ's default maxMsgNums of a pop
-MAX_POP_MESSAGES = 1024                # messages one pop may hand out
-MAX_BATCH_ACK_ENTRIES = 4096           # acks one BATCH_ACK_MESSAGE may carry
-MIN_INVISIBLE_TIME_MS = 100            # shorter would redeliver before a client could ack
+DEFAULT_POP_BATCH = 32  # RocketMQ's default maxMsgNums of a pop
+MAX_POP_MESSAGES = 1024  # messages one pop may hand out
+MAX_BATCH_ACK_ENTRIES = 4096  # acks one BATCH_ACK_MESSAGE may carry
+MIN_INVISIBLE_TIME_MS = 100  # shorter would redeliver before a client could ack
 MAX_INVISIBLE_TIME_MS = 12 * 3600_000  # RocketMQ proxy's maxInvisibleTimeMills
-HOLD_SWEEP_INTERVAL_S = 0.05           # held pops re-check for expired invisibility this often
-INIT_MODE_MIN = "min"                  # RocketMQ ConsumeInitMode.MIN: a new group starts at
-INIT_MODE_MAX = "max"                  # the queue's first message (MIN) or its end (MAX)
+HOLD_SWEEP_INTERVAL_S = 0.05  # held pops re-check for expired invisibility this often
+INIT_MODE_MIN = "min"  # RocketMQ ConsumeInitMode.MIN: a new group starts at
+INIT_MODE_MAX = "max"  # the queue's first message (MIN) or its end (MAX)
 
 StateKey = tuple[str, str, int]  # group, topic, queue id
 
@@ -73,9 +74,17 @@ class HeldPop:
 
 
 class PopService:
-    def __init__(self, store: MessageStore, topics: TopicService, flush: FlushService,
-                 role: RoleState, config: BrokerConfig, *, on_written: Callable[[], None],
-                 on_put: Callable[[str, int], None]) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicService,
+        flush: FlushService,
+        role: RoleState,
+        config: BrokerConfig,
+        *,
+        on_written: Callable[[], None],
+        on_put: Callable[[str, int], None],
+    ) -> None:
         self.store = store
         self.topics = topics
         self.flush = flush
@@ -100,8 +109,13 @@ class PopService:
         self._acked_topics: set[str] = set()  # acks may lift the in-flight threshold
         self._duties = [
             PeriodicTask("held pop sweep", HOLD_SWEEP_INTERVAL_S, self._sweep, _DUTY_ERRORS),
-            PeriodicTask("revive checkpoint", config.revive_interval_ms / 1000,
-                         self._checkpoint, _DUTY_ERRORS)]
+            PeriodicTask(
+                "revive checkpoint",
+                config.revive_interval_ms / 1000,
+                self._checkpoint,
+                _DUTY_ERRORS,
+            ),
+        ]
         self._checkpointed_at = -1  # revive offset of the last checkpoint written
         # Each queue's state as last encoded for a checkpoint, with the state object and
         # its version then: a checkpoint re-encodes only the queues that changed.
@@ -115,9 +129,12 @@ class PopService:
             del self.states[key]
 
     def handlers(self) -> dict[int, Callable[[Connection, Frame], list | None]]:
-        return {RequestCode.POP_MESSAGE: self.pop, RequestCode.ACK_MESSAGE: self.ack,
-                RequestCode.BATCH_ACK_MESSAGE: self.batch_ack,
-                RequestCode.CHANGE_MESSAGE_INVISIBLETIME: self.change_invisible_time}
+        return {
+            RequestCode.POP_MESSAGE: self.pop,
+            RequestCode.ACK_MESSAGE: self.ack,
+            RequestCode.BATCH_ACK_MESSAGE: self.batch_ack,
+            RequestCode.CHANGE_MESSAGE_INVISIBLETIME: self.change_invisible_time,
+        }
 
     # -- lifecycle ------------------------------------------------------------------------
     def _recover(self) -> None:
@@ -139,8 +156,11 @@ class PopService:
             replayed += 1
         self._state_at = self.revive.end_offset  # the state holds every record below
         if replayed:
-            log.info("pop state rebuilt: %d revive log records replayed, %d queues", replayed,
-                     len(self.states))
+            log.info(
+                "pop state rebuilt: %d revive log records replayed, %d queues",
+                replayed,
+                len(self.states),
+            )
 
     def _ensure_revive_topic(self) -> None:
         """A master's revive log topic (a slave takes it from its master)."""
@@ -185,8 +205,10 @@ class PopService:
                 cached = (state, state.version, state.to_wire())
             encoded[key] = cached
         self._encoded = encoded
-        return {"revive_offset": end,
-                "queues": [[g, t, q, wire] for (g, t, q), (_, _, wire) in encoded.items()]}
+        return {
+            "revive_offset": end,
+            "queues": [[g, t, q, wire] for (g, t, q), (_, _, wire) in encoded.items()],
+        }
 
     def _write_checkpoint(self, snapshot: dict) -> None:
         self.revive.write_checkpoint(json.dumps(snapshot).encode())
@@ -203,14 +225,16 @@ class PopService:
         if state is None:
             offset = self.store.offsets.query(group, topic, queue_id)
             if offset is None:
-                offset = (self.store.min_offset if init_mode == INIT_MODE_MIN
-                          else self.store.max_offset)(topic, queue_id)
+                offset = (
+                    self.store.min_offset if init_mode == INIT_MODE_MIN else self.store.max_offset
+                )(topic, queue_id)
                 self.store.offsets.commit(group, topic, queue_id, offset, self.store.clock_ms())
             state = self.states[key] = PopQueueState(offset)
         return state
 
-    def _state_for_replay(self, group: str, topic: str, queue_id: int,
-                          offsets: list[int]) -> PopQueueState:
+    def _state_for_replay(
+        self, group: str, topic: str, queue_id: int, offsets: list[int]
+    ) -> PopQueueState:
         key = (group, topic, queue_id)
         state = self.states.get(key)
         if state is None:
@@ -233,8 +257,10 @@ class PopService:
         self.topics.for_read(topic, max(queue_id, 0))
         invisible_ms = require(ext, "invisible_time_ms", int)
         if not MIN_INVISIBLE_TIME_MS <= invisible_ms <= MAX_INVISIBLE_TIME_MS:
-            raise InvalidArgument(f"invisible_time_ms must be in {MIN_INVISIBLE_TIME_MS}.."
-                                  f"{MAX_INVISIBLE_TIME_MS}, got {invisible_ms}")
+            raise InvalidArgument(
+                f"invisible_time_ms must be in {MIN_INVISIBLE_TIME_MS}.."
+                f"{MAX_INVISIBLE_TIME_MS}, got {invisible_ms}"
+            )
         max_msgs = ext.get("max_msgs", DEFAULT_POP_BATCH)
         if not isinstance(max_msgs, int) or not 1 <= max_msgs <= MAX_POP_MESSAGES:
             raise InvalidArgument(f"max_msgs must be in 1..{MAX_POP_MESSAGES}, got {max_msgs}")
@@ -246,12 +272,14 @@ class PopService:
         poll_ms = min(poll_ms, self.max_wait_ms)
         max_reconsume_times = ext.get("max_reconsume_times", DEFAULT_MAX_RECONSUME_TIMES)
         if not isinstance(max_reconsume_times, int) or max_reconsume_times < 0:
-            raise InvalidArgument("max_reconsume_times must be an integer >= 0, got "
-                                  f"{max_reconsume_times!r}")
+            raise InvalidArgument(
+                f"max_reconsume_times must be an integer >= 0, got {max_reconsume_times!r}"
+            )
         pieces = self._answer(frame, hold=poll_ms > 0 and self._may_hold(conn, topic, queue_id))
         if pieces is None:
             self.held.setdefault(topic, []).append(
-                HeldPop(conn, frame, group, topic, queue_id, monotonic_ms() + poll_ms))
+                HeldPop(conn, frame, group, topic, queue_id, monotonic_ms() + poll_ms)
+            )
             self._held_by_conn[conn] += 1
             self._held_by_queue[(topic, queue_id)] += 1
         return pieces
@@ -259,12 +287,16 @@ class PopService:
     def _may_hold(self, conn: Connection, topic: str, queue_id: int) -> bool:
         """Room for one more held pop of ``conn`` on the queue (RocketMQ's popPollingSize
         per queue; past it RocketMQ answers POLLING_FULL, here an empty answer)."""
-        return self._held_by_conn[conn] < self.max_held_per_connection and \
-            self._held_by_queue[(topic, queue_id)] < self.max_held_per_queue
+        return (
+            self._held_by_conn[conn] < self.max_held_per_connection
+            and self._held_by_queue[(topic, queue_id)] < self.max_held_per_queue
+        )
 
     def _release(self, h: HeldPop) -> None:
-        for counter, key in ((self._held_by_conn, h.conn),
-                             (self._held_by_queue, (h.topic, h.queue_id))):
+        for counter, key in (
+            (self._held_by_conn, h.conn),
+            (self._held_by_queue, (h.topic, h.queue_id)),
+        ):
             counter[key] -= 1
             if not counter[key]:
                 del counter[key]
@@ -293,8 +325,11 @@ class PopService:
         taken: list[PopQueueState] = []
         # Every queue of the group starts now, even those this pop does not reach, so the
         # init mode applies once per group rather than whenever a queue is first reached.
-        states = [(qid, cq, self._state(group, topic, qid, init_mode)) for qid in queue_ids
-                  if (cq := self.store.queues.get((topic, qid))) is not None]
+        states = [
+            (qid, cq, self._state(group, topic, qid, init_mode))
+            for qid in queue_ids
+            if (cq := self.store.queues.get((topic, qid))) is not None
+        ]
         try:  # a failed write (the DLQ copy, an ACK or the CK) leaves due messages due
             for qid, cq, state in states:
                 state.forget_below(cq.min_offset)
@@ -308,8 +343,16 @@ class PopService:
                 if due:
                     self._read_redeliveries(topic, qid, due, offsets, times, chunks, bodies)
                 if len(offsets) < remaining and len(state.inflight) < self.inflight_threshold:
-                    self._read_new(topic, qid, state.pop_offset, remaining - len(offsets),
-                                   offsets, times, chunks, bodies)
+                    self._read_new(
+                        topic,
+                        qid,
+                        state.pop_offset,
+                        remaining - len(offsets),
+                        offsets,
+                        times,
+                        chunks,
+                        bodies,
+                    )
                 if offsets:
                     entries.append((qid, offsets, times))
                     remaining -= len(offsets)
@@ -327,12 +370,21 @@ class PopService:
             raise
         for qid, offsets, times in entries:
             self.states[(group, topic, qid)].check_out(offsets, times, deadline, ck)
-        return response_pieces(frame, ext={"ck": ck, "pop_time_ms": now, "deadline_ms": deadline,
-                                           "chunks": chunks}, body=b"".join(bodies))
+        return response_pieces(
+            frame,
+            ext={"ck": ck, "pop_time_ms": now, "deadline_ms": deadline, "chunks": chunks},
+            body=b"".join(bodies),
+        )
 
-    def _dead_letter(self, group: str, topic: str, qid: int, state: PopQueueState,
-                     due: list[tuple[int, int]], max_reconsume_times: int
-                     ) -> list[tuple[int, int]]:
+    def _dead_letter(
+        self,
+        group: str,
+        topic: str,
+        qid: int,
+        state: PopQueueState,
+        due: list[tuple[int, int]],
+        max_reconsume_times: int,
+    ) -> list[tuple[int, int]]:
         """Due redeliveries past ``max_reconsume_times`` go to the group's DLQ and are
         acked (an ACK record, so a restart agrees); returns the others."""
         redeliver = [d for d in due if d[1] <= max_reconsume_times]
@@ -344,19 +396,40 @@ class PopService:
                 continue
             original = read_message(self.store, topic, qid, offset)
             if original is not None:  # None: removed by retention meanwhile
-                put_dead_letter(self.store, self.topics, group, original,
-                                copy_properties(original, topic, times), self.on_put)
+                put_dead_letter(
+                    self.store,
+                    self.topics,
+                    group,
+                    original,
+                    copy_properties(original, topic, times),
+                    self.on_put,
+                )
             acks.append((topic, qid, offset, state.inflight[offset][2]))
         self.revive.append_ack(group, acks)
         for _, _, offset, ck in acks:
             state.ack(offset, ck)
         self._commit_offsets(group, acks)
-        log.info("%s:%d: %d messages of group %s past %d redeliveries sent to its DLQ", topic,
-                 qid, len(acks), group, max_reconsume_times)
+        log.info(
+            "%s:%d: %d messages of group %s past %d redeliveries sent to its DLQ",
+            topic,
+            qid,
+            len(acks),
+            group,
+            max_reconsume_times,
+        )
         return redeliver
 
-    def _read_new(self, topic: str, qid: int, start: int, limit: int, offsets: list[int],
-                  times: list[int], chunks: list[list], bodies: list[bytes]) -> None:
+    def _read_new(
+        self,
+        topic: str,
+        qid: int,
+        start: int,
+        limit: int,
+        offsets: list[int],
+        times: list[int],
+        chunks: list[list],
+        bodies: list[bytes],
+    ) -> None:
         result = self.store.get_messages(topic, qid, start, limit, MAX_PULL_BYTES)
         if result.status is not GetStatus.FOUND:
             return
@@ -366,9 +439,16 @@ class PopService:
         chunks.append([qid, got, [0] * len(got), len(result.records)])
         bodies.append(result.records)
 
-    def _read_redeliveries(self, topic: str, qid: int, due: list[tuple[int, int]],
-                           offsets: list[int], times: list[int], chunks: list[list],
-                           bodies: list[bytes]) -> None:
+    def _read_redeliveries(
+        self,
+        topic: str,
+        qid: int,
+        due: list[tuple[int, int]],
+        offsets: list[int],
+        times: list[int],
+        chunks: list[list],
+        bodies: list[bytes],
+    ) -> None:
         """One chunk per record holding due offsets (they may share a batch record)."""
         record_end = -1
         for offset, reconsume_times in due:
@@ -394,8 +474,11 @@ class PopService:
             if topic in self.held:
                 by_topic.setdefault(topic, set()).add(qid)
         if by_topic:
-            self._retry_held(by_topic, lambda h: h.queue_id < 0 or h.queue_id in by_topic[h.topic],
-                             self.store.clock_ms())
+            self._retry_held(
+                by_topic,
+                lambda h: h.queue_id < 0 or h.queue_id in by_topic[h.topic],
+                self.store.clock_ms(),
+            )
 
     def _sweep(self) -> None:
         """Every ``HOLD_SWEEP_INTERVAL_S``: answer held pops whose poll time ran out, and
@@ -429,8 +512,9 @@ class PopService:
                 return True
         return False
 
-    def _retry_held(self, topics: Iterable[str], wanted: Callable[[HeldPop], bool],
-                    now: int) -> None:
+    def _retry_held(
+        self, topics: Iterable[str], wanted: Callable[[HeldPop], bool], now: int
+    ) -> None:
         """Answer again the held pops of ``topics`` that are ``wanted``; those past their
         poll time are answered even if they find nothing."""
         replies: list[tuple[Connection, list]] = []
@@ -465,24 +549,40 @@ class PopService:
     # -- ACK_MESSAGE / BATCH_ACK_MESSAGE ----------------------------------------------------
     def ack(self, conn: Connection, frame: Frame) -> list | None:
         ext = frame.ext
-        entry = (require(ext, "topic"), require(ext, "queue_id", int),
-                 require(ext, "offset", int), require(ext, "ck", int))
+        entry = (
+            require(ext, "topic"),
+            require(ext, "queue_id", int),
+            require(ext, "offset", int),
+            require(ext, "ck", int),
+        )
         stale, put = self._ack(require(ext, "group"), [entry])
         if stale:
             raise InvalidArgument(
                 f"receipt handle of {entry[0]}:{entry[1]} offset {entry[2]} is stale: its "
-                "invisible time ran out and it was delivered again (or it was never popped)")
+                "invisible time ran out and it was delivered again (or it was never popped)"
+            )
         return self._answer_durable(conn, frame, put, {})
 
     def batch_ack(self, conn: Connection, frame: Frame) -> list | None:
         group = require(frame.ext, "group")
         entries = unpack_body(frame.body)
-        if not isinstance(entries, list) or len(entries) > MAX_BATCH_ACK_ENTRIES or \
-                not all(isinstance(e, list) and len(e) == 4 and isinstance(e[0], str) and
-                        isinstance(e[1], int) and isinstance(e[2], int) and
-                        isinstance(e[3], int) for e in entries):
-            raise InvalidArgument(f"BATCH_ACK_MESSAGE body must be a list of at most "
-                                  f"{MAX_BATCH_ACK_ENTRIES} [topic, queue_id, offset, ck]")
+        if (
+            not isinstance(entries, list)
+            or len(entries) > MAX_BATCH_ACK_ENTRIES
+            or not all(
+                isinstance(e, list)
+                and len(e) == 4
+                and isinstance(e[0], str)
+                and isinstance(e[1], int)
+                and isinstance(e[2], int)
+                and isinstance(e[3], int)
+                for e in entries
+            )
+        ):
+            raise InvalidArgument(
+                f"BATCH_ACK_MESSAGE body must be a list of at most "
+                f"{MAX_BATCH_ACK_ENTRIES} [topic, queue_id, offset, ck]"
+            )
         stale, put = self._ack(group, entries)
         return self._answer_durable(conn, frame, put, {"stale": stale})
 
@@ -523,16 +623,24 @@ class PopService:
             if state is not None:
                 self.store.offsets.commit(group, key[1], key[2], state.consume_offset, now)
 
-    def _answer_durable(self, conn: Connection, frame: Frame, put: PutResult | None,
-                        answer: dict) -> list | None:
+    def _answer_durable(
+        self, conn: Connection, frame: Frame, put: PutResult | None, answer: dict
+    ) -> list | None:
         """Answer at once, or under sync flush once the ACK record is on disk."""
         if put is None or not self.flush.sync:
             return response_pieces(frame, ext=answer)
 
         def flushed(ok: bool) -> None:
-            conn.reply(response_pieces(frame, ext=answer) if ok else response_pieces(
-                frame, ResponseCode.FLUSH_DISK_TIMEOUT, ext=answer,
-                remark="flush to disk timed out; ack stored"))
+            conn.reply(
+                response_pieces(frame, ext=answer)
+                if ok
+                else response_pieces(
+                    frame,
+                    ResponseCode.FLUSH_DISK_TIMEOUT,
+                    ext=answer,
+                    remark="flush to disk timed out; ack stored",
+                )
+            )
 
         self.flush.wait_flushed(put.end_offset, flushed)
         return None
@@ -546,15 +654,18 @@ class PopService:
         qid, offset = require(ext, "queue_id", int), require(ext, "offset", int)
         invisible_ms = require(ext, "invisible_time_ms", int)
         if not 0 <= invisible_ms <= MAX_INVISIBLE_TIME_MS:
-            raise InvalidArgument(f"invisible_time_ms must be in 0..{MAX_INVISIBLE_TIME_MS}, "
-                                  f"got {invisible_ms}")
+            raise InvalidArgument(
+                f"invisible_time_ms must be in 0..{MAX_INVISIBLE_TIME_MS}, got {invisible_ms}"
+            )
         state = self.states.get((group, topic, qid))
         entry = state.lookup(offset, require(ext, "ck", int)) if state is not None else None
         if entry is None:
-            raise InvalidArgument(f"receipt handle of {topic}:{qid} offset {offset} is stale "
-                                  "or the message was acked")
+            raise InvalidArgument(
+                f"receipt handle of {topic}:{qid} offset {offset} is stale or the message was acked"
+            )
         deadline = self.store.clock_ms() + invisible_ms
-        ck = self.revive.append_ck(group, topic, deadline,
-                                   [(qid, [offset], [entry[1]])]).base_queue_offset
+        ck = self.revive.append_ck(
+            group, topic, deadline, [(qid, [offset], [entry[1]])]
+        ).base_queue_offset
         state.check_out([offset], [entry[1]], deadline, ck)
         return response_pieces(frame, ext={"ck": ck, "deadline_ms": deadline})

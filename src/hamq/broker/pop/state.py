@@ -14,6 +14,7 @@ ack in one range, not a set of millions), and the deadline heap is rebuilt once 
 entries outnumber the live ones. ``version`` counts changes, so a checkpoint re-encodes
 only the queues that changed.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -39,7 +40,8 @@ DEADLINE_SLACK = 1024
 class AckedRanges:
     """Offsets as sorted, disjoint ``[start, end)`` ranges. Acks arrive mostly in order, so
     they extend one range; memory follows the gaps between acked offsets, not their count."""
-    __slots__ = ("starts", "ends")
+
+    __slots__ = ("ends", "starts")
 
     def __init__(self) -> None:
         self.starts: list[int] = []
@@ -84,14 +86,17 @@ class AckedRanges:
 
     def keep(self, low: int, high: int) -> None:
         """Forget offsets outside ``[low, high)``."""
-        kept = [(max(s, low), min(e, high)) for s, e in zip(self.starts, self.ends)
-                if e > low and s < high]
+        kept = [
+            (max(s, low), min(e, high))
+            for s, e in zip(self.starts, self.ends)
+            if e > low and s < high
+        ]
         self.starts = [s for s, _ in kept]
         self.ends = [e for _, e in kept]
 
 
 class PopQueueState:
-    __slots__ = ("consume_offset", "pop_offset", "inflight", "acked", "version", "_deadlines")
+    __slots__ = ("_deadlines", "acked", "consume_offset", "inflight", "pop_offset", "version")
 
     def __init__(self, consume_offset: int) -> None:
         self.consume_offset = consume_offset
@@ -104,8 +109,9 @@ class PopQueueState:
         # ``DEADLINE_SLACK`` of them.
         self._deadlines: list[InFlight] = []
 
-    def check_out(self, offsets: Iterable[int], reconsume_times: Iterable[int],
-                  deadline_ms: int, ck: int) -> None:
+    def check_out(
+        self, offsets: Iterable[int], reconsume_times: Iterable[int], deadline_ms: int, ck: int
+    ) -> None:
         """Apply a checkpoint: these offsets are invisible until ``deadline_ms``."""
         inflight, push, heap = self.inflight, heapq.heappush, self._deadlines
         top = self.pop_offset
@@ -189,12 +195,15 @@ class PopQueueState:
 
     # -- snapshot (the revive checkpoint) ---------------------------------------------
     def to_wire(self) -> list:
-        return [self.consume_offset, self.pop_offset,
-                [[o, d, r, ck] for o, (d, r, ck) in self.inflight.items()],
-                [[s, e] for s, e in self.acked.ranges()]]
+        return [
+            self.consume_offset,
+            self.pop_offset,
+            [[o, d, r, ck] for o, (d, r, ck) in self.inflight.items()],
+            [[s, e] for s, e in self.acked.ranges()],
+        ]
 
     @staticmethod
-    def from_wire(data: list) -> "PopQueueState":
+    def from_wire(data: list) -> PopQueueState:
         consume_offset, pop_offset, inflight, acked = data
         state = PopQueueState(consume_offset)
         state.pop_offset = pop_offset

@@ -16,6 +16,7 @@ what was written. The timer log is fsynced before a progress that counts on it i
 and its segments are deleted only once a written progress is past them. Slaves never
 deliver (their log is the master's copy).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -61,61 +62,101 @@ def delay_level_of(properties: dict[str, str]) -> int:
 def deliver_time_of(properties: dict[str, str], now_ms: int) -> int:
     raw = properties[PROPERTY_TIMER_DELIVER_MS]
     if not raw.isdigit():
-        raise MessageIllegal(f"{PROPERTY_TIMER_DELIVER_MS} must be epoch milliseconds, "
-                             f"got {raw!r}")
+        raise MessageIllegal(f"{PROPERTY_TIMER_DELIVER_MS} must be epoch milliseconds, got {raw!r}")
     if int(raw) - now_ms > TIMER_MAX_DELAY_MS:
-        raise MessageIllegal(f"deliver time {raw} is more than {TIMER_MAX_DELAY_MS // 1000} s "
-                             "ahead (RocketMQ timerMaxDelaySec)")
+        raise MessageIllegal(
+            f"deliver time {raw} is more than {TIMER_MAX_DELAY_MS // 1000} s "
+            "ahead (RocketMQ timerMaxDelaySec)"
+        )
     return int(raw)
 
 
 class ScheduleMessageService:
-    def __init__(self, store: MessageStore, flush: FlushService, *,
-                 on_put: Callable[[str, int], None], after_put: Callable[[], None],
-                 flush_interval_ms: int) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        flush: FlushService,
+        *,
+        on_put: Callable[[str, int], None],
+        after_put: Callable[[], None],
+        flush_interval_ms: int,
+    ) -> None:
         self.store = store
         self.flush = flush
-        self.on_put = on_put        # wakes pulls held on a real queue
+        self.on_put = on_put  # wakes pulls held on a real queue
         self.after_put = after_put  # writes the log and ships it, as after a request
         self.progress = DelayOffsetManager(store.root, store.clock_ms(), disk=store.disk)
         self._timers: dict[int, asyncio.Handle] = {}  # queue id -> its armed wake-up
         self._next: dict[int, int] = {}  # level -> next offset to deliver (written before)
-        self.timers = TimerMessageService(store, SCHEDULE_TOPIC, TIMER_QUEUE_ID, self.progress,
-                                          self._deliver, after_put, self._when_durable)
-        self._written_end = 0            # commit-log end of the last delivery written
+        self.timers = TimerMessageService(
+            store,
+            SCHEDULE_TOPIC,
+            TIMER_QUEUE_ID,
+            self.progress,
+            self._deliver,
+            after_put,
+            self._when_durable,
+        )
+        self._written_end = 0  # commit-log end of the last delivery written
         self._running = False
-        self._persist = PeriodicTask("delay progress persist", flush_interval_ms / 1000,
-                                     self._persist_progress)
+        self._persist = PeriodicTask(
+            "delay progress persist", flush_interval_ms / 1000, self._persist_progress
+        )
 
     # -- storing (send path and send-back) -------------------------------------------------
-    def put_message(self, topic: str, queue_id: int, properties: dict[str, str], body: bytes,
-                    born_timestamp_ms: int) -> PutResult:
+    def put_message(
+        self,
+        topic: str,
+        queue_id: int,
+        properties: dict[str, str],
+        body: bytes,
+        born_timestamp_ms: int,
+    ) -> PutResult:
         """A sent message carrying DELAY or TIMER_DELIVER_MS."""
         if PROPERTY_DELAY_TIME_LEVEL in properties:
-            return self.put_delayed(topic, queue_id, properties, body, born_timestamp_ms,
-                                    delay_level_of(properties))
+            return self.put_delayed(
+                topic, queue_id, properties, body, born_timestamp_ms, delay_level_of(properties)
+            )
         due = deliver_time_of(properties, self.store.clock_ms())
         result = self._put(topic, queue_id, properties, body, born_timestamp_ms, TIMER_QUEUE_ID)
         self.timers.put(due, result)
         return result
 
-    def put_delayed(self, topic: str, queue_id: int, properties: dict[str, str], body: bytes,
-                    born_timestamp_ms: int, delay_level: int) -> PutResult:
+    def put_delayed(
+        self,
+        topic: str,
+        queue_id: int,
+        properties: dict[str, str],
+        body: bytes,
+        born_timestamp_ms: int,
+        delay_level: int,
+    ) -> PutResult:
         properties[PROPERTY_DELAY_TIME_LEVEL] = str(delay_level)
         level_queue = delay_level - 1
         result = self._put(topic, queue_id, properties, body, born_timestamp_ms, level_queue)
         if self._running and level_queue not in self._timers:
-            self._arm(level_queue, result.store_timestamp_ms + DELAY_LEVELS_MS[level_queue],
-                      self._deliver_level)
+            self._arm(
+                level_queue,
+                result.store_timestamp_ms + DELAY_LEVELS_MS[level_queue],
+                self._deliver_level,
+            )
         return result
 
-    def _put(self, topic: str, queue_id: int, properties: dict[str, str], body: bytes,
-             born_timestamp_ms: int, schedule_queue: int) -> PutResult:
+    def _put(
+        self,
+        topic: str,
+        queue_id: int,
+        properties: dict[str, str],
+        body: bytes,
+        born_timestamp_ms: int,
+        schedule_queue: int,
+    ) -> PutResult:
         properties[PROPERTY_REAL_TOPIC] = topic
         properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
         payload = encode_message(body, encode_properties(properties))
-        return self.store.put_batch(SCHEDULE_TOPIC, schedule_queue, payload, 1,
-                                    zlib.crc32(payload), born_timestamp_ms)
+        return self.store.put_batch(
+            SCHEDULE_TOPIC, schedule_queue, payload, 1, zlib.crc32(payload), born_timestamp_ms
+        )
 
     def get_all_delay_offset(self, conn: Connection, frame: Frame) -> list:
         """GET_ALL_DELAY_OFFSET: the progress table, for a slave's SlaveSynchronize."""
@@ -148,8 +189,9 @@ class ScheduleMessageService:
         self._timers.clear()
         if self._written_end:
             durable = asyncio.get_running_loop().create_future()
-            when_durable(self.flush, self._written_end,
-                         lambda ok: durable.done() or durable.set_result(ok))
+            when_durable(
+                self.flush, self._written_end, lambda ok: durable.done() or durable.set_result(ok)
+            )
             await durable
         self.timers.save_progress()
         snapshot = self.progress.snapshot()
@@ -243,12 +285,12 @@ class ScheduleMessageService:
             properties.pop(name, None)
         config = self.store.topics.get(topic)
         if config is None:
-            log.warning("dropping a scheduled message for topic %r, which no longer exists",
-                        topic)
+            log.warning("dropping a scheduled message for topic %r, which no longer exists", topic)
             return 0
         queue_id %= config.write_queue_nums
         payload = encode_message(msg.body, encode_properties(properties))
-        put = self.store.put_batch(topic, queue_id, payload, 1, zlib.crc32(payload),
-                                   msg.born_timestamp_ms)
+        put = self.store.put_batch(
+            topic, queue_id, payload, 1, zlib.crc32(payload), msg.born_timestamp_ms
+        )
         self.on_put(topic, queue_id)
         return put.end_offset

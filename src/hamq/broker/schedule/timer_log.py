@@ -9,6 +9,7 @@ or a power loss keeps the prefix of valid records and cuts the rest: the timer q
 the commit log stays the source of truth, and whatever the cut lost is indexed again from
 it. The oldest segments are deleted once every timer in them is due before the read cursor.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,7 +29,7 @@ RECORD = struct.Struct("<qqqqI4x")
 RECORD_SIZE = RECORD.size  # 40 bytes
 _CHECKED = struct.Struct("<qqqq")  # the part the CRC covers
 SEGMENT_RECORDS = 1 << 20  # 40 MiB segment files
-SCAN_RECORDS = 1 << 15     # records read per step of recovery
+SCAN_RECORDS = 1 << 15  # records read per step of recovery
 ID_FILE = "id"
 
 
@@ -45,18 +46,19 @@ def _segment_name(first_pos: int) -> str:
 
 
 class TimerLog:
-    def __init__(self, directory: Path, *, disk: Disk = OS_DISK,
-                 segment_records: int = SEGMENT_RECORDS) -> None:
+    def __init__(
+        self, directory: Path, *, disk: Disk = OS_DISK, segment_records: int = SEGMENT_RECORDS
+    ) -> None:
         self.directory = directory
         self.disk = disk
         self.segment_records = segment_records
-        self._files: dict[int, DiskFile] = {}    # first position -> open segment
-        self._max_due: dict[int, int] = {}       # first position -> latest due in it
-        self._dirty: set[int] = set()            # segments written since the last fsync
-        self._new_file = False                   # a segment created since the last fsync
-        self._lock = threading.Lock()            # fsync runs in a worker thread
-        self.end = 0                             # position of the next record
-        self.cut = False                         # recovery cut records off
+        self._files: dict[int, DiskFile] = {}  # first position -> open segment
+        self._max_due: dict[int, int] = {}  # first position -> latest due in it
+        self._dirty: set[int] = set()  # segments written since the last fsync
+        self._new_file = False  # a segment created since the last fsync
+        self._lock = threading.Lock()  # fsync runs in a worker thread
+        self.end = 0  # position of the next record
+        self.cut = False  # recovery cut records off
         disk.mkdir(directory)
         id_path = directory / ID_FILE
         if not disk.exists(id_path):
@@ -69,8 +71,7 @@ class TimerLog:
         that is torn, zero or fails its CRC (and drop every segment after it). The next
         ``fsync`` syncs every segment and the directory: a killed process may have left
         them unsynced."""
-        firsts = sorted(int(name) for name in self.disk.listdir(self.directory)
-                        if name.isdigit())
+        firsts = sorted(int(name) for name in self.disk.listdir(self.directory) if name.isdigit())
         self._new_file = True
         expected = firsts[0] if firsts else 0
         self.end = expected
@@ -85,8 +86,11 @@ class TimerLog:
             self._dirty.add(first)  # a killed process may have left it unsynced
             valid = self._scan(first, file, visit)
             if valid < file.size():
-                log.warning("timer log %s cut at record %d (torn or damaged tail)",
-                            file.path.name, valid // RECORD_SIZE)
+                log.warning(
+                    "timer log %s cut at record %d (torn or damaged tail)",
+                    file.path.name,
+                    valid // RECORD_SIZE,
+                )
                 file.truncate(valid)
                 self.cut = True
             # a segment not full is the last: any later one is cut with it
@@ -100,8 +104,9 @@ class TimerLog:
         at = 0
         while at + RECORD_SIZE <= size:
             chunk = file.pread(min(SCAN_RECORDS * RECORD_SIZE, size - at), at)
-            for i, (prev, due, offset, physical, crc) in enumerate(RECORD.iter_unpack(
-                    chunk[:len(chunk) - len(chunk) % RECORD_SIZE])):
+            for i, (prev, due, offset, physical, crc) in enumerate(
+                RECORD.iter_unpack(chunk[: len(chunk) - len(chunk) % RECORD_SIZE])
+            ):
                 if crc != zlib.crc32(_CHECKED.pack(prev, due, offset, physical)):
                     return at + i * RECORD_SIZE
                 self._max_due[first] = max(self._max_due[first], due)

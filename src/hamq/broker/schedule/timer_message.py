@@ -10,6 +10,7 @@ delivered copies are durable (``when_durable``), and the timer log is fsynced be
 progress counting on it is written (``fsync_log``), so a restart after ``kill -9`` or a
 power loss delivers every timer at least once, a clean restart once.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -41,31 +42,37 @@ TIMER_LOG_DIR = "timerlog"
 
 
 class TimerMessageService:
-    def __init__(self, store: MessageStore, topic: str, queue_id: int,
-                 progress: DelayOffsetManager, deliver: Callable[[StoredMessage], int],
-                 after_put: Callable[[], None],
-                 when_durable: Callable[[int, Callable[[], None]], None]) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        topic: str,
+        queue_id: int,
+        progress: DelayOffsetManager,
+        deliver: Callable[[StoredMessage], int],
+        after_put: Callable[[], None],
+        when_durable: Callable[[int, Callable[[], None]], None],
+    ) -> None:
         self.store = store
-        self.topic = topic              # where timer messages wait: (topic, queue_id)
+        self.topic = topic  # where timer messages wait: (topic, queue_id)
         self.queue_id = queue_id
         self.progress = progress
-        self.deliver = deliver          # stores a message in its real queue: its log end
+        self.deliver = deliver  # stores a message in its real queue: its log end
         self.after_put = after_put
         self.when_durable = when_durable
         self._handle: asyncio.TimerHandle | None = None
-        self._wake_ms = 0               # when the armed wake-up runs
+        self._wake_ms = 0  # when the armed wake-up runs
         self._running = False
         self._wheel: TimerWheel | None = None
-        self._enqueue_offset = 0        # next timer-queue offset to index
-        self._read_ms = 0               # slot the cursor is at
-        self._slot_pos = -1             # the open slot's window starts here (-1: none open)
-        self._slot_done = 0             # window timers durably delivered
+        self._enqueue_offset = 0  # next timer-queue offset to index
+        self._read_ms = 0  # slot the cursor is at
+        self._slot_pos = -1  # the open slot's window starts here (-1: none open)
+        self._slot_done = 0  # window timers durably delivered
         self._window: list[TimerRecord] = []
-        self._window_next = -1          # where the open slot's walk goes on (-1: its end)
-        self._window_written = 0        # window timers written (delivery goes on from here)
+        self._window_next = -1  # where the open slot's walk goes on (-1: its end)
+        self._window_written = 0  # window timers written (delivery goes on from here)
         self._logged: set[int] = set()  # indexed past the saved progress (restart only)
-        self._rebuilt_below = 0         # a rebuilt index skips delivered timers below this
-        self._rebuilt_before_ms = 0     # ...due before this
+        self._rebuilt_below = 0  # a rebuilt index skips delivered timers below this
+        self._rebuilt_before_ms = 0  # ...due before this
 
     def start(self) -> None:
         """Master only: open the index and start delivering. A member that was master
@@ -94,18 +101,26 @@ class TimerMessageService:
     def put(self, due_ms: int, result: PutResult) -> None:
         """A timer message was stored: index it now if the index is caught up, else let
         delivery index it from the queue."""
-        if self._running and not (result.base_queue_offset == self._enqueue_offset and
-                                  self._index(due_ms, result.base_queue_offset,
-                                              result.physical_offset)):
+        if self._running and not (
+            result.base_queue_offset == self._enqueue_offset
+            and self._index(due_ms, result.base_queue_offset, result.physical_offset)
+        ):
             if self._handle is None or self._wake_ms > self.store.clock_ms():
                 self._wake(0)  # not one wake-up per send while a backlog waits
 
     def save_progress(self) -> None:
         """Put the cursor into the progress table (before a snapshot of it)."""
         if self._wheel is not None:
-            self.progress.set_timer(TimerProgress(
-                self._enqueue_offset, self._read_ms, self._slot_pos, self._slot_done,
-                self._wheel.log.log_id), self.store.clock_ms())
+            self.progress.set_timer(
+                TimerProgress(
+                    self._enqueue_offset,
+                    self._read_ms,
+                    self._slot_pos,
+                    self._slot_done,
+                    self._wheel.log.log_id,
+                ),
+                self.store.clock_ms(),
+            )
 
     def fsync_log(self) -> None:
         """Make the timer log durable (before a progress counting on it is written; safe
@@ -136,8 +151,11 @@ class TimerMessageService:
         timer_log = TimerLog(directory, disk=self.store.disk)
         if timer_log.log_id != saved.log_id:
             if saved.log_id:
-                log.warning("timer log %s is not the one the progress names: indexing the "
-                            "timer queue again", timer_log.log_id)
+                log.warning(
+                    "timer log %s is not the one the progress names: indexing the "
+                    "timer queue again",
+                    timer_log.log_id,
+                )
             timer_log.close()
             self.store.disk.rmtree(directory)
             timer_log = TimerLog(directory, disk=self.store.disk)
@@ -148,12 +166,15 @@ class TimerMessageService:
         else:
             self._enqueue_offset = saved.queue_offset
         self._wheel = wheel = TimerWheel(timer_log)
-        self._read_ms, self._slot_pos, self._slot_done = (saved.read_ms, saved.slot_pos,
-                                                          saved.slot_done)
+        self._read_ms, self._slot_pos, self._slot_done = (
+            saved.read_ms,
+            saved.slot_pos,
+            saved.slot_done,
+        )
         if not self._read_ms:  # the first start: the cursor starts now
             self._read_ms = self.store.clock_ms() // SLOT_MS * SLOT_MS
         after: list[TimerRecord] = []  # indexed after the saved progress
-        last = -1                       # the last timer-queue offset indexed
+        last = -1  # the last timer-queue offset indexed
 
         def visit(record: TimerRecord) -> None:
             nonlocal last
@@ -193,13 +214,15 @@ class TimerMessageService:
         if self._enqueue_offset >= self.store.max_offset(self.topic, self.queue_id):
             self._logged.clear()
             return False
-        batch = read_messages(self.store, self.topic, self.queue_id,
-                              self._enqueue_offset, SCAN_BATCH)
+        batch = read_messages(
+            self.store, self.topic, self.queue_id, self._enqueue_offset, SCAN_BATCH
+        )
         for msg in batch:
             due = int(msg.properties[PROPERTY_TIMER_DELIVER_MS])
             if msg.queue_offset in self._logged or (
-                    msg.queue_offset < self._rebuilt_below and
-                    max(due, msg.store_timestamp_ms) < self._rebuilt_before_ms):
+                msg.queue_offset < self._rebuilt_below
+                and max(due, msg.store_timestamp_ms) < self._rebuilt_before_ms
+            ):
                 self._enqueue_offset = msg.queue_offset + 1  # indexed, or delivered
                 continue
             if not self._index(due, msg.queue_offset, msg.physical_offset):
@@ -265,8 +288,11 @@ class TimerMessageService:
         window = self._window
         first = written = self._window_written
         end = 0
-        while written < len(window) and window[written].due_ms <= now \
-                and written - first < DELIVER_BATCH:
+        while (
+            written < len(window)
+            and window[written].due_ms <= now
+            and written - first < DELIVER_BATCH
+        ):
             msg = self._message_of(window[written])
             if msg is not None:
                 end = max(end, self.deliver(msg))
@@ -283,8 +309,11 @@ class TimerMessageService:
         record outlived it (a power loss cut the commit log under the record, and another
         message now has its offset: that one has a record of its own)."""
         msg = read_message(self.store, self.topic, self.queue_id, record.queue_offset)
-        if msg is None or msg.physical_offset != record.physical_offset or \
-                int(msg.properties[PROPERTY_TIMER_DELIVER_MS]) > record.due_ms:
+        if (
+            msg is None
+            or msg.physical_offset != record.physical_offset
+            or int(msg.properties[PROPERTY_TIMER_DELIVER_MS]) > record.due_ms
+        ):
             return None
         return msg
 

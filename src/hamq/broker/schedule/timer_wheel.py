@@ -8,6 +8,7 @@ A slot is reused every ``WHEEL_SLOTS`` seconds; the schedule service never adds 
 whole turn or more ahead of the read cursor (``fits``), so a chain holds one second's
 timers only, and a walk stops at a record of another second (left by an earlier turn).
 """
+
 from __future__ import annotations
 
 from array import array
@@ -56,8 +57,9 @@ class TimerWheel:
         """The slot at ``slot_ms`` is delivered; its next turn starts a new chain."""
         self._tails[self._slot(slot_ms)] = -1
 
-    def window(self, slot_ms: int, from_pos: int,
-               limit: int = WINDOW) -> tuple[list[TimerRecord], int]:
+    def window(
+        self, slot_ms: int, from_pos: int, limit: int = WINDOW
+    ) -> tuple[list[TimerRecord], int]:
         """Up to ``limit`` timers of the slot starting at ``slot_ms``, walking its chain
         back from ``from_pos``, sorted by (due, queue offset); and the position the walk
         goes on from (-1: the chain ended)."""

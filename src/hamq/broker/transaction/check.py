@@ -15,6 +15,7 @@ next one continues after them, so many waiting halves never starve the younger o
 Check counts are kept in memory: after a restart counting starts again, which only means
 more checks (RocketMQ keeps them by re-storing the half message).
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,8 +48,14 @@ _UNPARSABLE = (KeyError, TypeError, ValueError, AttributeError, MessageIllegal)
 
 
 class TransactionalMessageCheckService:
-    def __init__(self, transactions: TransactionalMessageService, clients: ClientManager,
-                 config: BrokerConfig, *, after_put: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        transactions: TransactionalMessageService,
+        clients: ClientManager,
+        config: BrokerConfig,
+        *,
+        after_put: Callable[[], None],
+    ) -> None:
         self.transactions = transactions
         self.clients = clients
         self.after_put = after_put  # writes the log and ships it, as after a request
@@ -57,9 +64,12 @@ class TransactionalMessageCheckService:
         self._checks: dict[int, int] = {}  # half offset -> checks sent
         self._resume_at = 0  # the half offset the next round starts at
         self._unreadable: set[int] = set()  # half offsets skipped: see check()
-        self._rounds = PeriodicTask("transaction check",
-                                    config.transaction_check_interval_ms / 1000, self.check,
-                                    (HamqError, OSError))
+        self._rounds = PeriodicTask(
+            "transaction check",
+            config.transaction_check_interval_ms / 1000,
+            self.check,
+            (HamqError, OSError),
+        )
 
     def start(self) -> None:
         """Master only: read the decisions back (a member that was a slave has the op log
@@ -93,8 +103,11 @@ class TransactionalMessageCheckService:
                 # Stored before sends checked properties: no producer can be asked about it
                 # (that needs its group and real queue); it is left for END_TRANSACTION or
                 # retention instead of stopping every later check.
-                log.error("half message %d has properties that cannot be read (%r); it is "
-                          "not checked", offset, err)
+                log.error(
+                    "half message %d has properties that cannot be read (%r); it is not checked",
+                    offset,
+                    err,
+                )
                 COUNTS.records_skipped += 1
                 self._unreadable.add(offset)
         self._resume_at = resume_at
@@ -123,10 +136,16 @@ class TransactionalMessageCheckService:
         topic = properties.pop(PROPERTY_REAL_TOPIC)
         properties.pop(PROPERTY_REAL_QUEUE_ID)
         channel = channels[checks % len(channels)]
-        channel.conn.oneway(RequestCode.CHECK_TRANSACTION_STATE,
-                            {"group": group, "topic": topic, "tran_state_table_offset": offset,
-                             "msg_id": msg.msg_id},
-                            encode_message(msg.body, encode_properties(properties)))
+        channel.conn.oneway(
+            RequestCode.CHECK_TRANSACTION_STATE,
+            {
+                "group": group,
+                "topic": topic,
+                "tran_state_table_offset": offset,
+                "msg_id": msg.msg_id,
+            },
+            encode_message(msg.body, encode_properties(properties)),
+        )
         return False
 
 

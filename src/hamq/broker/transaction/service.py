@@ -16,6 +16,7 @@ A half message with ``TRAN_BATCH = n`` carries a whole encoded batch as its body
 extension for the Spark sink): committing it stores the ``n`` messages as one record, so a
 transactional write costs one half and one commit per batch, not per message.
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,7 +43,7 @@ from hamq.store.message_store import MessageStore, PutResult
 
 log = logging.getLogger(__name__)
 
-HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"        # RocketMQ TopicValidator.RMQ_SYS_TRANS_HALF_TOPIC
+HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"  # RocketMQ TopicValidator.RMQ_SYS_TRANS_HALF_TOPIC
 OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"  # RocketMQ TopicValidator.RMQ_SYS_TRANS_OP_HALF_TOPIC
 HALF_QUEUE_ID = 0
 OP_QUEUE_ID = 0
@@ -51,8 +52,14 @@ SCAN_BATCH = 1024
 
 
 class TransactionalMessageService:
-    def __init__(self, store: MessageStore, flush: FlushService, role: RoleState, *,
-                 on_put: Callable[[str, int], None]) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        flush: FlushService,
+        role: RoleState,
+        *,
+        on_put: Callable[[str, int], None],
+    ) -> None:
         self.store = store
         self.flush = flush
         self.max_message_bytes = store.config.max_message_size
@@ -74,18 +81,28 @@ class TransactionalMessageService:
             for op in batch:
                 self._mark_decided(int(op.body))
             offset = batch[-1].queue_offset + 1
-        log.info("transactions: %d half messages, all decided below %d",
-                 self.store.max_offset(HALF_TOPIC, HALF_QUEUE_ID), self.decided_below)
+        log.info(
+            "transactions: %d half messages, all decided below %d",
+            self.store.max_offset(HALF_TOPIC, HALF_QUEUE_ID),
+            self.decided_below,
+        )
 
     # -- half messages -------------------------------------------------------------------
-    def put_half(self, topic: str, queue_id: int, properties: dict[str, str], body: bytes,
-                 born_timestamp_ms: int) -> PutResult:
+    def put_half(
+        self,
+        topic: str,
+        queue_id: int,
+        properties: dict[str, str],
+        body: bytes,
+        born_timestamp_ms: int,
+    ) -> PutResult:
         if not properties.get(PROPERTY_PRODUCER_GROUP):
-            raise InvalidArgument(f"a transaction message needs property {PROPERTY_PRODUCER_GROUP}"
-                                  " (its producer group, asked when the outcome is unknown)")
+            raise InvalidArgument(
+                f"a transaction message needs property {PROPERTY_PRODUCER_GROUP}"
+                " (its producer group, asked when the outcome is unknown)"
+            )
         if PROPERTY_TRANSACTION_BATCH in properties:
-            validate_batch(body, _batch_count(properties), zlib.crc32(body),
-                           self.max_message_bytes)
+            validate_batch(body, _batch_count(properties), zlib.crc32(body), self.max_message_bytes)
         properties[PROPERTY_REAL_TOPIC] = topic
         properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
         return self._put(HALF_TOPIC, HALF_QUEUE_ID, properties, body, born_timestamp_ms)
@@ -94,8 +111,11 @@ class TransactionalMessageService:
         """Decided, or decided earlier in this event-loop turn (so a repeated
         END_TRANSACTION in one read does not commit twice)."""
         self._settle()
-        return half_offset < self.decided_below or half_offset in self._decided or \
-            any(half == half_offset for half, _, _ in self._staged)
+        return (
+            half_offset < self.decided_below
+            or half_offset in self._decided
+            or any(half == half_offset for half, _, _ in self._staged)
+        )
 
     def undecided(self, start: int = 0) -> Iterator[int]:
         """Offsets of undecided half messages from ``start`` that are still retained,
@@ -121,29 +141,33 @@ class TransactionalMessageService:
         try:
             state = TransactionState(require(ext, "commit_or_rollback"))
         except ValueError:
-            raise InvalidArgument("commit_or_rollback must be one of "
-                                  f"{[s.value for s in TransactionState]}") from None
+            raise InvalidArgument(
+                f"commit_or_rollback must be one of {[s.value for s in TransactionState]}"
+            ) from None
         group = require_name(ext, "group")
         half_end = self.store.max_offset(HALF_TOPIC, HALF_QUEUE_ID)
         if half_offset >= half_end:
             # Not a half message (an offset -1 or past the end was answered SUCCESS, as if
             # a transaction had been decided).
-            raise InvalidArgument(f"request field 'tran_state_table_offset' {half_offset} is "
-                                  f"not a half message: half offsets are below {half_end}")
+            raise InvalidArgument(
+                f"request field 'tran_state_table_offset' {half_offset} is "
+                f"not a half message: half offsets are below {half_end}"
+            )
         op = None
         if state is not TransactionState.UNKNOW and not self.is_decided(half_offset):
             msg = self.half_message(half_offset)
             if msg.properties.get(PROPERTY_PRODUCER_GROUP) != group:
-                raise InvalidArgument(f"half message {half_offset} belongs to producer group "
-                                      f"{msg.properties.get(PROPERTY_PRODUCER_GROUP)!r}, not "
-                                      f"{group!r}")
+                raise InvalidArgument(
+                    f"half message {half_offset} belongs to producer group "
+                    f"{msg.properties.get(PROPERTY_PRODUCER_GROUP)!r}, not "
+                    f"{group!r}"
+                )
             op = self.decide(msg, state)
         if frame.is_oneway:
             return None
         # Under sync flush the producer learns of the commit once it is on disk, as for
         # a send (RocketMQ's endTransaction puts the final message like a send).
-        return answer_when_durable(self.flush, conn, frame, op and op.end_offset, {},
-                                   "decision")
+        return answer_when_durable(self.flush, conn, frame, op and op.end_offset, {}, "decision")
 
     def decide(self, msg: StoredMessage, state: TransactionState) -> PutResult:
         """Commit (re-store in the real queue) or roll back, and log the decision; returns
@@ -159,14 +183,16 @@ class TransactionalMessageService:
             else:
                 queue_id %= config.write_queue_nums
                 if PROPERTY_TRANSACTION_BATCH in properties:
-                    self._put_payload(topic, queue_id, msg.body, _batch_count(properties),
-                                      msg.born_timestamp_ms)
+                    self._put_payload(
+                        topic, queue_id, msg.body, _batch_count(properties), msg.born_timestamp_ms
+                    )
                 else:
                     self._put(topic, queue_id, properties, msg.body, msg.born_timestamp_ms)
                 self.on_put(topic, queue_id)
         self._settle()  # before the op queue can grow again: see _settle
-        op = self._put(OP_HALF_TOPIC, OP_QUEUE_ID, {}, str(msg.queue_offset).encode(),
-                       msg.born_timestamp_ms)
+        op = self._put(
+            OP_HALF_TOPIC, OP_QUEUE_ID, {}, str(msg.queue_offset).encode(), msg.born_timestamp_ms
+        )
         self._staged.append((msg.queue_offset, op.base_queue_offset, op.end_offset))
         return op
 
@@ -183,8 +209,11 @@ class TransactionalMessageService:
         still = []
         for half, op_offset, end in self._staged:
             if op_offset >= op_end:
-                log.warning("decision on half message %d lost with a failed write; it will be "
-                            "checked again", half)
+                log.warning(
+                    "decision on half message %d lost with a failed write; it will be "
+                    "checked again",
+                    half,
+                )
             elif end <= written:
                 self._mark_decided(half)
             else:
@@ -197,21 +226,35 @@ class TransactionalMessageService:
             self._decided.discard(self.decided_below)
             self.decided_below += 1
 
-    def _put(self, topic: str, queue_id: int, properties: dict[str, str], body: bytes,
-             born_timestamp_ms: int) -> PutResult:
-        return self._put_payload(topic, queue_id,
-                                 encode_message(body, encode_properties(properties)), 1,
-                                 born_timestamp_ms)
+    def _put(
+        self,
+        topic: str,
+        queue_id: int,
+        properties: dict[str, str],
+        body: bytes,
+        born_timestamp_ms: int,
+    ) -> PutResult:
+        return self._put_payload(
+            topic,
+            queue_id,
+            encode_message(body, encode_properties(properties)),
+            1,
+            born_timestamp_ms,
+        )
 
-    def _put_payload(self, topic: str, queue_id: int, payload: bytes, count: int,
-                     born_timestamp_ms: int) -> PutResult:
-        return self.store.put_batch(topic, queue_id, payload, count, zlib.crc32(payload),
-                                    born_timestamp_ms)
+    def _put_payload(
+        self, topic: str, queue_id: int, payload: bytes, count: int, born_timestamp_ms: int
+    ) -> PutResult:
+        return self.store.put_batch(
+            topic, queue_id, payload, count, zlib.crc32(payload), born_timestamp_ms
+        )
 
 
 def _batch_count(properties: dict[str, str]) -> int:
     try:
         return int(properties[PROPERTY_TRANSACTION_BATCH])
     except ValueError:
-        raise InvalidArgument(f"{PROPERTY_TRANSACTION_BATCH} must be a message count, not "
-                              f"{properties[PROPERTY_TRANSACTION_BATCH]!r}") from None
+        raise InvalidArgument(
+            f"{PROPERTY_TRANSACTION_BATCH} must be a message count, not "
+            f"{properties[PROPERTY_TRANSACTION_BATCH]!r}"
+        ) from None
