@@ -91,6 +91,9 @@ class Connection(asyncio.BufferedProtocol):
         # before anything else runs, so while one waits _pending is full (and a new request
         # queues behind it).
         self._waiting: deque[WaitingRequest] = deque()
+        # Callbacks of waiting requests whose caller gave up (cancelled its future): they are
+        # never written, and leave _waiting when reached or at the next sweep.
+        self._abandoned: set[ResponseCallback] = set()
         self._sweeper: asyncio.TimerHandle | None = None
         self._paused = False
         self._drain_waiters: list[asyncio.Future] = []
@@ -210,6 +213,7 @@ class Connection(asyncio.BufferedProtocol):
             self._sweeper.cancel()
         pending, self._pending = self._pending, {}
         waiting, self._waiting = self._waiting, deque()
+        self._abandoned.clear()
         err = ConnectionLost(f"connection to {self.peer} lost" + (f": {exc}" if exc else ""))
         for _, callback in pending.values():
             callback(None, err)
@@ -409,6 +413,14 @@ class Connection(asyncio.BufferedProtocol):
                     future.set_result(frame)
 
         self.request_cb(code, done, ext, body, timeout_s)
+        if self._waiting and self._waiting[-1][2] is done:
+            # A caller that gives up on a request not written yet (a cancel, wait_for running
+            # out) may send it again: written as well, it would go out twice.
+            def abandon(future: asyncio.Future) -> None:
+                if future.cancelled():
+                    self._abandoned.add(done)
+
+            future.add_done_callback(abandon)
         return future
 
     def oneway(self, code: int, ext: dict[str, Any] | None = None, body: bytes = b"") -> None:
@@ -430,10 +442,22 @@ class Connection(asyncio.BufferedProtocol):
     # -- internals --------------------------------------------------------------------
     def _write_waiting(self) -> None:
         """Write waiting requests, oldest first, while fewer than MAX_INFLIGHT_REQUESTS are
-        unanswered."""
-        waiting, pending = self._waiting, self._pending
+        unanswered. One past its deadline times out unwritten (room can come before the
+        sweep does): its caller is told it timed out, so a retry must not find it sent."""
+        waiting, pending, abandoned = self._waiting, self._pending, self._abandoned
+        now = monotonic_s()
+        late: list[ResponseCallback] = []
         while waiting and len(pending) < MAX_INFLIGHT_REQUESTS:
-            self._write_request(*waiting.popleft())
+            request = waiting.popleft()
+            callback = request[2]
+            if callback in abandoned:
+                abandoned.discard(callback)
+            elif request[0] <= now:
+                late.append(callback)
+            else:
+                self._write_request(*request)
+        for callback in late:
+            callback(None, RequestTimeout(f"no response from {self.peer} in time"))
 
     def _sweep(self) -> None:
         self._sweeper = None
@@ -442,9 +466,11 @@ class Connection(asyncio.BufferedProtocol):
         callbacks = [self._pending.pop(opaque)[1] for opaque in expired]
         if self._waiting:
             # Waiting requests time out too, without ever being written.
-            callbacks += [w[2] for w in self._waiting if w[0] <= now]
-            self._waiting = deque(w for w in self._waiting if w[0] > now)
+            abandoned = self._abandoned
+            callbacks += [w[2] for w in self._waiting if w[0] <= now and w[2] not in abandoned]
+            self._waiting = deque(w for w in self._waiting if w[0] > now and w[2] not in abandoned)
             self._write_waiting()
+        self._abandoned.clear()  # none of them is waiting any more
         for callback in callbacks:
             callback(None, RequestTimeout(f"no response from {self.peer} in time"))
         if self._pending and not self.is_closed:
