@@ -138,7 +138,9 @@ class MasterLink:
     def on_ack(
         self, key: Hashable, ext: dict, now_ms: int
     ) -> list[tuple[AckCallback, ReplicaStatus]]:
-        return self.core.on_ack(key, require(ext, "ack_offset", int), now_ms)
+        ack_offset = require(ext, "ack_offset", int)
+        received = require(ext, "received_offset", int) if "received_offset" in ext else None
+        return self.core.on_ack(key, ack_offset, now_ms, received)
 
 
 class SlaveLink:
@@ -157,6 +159,11 @@ class SlaveLink:
     @property
     def ack_offset(self) -> int:
         return self.store.commitlog.max_offset
+
+    def ack(self) -> dict:
+        """An HA_ACK's fields: the whole records written (what quorum counts) and the bytes
+        received, a partial last record included (what the master's window counts)."""
+        return {"ack_offset": self.ack_offset, "received_offset": self.store.replica_offset}
 
     def begin(self) -> dict:
         """The first handshake request of a new session."""
@@ -256,6 +263,11 @@ class HAMaster:
         return decision.need_ack_nums
 
     def wait_for_acks(self, end_offset: int, need_ack_nums: int, callback: AckCallback) -> None:
+        if not self._housekeeping.running:
+            # stopped (this member became a slave) while the send waited for its fsync:
+            # no slave will ack it and no sweep would ever time it out
+            callback(ReplicaStatus.SLAVE_NOT_AVAILABLE)
+            return
         self.core.wait_for_acks(
             end_offset, need_ack_nums, monotonic_ms(), self.config.sync_flush_timeout_ms, callback
         )
@@ -331,6 +343,7 @@ class HAMaster:
                     "broker_id": s.broker_id,
                     "state": s.state.name,
                     "ack_offset": s.ack_offset,
+                    "received_offset": s.received_offset,
                     "behind_bytes": master_offset - s.ack_offset,
                 }
                 for s in self.core.slaves.values()
@@ -380,7 +393,7 @@ class HASlave:
             conn.close()
             return None
         self.on_arrival(arrived)
-        conn.oneway(RequestCode.HA_ACK, {"ack_offset": self.link.ack_offset})
+        conn.oneway(RequestCode.HA_ACK, self.link.ack())
         return None
 
     def after_batch(self) -> None:
@@ -417,7 +430,7 @@ class HASlave:
             interval_s = self.config.ha_send_heartbeat_interval_ms / 1000
             while not conn.is_closed and self.members.master_ha_addr == addr:
                 if self.state is HAConnectionState.TRANSFER:
-                    conn.oneway(RequestCode.HA_ACK, {"ack_offset": self.link.ack_offset})
+                    conn.oneway(RequestCode.HA_ACK, self.link.ack())
                 try:
                     await asyncio.wait_for(asyncio.shield(conn.closed), interval_s)
                 except TimeoutError:
@@ -448,7 +461,7 @@ class HASlave:
         else:
             self.state = HAConnectionState.TRANSFER
             log.info("attached to master %s at offset %d", conn.peer, self.link.ack_offset)
-            conn.oneway(RequestCode.HA_ACK, {"ack_offset": self.link.ack_offset})
+            conn.oneway(RequestCode.HA_ACK, self.link.ack())
 
     def status(self) -> dict:
         return {
