@@ -138,9 +138,7 @@ class MasterLink:
     def on_ack(
         self, key: Hashable, ext: dict, now_ms: int
     ) -> list[tuple[AckCallback, ReplicaStatus]]:
-        ack_offset = require(ext, "ack_offset", int)
-        received = require(ext, "received_offset", int) if "received_offset" in ext else None
-        return self.core.on_ack(key, ack_offset, now_ms, received)
+        return self.core.on_ack(key, require(ext, "ack_offset", int), now_ms)
 
 
 class SlaveLink:
@@ -159,11 +157,6 @@ class SlaveLink:
     @property
     def ack_offset(self) -> int:
         return self.store.commitlog.max_offset
-
-    def ack(self) -> dict:
-        """An HA_ACK's fields: the whole records written (what quorum counts) and the bytes
-        received, a partial last record included (what the master's window counts)."""
-        return {"ack_offset": self.ack_offset, "received_offset": self.store.replica_offset}
 
     def begin(self) -> dict:
         """The first handshake request of a new session."""
@@ -343,7 +336,6 @@ class HAMaster:
                     "broker_id": s.broker_id,
                     "state": s.state.name,
                     "ack_offset": s.ack_offset,
-                    "received_offset": s.received_offset,
                     "behind_bytes": master_offset - s.ack_offset,
                 }
                 for s in self.core.slaves.values()
@@ -393,7 +385,7 @@ class HASlave:
             conn.close()
             return None
         self.on_arrival(arrived)
-        conn.oneway(RequestCode.HA_ACK, self.link.ack())
+        conn.oneway(RequestCode.HA_ACK, {"ack_offset": self.link.ack_offset})
         return None
 
     def after_batch(self) -> None:
@@ -430,7 +422,7 @@ class HASlave:
             interval_s = self.config.ha_send_heartbeat_interval_ms / 1000
             while not conn.is_closed and self.members.master_ha_addr == addr:
                 if self.state is HAConnectionState.TRANSFER:
-                    conn.oneway(RequestCode.HA_ACK, self.link.ack())
+                    conn.oneway(RequestCode.HA_ACK, {"ack_offset": self.link.ack_offset})
                 try:
                     await asyncio.wait_for(asyncio.shield(conn.closed), interval_s)
                 except TimeoutError:
@@ -461,7 +453,7 @@ class HASlave:
         else:
             self.state = HAConnectionState.TRANSFER
             log.info("attached to master %s at offset %d", conn.peer, self.link.ack_offset)
-            conn.oneway(RequestCode.HA_ACK, self.link.ack())
+            conn.oneway(RequestCode.HA_ACK, {"ack_offset": self.link.ack_offset})
 
     def status(self) -> dict:
         return {
