@@ -69,3 +69,12 @@ def read_queue(store, topic: str, queue_id: int = 0) -> dict[int, bytes]:
             decode_records(r.records, offset, lambda h, index, off, props, body: (off, body))
         )
         offset = r.next_begin_offset
+
+
+def assert_config_refused(result, expected: str) -> None:
+    """A ``hamq`` command refused its config as the user must see it: exit code 2, one line
+    ``config error: <expected>`` on stderr, no traceback, nothing on stdout."""
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.splitlines() == [f"config error: {expected}"], result.stderr
+    assert result.stdout == ""

@@ -155,6 +155,10 @@ def load_config(cls: type[T], path: str | Path | None = None, **overrides: Any) 
             raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        except UnicodeDecodeError as exc:  # TOML is UTF-8; tomllib lets this one through
+            raise ConfigError(
+                f"config file {path} is not valid TOML: not UTF-8 at byte {exc.start}"
+            ) from None
     values.update({k: v for k, v in overrides.items() if v is not None})
     return from_dict(cls, values, source=str(path or "options"))
 

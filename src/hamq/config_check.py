@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import ipaddress
+import re
 import typing
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -27,7 +29,9 @@ FLUSH_DISK_TYPES = ("async", "sync")
 BROKER_ROLES = ("async_master", "sync_master", "slave")
 REPLICATION_MODES = ("master-slave", "dledger")
 # Hosts that bind every interface: they collide with any other host on the same port.
-_WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+_WILDCARD_HOSTS = ("0.0.0.0", "::")
+# One label of a DNS name (RFC 1123; "_" too, as resolvers take it).
+_HOST_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 # A value longer than this is cut in messages, which stay one line.
 _SHOW_CHARS = 80
 
@@ -177,16 +181,36 @@ def one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
 
 
 def address(key: str, value: str) -> tuple[str, int]:
-    """``HOST:PORT`` as a server binds or dials it; returns (host, port)."""
+    """``HOST:PORT`` as a server binds or dials it; returns (host, port). A host that is no
+    name or IP address (a space, brackets, two addresses in one string) would only fail
+    when the server binds or dials it."""
     host, _, port = value.rpartition(":")
     if not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
         raise bad(key, value, "must be HOST:PORT with a port in 1..65535")
+    if not _is_host(host):
+        raise bad(key, value, f"{host!r} is no host name or IP address (IPv6 without brackets)")
     return host, int(port)
 
 
-def not_empty(key: str, value: str) -> None:
+def _is_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        labels = host.removesuffix(".").split(".")
+        return (
+            len(host) <= 253
+            and all(_HOST_LABEL.fullmatch(label) for label in labels)
+            and not labels[-1].isdigit()  # "1.2.3" or "999.1.1.1": no address, no name
+        )
+    return True
+
+
+def path(key: str, value: str) -> None:
+    """A directory the server creates: the OS takes no empty path and no NUL in one."""
     if not value:
         raise bad(key, value, "must not be empty")
+    if "\0" in value:
+        raise bad(key, value, "must not contain a NUL character")
 
 
 def name(key: str, value: str) -> None:
@@ -246,18 +270,23 @@ def check_server(config: ServerConfig) -> None:
 
 
 def check_store(config: StoreConfig) -> None:
-    not_empty("store_dir", config.store_dir)
+    path("store_dir", config.store_dir)
     one_of("flush_disk_type", config.flush_disk_type, FLUSH_DISK_TYPES)
     check_ranges(config, STORE_RANGES)
 
 
 def check_namesrv(config: NamesrvConfig) -> None:
-    not_empty("data_dir", config.data_dir)
+    path("data_dir", config.data_dir)
     check_ranges(config, NAMESRV_RANGES)
+    _distinct_ports(namesrv_binds(config))
+
+
+def namesrv_binds(config: NamesrvConfig) -> dict[str, str]:
+    """Every address a name server listens on, by the key that sets it."""
     binds = {"listen": config.listen}
     if config.metrics_listen:
         binds["metrics_listen"] = config.metrics_listen
-    _distinct_ports(binds)
+    return binds
 
 
 def check_broker(config: BrokerConfig) -> None:
@@ -270,10 +299,7 @@ def check_broker(config: BrokerConfig) -> None:
         raise bad("namesrv", config.namesrv, "must name at least one name server")
     for addr in config.namesrv:
         address("namesrv", addr)
-    binds = {"listen": config.listen}
-    if config.ha_listen:
-        binds["ha_listen"] = config.ha_listen
-    else:
+    if not config.ha_listen:
         _, port = address("listen", config.listen)
         if port == 65535:
             raise bad(
@@ -282,9 +308,6 @@ def check_broker(config: BrokerConfig) -> None:
                 "port must be below 65535 when ha_listen is "
                 "empty (the HA port is the listen port + 1)",
             )
-        binds["ha_listen (listen port + 1)"] = config.ha_address
-    if config.metrics_listen:
-        binds["metrics_listen"] = config.metrics_listen
     if config.replication_mode == "dledger":
         peers = dledger_peers(config.dledger_peers)
         if config.dledger_self_id not in peers:
@@ -293,7 +316,6 @@ def check_broker(config: BrokerConfig) -> None:
                 config.dledger_self_id,
                 f"must be one of the dledger_peers ids {sorted(peers)}",
             )
-        binds["dledger_peers (this member)"] = peers[config.dledger_self_id]
         # the Raft leader's heartbeat must come several times within a follower's patience
         if config.dledger_election_timeout_ms <= HEARTBEAT_INTERVAL_MS:
             raise bad(
@@ -308,7 +330,7 @@ def check_broker(config: BrokerConfig) -> None:
             f"does not fit broker_role "
             f"{config.broker_role!r}: 0 is the master, slaves have ids >= 1",
         )
-    _distinct_ports(binds)
+    _distinct_ports(broker_binds(config))
     if config.ha_transfer_batch_bytes > config.ha_window_bytes:
         raise bad(
             "ha_transfer_batch_bytes",
@@ -331,3 +353,17 @@ def check_broker(config: BrokerConfig) -> None:
     _greater(config, "ha_housekeeping_interval_ms", "ha_send_heartbeat_interval_ms")
     if config.broker_not_active_timeout_ms:  # or the name server drops us between heartbeats
         _greater(config, "broker_not_active_timeout_ms", "broker_heartbeat_interval_ms")
+
+
+def broker_binds(config: BrokerConfig) -> dict[str, str]:
+    """Every address a broker listens on, by the key that sets it."""
+    binds = {"listen": config.listen}
+    if config.ha_listen:
+        binds["ha_listen"] = config.ha_listen
+    else:
+        binds["ha_listen (listen port + 1)"] = config.ha_address
+    if config.metrics_listen:
+        binds["metrics_listen"] = config.metrics_listen
+    if config.replication_mode == "dledger":
+        binds["dledger_peers (this member)"] = config.dledger_peer_map[config.dledger_self_id]
+    return binds

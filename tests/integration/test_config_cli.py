@@ -6,12 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-
-def assert_refused(result, expected: str) -> None:
-    assert result.returncode == 2, (result.returncode, result.stderr)
-    assert "Traceback" not in result.stderr, result.stderr
-    assert result.stderr.splitlines() == [f"config error: {expected}"], result.stderr
-    assert result.stdout == ""
+from helpers import assert_config_refused as assert_refused
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from hamq.config import BrokerConfig, NamesrvConfig, dump_toml, load_config
 from hamq.errors import ConfigError
 from hamq.namesrv.server import serve_namesrv
 from hamq.net.server import run_until_signalled
+from hamq.preflight import can_create, check_can_start
 
 READY_TIMEOUT_S = 30.0
 STOP_GRACE_S = 10.0
@@ -31,6 +32,16 @@ def _load(cls, path, **overrides):
         return load_config(cls, path, **overrides)
     except ConfigError as err:
         raise BadConfig(err.message) from None
+
+
+def _load_to_serve(cls, path, **overrides):
+    """The config of the server this process runs, also checked against this machine."""
+    config = _load(cls, path, **overrides)
+    try:
+        check_can_start(config)
+    except ConfigError as err:
+        raise BadConfig(f"{path or 'options'}: {err.message}") from None
+    return config
 
 
 @click.command()
@@ -46,7 +57,7 @@ def _load(cls, path, **overrides):
 def namesrv(config_path: str | None, listen: str | None, data_dir: str | None) -> None:
     """Run a name server."""
     setup_logging()
-    config = _load(NamesrvConfig, config_path, listen=listen, data_dir=data_dir)
+    config = _load_to_serve(NamesrvConfig, config_path, listen=listen, data_dir=data_dir)
     run_until_signalled(lambda stop: serve_namesrv(config, stop))
 
 
@@ -62,7 +73,7 @@ def namesrv(config_path: str | None, listen: str | None, data_dir: str | None) -
 def broker(config_path: str) -> None:
     """Run one broker member."""
     setup_logging()
-    config = _load(BrokerConfig, config_path)
+    config = _load_to_serve(BrokerConfig, config_path)
     run_until_signalled(lambda stop: serve_broker(config, stop))
 
 
@@ -162,7 +173,7 @@ def dev(
             "namesrv": [namesrv_addr],
             "store_dir": str(root / name),
             "flush_disk_type": flush_disk_type,
-            "total_replicas": total_replicas or replicas,
+            "total_replicas": replicas if total_replicas is None else total_replicas,
             "in_sync_replicas": in_sync_replicas,
             "min_in_sync_replicas": min_in_sync_replicas,
             "enable_auto_in_sync_replicas": auto_degrade,
@@ -179,6 +190,10 @@ def dev(
         _load(BrokerConfig, None, **settings)  # a bad flag combination fails here, clearly
         members[name] = settings
     _load(NamesrvConfig, None, listen=namesrv_addr, data_dir=str(root / "namesrv"))
+    try:
+        can_create("--data", data_dir)
+    except ConfigError as err:
+        raise BadConfig(f"options: {err.message}") from None
     root.mkdir(parents=True, exist_ok=True)  # only once every config is known to be good
     for name, settings in members.items():
         (root / f"{name}.toml").write_text(dump_toml(settings))
