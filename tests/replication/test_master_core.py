@@ -180,9 +180,9 @@ def test_an_ack_beyond_what_was_sent_counts_only_what_was_sent(attach):
     assert m.next_transfer("s1", 100 * KB) == (0, 16 * KB)
     statuses = []
     m.wait_for_acks(100 * KB, 2, 0, 1000, statuses.append)
-    run(m.on_ack("s1", 1 << 62, 1))
+    run(m.on_ack("s1", 1 << 62, 1, received_offset=1 << 62))
     assert statuses == []
-    assert m.slaves["s1"].ack_offset == 16 * KB
+    assert m.slaves["s1"].ack_offset == m.slaves["s1"].received_offset == 16 * KB
     assert m.in_sync_slave_nums(100 * KB) == 0
 
 
@@ -200,3 +200,43 @@ def test_bytes_shipped_but_not_acknowledged_complete_no_send(attach):
     assert statuses == []
     run(m.on_ack("s1", 32 * KB, 2))
     assert statuses == [ReplicaStatus.PUT_OK]
+
+
+def ship_window(m: MasterReplication, key, log_end: int = 1000 * KB) -> int:
+    """Ship as far as the window lets the master; returns where it stopped."""
+    while m.next_transfer(key, log_end) is not None:
+        pass
+    return m.slaves[key].sent_offset
+
+
+def test_a_record_larger_than_the_window_is_shipped_while_the_slave_receives_it(attach):
+    """A slave acks only whole records, and a record (a whole producer batch, up to 8 MiB)
+    can be larger than the window. Counting the window from the ack, the master stopped at
+    64 KiB of a 200 KiB record and the slave never acked it: replication to it stalled for
+    good. The window counts what the slave received; quorum and in sync still count acks."""
+    m = core(total_replicas=2, in_sync_replicas=2, ha_max_gap_not_in_sync=KB)
+    attach(m, "s1", 1, 0)
+    record_end = 200 * KB
+    statuses = []
+    m.wait_for_acks(record_end, 2, 0, 1000, statuses.append)
+    while (span := m.next_transfer("s1", record_end)) is not None:
+        assert span[1] - m.slaves["s1"].received_offset <= 64 * KB  # the window holds
+        # The slave acks each transfer: it holds the bytes, no whole record yet.
+        run(m.on_ack("s1", 0, 1, received_offset=span[1]))
+        assert statuses == [] and m.in_sync_slave_nums(record_end) == 0
+    assert m.slaves["s1"].sent_offset == record_end, "the record's end was never shipped"
+    run(m.on_ack("s1", record_end, 2, received_offset=record_end))
+    assert statuses == [ReplicaStatus.PUT_OK]
+    assert m.in_sync_slave_nums(record_end) == 1
+
+
+def test_an_ack_without_a_received_offset_counts_as_received_up_to_the_ack(attach):
+    m = core()
+    attach(m, "s1", 1, 0)
+    assert ship_window(m, "s1") == 64 * KB
+    run(m.on_ack("s1", 40 * KB, 1))
+    assert ship_window(m, "s1") == 40 * KB + 64 * KB
+    run(m.on_ack("s1", 40 * KB, 2, received_offset=90 * KB))
+    assert ship_window(m, "s1") == 90 * KB + 64 * KB
+    run(m.on_ack("s1", 48 * KB, 3))  # a later ack without it: received never goes back
+    assert (m.slaves["s1"].ack_offset, m.slaves["s1"].received_offset) == (48 * KB, 90 * KB)

@@ -79,6 +79,7 @@ def test_seeds_exercise_the_faults_they_check() -> None:
     assert sum(r.crashes for r in results) > 40
     assert sum(r.cuts for r in results) > 5  # slaves cut a tail their master lost
     assert sum(r.acked for r in results) > 40 * 50
+    assert sum(r.large_records for r in results) > 40  # records larger than the HA window
 
 
 @pytest.mark.parametrize("seed", _regression_seeds())
@@ -123,6 +124,18 @@ def test_held_checker_catches_acks_counted_before_the_slave_has_the_bytes(monkey
 
     monkeypatch.setattr(MasterReplication, "_acked_by", acked_by_sent)
     _first_failure("members hold it")
+
+
+def test_catch_up_checker_catches_a_window_counted_in_whole_records(monkeypatch) -> None:
+    """The window counted from the slave's ack (whole records only), not from what it
+    received: a record larger than the window stops the slave's stream for good."""
+    on_ack = MasterReplication.on_ack
+
+    def whole_records_only(self, key, ack_offset, now_ms, received_offset=None):
+        return on_ack(self, key, ack_offset, now_ms)
+
+    monkeypatch.setattr(MasterReplication, "on_ack", whole_records_only)
+    _first_failure("holds the log up to")
 
 
 def test_queue_checker_catches_a_cut_that_keeps_queue_entries(monkeypatch) -> None:

@@ -103,7 +103,11 @@ class SlaveProgress:
     key: Hashable
     broker_id: int
     state: HAConnectionState
-    ack_offset: int  # what the slave has written
+    ack_offset: int  # its whole records written: what counts for quorum and in sync
+    # What it has taken in, a partial last record included: what flow control counts. A
+    # record (a whole producer batch) can be larger than the window, and the slave acks it
+    # only once all of it has arrived.
+    received_offset: int
     sent_offset: int  # next byte the master sends it
     last_heard_ms: int
 
@@ -166,7 +170,7 @@ class MasterReplication:
         for k in replaced:
             self.slaves.pop(k).state = HAConnectionState.SHUTDOWN
         self.slaves[key] = SlaveProgress(
-            key, broker_id, HAConnectionState.TRANSFER, start, start, now_ms
+            key, broker_id, HAConnectionState.TRANSFER, start, start, start, now_ms
         )
         return SlaveAttached(start, replaced)
 
@@ -179,11 +183,13 @@ class MasterReplication:
 
     # -- transfer ---------------------------------------------------------------------------
     def next_transfer(self, key: Hashable, master_max_offset: int) -> tuple[int, int] | None:
-        """The next range [start, end) to ship to a slave, within its flow-control window."""
+        """The next range [start, end) to ship to a slave, within its flow-control window:
+        the bytes on the wire, shipped but not yet received. (Counting those not yet in whole
+        records, a record larger than the window never got its last bytes shipped.)"""
         s = self.slaves.get(key)
         if s is None or s.state is not HAConnectionState.TRANSFER:
             return None
-        room = self.window_bytes - (s.sent_offset - s.ack_offset)
+        room = self.window_bytes - (s.sent_offset - s.received_offset)
         end = min(master_max_offset, s.sent_offset + min(room, self.transfer_batch_bytes))
         if end <= s.sent_offset:
             return None
@@ -191,15 +197,19 @@ class MasterReplication:
         return start, end
 
     def on_ack(
-        self, key: Hashable, ack_offset: int, now_ms: int
+        self, key: Hashable, ack_offset: int, now_ms: int, received_offset: int | None = None
     ) -> list[tuple[AckCallback, ReplicaStatus]]:
-        """A slave's ack counts only as far as it was shipped: a slave holds nothing else,
-        and an ack past that (a broken peer) must not complete sends or count in sync."""
+        """A slave wrote whole records up to ``ack_offset`` and received bytes up to
+        ``received_offset`` (None: as far as it wrote). Both count only as far as they were
+        shipped: a slave holds nothing else, and an ack past that (a broken peer) must not
+        complete sends, count in sync or open the window."""
         s = self.slaves.get(key)
         if s is None:
             return []
         s.last_heard_ms = now_ms
         ack_offset = min(ack_offset, s.sent_offset)
+        received = ack_offset if received_offset is None else max(ack_offset, received_offset)
+        s.received_offset = max(s.received_offset, min(received, s.sent_offset))
         if ack_offset > s.ack_offset:
             s.ack_offset = ack_offset
         return self._complete_satisfied()

@@ -10,9 +10,11 @@ restarted with store recovery, half-open sessions the master does not notice, br
 connections and delays; slaves dying at a disk step inside a cut, an append, a flush or
 a checkpoint; retention on any member; each member's wall clock (store times, file times)
 is skewed and steps at restarts. The workload is quorum sends, in some seeds all of one
-size (records the master writes again after a loss land on the old boundaries).
+size (records the master writes again after a loss land on the old boundaries), in some
+with records larger than the flow-control window (a slave acks only whole records).
 Checkers run at every event (see ``replica_checkers.py``); after the faults stop, every
-slave must be attached again and sends acknowledged.
+slave must be attached again, sends acknowledged, and every slave must hold what the
+master held halfway through the fault-free phase.
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ class MasterSlaveResult:
     timed_out: int
     crashes: int = 0
     cuts: int = 0
+    large_records: int = 0  # sends larger than the HA window
 
 
 class MasterSlaveWorld:
@@ -149,6 +152,11 @@ class MasterSlaveWorld:
         # a slave dies inside a cut, an append, a flush or a checkpoint, at a disk step
         self.mid_crash_rng = random.Random(seed ^ 0xC4A5)
         self.mid_crash_probability = self.mid_crash_rng.choice([0.0, 0.005, 0.02])
+        # some seeds send records larger than the window, which reach a slave in pieces
+        self.large_rng = random.Random(seed ^ 0xB16)
+        self.large_probability = self.large_rng.choice([0.0, 0.0, 0.02, 0.05])
+        self.large_records = 0
+        self.caught_up_mark = 0  # the master's log end halfway through the fault-free phase
         self.now = 0
         self.events: list[_Event] = []
         self._seq = 0
@@ -275,6 +283,9 @@ class MasterSlaveWorld:
             self._break(conn)
             return
         if attached is not None:
+            # The master counts the slave as holding its log up to where it attached (the
+            # slave's claim, proven by its last record), before the slave reads the reply.
+            self.slaves[conn.member_id].acked_end = attached.start
             for stale in attached.replaced:
                 self.sessions.pop(stale, None)
                 self._break(stale)
@@ -300,6 +311,9 @@ class MasterSlaveWorld:
         self._seq += 1
         send_id, queue_id = self._seq, self.rng.randrange(QUEUES)
         size = self.rng.randrange(20, 1500)
+        if not self.fixed_body and self.large_rng.random() < self.large_probability:
+            size = self.large_rng.randrange(WINDOW_BYTES, 2 * WINDOW_BYTES)
+            self.large_records += 1
         body = (
             (b"m%d:" % send_id).ljust(FIXED_BODY_BYTES, b"\0")
             if self.fixed_body
@@ -383,7 +397,7 @@ class MasterSlaveWorld:
             self._crash_slave(s)
             return
         s.acked_end = max(s.acked_end, s.link.ack_offset)
-        self._over(conn, True, "ack", {"ack_offset": s.link.ack_offset})
+        self._over(conn, True, "ack", s.link.ack())
 
     def _attached(self, s: _Slave) -> None:
         if s.link.last_cut is not None:
@@ -414,10 +428,12 @@ class MasterSlaveWorld:
             if s.conn is None and self.now >= s.reconnect_at and self.master.up(self.now):
                 self._connect(s)
             elif s.conn is not None and s.link.attached and self.now % HEARTBEAT_MS == 0:
-                self._over(s.conn, True, "ack", {"ack_offset": s.link.ack_offset})
+                self._over(s.conn, True, "ack", s.link.ack())
         self._check_attached()
         if self.now < self.faults_until:
             self._inject_faults()
+        elif self.now == self.faults_until + LIVENESS_BOUND_MS // 2 and self.master.up(self.now):
+            self.caught_up_mark = self.master.store.commitlog.max_offset
         if self.master.up(self.now) and self.rng.random() < 0.5:
             self._send()
         self._at(TICK_MS, "tick")
@@ -501,6 +517,12 @@ class MasterSlaveWorld:
                     f"slave {s.member_id} is not attached "
                     f"{LIVENESS_BOUND_MS} ms after the faults stopped"
                 )
+            if s.store.commitlog.max_offset < self.caught_up_mark:
+                raise InvariantViolation(
+                    f"slave {s.member_id} holds the log up to "
+                    f"{s.store.commitlog.max_offset} only; the master held "
+                    f"{self.caught_up_mark} {LIVENESS_BOUND_MS // 2} ms before the end"
+                )
             check_same_bytes(self.master.store, s.store, s.member_id, 0)
             check_same_queues(self.master.store, s.store, s.member_id)
         if self.sync_flush:
@@ -528,6 +550,7 @@ class MasterSlaveWorld:
             self.timed_out,
             self.crashes,
             self.cuts,
+            self.large_records,
         )
 
 

@@ -138,7 +138,9 @@ class MasterLink:
     def on_ack(
         self, key: Hashable, ext: dict, now_ms: int
     ) -> list[tuple[AckCallback, ReplicaStatus]]:
-        return self.core.on_ack(key, require(ext, "ack_offset", int), now_ms)
+        ack_offset = require(ext, "ack_offset", int)
+        received = require(ext, "received_offset", int) if "received_offset" in ext else None
+        return self.core.on_ack(key, ack_offset, now_ms, received)
 
 
 class SlaveLink:
@@ -157,6 +159,11 @@ class SlaveLink:
     @property
     def ack_offset(self) -> int:
         return self.store.commitlog.max_offset
+
+    def ack(self) -> dict:
+        """An HA_ACK's fields: the whole records written (what quorum counts) and the bytes
+        received, a partial last record included (what the master's window counts)."""
+        return {"ack_offset": self.ack_offset, "received_offset": self.store.replica_offset}
 
     def begin(self) -> dict:
         """The first handshake request of a new session."""
@@ -218,7 +225,10 @@ class HAMaster:
             quorum_of(config), config.ha_window_bytes, config.ha_transfer_batch_bytes
         )
         self.link = MasterLink(self.core, store)
-        self.sync = config.broker_role == "sync_master"
+        # Only an async master answers before its slaves have a send. A slave promoted at
+        # runtime is a sync master, as RocketMQ 5 makes every new master (ReplicasManager.
+        # changeToMaster): its in_sync_replicas decide the copies a send needs (1: none).
+        self.sync = config.broker_role != "async_master"
         self.server = Server(self, config)
         self.server.on_connection_closed.append(self._closed)
         self._conns: dict[Connection, int] = {}  # attached sessions -> broker id
@@ -336,6 +346,7 @@ class HAMaster:
                     "broker_id": s.broker_id,
                     "state": s.state.name,
                     "ack_offset": s.ack_offset,
+                    "received_offset": s.received_offset,
                     "behind_bytes": master_offset - s.ack_offset,
                 }
                 for s in self.core.slaves.values()
@@ -385,7 +396,7 @@ class HASlave:
             conn.close()
             return None
         self.on_arrival(arrived)
-        conn.oneway(RequestCode.HA_ACK, {"ack_offset": self.link.ack_offset})
+        conn.oneway(RequestCode.HA_ACK, self.link.ack())
         return None
 
     def after_batch(self) -> None:
@@ -422,7 +433,7 @@ class HASlave:
             interval_s = self.config.ha_send_heartbeat_interval_ms / 1000
             while not conn.is_closed and self.members.master_ha_addr == addr:
                 if self.state is HAConnectionState.TRANSFER:
-                    conn.oneway(RequestCode.HA_ACK, {"ack_offset": self.link.ack_offset})
+                    conn.oneway(RequestCode.HA_ACK, self.link.ack())
                 try:
                     await asyncio.wait_for(asyncio.shield(conn.closed), interval_s)
                 except TimeoutError:
@@ -453,7 +464,7 @@ class HASlave:
         else:
             self.state = HAConnectionState.TRANSFER
             log.info("attached to master %s at offset %d", conn.peer, self.link.ack_offset)
-            conn.oneway(RequestCode.HA_ACK, {"ack_offset": self.link.ack_offset})
+            conn.oneway(RequestCode.HA_ACK, self.link.ack())
 
     def status(self) -> dict:
         return {
