@@ -1,20 +1,23 @@
 """Attacks on a running member's role change (issue 13 review): what is in flight when a
-master becomes a slave. In process with a real name server, as test_role_services.py
-(nothing triggers a master-slave role change yet but the role state itself)."""
+master becomes a slave, and what a promoted slave promises. In process with a real name
+server, as test_role_services.py (nothing triggers a master-slave role change yet but the
+role state itself)."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from hamq.broker.role import BrokerRole
 from hamq.broker.server import Broker
 from hamq.client.message import Message
 from hamq.client.producer import AsyncProducer, SendStatus
-from helpers import free_port, read_queue
+from hamq.errors import InSyncReplicasNotEnough
+from helpers import read_queue
 
 sys.path.insert(0, str(Path(__file__).parent))  # sibling test modules, as tests/chaos does
 from test_role_services import slave_broker, start_namesrv, until
@@ -52,18 +55,14 @@ def test_sync_master_sends_waiting_for_fsync_are_answered_when_it_becomes_slave(
     async def scenario() -> None:
         namesrv, stop_namesrv, namesrv_task = await start_namesrv(tmp_path)
         slave = slave_broker(tmp_path, namesrv, 1)
-        master = Broker(
-            dataclasses.replace(
-                slave.config,
-                store_dir=str(tmp_path / "broker0"),
-                broker_id=0,
-                broker_role="sync_master",
-                listen=f"127.0.0.1:{free_port()}",
-                ha_listen=f"127.0.0.1:{free_port()}",
-                flush_disk_type="sync",
-                total_replicas=2,
-                in_sync_replicas=2,
-            )
+        master = slave_broker(
+            tmp_path,
+            namesrv,
+            0,
+            broker_role="sync_master",
+            flush_disk_type="sync",
+            total_replicas=2,
+            in_sync_replicas=2,
         )
         producer = AsyncProducer(
             namesrv.listen, "p", send_timeout_s=30.0, retry_times_when_send_failed=0
@@ -99,6 +98,45 @@ def test_sync_master_sends_waiting_for_fsync_are_answered_when_it_becomes_slave(
             await producer.close()
             await master.stop()
             await slave.stop()
+            stop_namesrv.set()
+            await namesrv_task
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_a_promoted_slave_acknowledges_only_what_in_sync_replicas_hold(tmp_path):
+    """A member promoted at runtime is a sync master, as RocketMQ 5's controller makes
+    every new master (``ReplicasManager.changeToMaster``): its ``in_sync_replicas`` decides
+    how many copies a send needs before SEND_OK. Alone, it must refuse the send; with a
+    slave attached, an acknowledged send is on that slave the moment it is acknowledged."""
+
+    async def scenario() -> None:
+        namesrv, stop_namesrv, namesrv_task = await start_namesrv(tmp_path)
+        quorum = {"total_replicas": 2, "in_sync_replicas": 2}
+        a, b = (
+            slave_broker(tmp_path, namesrv, 1, **quorum),
+            slave_broker(tmp_path, namesrv, 2, **quorum),
+        )
+        producer = AsyncProducer(namesrv.listen, "p", retry_times_when_send_failed=0)
+        try:
+            await a.start()
+            await a.role.change(BrokerRole.MASTER, a.config.listen)
+            a.topics.create("T", 1, 1, 6)
+            await producer.start()
+            with pytest.raises(InSyncReplicasNotEnough):
+                await producer.send(Message("T", b"on the master alone"))
+            assert read_queue(a.store, "T") == {}
+
+            await b.start()
+            await until(lambda: b.runtime_info()["ha"]["state"] == "TRANSFER", "b attached to a")
+            for i in range(20):
+                body = b"on both %d" % i
+                assert (await producer.send(Message("T", body))).status is SendStatus.SEND_OK
+                assert body in {bytes(m) for m in read_queue(b.store, "T").values()}, body
+        finally:
+            await producer.close()
+            await a.stop()
+            await b.stop()
             stop_namesrv.set()
             await namesrv_task
 

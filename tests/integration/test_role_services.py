@@ -74,22 +74,22 @@ async def start_namesrv(tmp_path) -> tuple[NamesrvConfig, asyncio.Event, asyncio
     return config, stop, task
 
 
-def slave_broker(tmp_path, namesrv: NamesrvConfig, broker_id: int) -> Broker:
-    return Broker(
-        BrokerConfig(
-            store_dir=str(tmp_path / f"broker{broker_id}"),
-            broker_name="g",
-            broker_id=broker_id,
-            broker_role="slave",
-            listen=f"127.0.0.1:{free_port()}",
-            ha_listen=f"127.0.0.1:{free_port()}",
-            namesrv=(namesrv.listen,),
-            transaction_check_interval_ms=200,
-            revive_interval_ms=200,
-            sync_broker_member_group_period_ms=200,
-            slave_sync_interval_ms=200,
-        )
-    )
+def slave_broker(tmp_path, namesrv: NamesrvConfig, broker_id: int, **settings) -> Broker:
+    """A member of group "g" (a slave unless ``settings`` say otherwise)."""
+    defaults = {
+        "store_dir": str(tmp_path / f"broker{broker_id}"),
+        "broker_name": "g",
+        "broker_id": broker_id,
+        "broker_role": "slave",
+        "listen": f"127.0.0.1:{free_port()}",
+        "ha_listen": f"127.0.0.1:{free_port()}",
+        "namesrv": (namesrv.listen,),
+        "transaction_check_interval_ms": 200,
+        "revive_interval_ms": 200,
+        "sync_broker_member_group_period_ms": 200,
+        "slave_sync_interval_ms": 200,
+    }
+    return Broker(BrokerConfig(**(defaults | settings)))
 
 
 def test_a_broker_switches_its_services_in_place(tmp_path):
