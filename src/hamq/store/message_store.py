@@ -107,7 +107,7 @@ class MessageStore:
         # queues whose file (and topic directory) no checkpoint has fsynced the directory
         # entry of: a power loss could drop the file the checkpoint vouches for
         self._new_queues: list[ConsumeQueue] = []
-        self._replica_tail = b""
+        self._replica_tail = bytearray()
         self._disk_refusal = ""  # why writes are refused right now, "" when they are not
         self._written_since_disk_check = 0
         self._free_bytes_at_check = 0
@@ -278,19 +278,29 @@ class MessageStore:
                 f"replicated bytes start at {offset}, expected "
                 f"{self.replica_offset}: the stream has a gap"
             )
-        buf = self._replica_tail + data if self._replica_tail else data
+        # The tail grows in place: a record shipped in many small pieces is copied once,
+        # not once per piece.
+        buf: bytes | bytearray = data
+        if self._replica_tail:
+            self._replica_tail += data
+            buf = self._replica_tail
         arrived: list[tuple[str, int]] = []
         try:
             pos = self._append_replicated_records(buf, arrived)
         except OSError:  # the log kept only what it wrote whole: so do the queues
             for topic, queue_id in arrived:
                 self.queues[(topic, queue_id)].drop_from_physical(self.commitlog.written_offset)
-            self._replica_tail = b""
+            self._replica_tail = bytearray()
             raise
-        self._replica_tail = buf[pos:]
+        if buf is self._replica_tail:
+            del self._replica_tail[:pos]  # the records appended were copied out of it
+        else:
+            self._replica_tail = bytearray(buf[pos:])
         return arrived
 
-    def _append_replicated_records(self, buf: bytes, arrived: list[tuple[str, int]]) -> int:
+    def _append_replicated_records(
+        self, buf: bytes | bytearray, arrived: list[tuple[str, int]]
+    ) -> int:
         """Append and index the whole records of ``buf`` (``arrived`` names their queues);
         returns where the first partial record starts."""
         pos = 0
@@ -340,7 +350,7 @@ class MessageStore:
         an ``agreed`` that retention removed during the handshake, restarts the log empty
         at ``start``: nothing in it was found to agree, so nothing is kept, even where it
         reaches past ``start``. A partial record held in memory is dropped either way."""
-        self._replica_tail = b""
+        self._replica_tail = bytearray()
         if start == agreed >= self.commitlog.min_offset:
             if start == self.commitlog.max_offset:
                 return
