@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 import urllib.request
@@ -26,6 +27,16 @@ def wait_for(predicate, timeout_s: float, what: str):
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+async def until(predicate, timeout_s: float, what: str) -> None:
+    """``wait_for`` inside an event loop: poll ``predicate`` until true, or fail naming
+    ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.01)
 
 
 def topic_routed(admin: hamq.Admin, topic: str) -> bool:

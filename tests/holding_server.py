@@ -4,10 +4,8 @@ waits on what a client has written: for tests of the requests a client keeps in 
 from __future__ import annotations
 
 import array
-import asyncio
 import fcntl
 import termios
-import time
 
 from hamq.net.connection import Connection, response_pieces
 from hamq.net.server import Server
@@ -51,14 +49,6 @@ def all_read(client: Connection, server: Server) -> bool:
     return all(
         unread_bytes(conn) == 0 and conn._decoder.pending_bytes == 0 for conn in server.connections
     )
-
-
-async def until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def holding_server() -> tuple[HoldingHandler, Server, str]:

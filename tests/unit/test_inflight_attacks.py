@@ -14,7 +14,8 @@ from hamq.errors import RequestTimeout
 from hamq.net.connection import connect
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.limits import MAX_INFLIGHT_REQUESTS
-from holding_server import all_read, holding_server, until
+from helpers import until
+from holding_server import all_read, holding_server
 
 
 def _run(scenario) -> None:

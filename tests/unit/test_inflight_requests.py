@@ -12,7 +12,8 @@ from hamq.errors import ConnectionLost, RequestTimeout
 from hamq.net.connection import connect
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.limits import MAX_INFLIGHT_REQUESTS
-from holding_server import all_read, holding_server, until
+from helpers import until
+from holding_server import all_read, holding_server
 
 BEYOND = 100  # requests sent past the limit
 

@@ -8,9 +8,15 @@ import inspect
 import logging
 from collections.abc import Callable, Coroutine, Iterable
 
+from hamq.clock import monotonic_s
 from hamq.net.counts import COUNTS
 
 log = logging.getLogger(__name__)
+
+# A duty failing at every run is logged this many times in a row, then once a LOG_QUIET_S
+# with the count of failures not shown, so a 10 ms tick cannot flood the log.
+LOG_BURST = 3
+LOG_QUIET_S = 60.0
 
 
 class PeriodicTask:
@@ -19,7 +25,9 @@ class PeriodicTask:
     follows the member's role does that). ``errors`` are expected (a full disk must not
     stop the flusher for good) and logged; any other exception is a bug: logged with its
     traceback and the task's name, counted, and the duty runs again at the next interval,
-    so one bad record or reply never stops a background service for good.
+    so one bad record or reply never stops a background service for good. A future the
+    duty awaits that another part cancels is such a failure too (only ``stop`` ends the
+    loop). Failures in a row are logged ``LOG_BURST`` times, then once a ``LOG_QUIET_S``.
 
     ``wake()`` runs the duty now instead of at the end of the interval (a wake during a
     run makes the next run follow at once); the interval then starts again. The pause is
@@ -39,6 +47,9 @@ class PeriodicTask:
         self._task: asyncio.Task | None = None
         self._pause: asyncio.Future | None = None  # set while waiting for the next run
         self._woken = False
+        self._failures = 0  # in a row
+        self._unlogged = 0  # failures not logged since the last one that was
+        self._quiet_until = 0.0
 
     @property
     def running(self) -> bool:
@@ -71,12 +82,45 @@ class PeriodicTask:
                 if inspect.isawaitable(result):
                     await result
             except self.errors as exc:
-                log.error("%s failed: %s", self.name, exc)
-            except Exception:
-                COUNTS.internal_errors += 1
-                log.exception(
-                    "%s failed on a bug; running it again in %.3g s", self.name, self.interval_s
-                )
+                self._failed(exc, bug=False)
+            except asyncio.CancelledError as exc:
+                if self._task is not this_run or this_run.cancelling():
+                    raise  # stop()
+                self._failed(exc, bug=True)  # what it awaited was cancelled by another part
+            except Exception as exc:  # noqa: BLE001 - logged with its traceback in _failed
+                self._failed(exc, bug=True)
+            else:
+                if self._failures:
+                    self._recovered()
+
+    def _failed(self, exc: BaseException, bug: bool) -> None:
+        if bug:
+            COUNTS.internal_errors += 1
+        self._failures += 1
+        if self._failures > LOG_BURST:
+            now = monotonic_s()
+            if now < self._quiet_until:
+                self._unlogged += 1
+                return
+            self._quiet_until = now + LOG_QUIET_S
+        unlogged, self._unlogged = self._unlogged, 0
+        more = f" ({unlogged} failures since not logged)" if unlogged else ""
+        if bug:
+            log.error(
+                "%s failed on a bug%s; running it again in %.3g s",
+                self.name,
+                more,
+                self.interval_s,
+                exc_info=exc,
+            )
+        else:
+            log.error("%s failed%s: %s", self.name, more, exc)
+
+    def _recovered(self) -> None:
+        if self._failures > LOG_BURST:
+            log.warning("%s runs without error again after %d failures", self.name, self._failures)
+        self._failures = self._unlogged = 0
+        self._quiet_until = 0.0
 
     async def _wait(self) -> None:
         if self._woken:
