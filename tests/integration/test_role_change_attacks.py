@@ -14,9 +14,10 @@ import pytest
 
 from hamq.broker.role import BrokerRole
 from hamq.broker.server import Broker
+from hamq.client.consumer import AsyncPullConsumer
 from hamq.client.message import Message
 from hamq.client.producer import AsyncProducer, SendStatus
-from hamq.errors import InSyncReplicasNotEnough
+from hamq.errors import HamqError, InSyncReplicasNotEnough
 from helpers import read_queue
 
 sys.path.insert(0, str(Path(__file__).parent))  # sibling test modules, as tests/chaos does
@@ -141,3 +142,158 @@ def test_a_promoted_slave_acknowledges_only_what_in_sync_replicas_hold(tmp_path)
             await namesrv_task
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_an_old_master_that_ran_ahead_is_cut_back_to_its_successor(tmp_path):
+    """Async replication, four hand-overs: each time the link to the slave is cut, the
+    master acknowledges sends the slave never gets, and mastership moves anyway (an
+    acknowledged send on an async master alone is allowed to go). The old master's HA
+    client must cut that tail when it attaches to its successor: the logs end identical,
+    every send acknowledged while the slave was attached is on both, none of the cut ones
+    is anywhere, nothing is stored twice, and no role service reports an error."""
+
+    async def scenario() -> None:
+        namesrv, stop_namesrv, namesrv_task = await start_namesrv(tmp_path)
+        a, b = slave_broker(tmp_path, namesrv, 1), slave_broker(tmp_path, namesrv, 2)
+        producer = AsyncProducer(namesrv.listen, "p", retry_times_when_send_failed=0)
+        replicated: list[bytes] = []
+        ahead: list[bytes] = []
+        sent = 0
+
+        async def send_until(acked: list[bytes], count: int, prefix: bytes) -> None:
+            nonlocal sent
+            goal = len(acked) + count
+            while len(acked) < goal:
+                bodies = [b"%s%06d" % (prefix, sent + i) for i in range(10)]
+                sent += 10
+                results = await asyncio.gather(
+                    *(producer.send(Message("T", body)) for body in bodies),
+                    return_exceptions=True,
+                )
+                acked += [
+                    body
+                    for body, r in zip(bodies, results, strict=True)
+                    if not isinstance(r, BaseException) and r.status is SendStatus.SEND_OK
+                ]
+
+        try:
+            await a.start()
+            await b.start()
+            await a.role.change(BrokerRole.MASTER, a.config.listen)
+            a.topics.create("T", 1, 1, 6)
+            await producer.start()
+            master, slave = a, b
+            for round_ in range(4):
+                await until(
+                    lambda s=slave: s.runtime_info()["ha"]["state"] == "TRANSFER",
+                    f"round {round_}: the slave attached",
+                )
+                await send_until(replicated, 20, b"replicated")
+                end = master.store.commitlog.max_offset
+                await until(lambda s=slave, e=end: s.store.commitlog.max_offset == e, "caught up")
+                await slave.ha_slave.stop()  # the link is cut: the master runs ahead
+                await send_until(ahead, 10, b"ahead")
+                await master.role.change(BrokerRole.SLAVE, slave.config.listen)
+                await slave.role.change(BrokerRole.MASTER, slave.config.listen)
+                await until(
+                    lambda m=master: (
+                        m.ha_slave.link.last_cut is not None
+                        and m.runtime_info()["ha"]["state"] == "TRANSFER"
+                    ),
+                    f"round {round_}: the old master cut its tail and follows",
+                )
+                master.ha_slave.link.last_cut = None
+                master, slave = slave, master
+            await until(
+                lambda: a.store.commitlog.max_offset == b.store.commitlog.max_offset,
+                "both logs equal",
+            )
+            for member in (a, b):
+                bodies = [bytes(m) for m in read_queue(member.store, "T").values()]
+                assert len(bodies) == len(set(bodies)), "a message is stored twice"
+                assert set(replicated) <= set(bodies), "a replicated send was lost"
+                assert not set(ahead) & set(bodies), "a cut send survived somewhere"
+                assert member.runtime_info()["role"]["errors"] == {}
+            assert read_queue(a.store, "T") == read_queue(b.store, "T")
+        finally:
+            await producer.close()
+            await a.stop()
+            await b.stop()
+            stop_namesrv.set()
+            await namesrv_task
+
+    asyncio.run(asyncio.wait_for(scenario(), 180))
+
+
+def test_consumer_offsets_past_a_cut_do_not_skip_the_successors_messages(tmp_path):
+    """A partitioned async master takes sends its slave never gets, and a consumer group
+    consumes and commits them there; mastership moves to the slave, which takes other
+    sends at the same queue offsets. When the old master attaches as a slave its tail is
+    cut, and with it the offsets committed past the cut: they counted records that are
+    gone. Else, master again, it hands the group an offset past the successor's
+    acknowledged messages, which the group then never consumes."""
+
+    async def scenario() -> None:
+        namesrv, stop_namesrv, namesrv_task = await start_namesrv(tmp_path)
+        a, b = slave_broker(tmp_path, namesrv, 1), slave_broker(tmp_path, namesrv, 2)
+        producer = AsyncProducer(namesrv.listen, "p", retry_times_when_send_failed=0)
+        consumer = AsyncPullConsumer("G", namesrv.listen)
+
+        async def send(prefix: bytes) -> list[bytes]:
+            bodies = [b"%s %d" % (prefix, i) for i in range(10)]
+            await until_sent(producer, bodies)
+            return bodies
+
+        try:
+            await a.start()
+            await b.start()
+            await a.role.change(BrokerRole.MASTER, a.config.listen)
+            a.topics.create("T", 1, 1, 6)
+            await producer.start()
+            await until(lambda: b.runtime_info()["ha"]["state"] == "TRANSFER", "b attached")
+            await send(b"replicated")
+            end = a.store.commitlog.max_offset
+            await until(lambda: b.store.commitlog.max_offset == end, "b caught up")
+            await b.ha_slave.stop()  # a partition: b hears nothing more from a
+            await b.slave_sync.stop()
+            await send(b"cut")
+            (mq,) = await consumer.fetch_message_queues("T")
+            assert len((await consumer.pull(mq, 0, 32)).messages) == 20
+            await consumer.commit_offset(mq, 20)
+
+            await a.role.change(BrokerRole.SLAVE, b.config.listen)
+            await b.role.change(BrokerRole.MASTER, b.config.listen)
+            await until(lambda: a.ha_slave.link.last_cut is not None, "a cut its tail")
+            successor = await send(b"successor")
+            end = b.store.commitlog.max_offset
+            await until(lambda: a.store.commitlog.max_offset == end, "a caught up")
+            await b.role.change(BrokerRole.SLAVE, a.config.listen)
+            await a.role.change(BrokerRole.MASTER, a.config.listen)
+
+            (mq,) = await consumer.fetch_message_queues("T")
+            offset = await consumer.fetch_offset(mq)
+            got = [bytes(m.body) for m in (await consumer.pull(mq, offset, 32)).messages]
+            assert got == successor, f"the group resumes at {offset} and gets {got}"
+        finally:
+            await consumer.close()
+            await producer.close()
+            await a.stop()
+            await b.stop()
+            stop_namesrv.set()
+            await namesrv_task
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+async def until_sent(producer: AsyncProducer, bodies: list[bytes]) -> None:
+    """Send each body until it is acknowledged (the route may still name the old master)."""
+    deadline = asyncio.get_running_loop().time() + 20
+    for body in bodies:
+        while True:
+            try:
+                if (await producer.send(Message("T", body))).status is SendStatus.SEND_OK:
+                    break
+            except HamqError:
+                pass
+            assert asyncio.get_running_loop().time() < deadline, f"{body!r} never acknowledged"
+            await asyncio.sleep(0.05)

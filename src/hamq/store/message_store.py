@@ -365,6 +365,9 @@ class MessageStore:
         # The checkpoint must not vouch for offsets past the cut: new, different records
         # will be written there.
         self.flush_consume_queues()
+        # Nor may consumer offsets: committed past the cut, they would skip those records
+        # (this member serves them once it is master again).
+        self.offsets.clamp(self.max_offset, self.clock_ms())
 
     # -- reading ------------------------------------------------------------------------
     def get_messages(

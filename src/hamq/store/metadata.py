@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,19 @@ class ConsumerOffsetManager:
 
     def table(self) -> dict[str, dict[str, int]]:
         return self._t.table
+
+    def clamp(self, max_offset: Callable[[str, int], int], now_ms: int) -> None:
+        """Move every offset past its queue's ``max_offset(topic, queue_id)`` back to it."""
+        changed = False
+        for key, queues in self._t.table.items():
+            topic = key.split("@", 1)[0]
+            for queue_id, offset in queues.items():
+                end = max_offset(topic, int(queue_id))
+                if offset > end:
+                    queues[queue_id] = end
+                    changed = True
+        if changed:
+            self._t.touch(now_ms)
 
     def merge(self, table: dict[str, dict[str, int]], now_ms: int) -> None:
         """Take offsets from another replica, never moving one backwards (a consumer may
