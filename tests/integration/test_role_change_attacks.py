@@ -285,15 +285,68 @@ def test_consumer_offsets_past_a_cut_do_not_skip_the_successors_messages(tmp_pat
     asyncio.run(asyncio.wait_for(scenario(), 120))
 
 
-async def until_sent(producer: AsyncProducer, bodies: list[bytes]) -> None:
-    """Send each body until it is acknowledged (the route may still name the old master)."""
+async def until_sent(producer: AsyncProducer, bodies: list[bytes], delay_level: int = 0) -> None:
+    """Send each body to topic T until it is acknowledged (the route may still name the
+    old master)."""
     deadline = asyncio.get_running_loop().time() + 20
     for body in bodies:
         while True:
             try:
-                if (await producer.send(Message("T", body))).status is SendStatus.SEND_OK:
+                if (
+                    await producer.send(Message("T", body, delay_level=delay_level))
+                ).status is SendStatus.SEND_OK:
                     break
             except HamqError:
                 pass
             assert asyncio.get_running_loop().time() < deadline, f"{body!r} never acknowledged"
             await asyncio.sleep(0.05)
+
+
+def test_delay_progress_past_a_cut_does_not_skip_the_successors_delay_messages(tmp_path):
+    """As with consumer offsets: a partitioned old master delivered delay messages its
+    slave never got, so its delay progress counts records its cut removes. Its successor
+    takes other delay messages at the same level-queue offsets; handed back mastership
+    before they are due, the old master must still deliver each of them."""
+
+    async def scenario() -> None:
+        namesrv, stop_namesrv, namesrv_task = await start_namesrv(tmp_path)
+        a, b = slave_broker(tmp_path, namesrv, 1), slave_broker(tmp_path, namesrv, 2)
+        producer = AsyncProducer(namesrv.listen, "p", retry_times_when_send_failed=0)
+        level = 2  # due in 5 s: long enough to hand mastership back before that
+
+        def delivered(member: Broker) -> list[bytes]:
+            return sorted(bytes(m) for m in read_queue(member.store, "T").values())
+
+        try:
+            await a.start()
+            await b.start()
+            await a.role.change(BrokerRole.MASTER, a.config.listen)
+            a.topics.create("T", 1, 1, 6)
+            await producer.start()
+            await until(lambda: b.runtime_info()["ha"]["state"] == "TRANSFER", "b attached")
+            await b.ha_slave.stop()  # a partition: b hears nothing more from a
+            await b.slave_sync.stop()
+            cut = [b"cut %d" % i for i in range(5)]
+            await until_sent(producer, cut, delay_level=level)
+            await until(lambda: delivered(a) == cut, "a delivered its delay messages")
+
+            await a.role.change(BrokerRole.SLAVE, b.config.listen)
+            await b.role.change(BrokerRole.MASTER, b.config.listen)
+            await until(lambda: a.ha_slave.link.last_cut is not None, "a cut its tail")
+            successor = [b"successor %d" % i for i in range(5)]
+            await until_sent(producer, successor, delay_level=level)
+            end = b.store.commitlog.max_offset
+            await until(lambda: a.store.commitlog.max_offset == end, "a caught up")
+            assert delivered(a) == [], "b delivered before the hand-back: nothing tested"
+            await b.role.change(BrokerRole.SLAVE, a.config.listen)
+            await a.role.change(BrokerRole.MASTER, a.config.listen)
+
+            await until(lambda: delivered(a) == successor, "a delivers b's delay messages once")
+        finally:
+            await producer.close()
+            await a.stop()
+            await b.stop()
+            stop_namesrv.set()
+            await namesrv_task
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))

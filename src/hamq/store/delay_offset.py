@@ -11,11 +11,12 @@ wait.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hamq.store.disk import OS_DISK, Disk
-from hamq.store.metadata import DataVersion, VersionedTable
+from hamq.store.metadata import DataVersion, VersionedTable, clamp_offsets
 
 _DELAY = "delay_offsets"
 _TIMER = "timer"
@@ -52,6 +53,11 @@ class DelayOffsetManager:
     def set_delay_offset(self, level: int, offset: int, now_ms: int) -> None:
         self._t.table[_DELAY][str(level)] = offset
         self._t.touch(now_ms)
+
+    def clamp_delay(self, max_offset: Callable[[int], int], now_ms: int) -> None:
+        """Move every level's offset past ``max_offset(level)`` back to it."""
+        if clamp_offsets(self._t.table[_DELAY], max_offset):
+            self._t.touch(now_ms)
 
     @property
     def timer(self) -> TimerProgress:

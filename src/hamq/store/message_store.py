@@ -103,6 +103,9 @@ class MessageStore:
         # Extra state to record with each checkpoint, read at the same instant as the log
         # offsets (DLedger: the Raft index applied up to that offset).
         self.checkpoint_extra: Callable[[], dict] | None = None
+        # Progress kept outside the store that counts records (delay delivery): told when
+        # a slave cuts its log, as consumer offsets are clamped then.
+        self.after_cut: list[Callable[[], None]] = []
         self._carried_extra: dict = {}
         # queues whose file (and topic directory) no checkpoint has fsynced the directory
         # entry of: a power loss could drop the file the checkpoint vouches for
@@ -368,6 +371,8 @@ class MessageStore:
         # Nor may consumer offsets: committed past the cut, they would skip those records
         # (this member serves them once it is master again).
         self.offsets.clamp(self.max_offset, self.clock_ms())
+        for callback in self.after_cut:
+            callback()
 
     # -- reading ------------------------------------------------------------------------
     def get_messages(

@@ -7,6 +7,7 @@ sync in seed 004). Files are JSON written through write-then-rename.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -138,6 +139,18 @@ class TopicConfigManager:
         return True
 
 
+def clamp_offsets(offsets: dict[str, int], end_of: Callable[[int], int]) -> bool:
+    """Move each offset (keyed by queue id or delay level) past ``end_of(key)`` back to
+    it; True if one moved."""
+    moved = False
+    for key, offset in offsets.items():
+        end = end_of(int(key))
+        if offset > end:
+            offsets[key] = end
+            moved = True
+    return moved
+
+
 class ConsumerOffsetManager:
     """Committed offsets by ``topic@group`` then queue id; persisted periodically and at
     shutdown (RocketMQ: flushConsumerOffsetInterval), as losing the last seconds of commits
@@ -164,12 +177,7 @@ class ConsumerOffsetManager:
         """Move every offset past its queue's ``max_offset(topic, queue_id)`` back to it."""
         changed = False
         for key, queues in self._t.table.items():
-            topic = key.split("@", 1)[0]
-            for queue_id, offset in queues.items():
-                end = max_offset(topic, int(queue_id))
-                if offset > end:
-                    queues[queue_id] = end
-                    changed = True
+            changed |= clamp_offsets(queues, functools.partial(max_offset, key.split("@", 1)[0]))
         if changed:
             self._t.touch(now_ms)
 

@@ -99,6 +99,7 @@ class ScheduleMessageService:
         )
         self._written_end = 0  # commit-log end of the last delivery written
         self._running = False
+        store.after_cut.append(self._after_cut)
         self._persist = PeriodicTask(
             "delay progress persist", flush_interval_ms / 1000, self._persist_progress
         )
@@ -216,6 +217,14 @@ class ScheduleMessageService:
         """Write a progress snapshot, after the timer log records it counts on."""
         self.timers.fsync_log()
         self.progress.write(snapshot)
+
+    def _after_cut(self) -> None:
+        """This member, a slave, cut its log: progress past a level queue's end counted
+        deliveries of records that are gone, and would skip the ones that take their queue
+        offsets (its next master's), once this member is master again."""
+        self.progress.clamp_delay(
+            lambda level: self.store.max_offset(SCHEDULE_TOPIC, level - 1), self.store.clock_ms()
+        )
 
     # -- delivery --------------------------------------------------------------------------
     def _arm(self, queue_id: int, due_ms: int, deliver: Callable[[int], None]) -> None:
