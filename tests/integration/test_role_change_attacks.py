@@ -17,11 +17,12 @@ from hamq.broker.server import Broker
 from hamq.client.consumer import AsyncPullConsumer
 from hamq.client.message import Message
 from hamq.client.producer import AsyncProducer, SendStatus
+from hamq.client.simple import AsyncSimpleConsumer
 from hamq.errors import HamqError, InSyncReplicasNotEnough
 from helpers import read_queue
 
 sys.path.insert(0, str(Path(__file__).parent))  # sibling test modules, as tests/chaos does
-from test_role_services import slave_broker, start_namesrv, until
+from test_role_services import WAIT_S, slave_broker, start_namesrv, until
 
 SLOW_FSYNC_S = 0.5
 ANSWER_WITHIN_S = 5.0  # far below the producer's send timeout: an answer, not a timeout
@@ -343,6 +344,67 @@ def test_delay_progress_past_a_cut_does_not_skip_the_successors_delay_messages(t
 
             await until(lambda: delivered(a) == successor, "a delivers b's delay messages once")
         finally:
+            await producer.close()
+            await a.stop()
+            await b.stop()
+            stop_namesrv.set()
+            await namesrv_task
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_pop_progress_past_a_cut_does_not_skip_the_successors_messages(tmp_path):
+    """As with consumer offsets, for a pop consumer group: the old master's pop state
+    counts messages its cut removes; master again, it must still hand the group every
+    message its successor acknowledged at the same queue offsets."""
+
+    async def scenario() -> None:
+        namesrv, stop_namesrv, namesrv_task = await start_namesrv(tmp_path)
+        a, b = slave_broker(tmp_path, namesrv, 1), slave_broker(tmp_path, namesrv, 2)
+        producer = AsyncProducer(namesrv.listen, "p", retry_times_when_send_failed=0)
+        consumer = AsyncSimpleConsumer("G", namesrv.listen, {"T": "*"}, await_duration_s=0.5)
+
+        async def pop_and_ack(count: int) -> list[bytes]:
+            got: list[bytes] = []
+            deadline = asyncio.get_running_loop().time() + WAIT_S
+            while len(got) < count and asyncio.get_running_loop().time() < deadline:
+                try:
+                    messages = await consumer.receive(32, 60)
+                except HamqError:  # the route still names the old master
+                    await asyncio.sleep(0.1)
+                    continue
+                for message in messages:
+                    got.append(bytes(message.body))
+                    await consumer.ack(message)
+            return sorted(got)
+
+        try:
+            await a.start()
+            await b.start()
+            await a.role.change(BrokerRole.MASTER, a.config.listen)
+            a.topics.create("T", 1, 1, 6)
+            await producer.start()
+            await until(lambda: b.runtime_info()["ha"]["state"] == "TRANSFER", "b attached")
+            await b.ha_slave.stop()  # a partition: b hears nothing more from a
+            await b.slave_sync.stop()
+            cut = sorted(b"cut %d" % i for i in range(10))
+            await until_sent(producer, cut)
+            await consumer.start()
+            assert await pop_and_ack(10) == cut
+
+            await a.role.change(BrokerRole.SLAVE, b.config.listen)
+            await b.role.change(BrokerRole.MASTER, b.config.listen)
+            await until(lambda: a.ha_slave.link.last_cut is not None, "a cut its tail")
+            successor = sorted(b"successor %d" % i for i in range(10))
+            await until_sent(producer, successor)
+            end = b.store.commitlog.max_offset
+            await until(lambda: a.store.commitlog.max_offset == end, "a caught up")
+            await b.role.change(BrokerRole.SLAVE, a.config.listen)
+            await a.role.change(BrokerRole.MASTER, a.config.listen)
+
+            assert await pop_and_ack(10) == successor
+        finally:
+            await consumer.close()
             await producer.close()
             await a.stop()
             await b.stop()

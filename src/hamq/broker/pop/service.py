@@ -122,6 +122,7 @@ class PopService:
         self._encoded: dict[StateKey, tuple[PopQueueState, int, list]] = {}
         self._ensure_revive_topic()
         self._recover()
+        store.after_cut.append(self._after_cut)
 
     def forget_topic(self, topic: str) -> None:
         """The topic was deleted: its in-flight pop state goes with it."""
@@ -161,6 +162,16 @@ class PopService:
                 replayed,
                 len(self.states),
             )
+
+    def _after_cut(self) -> None:
+        """This member, a slave, cut its log. A state or checkpoint past the revive log's
+        new end counts pops and acks that are gone, and consume offsets past messages its
+        next master writes at the same queue offsets: the checkpoint goes, and the state is
+        rebuilt at the next start from the revive log and the (clamped) consumer offsets."""
+        if self.revive.load_checkpoint().get("revive_offset", 0) > self.revive.end_offset:
+            self.revive.write_checkpoint(b"{}")
+            self._checkpointed_at = -1
+        self._state_at = -1
 
     def _ensure_revive_topic(self) -> None:
         """A master's revive log topic (a slave takes it from its master)."""
