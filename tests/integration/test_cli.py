@@ -177,6 +177,17 @@ def test_bench_produce_sends_exactly_count_messages(cluster, hamq_cli, count):
     assert json.loads(bench.stdout)["messages"] == count
 
 
+def test_cluster_shows_each_members_role_services(cluster, hamq_cli):
+    """``hamq cluster status`` names the master's running role services and its epoch, so an
+    operator sees that a role change took effect."""
+    result = hamq_cli("cluster", "status", "--namesrv", cluster.namesrv, timeout=30)
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if " id=0 " in line)
+    assert "role=master" in line or "role=sync_master" in line or "role=async_master" in line
+    assert "epoch=" in line and "services=" in line
+    assert "delay_delivery" in line and "transaction_check" in line, line
+
+
 def test_tool_errors_are_one_clear_line_and_exit_1(cluster, hamq_cli):
     """An unknown topic or an unreachable name server: exit code 1 and the error class with
     its message on stderr, never a traceback."""

@@ -139,7 +139,9 @@ async def cluster_status(namesrv: str, as_json: bool) -> None:
                 f"{r['cluster']:<16} {r['broker_name']:<12} id={r['broker_id']} {r['address']:<22} "
                 f"role={r.get('broker_role', '?')} "
                 f"commitlog_max={r.get('commitlog_max_offset', '?')} "
-                f"topics={r.get('topics', '?')}"
+                f"topics={r.get('topics', '?')} "
+                f"epoch={r.get('role', {}).get('epoch', '?')} "
+                f"services={','.join(r.get('role', {}).get('services', [])) or '-'}"
                 for r in rs
             )
             or "no brokers registered"
