@@ -412,3 +412,49 @@ def test_pop_progress_past_a_cut_does_not_skip_the_successors_messages(tmp_path)
             await namesrv_task
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_consumer_offsets_a_slave_took_past_its_log_do_not_skip_its_own_messages(tmp_path):
+    """The slave's metadata sync took a consumer offset its HA link had not yet brought
+    the messages for; then the old master is gone and the slave is promoted. Offsets past
+    its queues count messages it will never have: its own next messages take those queue
+    offsets, and the group must get them."""
+
+    async def scenario() -> None:
+        namesrv, stop_namesrv, namesrv_task = await start_namesrv(tmp_path)
+        a, b = slave_broker(tmp_path, namesrv, 1), slave_broker(tmp_path, namesrv, 2)
+        producer = AsyncProducer(namesrv.listen, "p", retry_times_when_send_failed=0)
+        consumer = AsyncPullConsumer("G", namesrv.listen)
+        try:
+            await a.start()
+            await b.start()
+            await a.role.change(BrokerRole.MASTER, a.config.listen)
+            a.topics.create("T", 1, 1, 6)
+            await producer.start()
+            await until(lambda: b.runtime_info()["ha"]["state"] == "TRANSFER", "b attached")
+            await b.ha_slave.stop()  # the HA link lags (here: stops); metadata sync goes on
+            await until_sent(producer, [b"lost with a %d" % i for i in range(10)])
+            (mq,) = await consumer.fetch_message_queues("T")
+            assert len((await consumer.pull(mq, 0, 32)).messages) == 10
+            await consumer.commit_offset(mq, 10)
+            await until(lambda: b.store.offsets.query("G", "T", 0) == 10, "b synced the offset")
+
+            await a.stop()  # the old master is gone
+            a = None
+            await b.role.change(BrokerRole.MASTER, b.config.listen)
+            successor = [b"successor %d" % i for i in range(10)]
+            await until_sent(producer, successor)
+            (mq,) = await consumer.fetch_message_queues("T")
+            offset = await consumer.fetch_offset(mq)
+            got = [bytes(m.body) for m in (await consumer.pull(mq, offset, 32)).messages]
+            assert got == successor, f"the group resumes at {offset} and gets {got}"
+        finally:
+            await consumer.close()
+            await producer.close()
+            if a is not None:
+                await a.stop()
+            await b.stop()
+            stop_namesrv.set()
+            await namesrv_task
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))

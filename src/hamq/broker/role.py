@@ -18,7 +18,8 @@ master -> slave
 
 slave -> master
   1. the slave's services stop: slave metadata sync, then the HA client, so nothing the old
-     master ships is written into the log after this point;
+     master ships is written into the log after this point (then consumer offsets and delay
+     progress slave sync took past that log go back to its queues' ends);
   2. the epoch moves on (to the Raft term of the leadership in DLedger mode, so no two
      members are master in one epoch; else by one) and the role flips: writes are taken
      from here on;

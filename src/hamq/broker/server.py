@@ -221,9 +221,17 @@ class Broker:
                 ),
                 RoleService("pop_revive", self.pop.start, self.pop.stop),
             ],
-            slave=[RoleService("ha_client", self.ha_slave.start, self.ha_slave.stop), slave_sync],
+            slave=[RoleService("ha_client", self.ha_slave.start, self._stop_ha_client), slave_sync],
             after_change=after_change,
         )
+
+    async def _stop_ha_client(self) -> None:
+        """Last of a slave's services to stop: the log is now all this member has (HA mode;
+        DLedger's grows to the committed index). Consumer offsets and delay progress that
+        slave sync took from the master past it count records this member never got, and
+        as master it writes others there: they go back to its queues' ends."""
+        await self.ha_slave.stop()
+        self.store.clamp_progress()
 
     def _arrived(self, arrived: list[tuple[str, int]]) -> None:
         """Records written by replication (HA transfer, DLedger apply): wake held pulls."""

@@ -103,8 +103,8 @@ class MessageStore:
         # Extra state to record with each checkpoint, read at the same instant as the log
         # offsets (DLedger: the Raft index applied up to that offset).
         self.checkpoint_extra: Callable[[], dict] | None = None
-        # Progress kept outside the store that counts records (delay delivery): told when
-        # a slave cuts its log, as consumer offsets are clamped then.
+        # Progress kept outside the store that counts records (delay delivery, pop state):
+        # told when consumer offsets are clamped (clamp_progress).
         self.after_cut: list[Callable[[], None]] = []
         self._carried_extra: dict = {}
         # queues whose file (and topic directory) no checkpoint has fsynced the directory
@@ -368,8 +368,13 @@ class MessageStore:
         # The checkpoint must not vouch for offsets past the cut: new, different records
         # will be written there.
         self.flush_consume_queues()
-        # Nor may consumer offsets: committed past the cut, they would skip those records
-        # (this member serves them once it is master again).
+        # Nor may consumer offsets and delay progress: past the cut, they would skip those
+        # records (this member serves them once it is master again).
+        self.clamp_progress()
+
+    def clamp_progress(self) -> None:
+        """Consumer offsets, and the progress kept outside the store (``after_cut``), past
+        their queues' ends go back to them: they count records this log does not hold."""
         self.offsets.clamp(self.max_offset, self.clock_ms())
         for callback in self.after_cut:
             callback()

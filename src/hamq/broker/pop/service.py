@@ -164,10 +164,11 @@ class PopService:
             )
 
     def _after_cut(self) -> None:
-        """This member, a slave, cut its log. A state or checkpoint past the revive log's
-        new end counts pops and acks that are gone, and consume offsets past messages its
-        next master writes at the same queue offsets: the checkpoint goes, and the state is
-        rebuilt at the next start from the revive log and the (clamped) consumer offsets."""
+        """Consumer offsets were clamped to this member's log (cut as it attached as a
+        slave, or promoted). A state or checkpoint past the revive log's end counts pops
+        and acks that are gone, and consume offsets past messages written at the same queue
+        offsets since: the checkpoint goes, and the state is rebuilt at the next start
+        from the revive log and the clamped consumer offsets."""
         if self.revive.load_checkpoint().get("revive_offset", 0) > self.revive.end_offset:
             self.revive.write_checkpoint(b"{}")
             self._checkpointed_at = -1

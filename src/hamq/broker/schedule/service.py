@@ -219,9 +219,9 @@ class ScheduleMessageService:
         self.progress.write(snapshot)
 
     def _after_cut(self) -> None:
-        """This member, a slave, cut its log: progress past a level queue's end counted
-        deliveries of records that are gone, and would skip the ones that take their queue
-        offsets (its next master's), once this member is master again."""
+        """Progress past a level queue's end (this member cut its log as it attached as a
+        slave, or is promoted without what its master delivered last) counts deliveries of
+        records it does not hold, and would skip the others written at those offsets."""
         self.progress.clamp_delay(
             lambda level: self.store.max_offset(SCHEDULE_TOPIC, level - 1), self.store.clock_ms()
         )
