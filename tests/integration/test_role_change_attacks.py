@@ -1,13 +1,17 @@
 """Attacks on a running member's role change (issue 13 review): what is in flight when a
-master becomes a slave, and what a promoted slave promises. In process with a real name
-server, as test_role_services.py (nothing triggers a master-slave role change yet but the
-role state itself)."""
+master becomes a slave, what a promoted slave promises, and what a member that cut its
+log (attaching to its successor) or never got its old master's last records still counts
+as consumed or delivered. In process with a real name server, as test_role_services.py
+(nothing triggers a master-slave role change yet but the role state itself)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -26,6 +30,95 @@ from test_role_services import WAIT_S, slave_broker, start_namesrv, until
 
 SLOW_FSYNC_S = 0.5
 ANSWER_WITHIN_S = 5.0  # far below the producer's send timeout: an answer, not a timeout
+DELAY_LEVEL = 2  # due in 5 s: long enough to hand mastership back before that
+
+
+@dataclass
+class Pair:
+    """Two members of group "g" in this event loop: ``a`` master (topic T, one queue),
+    ``b`` its slave, attached; a producer that does not retry."""
+
+    namesrv: str
+    a: Broker
+    b: Broker
+    producer: AsyncProducer
+    running: list[Broker] = field(default_factory=list)
+
+    async def stop(self, member: Broker) -> None:
+        self.running.remove(member)
+        await member.stop()
+
+    async def send(self, bodies: list[bytes], delay_level: int = 0) -> list[bytes]:
+        """Send each body to T until it is acknowledged (the route may still name the old
+        master)."""
+        deadline = asyncio.get_running_loop().time() + WAIT_S
+        for body in bodies:
+            while True:
+                try:
+                    message = Message("T", body, delay_level=delay_level)
+                    if (await self.producer.send(message)).status is SendStatus.SEND_OK:
+                        break
+                except HamqError:
+                    pass
+                assert asyncio.get_running_loop().time() < deadline, f"{body!r} not acked"
+                await asyncio.sleep(0.05)
+        return bodies
+
+
+@contextlib.asynccontextmanager
+async def pair(tmp_path, sync_master: bool = False, **settings) -> AsyncIterator[Pair]:
+    """``sync_master``: ``a`` is configured as the group's sync master (broker id 0), not
+    a slave promoted at runtime."""
+    namesrv, stop_namesrv, namesrv_task = await start_namesrv(tmp_path)
+    a = (
+        slave_broker(tmp_path, namesrv, 0, broker_role="sync_master", **settings)
+        if sync_master
+        else slave_broker(tmp_path, namesrv, 1, **settings)
+    )
+    b = slave_broker(tmp_path, namesrv, 2, **settings)
+    producer = AsyncProducer(
+        namesrv.listen, "p", send_timeout_s=30.0, retry_times_when_send_failed=0
+    )
+    members = Pair(namesrv.listen, a, b, producer)
+    try:
+        for member in (a, b):
+            await member.start()
+            members.running.append(member)
+        await a.role.change(BrokerRole.MASTER, a.config.listen)
+        a.topics.create("T", 1, 1, 6)
+        await producer.start()
+        await until(lambda: b.runtime_info()["ha"]["state"] == "TRANSFER", "b attached")
+        yield members
+    finally:
+        await producer.close()
+        for member in members.running:
+            await member.stop()
+        stop_namesrv.set()
+        await namesrv_task
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(scenario(), 180))
+
+
+async def partition(slave: Broker) -> None:
+    """The slave hears nothing more from its master: no log, no metadata."""
+    await slave.ha_slave.stop()
+    await slave.slave_sync.stop()
+
+
+async def hand_over(old: Broker, new: Broker) -> None:
+    await old.role.change(BrokerRole.SLAVE, new.config.listen)
+    await new.role.change(BrokerRole.MASTER, new.config.listen)
+
+
+async def until_caught_up(slave: Broker, master: Broker) -> None:
+    end = master.store.commitlog.max_offset
+    await until(lambda: slave.store.commitlog.max_offset == end, "the slave caught up")
+
+
+def bodies_in(member: Broker) -> list[bytes]:
+    return sorted(bytes(m) for m in read_queue(member.store, "T").values())
 
 
 def slow_fsync(broker: Broker) -> None:
@@ -55,94 +148,55 @@ def test_sync_master_sends_waiting_for_fsync_are_answered_when_it_becomes_slave(
     and refilled."""
 
     async def scenario() -> None:
-        namesrv, stop_namesrv, namesrv_task = await start_namesrv(tmp_path)
-        slave = slave_broker(tmp_path, namesrv, 1)
-        master = slave_broker(
-            tmp_path,
-            namesrv,
-            0,
-            broker_role="sync_master",
-            flush_disk_type="sync",
-            total_replicas=2,
-            in_sync_replicas=2,
-        )
-        producer = AsyncProducer(
-            namesrv.listen, "p", send_timeout_s=30.0, retry_times_when_send_failed=0
-        )
-        sends: list[asyncio.Task] = []
-        try:
-            await master.start()
-            await slave.start()
-            master.topics.create("T", 1, 1, 6)
-            await producer.start()
-            await until(lambda: slave.runtime_info()["ha"]["state"] == "TRANSFER", "attached")
-            assert (await producer.send(Message("T", b"warm-up"))).status is SendStatus.SEND_OK
-
-            slow_fsync(master)
-            end = master.store.commitlog.max_offset
+        quorum = {"flush_disk_type": "sync", "total_replicas": 2, "in_sync_replicas": 2}
+        async with pair(tmp_path, sync_master=True, **quorum) as p:
+            await p.send([b"warm-up"])
+            slow_fsync(p.a)
+            log = p.a.store.commitlog
+            end = log.max_offset
             bodies = [b"in flight %d" % i for i in range(20)]
-            sends += [asyncio.create_task(producer.send(Message("T", b))) for b in bodies]
-            await until(lambda: master.store.commitlog.max_offset > end, "sends stored")
-            log = master.store.commitlog
-            assert log.flushed_offset < log.max_offset, "the stored sends wait for their fsync"
-            await master.role.change(BrokerRole.SLAVE, slave.config.listen)
+            sends = [asyncio.create_task(p.producer.send(Message("T", b))) for b in bodies]
+            try:
+                await until(lambda: log.max_offset > end, "sends stored")
+                assert log.flushed_offset < log.max_offset, "the sends wait for their fsync"
+                await p.a.role.change(BrokerRole.SLAVE, p.b.config.listen)
 
-            _, pending = await asyncio.wait(sends, timeout=ANSWER_WITHIN_S)
-            assert not pending, f"{len(pending)} of {len(sends)} sends never answered"
-            on_slave = {bytes(b) for b in read_queue(slave.store, "T").values()}
+                _, pending = await asyncio.wait(sends, timeout=ANSWER_WITHIN_S)
+                assert not pending, f"{len(pending)} of {len(sends)} sends never answered"
+            finally:
+                for task in sends:
+                    task.cancel()
+            on_slave = bodies_in(p.b)
             for body, task in zip(bodies, sends, strict=True):
                 if task.exception() is None and task.result().status is SendStatus.SEND_OK:
                     assert body in on_slave, f"{body!r} acknowledged but not on the slave"
-            assert master.runtime_info()["role"]["errors"] == {}
-        finally:
-            for task in sends:
-                task.cancel()
-            await producer.close()
-            await master.stop()
-            await slave.stop()
-            stop_namesrv.set()
-            await namesrv_task
+            assert p.a.runtime_info()["role"]["errors"] == {}
 
-    asyncio.run(asyncio.wait_for(scenario(), 120))
+    run(scenario)
 
 
 def test_a_promoted_slave_acknowledges_only_what_in_sync_replicas_hold(tmp_path):
     """A member promoted at runtime is a sync master, as RocketMQ 5's controller makes
     every new master (``ReplicasManager.changeToMaster``): its ``in_sync_replicas`` decides
-    how many copies a send needs before SEND_OK. Alone, it must refuse the send; with a
-    slave attached, an acknowledged send is on that slave the moment it is acknowledged."""
+    how many copies a send needs before SEND_OK. Without its slave it must refuse the send;
+    with it, an acknowledged send is on the slave the moment it is acknowledged."""
 
     async def scenario() -> None:
-        namesrv, stop_namesrv, namesrv_task = await start_namesrv(tmp_path)
-        quorum = {"total_replicas": 2, "in_sync_replicas": 2}
-        a, b = (
-            slave_broker(tmp_path, namesrv, 1, **quorum),
-            slave_broker(tmp_path, namesrv, 2, **quorum),
-        )
-        producer = AsyncProducer(namesrv.listen, "p", retry_times_when_send_failed=0)
-        try:
-            await a.start()
-            await a.role.change(BrokerRole.MASTER, a.config.listen)
-            a.topics.create("T", 1, 1, 6)
-            await producer.start()
+        async with pair(tmp_path, total_replicas=2, in_sync_replicas=2) as p:
+            await p.b.ha_slave.stop()
+            await until(lambda: not p.a.runtime_info()["ha"]["slaves"], "a lost its slave")
             with pytest.raises(InSyncReplicasNotEnough):
-                await producer.send(Message("T", b"on the master alone"))
-            assert read_queue(a.store, "T") == {}
+                await p.producer.send(Message("T", b"on the master alone"))
+            assert read_queue(p.a.store, "T") == {}
 
-            await b.start()
-            await until(lambda: b.runtime_info()["ha"]["state"] == "TRANSFER", "b attached to a")
+            p.b.ha_slave.start()
+            await until(lambda: p.b.runtime_info()["ha"]["state"] == "TRANSFER", "reattached")
             for i in range(20):
                 body = b"on both %d" % i
-                assert (await producer.send(Message("T", body))).status is SendStatus.SEND_OK
-                assert body in {bytes(m) for m in read_queue(b.store, "T").values()}, body
-        finally:
-            await producer.close()
-            await a.stop()
-            await b.stop()
-            stop_namesrv.set()
-            await namesrv_task
+                assert (await p.producer.send(Message("T", body))).status is SendStatus.SEND_OK
+                assert body in bodies_in(p.b), body
 
-    asyncio.run(asyncio.wait_for(scenario(), 120))
+    run(scenario)
 
 
 def test_an_old_master_that_ran_ahead_is_cut_back_to_its_successor(tmp_path):
@@ -154,48 +208,20 @@ def test_an_old_master_that_ran_ahead_is_cut_back_to_its_successor(tmp_path):
     is anywhere, nothing is stored twice, and no role service reports an error."""
 
     async def scenario() -> None:
-        namesrv, stop_namesrv, namesrv_task = await start_namesrv(tmp_path)
-        a, b = slave_broker(tmp_path, namesrv, 1), slave_broker(tmp_path, namesrv, 2)
-        producer = AsyncProducer(namesrv.listen, "p", retry_times_when_send_failed=0)
-        replicated: list[bytes] = []
-        ahead: list[bytes] = []
-        sent = 0
-
-        async def send_until(acked: list[bytes], count: int, prefix: bytes) -> None:
-            nonlocal sent
-            goal = len(acked) + count
-            while len(acked) < goal:
-                bodies = [b"%s%06d" % (prefix, sent + i) for i in range(10)]
-                sent += 10
-                results = await asyncio.gather(
-                    *(producer.send(Message("T", body)) for body in bodies),
-                    return_exceptions=True,
-                )
-                acked += [
-                    body
-                    for body, r in zip(bodies, results, strict=True)
-                    if not isinstance(r, BaseException) and r.status is SendStatus.SEND_OK
-                ]
-
-        try:
-            await a.start()
-            await b.start()
-            await a.role.change(BrokerRole.MASTER, a.config.listen)
-            a.topics.create("T", 1, 1, 6)
-            await producer.start()
-            master, slave = a, b
+        async with pair(tmp_path) as p:
+            replicated: list[bytes] = []
+            ahead: list[bytes] = []
+            master, slave = p.a, p.b
             for round_ in range(4):
                 await until(
                     lambda s=slave: s.runtime_info()["ha"]["state"] == "TRANSFER",
                     f"round {round_}: the slave attached",
                 )
-                await send_until(replicated, 20, b"replicated")
-                end = master.store.commitlog.max_offset
-                await until(lambda s=slave, e=end: s.store.commitlog.max_offset == e, "caught up")
+                replicated += await p.send([b"replicated %d.%d" % (round_, i) for i in range(20)])
+                await until_caught_up(slave, master)
                 await slave.ha_slave.stop()  # the link is cut: the master runs ahead
-                await send_until(ahead, 10, b"ahead")
-                await master.role.change(BrokerRole.SLAVE, slave.config.listen)
-                await slave.role.change(BrokerRole.MASTER, slave.config.listen)
+                ahead += await p.send([b"ahead %d.%d" % (round_, i) for i in range(10)])
+                await hand_over(master, slave)
                 await until(
                     lambda m=master: (
                         m.ha_slave.link.last_cut is not None
@@ -205,25 +231,16 @@ def test_an_old_master_that_ran_ahead_is_cut_back_to_its_successor(tmp_path):
                 )
                 master.ha_slave.link.last_cut = None
                 master, slave = slave, master
-            await until(
-                lambda: a.store.commitlog.max_offset == b.store.commitlog.max_offset,
-                "both logs equal",
-            )
-            for member in (a, b):
-                bodies = [bytes(m) for m in read_queue(member.store, "T").values()]
+            await until_caught_up(slave, master)
+            for member in (p.a, p.b):
+                bodies = bodies_in(member)
                 assert len(bodies) == len(set(bodies)), "a message is stored twice"
                 assert set(replicated) <= set(bodies), "a replicated send was lost"
                 assert not set(ahead) & set(bodies), "a cut send survived somewhere"
                 assert member.runtime_info()["role"]["errors"] == {}
-            assert read_queue(a.store, "T") == read_queue(b.store, "T")
-        finally:
-            await producer.close()
-            await a.stop()
-            await b.stop()
-            stop_namesrv.set()
-            await namesrv_task
+            assert read_queue(p.a.store, "T") == read_queue(p.b.store, "T")
 
-    asyncio.run(asyncio.wait_for(scenario(), 180))
+    run(scenario)
 
 
 def test_consumer_offsets_past_a_cut_do_not_skip_the_successors_messages(tmp_path):
@@ -235,72 +252,36 @@ def test_consumer_offsets_past_a_cut_do_not_skip_the_successors_messages(tmp_pat
     acknowledged messages, which the group then never consumes."""
 
     async def scenario() -> None:
-        namesrv, stop_namesrv, namesrv_task = await start_namesrv(tmp_path)
-        a, b = slave_broker(tmp_path, namesrv, 1), slave_broker(tmp_path, namesrv, 2)
-        producer = AsyncProducer(namesrv.listen, "p", retry_times_when_send_failed=0)
-        consumer = AsyncPullConsumer("G", namesrv.listen)
-
-        async def send(prefix: bytes) -> list[bytes]:
-            bodies = [b"%s %d" % (prefix, i) for i in range(10)]
-            await until_sent(producer, bodies)
-            return bodies
-
-        try:
-            await a.start()
-            await b.start()
-            await a.role.change(BrokerRole.MASTER, a.config.listen)
-            a.topics.create("T", 1, 1, 6)
-            await producer.start()
-            await until(lambda: b.runtime_info()["ha"]["state"] == "TRANSFER", "b attached")
-            await send(b"replicated")
-            end = a.store.commitlog.max_offset
-            await until(lambda: b.store.commitlog.max_offset == end, "b caught up")
-            await b.ha_slave.stop()  # a partition: b hears nothing more from a
-            await b.slave_sync.stop()
-            await send(b"cut")
-            (mq,) = await consumer.fetch_message_queues("T")
-            assert len((await consumer.pull(mq, 0, 32)).messages) == 20
-            await consumer.commit_offset(mq, 20)
-
-            await a.role.change(BrokerRole.SLAVE, b.config.listen)
-            await b.role.change(BrokerRole.MASTER, b.config.listen)
-            await until(lambda: a.ha_slave.link.last_cut is not None, "a cut its tail")
-            successor = await send(b"successor")
-            end = b.store.commitlog.max_offset
-            await until(lambda: a.store.commitlog.max_offset == end, "a caught up")
-            await b.role.change(BrokerRole.SLAVE, a.config.listen)
-            await a.role.change(BrokerRole.MASTER, a.config.listen)
-
-            (mq,) = await consumer.fetch_message_queues("T")
-            offset = await consumer.fetch_offset(mq)
-            got = [bytes(m.body) for m in (await consumer.pull(mq, offset, 32)).messages]
-            assert got == successor, f"the group resumes at {offset} and gets {got}"
-        finally:
-            await consumer.close()
-            await producer.close()
-            await a.stop()
-            await b.stop()
-            stop_namesrv.set()
-            await namesrv_task
-
-    asyncio.run(asyncio.wait_for(scenario(), 120))
-
-
-async def until_sent(producer: AsyncProducer, bodies: list[bytes], delay_level: int = 0) -> None:
-    """Send each body to topic T until it is acknowledged (the route may still name the
-    old master)."""
-    deadline = asyncio.get_running_loop().time() + 20
-    for body in bodies:
-        while True:
+        async with pair(tmp_path) as p:
+            consumer = AsyncPullConsumer("G", p.namesrv)
             try:
-                if (
-                    await producer.send(Message("T", body, delay_level=delay_level))
-                ).status is SendStatus.SEND_OK:
-                    break
-            except HamqError:
-                pass
-            assert asyncio.get_running_loop().time() < deadline, f"{body!r} never acknowledged"
-            await asyncio.sleep(0.05)
+                await partition(p.b)
+                await p.send([b"cut %d" % i for i in range(10)])
+                (mq,) = await consumer.fetch_message_queues("T")
+                assert len((await consumer.pull(mq, 0, 32)).messages) == 10
+                await consumer.commit_offset(mq, 10)
+                successor = await successor_after_a_cut(p)
+
+                (mq,) = await consumer.fetch_message_queues("T")
+                offset = await consumer.fetch_offset(mq)
+                got = [bytes(m.body) for m in (await consumer.pull(mq, offset, 32)).messages]
+                assert sorted(got) == successor, f"the group resumes at {offset}, gets {got}"
+            finally:
+                await consumer.close()
+
+    run(scenario)
+
+
+async def successor_after_a_cut(p: Pair, delay_level: int = 0) -> list[bytes]:
+    """``a`` (partitioned from ``b``, its last records consumed or delivered) hands over
+    to ``b``, which takes other sends at the same queue offsets (returned) and hands
+    mastership back before they are due; ``a`` cut its tail to follow ``b``."""
+    await hand_over(p.a, p.b)
+    await until(lambda: p.a.ha_slave.link.last_cut is not None, "a cut its tail")
+    successor = await p.send([b"successor %d" % i for i in range(10)], delay_level)
+    await until_caught_up(p.a, p.b)
+    await hand_over(p.b, p.a)
+    return sorted(successor)
 
 
 def test_delay_progress_past_a_cut_does_not_skip_the_successors_delay_messages(tmp_path):
@@ -310,47 +291,15 @@ def test_delay_progress_past_a_cut_does_not_skip_the_successors_delay_messages(t
     before they are due, the old master must still deliver each of them."""
 
     async def scenario() -> None:
-        namesrv, stop_namesrv, namesrv_task = await start_namesrv(tmp_path)
-        a, b = slave_broker(tmp_path, namesrv, 1), slave_broker(tmp_path, namesrv, 2)
-        producer = AsyncProducer(namesrv.listen, "p", retry_times_when_send_failed=0)
-        level = 2  # due in 5 s: long enough to hand mastership back before that
+        async with pair(tmp_path) as p:
+            await partition(p.b)
+            cut = sorted(await p.send([b"cut %d" % i for i in range(5)], DELAY_LEVEL))
+            await until(lambda: bodies_in(p.a) == cut, "a delivered its delay messages")
+            successor = await successor_after_a_cut(p, DELAY_LEVEL)
+            assert bodies_in(p.a) == [], "b delivered before the hand-back: nothing tested"
+            await until(lambda: bodies_in(p.a) == successor, "a delivers b's messages once")
 
-        def delivered(member: Broker) -> list[bytes]:
-            return sorted(bytes(m) for m in read_queue(member.store, "T").values())
-
-        try:
-            await a.start()
-            await b.start()
-            await a.role.change(BrokerRole.MASTER, a.config.listen)
-            a.topics.create("T", 1, 1, 6)
-            await producer.start()
-            await until(lambda: b.runtime_info()["ha"]["state"] == "TRANSFER", "b attached")
-            await b.ha_slave.stop()  # a partition: b hears nothing more from a
-            await b.slave_sync.stop()
-            cut = [b"cut %d" % i for i in range(5)]
-            await until_sent(producer, cut, delay_level=level)
-            await until(lambda: delivered(a) == cut, "a delivered its delay messages")
-
-            await a.role.change(BrokerRole.SLAVE, b.config.listen)
-            await b.role.change(BrokerRole.MASTER, b.config.listen)
-            await until(lambda: a.ha_slave.link.last_cut is not None, "a cut its tail")
-            successor = [b"successor %d" % i for i in range(5)]
-            await until_sent(producer, successor, delay_level=level)
-            end = b.store.commitlog.max_offset
-            await until(lambda: a.store.commitlog.max_offset == end, "a caught up")
-            assert delivered(a) == [], "b delivered before the hand-back: nothing tested"
-            await b.role.change(BrokerRole.SLAVE, a.config.listen)
-            await a.role.change(BrokerRole.MASTER, a.config.listen)
-
-            await until(lambda: delivered(a) == successor, "a delivers b's delay messages once")
-        finally:
-            await producer.close()
-            await a.stop()
-            await b.stop()
-            stop_namesrv.set()
-            await namesrv_task
-
-    asyncio.run(asyncio.wait_for(scenario(), 120))
+    run(scenario)
 
 
 def test_pop_progress_past_a_cut_does_not_skip_the_successors_messages(tmp_path):
@@ -359,59 +308,34 @@ def test_pop_progress_past_a_cut_does_not_skip_the_successors_messages(tmp_path)
     message its successor acknowledged at the same queue offsets."""
 
     async def scenario() -> None:
-        namesrv, stop_namesrv, namesrv_task = await start_namesrv(tmp_path)
-        a, b = slave_broker(tmp_path, namesrv, 1), slave_broker(tmp_path, namesrv, 2)
-        producer = AsyncProducer(namesrv.listen, "p", retry_times_when_send_failed=0)
-        consumer = AsyncSimpleConsumer("G", namesrv.listen, {"T": "*"}, await_duration_s=0.5)
+        async with pair(tmp_path) as p:
+            consumer = AsyncSimpleConsumer("G", p.namesrv, {"T": "*"}, await_duration_s=0.5)
 
-        async def pop_and_ack(count: int) -> list[bytes]:
-            got: list[bytes] = []
-            deadline = asyncio.get_running_loop().time() + WAIT_S
-            while len(got) < count and asyncio.get_running_loop().time() < deadline:
-                try:
-                    messages = await consumer.receive(32, 60)
-                except HamqError:  # the route still names the old master
-                    await asyncio.sleep(0.1)
-                    continue
-                for message in messages:
-                    got.append(bytes(message.body))
-                    await consumer.ack(message)
-            return sorted(got)
+            async def pop_and_ack(count: int) -> list[bytes]:
+                got: list[bytes] = []
+                deadline = asyncio.get_running_loop().time() + WAIT_S
+                while len(got) < count and asyncio.get_running_loop().time() < deadline:
+                    try:
+                        messages = await consumer.receive(32, 60)
+                    except HamqError:  # the route still names the old master
+                        await asyncio.sleep(0.1)
+                        continue
+                    for message in messages:
+                        got.append(bytes(message.body))
+                        await consumer.ack(message)
+                return sorted(got)
 
-        try:
-            await a.start()
-            await b.start()
-            await a.role.change(BrokerRole.MASTER, a.config.listen)
-            a.topics.create("T", 1, 1, 6)
-            await producer.start()
-            await until(lambda: b.runtime_info()["ha"]["state"] == "TRANSFER", "b attached")
-            await b.ha_slave.stop()  # a partition: b hears nothing more from a
-            await b.slave_sync.stop()
-            cut = sorted(b"cut %d" % i for i in range(10))
-            await until_sent(producer, cut)
-            await consumer.start()
-            assert await pop_and_ack(10) == cut
+            try:
+                await partition(p.b)
+                cut = sorted(await p.send([b"cut %d" % i for i in range(10)]))
+                await consumer.start()
+                assert await pop_and_ack(10) == cut
+                successor = await successor_after_a_cut(p)
+                assert await pop_and_ack(10) == successor
+            finally:
+                await consumer.close()
 
-            await a.role.change(BrokerRole.SLAVE, b.config.listen)
-            await b.role.change(BrokerRole.MASTER, b.config.listen)
-            await until(lambda: a.ha_slave.link.last_cut is not None, "a cut its tail")
-            successor = sorted(b"successor %d" % i for i in range(10))
-            await until_sent(producer, successor)
-            end = b.store.commitlog.max_offset
-            await until(lambda: a.store.commitlog.max_offset == end, "a caught up")
-            await b.role.change(BrokerRole.SLAVE, a.config.listen)
-            await a.role.change(BrokerRole.MASTER, a.config.listen)
-
-            assert await pop_and_ack(10) == successor
-        finally:
-            await consumer.close()
-            await producer.close()
-            await a.stop()
-            await b.stop()
-            stop_namesrv.set()
-            await namesrv_task
-
-    asyncio.run(asyncio.wait_for(scenario(), 120))
+    run(scenario)
 
 
 def test_consumer_offsets_a_slave_took_past_its_log_do_not_skip_its_own_messages(tmp_path):
@@ -421,40 +345,24 @@ def test_consumer_offsets_a_slave_took_past_its_log_do_not_skip_its_own_messages
     offsets, and the group must get them."""
 
     async def scenario() -> None:
-        namesrv, stop_namesrv, namesrv_task = await start_namesrv(tmp_path)
-        a, b = slave_broker(tmp_path, namesrv, 1), slave_broker(tmp_path, namesrv, 2)
-        producer = AsyncProducer(namesrv.listen, "p", retry_times_when_send_failed=0)
-        consumer = AsyncPullConsumer("G", namesrv.listen)
-        try:
-            await a.start()
-            await b.start()
-            await a.role.change(BrokerRole.MASTER, a.config.listen)
-            a.topics.create("T", 1, 1, 6)
-            await producer.start()
-            await until(lambda: b.runtime_info()["ha"]["state"] == "TRANSFER", "b attached")
-            await b.ha_slave.stop()  # the HA link lags (here: stops); metadata sync goes on
-            await until_sent(producer, [b"lost with a %d" % i for i in range(10)])
-            (mq,) = await consumer.fetch_message_queues("T")
-            assert len((await consumer.pull(mq, 0, 32)).messages) == 10
-            await consumer.commit_offset(mq, 10)
-            await until(lambda: b.store.offsets.query("G", "T", 0) == 10, "b synced the offset")
+        async with pair(tmp_path) as p:
+            consumer = AsyncPullConsumer("G", p.namesrv)
+            try:
+                await p.b.ha_slave.stop()  # the HA link lags (here: stops); metadata sync goes on
+                await p.send([b"lost with a %d" % i for i in range(10)])
+                (mq,) = await consumer.fetch_message_queues("T")
+                assert len((await consumer.pull(mq, 0, 32)).messages) == 10
+                await consumer.commit_offset(mq, 10)
+                await until(lambda: p.b.store.offsets.query("G", "T", 0) == 10, "b took it")
 
-            await a.stop()  # the old master is gone
-            a = None
-            await b.role.change(BrokerRole.MASTER, b.config.listen)
-            successor = [b"successor %d" % i for i in range(10)]
-            await until_sent(producer, successor)
-            (mq,) = await consumer.fetch_message_queues("T")
-            offset = await consumer.fetch_offset(mq)
-            got = [bytes(m.body) for m in (await consumer.pull(mq, offset, 32)).messages]
-            assert got == successor, f"the group resumes at {offset} and gets {got}"
-        finally:
-            await consumer.close()
-            await producer.close()
-            if a is not None:
-                await a.stop()
-            await b.stop()
-            stop_namesrv.set()
-            await namesrv_task
+                await p.stop(p.a)  # the old master is gone
+                await p.b.role.change(BrokerRole.MASTER, p.b.config.listen)
+                successor = await p.send([b"successor %d" % i for i in range(10)])
+                (mq,) = await consumer.fetch_message_queues("T")
+                offset = await consumer.fetch_offset(mq)
+                got = [bytes(m.body) for m in (await consumer.pull(mq, offset, 32)).messages]
+                assert got == successor, f"the group resumes at {offset} and gets {got}"
+            finally:
+                await consumer.close()
 
-    asyncio.run(asyncio.wait_for(scenario(), 120))
+    run(scenario)
