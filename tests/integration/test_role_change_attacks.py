@@ -48,14 +48,14 @@ class Pair:
         self.running.remove(member)
         await member.stop()
 
-    async def send(self, bodies: list[bytes], delay_level: int = 0) -> list[bytes]:
-        """Send each body to T until it is acknowledged (the route may still name the old
-        master)."""
+    async def send(self, bodies: list[bytes], **fields) -> list[bytes]:
+        """Send each body to T (a message with ``fields``) until it is acknowledged (the
+        route may still name the old master)."""
         deadline = asyncio.get_running_loop().time() + WAIT_S
         for body in bodies:
             while True:
                 try:
-                    message = Message("T", body, delay_level=delay_level)
+                    message = Message("T", body, **fields)
                     if (await self.producer.send(message)).status is SendStatus.SEND_OK:
                         break
                 except HamqError:
@@ -272,13 +272,13 @@ def test_consumer_offsets_past_a_cut_do_not_skip_the_successors_messages(tmp_pat
     run(scenario)
 
 
-async def successor_after_a_cut(p: Pair, delay_level: int = 0) -> list[bytes]:
+async def successor_after_a_cut(p: Pair, **fields) -> list[bytes]:
     """``a`` (partitioned from ``b``, its last records consumed or delivered) hands over
     to ``b``, which takes other sends at the same queue offsets (returned) and hands
     mastership back before they are due; ``a`` cut its tail to follow ``b``."""
     await hand_over(p.a, p.b)
     await until(lambda: p.a.ha_slave.link.last_cut is not None, "a cut its tail")
-    successor = await p.send([b"successor %d" % i for i in range(10)], delay_level)
+    successor = await p.send([b"successor %d" % i for i in range(10)], **fields)
     await until_caught_up(p.a, p.b)
     await hand_over(p.b, p.a)
     return sorted(successor)
@@ -293,9 +293,9 @@ def test_delay_progress_past_a_cut_does_not_skip_the_successors_delay_messages(t
     async def scenario() -> None:
         async with pair(tmp_path) as p:
             await partition(p.b)
-            cut = sorted(await p.send([b"cut %d" % i for i in range(5)], DELAY_LEVEL))
+            cut = sorted(await p.send([b"cut %d" % i for i in range(5)], delay_level=DELAY_LEVEL))
             await until(lambda: bodies_in(p.a) == cut, "a delivered its delay messages")
-            successor = await successor_after_a_cut(p, DELAY_LEVEL)
+            successor = await successor_after_a_cut(p, delay_level=DELAY_LEVEL)
             assert bodies_in(p.a) == [], "b delivered before the hand-back: nothing tested"
             await until(lambda: bodies_in(p.a) == successor, "a delivers b's messages once")
 
@@ -364,5 +364,22 @@ def test_consumer_offsets_a_slave_took_past_its_log_do_not_skip_its_own_messages
                 assert got == successor, f"the group resumes at {offset} and gets {got}"
             finally:
                 await consumer.close()
+
+    run(scenario)
+
+
+def test_timer_progress_past_a_cut_does_not_skip_the_successors_timer_messages(tmp_path):
+    """As with delay levels, for timer messages (a deliver time of their own)."""
+
+    async def scenario() -> None:
+        async with pair(tmp_path) as p:
+            await partition(p.b)
+            due = time.time() * 1000 + 2000
+            cut = sorted(await p.send([b"cut %d" % i for i in range(5)], deliver_time_ms=int(due)))
+            await until(lambda: bodies_in(p.a) == cut, "a delivered its timer messages")
+            later = int(time.time() * 1000) + 8000
+            successor = await successor_after_a_cut(p, deliver_time_ms=later)
+            assert bodies_in(p.a) == [], "b delivered before the hand-back: nothing tested"
+            await until(lambda: bodies_in(p.a) == successor, "a delivers b's messages once")
 
     run(scenario)
