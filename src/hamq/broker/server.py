@@ -199,6 +199,7 @@ class Broker:
             "client housekeeping", CLIENT_SCAN_INTERVAL_S, self._scan_clients
         )
         self._role_changes: set[asyncio.Task] = set()
+        self._shutting_down = False
         self.metrics: WSGIServer | None = None
 
     def _role_services(self) -> RoleServices:
@@ -212,7 +213,7 @@ class Broker:
             return RoleServices(master=[], slave=[slave_sync], after_change=after_change)
         return RoleServices(
             master=[
-                RoleService("ha_master", self.ha_master.start, self.ha_master.stop),
+                RoleService("ha_master", self.ha_master.start, self._stop_ha_master),
                 RoleService(
                     "delay_delivery", self.schedule.start_delivery, self.schedule.stop_delivery
                 ),
@@ -224,6 +225,20 @@ class Broker:
             slave=[RoleService("ha_client", self.ha_slave.start, self._stop_ha_client), slave_sync],
             after_change=after_change,
         )
+
+    async def _stop_ha_master(self) -> None:
+        """Last of a master's services to stop. At the broker's shutdown the client port
+        closes first, so every send acknowledged until then is shipped to the slaves (a
+        role change refuses sends before this; a shutdown takes them until the port
+        closes, and those taken after the HA master stopped never left this member)."""
+        if self._shutting_down:
+            await self._stop_serving()
+        await self.ha_master.stop()
+
+    async def _stop_serving(self) -> None:
+        """Stop taking client requests: held pulls are dropped, every client connection closes."""
+        self.pull.close()
+        await self.server.close()
 
     async def _stop_ha_client(self) -> None:
         """Last of a slave's services to stop: the log is now all this member has (HA mode;
@@ -338,6 +353,7 @@ class Broker:
 
     async def stop(self) -> None:
         """Clean shutdown: stop serving, flush and checkpoint, deregister."""
+        self._shutting_down = True
         await self._housekeeping.stop()
         await self.registration.stop()
         await self.members.stop()
@@ -347,8 +363,7 @@ class Broker:
         await asyncio.gather(*self._role_changes, return_exceptions=True)
         await self.role.stop()
         await self.schedule.stop()
-        self.pull.close()
-        await self.server.close()
+        await self._stop_serving()  # done already if the HA master stopped
         await self.flush.stop()
         self.store.close()
         if self.metrics is not None:
