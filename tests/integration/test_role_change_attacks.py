@@ -22,7 +22,9 @@ from hamq.client.consumer import AsyncPullConsumer
 from hamq.client.message import Message
 from hamq.client.producer import AsyncProducer, SendStatus
 from hamq.client.simple import AsyncSimpleConsumer
+from hamq.client.transaction import AsyncTransactionProducer
 from hamq.errors import HamqError, InSyncReplicasNotEnough
+from hamq.protocol.transaction import TransactionState
 from helpers import read_queue
 
 sys.path.insert(0, str(Path(__file__).parent))  # sibling test modules, as tests/chaos does
@@ -383,3 +385,53 @@ def test_timer_progress_past_a_cut_does_not_skip_the_successors_timer_messages(t
             await until(lambda: bodies_in(p.a) == successor, "a delivers b's messages once")
 
     run(scenario)
+
+
+def test_checks_of_a_cut_half_message_do_not_count_for_the_successors(tmp_path):
+    """A master counts the checks it sent for each half message (by half-queue offset)
+    and rolls a half back after ``transaction_check_max``. Checks of a half its cut
+    removed must not count for the successor's half at the same offset: that one gets
+    its own checks, and commits on the second as its producer answers."""
+    checks = {"transaction_check_max": 2, "transaction_timeout_ms": 300}
+    interval = {"transaction_check_interval_ms": 2000}  # room to switch between rounds
+
+    async def scenario() -> None:
+        async with pair(tmp_path, **checks, **interval) as p:
+            asked: list[bytes] = []
+
+            def check(message: Message) -> TransactionState:
+                asked.append(bytes(message.body))  # committed once asked a second time
+                return (
+                    TransactionState.COMMIT_MESSAGE
+                    if asked.count(bytes(message.body)) > 1
+                    else TransactionState.UNKNOW
+                )
+
+            producer = AsyncTransactionProducer(
+                p.namesrv, "pg", lambda m, a: TransactionState.UNKNOW, check
+            )
+            try:
+                await partition(p.b)
+                await producer.send_message_in_transaction(Message("T", b"cut"))
+                await until(lambda: asked == [b"cut"], "a checked its half once")
+                await hand_over(p.a, p.b)
+                await until(lambda: p.a.ha_slave.link.last_cut is not None, "a cut its tail")
+                await until_sent(producer, b"successor")
+                await until_caught_up(p.a, p.b)
+                await hand_over(p.b, p.a)
+                await until(lambda: bodies_in(p.a) == [b"successor"], "the successor committed")
+            finally:
+                await producer.close()
+
+    run(scenario)
+
+
+async def until_sent(producer: AsyncTransactionProducer, body: bytes) -> None:
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+    while True:
+        try:
+            await producer.send_message_in_transaction(Message("T", body))
+            return
+        except HamqError:  # the route still names the old master
+            assert asyncio.get_running_loop().time() < deadline, f"{body!r} never sent"
+            await asyncio.sleep(0.05)

@@ -73,7 +73,13 @@ class TransactionalMessageCheckService:
 
     def start(self) -> None:
         """Master only: read the decisions back (a member that was a slave has the op log
-        its master wrote meanwhile), then check every interval."""
+        its master wrote meanwhile), then check every interval. Check counts start afresh:
+        they are kept by half-queue offset, and a member that was a slave may have cut the
+        halves it counted for and taken others at those offsets (a half's count is this
+        master's alone, as after a restart)."""
+        self._checks.clear()
+        self._unreadable.clear()
+        self._resume_at = 0
         self.transactions.start()
         self._rounds.start()
 
