@@ -17,6 +17,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def accepts(address: str) -> bool:
+    """Something listens on ``address`` (HOST:PORT)."""
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
 def wait_for(predicate, timeout_s: float, what: str):
     """Poll ``predicate`` until it returns something truthy (returned), or fail naming
     ``what``; bounded, so a broken cluster fails the test instead of hanging it."""

@@ -15,7 +15,7 @@ from hamq.client.producer import AsyncProducer
 from hamq.config import BrokerConfig, NamesrvConfig
 from hamq.errors import HamqError
 from hamq.namesrv.server import serve_namesrv
-from helpers import free_port, read_queue
+from helpers import accepts, free_port, read_queue, until
 
 try:
     from hamq.broker.ha.service import HAMaster
@@ -23,13 +23,6 @@ except ImportError:  # before the refactor's layout
     from hamq.broker.ha import HAMaster
 
 WAIT_S = 20.0
-
-
-async def until(predicate, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + WAIT_S
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out: {what}"
-        await asyncio.sleep(0.01)
 
 
 def member(tmp_path, namesrv: NamesrvConfig, broker_id: int, role: str) -> Broker:
@@ -54,7 +47,10 @@ def test_a_send_acknowledged_while_an_async_master_stops_is_on_its_slave(tmp_pat
     sends still taken meanwhile were acknowledged and never left the master). The probe
     send is made just after the HA master stopped: refused or on the slave, never only
     acknowledged."""
+    acked: list[bytes] = []
     stopped_ha: list[HAMaster] = []
+    probe_at: Broker | None = None  # the master, once created
+    producer: AsyncProducer | None = None
     stop_ha = HAMaster.stop
 
     async def stop_then_probe(self: HAMaster) -> None:
@@ -79,12 +75,14 @@ def test_a_send_acknowledged_while_an_async_master_stops_is_on_its_slave(tmp_pat
         producer = AsyncProducer(namesrv.listen, "p", send_timeout_s=2.0)
         master_stopped = False
         try:
-            await until(lambda: namesrv_task.done() or _accepts(namesrv.listen), "name server")
+            await until(lambda: accepts(namesrv.listen), WAIT_S, "name server up")
             await master.start()
             await slave.start()
             master.topics.create("T", 1, 1, 6)
             await until(
-                lambda: slave.runtime_info()["ha"].get("state") == "TRANSFER", "slave attached"
+                lambda: slave.runtime_info()["ha"].get("state") == "TRANSFER",
+                WAIT_S,
+                "slave attached",
             )
             await producer.start()
             for i in range(10):
@@ -96,6 +94,7 @@ def test_a_send_acknowledged_while_an_async_master_stops_is_on_its_slave(tmp_pat
             assert master.ha_master in stopped_ha
             await until(
                 lambda: set(acked) <= {bytes(b) for b in read_queue(slave.store, "T").values()},
+                WAIT_S,
                 f"every acknowledged send on the slave: {acked}",
             )
         finally:
@@ -106,18 +105,4 @@ def test_a_send_acknowledged_while_an_async_master_stops_is_on_its_slave(tmp_pat
             stop_namesrv.set()
             await namesrv_task
 
-    acked: list[bytes] = []
-    probe_at: Broker | None = None
-    producer: AsyncProducer | None = None
     asyncio.run(asyncio.wait_for(scenario(), 120))
-
-
-def _accepts(address: str) -> bool:
-    import socket
-
-    host, port = address.rsplit(":", 1)
-    try:
-        socket.create_connection((host, int(port)), timeout=1).close()
-    except OSError:
-        return False
-    return True

@@ -11,7 +11,6 @@ to each other under sends, the slave following the new master each time."""
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 
@@ -23,20 +22,11 @@ from hamq.client.producer import AsyncProducer
 from hamq.config import BrokerConfig, NamesrvConfig
 from hamq.errors import NoPermission
 from hamq.namesrv.server import serve_namesrv
-from helpers import free_port, read_queue
+from helpers import accepts, free_port, read_queue
 
 MASTER_SERVICES = ["delay_delivery", "ha_master", "pop_revive", "transaction_check"]
 SLAVE_SERVICES = ["ha_client", "slave_sync"]
 WAIT_S = 20.0
-
-
-def accepts(address: str) -> bool:
-    host, port = address.rsplit(":", 1)
-    try:
-        socket.create_connection((host, int(port)), timeout=1).close()
-    except OSError:
-        return False
-    return True
 
 
 async def registered_ids(broker: Broker) -> dict[int, str]:
