@@ -17,11 +17,13 @@ import pytest
 from hamq.broker.ha.member_group import MASTER_ID
 from hamq.broker.role import BrokerRole
 from hamq.broker.server import Broker
+from hamq.client.consumer import AsyncPullConsumer
 from hamq.client.message import Message
 from hamq.client.producer import AsyncProducer
 from hamq.config import BrokerConfig, NamesrvConfig
 from hamq.errors import NoPermission
 from hamq.namesrv.server import serve_namesrv
+from hamq.protocol.codes import RequestCode
 from helpers import accepts, free_port, read_queue
 
 MASTER_SERVICES = ["delay_delivery", "ha_master", "pop_revive", "transaction_check"]
@@ -182,3 +184,47 @@ def test_two_members_hand_mastership_to_each_other_under_sends(tmp_path):
             await namesrv_task
 
     asyncio.run(asyncio.wait_for(scenario(), 180))
+
+
+def test_a_master_turned_slave_refuses_a_send_back(tmp_path):
+    """A consumer whose route predates the change hands a message back to the old master:
+    the retry topic already exists, so only the role stops the copy being written into the
+    log the new master replicates into."""
+
+    async def scenario() -> None:
+        namesrv, stop_namesrv, namesrv_task = await start_namesrv(tmp_path)
+        broker = slave_broker(tmp_path, namesrv, 1)
+        consumer = AsyncPullConsumer("cg", namesrv.listen)
+        await broker.start()
+        try:
+            await broker.role.change(BrokerRole.MASTER, broker.config.listen)
+            broker.topics.create("T", 1, 1, 6)
+            broker.topics.create("%RETRY%cg", 1, 1, 6)
+            producer = AsyncProducer(namesrv.listen, "p", send_timeout_s=3.0)
+            await producer.start()
+            try:
+                await producer.send(Message("T", b"m"))
+            finally:
+                await producer.close()
+            await broker.role.change(BrokerRole.SLAVE, None)
+            end = broker.store.commitlog.max_offset
+            send_back = {
+                "group": "cg",
+                "topic": "T",
+                "queue_id": 0,
+                "queue_offset": 0,
+                "delay_level": 0,
+                "max_reconsume_times": 16,
+            }
+            with pytest.raises(NoPermission):
+                await consumer.core.invoke(
+                    broker.config.listen, RequestCode.CONSUMER_SEND_MSG_BACK, send_back
+                )
+            assert broker.store.commitlog.max_offset == end
+        finally:
+            await consumer.close()
+            await broker.stop()
+            stop_namesrv.set()
+            await namesrv_task
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))

@@ -18,7 +18,7 @@ from hamq.broker.durable import answer_when_durable
 from hamq.broker.schedule.service import ScheduleMessageService
 from hamq.broker.stored_message import StoredMessage, read_message
 from hamq.broker.topics import TopicService
-from hamq.errors import QueryNotFound
+from hamq.errors import NoPermission, QueryNotFound
 from hamq.net.connection import Connection
 from hamq.protocol.frame import Frame, optional, require
 from hamq.protocol.message import encode_message, encode_properties
@@ -73,6 +73,14 @@ class ConsumerSendMsgBackProcessor:
         queue_offset = require(ext, "queue_offset", int)
         delay_level = optional(ext, "delay_level", 0, 0, MAX_DELAY_LEVEL)
         max_reconsume_times = optional(ext, "max_reconsume_times", DEFAULT_MAX_RECONSUME_TIMES)
+        if not self.topics.role.is_master:
+            # A client with a route from before a role change: once the retry or dead-letter
+            # topic exists no topic is created, so nothing else would stop this member
+            # writing a copy into a log its master's bytes are replicated into.
+            raise NoPermission(
+                "this broker is a slave and does not accept writes; send the message back "
+                "to the group's master"
+            )
         self.topics.for_read(topic, queue_id)
         original = read_message(self.store, topic, queue_id, queue_offset)
         if original is None:
