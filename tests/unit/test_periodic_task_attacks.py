@@ -86,3 +86,24 @@ def test_stop_while_the_duty_awaits_ends_it_and_start_runs_it_again():
         assert len(ended) == 2
 
     asyncio.run(scenario())
+
+
+def test_a_stop_whose_cancel_the_duty_swallows_ends_without_waiting_an_interval():
+    started = []
+
+    async def duty() -> None:
+        started.append(1)
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            pass  # as asyncio.wait_for (3.11) may when what it waits on ends as it is cancelled
+
+    async def scenario() -> None:
+        task = PeriodicTask("swallowing duty", 60.0, duty)
+        task.start()
+        task.wake()  # run now, not in a minute
+        await until(lambda: started, 30, "the run")
+        await asyncio.wait_for(task.stop(), 5)
+        assert not task.running
+
+    asyncio.run(scenario())

@@ -73,7 +73,9 @@ class PeriodicTask:
 
     async def _loop(self) -> None:
         this_run = asyncio.current_task()
-        while True:
+        # checked before the wait too: a stop whose cancel the duty swallowed would else
+        # wait a whole interval (30 s for registration) before the loop saw it
+        while self._task is this_run:
             await self._wait()
             if self._task is not this_run:
                 return  # stopped, though a duty's asyncio.wait_for swallowed the cancel (3.11)
