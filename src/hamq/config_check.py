@@ -316,7 +316,7 @@ def check_broker(config: BrokerConfig) -> None:
                 config.dledger_self_id,
                 f"must be one of the dledger_peers ids {sorted(peers)}",
             )
-        # the Raft leader's heartbeat must come several times within a follower's patience
+        # a follower that hears no heartbeat within its election timeout starts an election
         if config.dledger_election_timeout_ms <= HEARTBEAT_INTERVAL_MS:
             raise bad(
                 "dledger_election_timeout_ms",

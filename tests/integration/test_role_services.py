@@ -107,6 +107,7 @@ def test_a_broker_switches_its_services_in_place(tmp_path):
                 assert info["services"] == MASTER_SERVICES and info["errors"] == {}
                 assert broker.runtime_info()["broker_id"] == MASTER_ID
                 assert broker.runtime_info()["ha"]["role"] == "master"
+                assert broker.runtime_info()["broker_role"] == "sync_master"  # as promoted
                 assert accepts(broker.config.ha_address)  # the HA master listens again
                 if cycle == 1:
                     broker.topics.create("T", 1, 1, 6)  # writes are the master's
@@ -118,6 +119,7 @@ def test_a_broker_switches_its_services_in_place(tmp_path):
                 assert info["role"] == "slave" and info["epoch"] == cycle
                 assert info["services"] == SLAVE_SERVICES and info["errors"] == {}
                 assert info["changes"] == 2 * cycle
+                assert broker.runtime_info()["broker_role"] == "slave"
                 with pytest.raises(NoPermission):
                     broker.topics.for_write("T", 0)
                 assert not accepts(broker.config.ha_address)

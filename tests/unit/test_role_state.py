@@ -112,9 +112,14 @@ def test_an_authority_gives_the_new_masters_epoch():
         Recorder(role)
         await role.change(BrokerRole.MASTER, "a", epoch=7)  # DLedger: the Raft term
         assert role.epoch == 7
+        # elected again in a newer term without a step-down seen in between: no change of
+        # role, but the epoch follows the term (an older term never moves it back)
+        assert not await role.change(BrokerRole.MASTER, "a", epoch=9)
+        assert not await role.change(BrokerRole.MASTER, "a", epoch=8)
+        assert role.epoch == 9 and role.changes == 1
         await role.change(BrokerRole.SLAVE, "b")
         await role.change(BrokerRole.MASTER, "a")
-        assert role.epoch == 8
+        assert role.epoch == 10
 
     run(scenario())
 

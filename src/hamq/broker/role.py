@@ -121,11 +121,14 @@ class RoleState:
         self, role: BrokerRole, master_addr: str | None = None, epoch: int | None = None
     ) -> bool:
         """Switch to ``role`` in the order of the module docstring; False if the member
-        already had it (only ``master_addr`` is taken then). A new master takes ``epoch``
-        when an authority gives one (the Raft term in DLedger mode), else its epoch + 1."""
+        already had it (only ``master_addr`` is taken then, and a newer ``epoch``: a master
+        elected again in a newer Raft term). A new master takes ``epoch`` when an authority
+        gives one (the Raft term in DLedger mode), else its epoch + 1."""
         async with self._lock:
             if role is self.role:
                 self.master_addr = master_addr or self.master_addr
+                if role is BrokerRole.MASTER and epoch is not None and epoch > self.epoch:
+                    self.epoch = epoch
                 return False
             log.info("role change %s -> %s (epoch %d)", self.role.value, role.value, self.epoch)
             if role is BrokerRole.SLAVE:

@@ -283,6 +283,11 @@ class Broker:
             COUNTS.internal_errors += 1  # the role state logs a service's failure itself
             log.error("role change failed", exc_info=task.exception())
 
+    def _master_kind(self) -> str:
+        """The configured kind of master, or ``sync_master`` for a promoted slave (a
+        promoted member is a sync master, as RocketMQ 5's ``changeToMaster`` makes it)."""
+        return "sync_master" if self.config.broker_role == "slave" else self.config.broker_role
+
     def runtime_info(self) -> dict:
         log_ = self.store.commitlog
         return {
@@ -291,7 +296,9 @@ class Broker:
             "broker_id": self.role.registered_id,
             "broker_role": ("leader" if self.dledger.is_leader else "follower")
             if self.dledger
-            else self.config.broker_role,
+            else self._master_kind()
+            if self.role.is_master
+            else "slave",
             "role": self.role.info(),
             "listen": self.config.listen,
             "pid": os.getpid(),

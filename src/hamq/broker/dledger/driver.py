@@ -97,7 +97,7 @@ class DLedgerCommitLog:
         self._flush_task: asyncio.Task | None = None
         self._pump_future: asyncio.Future | None = None
         self._stopping = False
-        self._was_leader = False
+        self._led_term: int | None = None  # the term this member leads in, None if not
         # topics whose config this leader knows to be in the log (see propose_send)
         self._topics_in_log: set[str] = set()
         self._ticks = PeriodicTask("DLedger tick", TICK_INTERVAL_S, self._tick)
@@ -258,8 +258,11 @@ class DLedgerCommitLog:
             raise
         finally:
             self._pumping = False
-        if self.is_leader != self._was_leader:
-            self._was_leader = self.is_leader
+        # Compared by term, not by leading or not: a pump that spans a step-down and a
+        # re-election in a newer term must still move the member's epoch on.
+        led_term = core.node.term if self.is_leader else None
+        if led_term != self._led_term:
+            self._led_term = led_term
             self._topics_in_log.clear()
             log.info(
                 "member %d is now %s of group %s (term %d)",

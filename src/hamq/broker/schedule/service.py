@@ -194,6 +194,8 @@ class ScheduleMessageService:
                 self.flush, self._written_end, lambda ok: durable.done() or durable.set_result(ok)
             )
             await durable
+            # a cut (this member a slave) may take the log below it before the next stop
+            self._written_end = 0
         self.timers.save_progress()
         snapshot = self.progress.snapshot()
         if snapshot is not None:
