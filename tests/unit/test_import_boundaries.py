@@ -18,6 +18,7 @@ import hamq
         "hamq.protocol.frame",
         "hamq.protocol.message",
         "hamq.raft",
+        "hamq.replication.consistent_point",
         "hamq.replication.master",
         "hamq.replication.slave",
     ],
