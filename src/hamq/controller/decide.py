@@ -1,0 +1,214 @@
+"""Decide: validate a request against the state (read-only) into an event or a refusal.
+
+Runs on the controller's Raft leader before proposing; ``apply`` re-checks the epochs, so a
+decision made stale by a concurrent one is refused at apply time instead of trusted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+from dataclasses import replace
+
+from hamq.controller.elect import BrokerLiveInfo, elect
+from hamq.controller.errors import ControllerCode, ControllerError
+from hamq.controller.events import (
+    AlterSyncStateSet,
+    ApplyBrokerId,
+    CleanBrokerData,
+    ElectMaster,
+    RegisterBroker,
+)
+from hamq.controller.requests import (
+    AlterSyncStateSetRequest,
+    ApplyBrokerIdRequest,
+    CleanBrokerDataRequest,
+    ElectMasterRequest,
+    ElectTrigger,
+    RegisterBrokerRequest,
+)
+from hamq.controller.state import FIRST_BROKER_CONTROLLER_ID, BrokerGroup, ControllerState
+
+Code = ControllerCode
+
+
+def _not_registered(cluster_name: str, broker_name: str) -> ControllerError:
+    return ControllerError(
+        Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
+        f"broker group {cluster_name}/{broker_name} is not registered in the controller",
+    )
+
+
+def decide_apply_broker_id(
+    state: ControllerState, request: ApplyBrokerIdRequest, now_ms: int
+) -> ApplyBrokerId | ControllerError:
+    """Grant an id that is free, or already this broker's (same register check code)."""
+    group = state.groups.get((request.cluster_name, request.broker_name))
+    event = ApplyBrokerId(
+        request.cluster_name,
+        request.broker_name,
+        request.broker_id,
+        request.address,
+        request.register_check_code,
+        now_ms,
+    )
+    if group is None:
+        if request.broker_id == FIRST_BROKER_CONTROLLER_ID:
+            return event
+        return ControllerError(
+            Code.CONTROLLER_BROKER_ID_INVALID,
+            f"group {request.broker_name} has no members yet; the first id is "
+            f"{FIRST_BROKER_CONTROLLER_ID}, not {request.broker_id}",
+        )
+    member = group.members.get(request.broker_id)
+    if request.broker_id >= FIRST_BROKER_CONTROLLER_ID and (
+        member is None or member.register_check_code == request.register_check_code
+    ):
+        return event
+    return ControllerError(
+        Code.CONTROLLER_BROKER_ID_INVALID,
+        f"broker id {request.broker_id} of group {request.broker_name} belongs to another broker",
+    )
+
+
+def decide_register_broker(
+    state: ControllerState, request: RegisterBrokerRequest, now_ms: int
+) -> RegisterBroker | ControllerError:
+    """Record a known member's (maybe new) address and registration time."""
+    group = state.groups.get((request.cluster_name, request.broker_name))
+    if group is None or request.broker_id not in group.members:
+        return _not_registered(request.cluster_name, request.broker_name)
+    return RegisterBroker(
+        request.cluster_name, request.broker_name, request.broker_id, request.address, now_ms
+    )
+
+
+def decide_elect_master(
+    state: ControllerState,
+    request: ElectMasterRequest,
+    alive: Set[int],
+    live_info: Mapping[int, BrokerLiveInfo],
+    enable_elect_unclean_master: bool,
+) -> ElectMaster | ControllerError:
+    """Elect by ``elect.elect``; an alive master in the set stays (CONTROLLER_MASTER_STILL_EXIST).
+
+    The group's first election takes any alive member (the registering one if alive): nothing
+    was acknowledged yet, so nothing can be lost. A failed election after a master timeout
+    still yields an event with no master: it ends the dead master's epoch, fencing it.
+    """
+    group = state.groups.get((request.cluster_name, request.broker_name))
+    if group is None:
+        return _not_registered(request.cluster_name, request.broker_name)
+    first = group.master_epoch == 0
+    if request.trigger is ElectTrigger.REGISTER and not first:
+        preferred = None  # a registering member never takes mastership from the policy
+    else:
+        preferred = request.broker_id
+    pool = replace(group, sync_state_set=frozenset(group.members)) if first else group
+    result = elect(pool, alive, live_info, preferred, enable_elect_unclean_master)
+    if result is not None and result.broker_id == group.master_id:
+        return ControllerError(
+            Code.CONTROLLER_MASTER_STILL_EXIST,
+            f"master {group.master_id} of {request.broker_name} is alive; no election needed",
+        )
+    if result is not None:
+        return ElectMaster(
+            request.cluster_name,
+            request.broker_name,
+            result.broker_id,
+            group.master_epoch + 1,
+            unclean=result.unclean,
+        )
+    if request.trigger is ElectTrigger.MASTER_TIMEOUT and group.master_id is not None:
+        return ElectMaster(
+            request.cluster_name, request.broker_name, None, group.master_epoch + 1, False
+        )
+    return ControllerError(
+        Code.CONTROLLER_ELECT_MASTER_FAILED,
+        f"no alive member of {request.broker_name} can be master"
+        + ("" if preferred is None else f" (preferred {preferred} is not a candidate)"),
+    )
+
+
+def decide_alter_sync_state_set(
+    state: ControllerState, request: AlterSyncStateSetRequest, alive: Set[int]
+) -> AlterSyncStateSet | ControllerError:
+    """Fencing: only the current master, at the current master and set epochs, may alter."""
+    group = state.groups.get((request.cluster_name, request.broker_name))
+    if group is None:
+        return ControllerError(
+            Code.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED, "broker metadata does not exist"
+        )
+    refusal = _alter_refusal(group, request, alive)
+    if refusal is not None:
+        return refusal
+    return AlterSyncStateSet(
+        request.cluster_name,
+        request.broker_name,
+        request.master_id,
+        request.master_epoch,
+        request.new_sync_state_set,
+        group.sync_state_set_epoch + 1,
+    )
+
+
+def _alter_refusal(
+    group: BrokerGroup, request: AlterSyncStateSetRequest, alive: Set[int]
+) -> ControllerError | None:
+    new_set = request.new_sync_state_set
+    if new_set == group.sync_state_set:
+        return ControllerError(
+            Code.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED, "the new SyncStateSet equals the current"
+        )
+    if group.master_id is None or request.master_id != group.master_id:
+        return ControllerError(
+            Code.CONTROLLER_INVALID_MASTER,
+            f"the current master is {group.master_id}, not {request.master_id}",
+        )
+    if request.master_epoch != group.master_epoch:
+        return ControllerError(
+            Code.CONTROLLER_FENCED_MASTER_EPOCH,
+            f"the current master epoch is {group.master_epoch}, not {request.master_epoch}",
+        )
+    if request.sync_state_set_epoch != group.sync_state_set_epoch:
+        return ControllerError(
+            Code.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH,
+            f"the current SyncStateSet epoch is {group.sync_state_set_epoch}, "
+            f"not {request.sync_state_set_epoch}",
+        )
+    unknown = sorted(new_set - group.members.keys())
+    if unknown:
+        return ControllerError(Code.CONTROLLER_INVALID_REPLICAS, f"unknown members {unknown}")
+    dead = sorted(new_set - alive)
+    if dead:
+        return ControllerError(Code.CONTROLLER_BROKER_NOT_ALIVE, f"members {dead} are not alive")
+    if group.master_id not in new_set:
+        return ControllerError(
+            Code.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED,
+            f"the new SyncStateSet lacks the master {group.master_id}",
+        )
+    return None
+
+
+def decide_clean_broker_data(
+    state: ControllerState, request: CleanBrokerDataRequest, alive: Set[int]
+) -> CleanBrokerData | ControllerError:
+    """Forget members that are dead (unless ``clean_living_broker``), never the master alone."""
+    group = state.groups.get((request.cluster_name, request.broker_name))
+    if group is None:
+        return ControllerError(
+            Code.CONTROLLER_INVALID_CLEAN_BROKER_METADATA,
+            f"broker group {request.broker_name} does not exist",
+        )
+    targets = request.broker_ids or frozenset(group.members)
+    living = sorted(targets & alive)
+    if living and not request.clean_living_broker:
+        return ControllerError(
+            Code.CONTROLLER_INVALID_CLEAN_BROKER_METADATA,
+            f"members {living} of {request.broker_name} are alive",
+        )
+    if request.broker_ids and group.master_id in request.broker_ids:
+        return ControllerError(
+            Code.CONTROLLER_INVALID_CLEAN_BROKER_METADATA,
+            f"member {group.master_id} is the master; elect another or clean the whole group",
+        )
+    return CleanBrokerData(request.cluster_name, request.broker_name, request.broker_ids)

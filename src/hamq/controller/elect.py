@@ -1,0 +1,76 @@
+"""Which member becomes master (RocketMQ's ``DefaultElectPolicy``).
+
+Pure: liveness (from heartbeats) and each broker's reported (epoch, max offset) come in as
+arguments, because they are the controller leader's soft state, never replicated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+from dataclasses import dataclass
+
+from hamq.controller.state import BrokerGroup
+
+# Sorts a member that never reported its log after every member that did.
+_NO_LIVE_INFO = (-1, -1)
+
+
+@dataclass(frozen=True)
+class BrokerLiveInfo:
+    """What a member last reported in its heartbeat: its epoch and its log's max offset."""
+
+    epoch: int
+    max_offset: int
+
+
+@dataclass(frozen=True)
+class ElectResult:
+    """The chosen member, and whether it came from outside the SyncStateSet."""
+
+    broker_id: int
+    unclean: bool
+
+
+def elect(
+    group: BrokerGroup,
+    alive: Set[int],
+    live_info: Mapping[int, BrokerLiveInfo],
+    preferred_id: int | None,
+    enable_elect_unclean_master: bool,
+) -> ElectResult | None:
+    """Pick a master: alive SyncStateSet members first, then (if unclean is enabled) any
+    alive member; None if nobody qualifies.
+
+    An alive old master in the candidates is kept unless another id is preferred: moving
+    mastership away from a healthy master only costs a failover.
+    """
+    clean = _try_elect(group, group.sync_state_set & alive, live_info, preferred_id)
+    if clean is not None:
+        return ElectResult(clean, unclean=False)
+    if not enable_elect_unclean_master:
+        return None
+    unclean = _try_elect(group, group.members.keys() & alive, live_info, preferred_id)
+    return None if unclean is None else ElectResult(unclean, unclean=True)
+
+
+def _try_elect(
+    group: BrokerGroup,
+    candidates: Set[int],
+    live_info: Mapping[int, BrokerLiveInfo],
+    preferred_id: int | None,
+) -> int | None:
+    candidates = candidates & group.members.keys()
+    if not candidates:
+        return None
+    if group.master_id in candidates and preferred_id in (None, group.master_id):
+        return group.master_id
+    if preferred_id is not None:
+        return preferred_id if preferred_id in candidates else None
+
+    def rank(broker_id: int) -> tuple[int, int, int]:
+        info = live_info.get(broker_id)
+        epoch, offset = _NO_LIVE_INFO if info is None else (info.epoch, info.max_offset)
+        # Largest (epoch, max offset) wins; the smallest id breaks ties so every run agrees.
+        return (-epoch, -offset, broker_id)
+
+    return min(candidates, key=rank)

@@ -1,0 +1,70 @@
+"""What brokers, admins and the controller's own heartbeat scan ask of the state machine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+@dataclass(frozen=True)
+class ApplyBrokerIdRequest:
+    """A new member asks for ``broker_id`` (RocketMQ's ``ApplyBrokerIdRequestHeader``)."""
+
+    cluster_name: str
+    broker_name: str
+    broker_id: int
+    address: str
+    register_check_code: str
+
+
+@dataclass(frozen=True)
+class RegisterBrokerRequest:
+    """A member with an id registers (at start, or from a new address)."""
+
+    cluster_name: str
+    broker_name: str
+    broker_id: int
+    address: str
+
+
+class ElectTrigger(Enum):
+    """Why an election runs: it decides what ``broker_id`` means and what a failure does."""
+
+    # A member registered and found no master; its id is taken only on the group's first election.
+    REGISTER = "register"
+    # ``hamq admin elect-master``: ``broker_id`` is the preferred member, None for any.
+    ADMIN = "admin"
+    # The controller saw the master's heartbeat time out; a failure still ends its epoch.
+    MASTER_TIMEOUT = "master_timeout"
+
+
+@dataclass(frozen=True)
+class ElectMasterRequest:
+    """An election; ``broker_id`` is read according to ``trigger``."""
+
+    cluster_name: str
+    broker_name: str
+    trigger: ElectTrigger
+    broker_id: int | None = None
+
+
+@dataclass(frozen=True)
+class AlterSyncStateSetRequest:
+    """A master's new SyncStateSet with the epochs it believes current (the fencing tokens)."""
+
+    cluster_name: str
+    broker_name: str
+    master_id: int
+    master_epoch: int
+    new_sync_state_set: frozenset[int]
+    sync_state_set_epoch: int
+
+
+@dataclass(frozen=True)
+class CleanBrokerDataRequest:
+    """Forget dead members (``hamq admin clean-broker-metadata``); no ids = the whole group."""
+
+    cluster_name: str
+    broker_name: str
+    broker_ids: frozenset[int] = frozenset()
+    clean_living_broker: bool = False

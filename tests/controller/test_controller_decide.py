@@ -1,0 +1,219 @@
+"""Each controller request decided against a real state: ids, registration, election, fencing."""
+
+from __future__ import annotations
+
+from hamq.controller.apply import apply_event
+from hamq.controller.decide import (
+    decide_alter_sync_state_set,
+    decide_apply_broker_id,
+    decide_clean_broker_data,
+    decide_elect_master,
+    decide_register_broker,
+)
+from hamq.controller.elect import BrokerLiveInfo
+from hamq.controller.errors import ControllerCode, ControllerError
+from hamq.controller.events import ElectMaster
+from hamq.controller.requests import (
+    AlterSyncStateSetRequest,
+    ApplyBrokerIdRequest,
+    CleanBrokerDataRequest,
+    ElectMasterRequest,
+    ElectTrigger,
+    RegisterBrokerRequest,
+)
+from hamq.controller.state import ControllerState
+
+CLUSTER, GROUP = "DefaultCluster", "broker-a"
+KEY = (CLUSTER, GROUP)
+Code = ControllerCode
+
+
+def _code(decision: object) -> ControllerCode:
+    assert isinstance(decision, ControllerError), decision
+    return decision.code
+
+
+def _alter(master: int, master_epoch: int, ids: set[int], set_epoch: int):
+    return AlterSyncStateSetRequest(CLUSTER, GROUP, master, master_epoch, frozenset(ids), set_epoch)
+
+
+def _timeout_elect(state, alive, live_info=None, unclean=False):
+    request = ElectMasterRequest(CLUSTER, GROUP, ElectTrigger.MASTER_TIMEOUT)
+    return decide_elect_master(state, request, alive, live_info or {}, unclean)
+
+
+def test_first_broker_id_is_one_and_ids_are_owned_by_their_check_code(commit):
+    state = ControllerState()
+    wrong_first = ApplyBrokerIdRequest(CLUSTER, GROUP, 2, "a:1", "a:1;x")
+    assert _code(decide_apply_broker_id(state, wrong_first, 0)) is Code.CONTROLLER_BROKER_ID_INVALID
+    assert state.next_broker_id(KEY) == 1
+    commit(
+        state,
+        decide_apply_broker_id(state, ApplyBrokerIdRequest(CLUSTER, GROUP, 1, "a:1", "a:1;x"), 5),
+    )
+    assert state.groups[KEY].members[1].register_time_ms == 5
+    assert state.next_broker_id(KEY) == 2
+    thief = ApplyBrokerIdRequest(CLUSTER, GROUP, 1, "b:1", "b:1;y")
+    assert _code(decide_apply_broker_id(state, thief, 6)) is Code.CONTROLLER_BROKER_ID_INVALID
+    again = ApplyBrokerIdRequest(CLUSTER, GROUP, 1, "a:1", "a:1;x")
+    commit(state, decide_apply_broker_id(state, again, 7))
+
+
+def test_register_updates_the_address_of_a_known_member_only(group_of_three, commit):
+    state = group_of_three
+    commit(
+        state, decide_register_broker(state, RegisterBrokerRequest(CLUSTER, GROUP, 2, "new:2"), 9)
+    )
+    assert state.groups[KEY].members[2].address == "new:2"
+    stranger = RegisterBrokerRequest(CLUSTER, GROUP, 7, "x:7")
+    assert (
+        _code(decide_register_broker(state, stranger, 9))
+        is Code.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED
+    )
+
+
+def test_first_election_takes_the_registering_member(group_of_three):
+    group = group_of_three.groups[KEY]
+    assert (group.master_id, group.master_epoch) == (1, 1)
+    assert (group.sync_state_set, group.sync_state_set_epoch) == ({1, 2, 3}, 2)
+
+
+def test_alive_master_in_the_set_is_kept(group_of_three):
+    admin = ElectMasterRequest(CLUSTER, GROUP, ElectTrigger.ADMIN)
+    decision = decide_elect_master(group_of_three, admin, {1, 2, 3}, {}, False)
+    assert _code(decision) is Code.CONTROLLER_MASTER_STILL_EXIST
+    registering = ElectMasterRequest(CLUSTER, GROUP, ElectTrigger.REGISTER, broker_id=3)
+    decision = decide_elect_master(group_of_three, registering, {1, 2, 3}, {}, False)
+    assert _code(decision) is Code.CONTROLLER_MASTER_STILL_EXIST
+
+
+def test_election_prefers_largest_epoch_then_offset(group_of_three, commit):
+    state = group_of_three
+    live = {2: BrokerLiveInfo(1, 500), 3: BrokerLiveInfo(1, 900)}
+    event = commit(state, _timeout_elect(state, {2, 3}, live))
+    assert event == ElectMaster(CLUSTER, GROUP, 3, 2, unclean=False)
+    group = state.groups[KEY]
+    assert (group.master_id, group.master_epoch) == (3, 2)
+    assert (group.sync_state_set, group.sync_state_set_epoch) == ({3}, 3)
+
+
+def test_newer_epoch_beats_longer_log(group_of_three):
+    live = {2: BrokerLiveInfo(2, 10), 3: BrokerLiveInfo(1, 10_000)}
+    decision = _timeout_elect(group_of_three, {2, 3}, live)
+    assert isinstance(decision, ElectMaster) and decision.new_master_id == 2
+
+
+def test_equal_logs_pick_the_smallest_id_and_silent_members_rank_last(group_of_three):
+    tie = _timeout_elect(group_of_three, {2, 3}, {2: BrokerLiveInfo(1, 7), 3: BrokerLiveInfo(1, 7)})
+    assert isinstance(tie, ElectMaster) and tie.new_master_id == 2
+    silent = _timeout_elect(group_of_three, {2, 3}, {3: BrokerLiveInfo(0, 0)})
+    assert isinstance(silent, ElectMaster) and silent.new_master_id == 3
+
+
+def test_preferred_member_must_be_an_alive_set_member(group_of_three, commit):
+    state = group_of_three
+    commit(state, decide_alter_sync_state_set(state, _alter(1, 1, {1, 2}, 2), {1, 2, 3}))
+    outside = ElectMasterRequest(CLUSTER, GROUP, ElectTrigger.ADMIN, broker_id=3)
+    assert _code(decide_elect_master(state, outside, {1, 2, 3}, {}, False)) is (
+        Code.CONTROLLER_ELECT_MASTER_FAILED
+    )
+    inside = ElectMasterRequest(CLUSTER, GROUP, ElectTrigger.ADMIN, broker_id=2)
+    event = commit(state, decide_elect_master(state, inside, {1, 2, 3}, {}, False))
+    assert event == ElectMaster(CLUSTER, GROUP, 2, 2, unclean=False)
+
+
+def test_no_alive_set_member_fences_the_dead_master_and_leaves_no_master(group_of_three, commit):
+    state = group_of_three
+    commit(state, decide_alter_sync_state_set(state, _alter(1, 1, {1}, 2), {1, 2, 3}))
+    event = commit(state, _timeout_elect(state, {2, 3}))
+    assert event == ElectMaster(CLUSTER, GROUP, None, 2, unclean=False)
+    group = state.groups[KEY]
+    assert (group.master_id, group.master_epoch, group.sync_state_set) == (None, 2, {1})
+    admin = ElectMasterRequest(CLUSTER, GROUP, ElectTrigger.ADMIN)
+    assert _code(decide_elect_master(state, admin, {2, 3}, {}, False)) is (
+        Code.CONTROLLER_ELECT_MASTER_FAILED
+    )
+    # The old master comes back: the only clean candidate, in a new epoch.
+    assert commit(state, decide_elect_master(state, admin, {1, 2}, {}, False)) == ElectMaster(
+        CLUSTER, GROUP, 1, 3, unclean=False
+    )
+
+
+def test_unclean_election_takes_any_alive_member_and_says_so(group_of_three, commit):
+    state = group_of_three
+    commit(state, decide_alter_sync_state_set(state, _alter(1, 1, {1}, 2), {1, 2, 3}))
+    live = {2: BrokerLiveInfo(1, 10), 3: BrokerLiveInfo(1, 20)}
+    event = commit(state, _timeout_elect(state, {2, 3}, live, unclean=True))
+    assert event == ElectMaster(CLUSTER, GROUP, 3, 2, unclean=True)
+    assert state.groups[KEY].sync_state_set == {3}
+
+
+def test_alter_is_fenced_by_master_and_both_epochs(group_of_three, commit):
+    state = group_of_three
+    alive = {1, 2, 3}
+    cases = [
+        (_alter(2, 1, {1, 2}, 2), Code.CONTROLLER_INVALID_MASTER),
+        (_alter(1, 0, {1, 2}, 2), Code.CONTROLLER_FENCED_MASTER_EPOCH),
+        (_alter(1, 1, {1, 2}, 1), Code.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH),
+        (_alter(1, 1, {1, 2, 9}, 2), Code.CONTROLLER_INVALID_REPLICAS),
+        (_alter(1, 1, {2, 3}, 2), Code.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED),
+        (_alter(1, 1, {1, 2, 3}, 2), Code.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED),
+    ]
+    for request, code in cases:
+        assert _code(decide_alter_sync_state_set(state, request, alive)) is code, request
+    assert _code(decide_alter_sync_state_set(state, _alter(1, 1, {1, 2}, 2), {1})) is (
+        Code.CONTROLLER_BROKER_NOT_ALIVE
+    )
+    commit(state, decide_alter_sync_state_set(state, _alter(1, 1, {1, 2}, 2), alive))
+    assert (state.groups[KEY].sync_state_set, state.groups[KEY].sync_state_set_epoch) == ({1, 2}, 3)
+
+
+def test_deposed_master_cannot_shrink_the_set_to_itself(group_of_three, commit):
+    state = group_of_three
+    commit(state, _timeout_elect(state, {2, 3}, {2: BrokerLiveInfo(1, 9)}))
+    # Member 1 still believes it leads at master epoch 1 with set epoch 2.
+    stale = _alter(1, 1, {1}, 2)
+    assert (
+        _code(decide_alter_sync_state_set(state, stale, {1, 2, 3}))
+        is Code.CONTROLLER_INVALID_MASTER
+    )
+
+
+def test_apply_refuses_an_event_made_stale_by_a_concurrent_one(group_of_three):
+    state = group_of_three
+    shrink = decide_alter_sync_state_set(state, _alter(1, 1, {1, 2}, 2), {1, 2, 3})
+    elect = _timeout_elect(state, {2, 3}, {3: BrokerLiveInfo(1, 1)})
+    assert not isinstance(shrink, ControllerError) and not isinstance(elect, ControllerError)
+    assert apply_event(state, elect)
+    before = state.groups[KEY]
+    assert not apply_event(state, shrink)
+    assert not apply_event(state, elect)  # the same epoch twice
+    assert state.groups[KEY] == before
+
+
+def test_clean_forgets_dead_members_never_the_master_alone(group_of_three, commit):
+    state = group_of_three
+    alive = {1, 2}
+    living = CleanBrokerDataRequest(CLUSTER, GROUP, frozenset({2}))
+    assert _code(decide_clean_broker_data(state, living, alive)) is (
+        Code.CONTROLLER_INVALID_CLEAN_BROKER_METADATA
+    )
+    master = CleanBrokerDataRequest(CLUSTER, GROUP, frozenset({1}), clean_living_broker=True)
+    assert _code(decide_clean_broker_data(state, master, alive)) is (
+        Code.CONTROLLER_INVALID_CLEAN_BROKER_METADATA
+    )
+    commit(
+        state,
+        decide_clean_broker_data(
+            state, CleanBrokerDataRequest(CLUSTER, GROUP, frozenset({3})), alive
+        ),
+    )
+    group = state.groups[KEY]
+    assert (set(group.members), group.sync_state_set, group.sync_state_set_epoch) == (
+        {1, 2},
+        {1, 2},
+        3,
+    )
+    whole = CleanBrokerDataRequest(CLUSTER, GROUP, clean_living_broker=True)
+    commit(state, decide_clean_broker_data(state, whole, alive))
+    assert KEY not in state.groups
