@@ -15,6 +15,9 @@ import hamq
     "module",
     [
         "hamq.broker.dledger.wire",
+        "hamq.controller.apply",
+        "hamq.controller.codec",
+        "hamq.controller.decide",
         "hamq.protocol.frame",
         "hamq.protocol.message",
         "hamq.raft",
