@@ -284,9 +284,9 @@ class Broker:
             log.error("role change failed", exc_info=task.exception())
 
     def _master_kind(self) -> str:
-        """The configured kind of master, or ``sync_master`` for a promoted slave (a
-        promoted member is a sync master, as RocketMQ 5's ``changeToMaster`` makes it)."""
-        return "sync_master" if self.config.broker_role == "slave" else self.config.broker_role
+        """The HA master decides how it answers sends (a promoted slave is a sync master,
+        as RocketMQ 5's ``changeToMaster`` makes it); the runtime info reports just that."""
+        return "sync_master" if self.ha_master.sync else "async_master"
 
     def runtime_info(self) -> dict:
         log_ = self.store.commitlog
