@@ -109,6 +109,15 @@ class BrokerConfig(StoreConfig, ServerConfig):
     # -- ordered consumption ------------------------------------------------------------
     rebalance_lock_max_live_time_ms: int = 60_000  # rocketmq.broker.rebalance.lockMaxLiveTime
     #   must outlive the clients' own lease (30 s by default)
+    # -- controller mode (seed 001) -----------------------------------------------------
+    enable_controller_mode: bool = False  # enableControllerMode: the controller elects
+    controller_addr: tuple[str, ...] = ()  # controllerAddr: every controller peer's listen
+    controller_heartbeat_interval_ms: int = 300  # to the controller (brokerHeartbeatInterval)
+    sync_broker_metadata_period_ms: int = 2000  # syncBrokerMetadataPeriod: poll replica info,
+    #   the safety net for a lost role-change notification
+    check_sync_state_set_period_ms: int = 1000  # checkSyncStateSetPeriod: expand / shrink
+    ha_max_time_slave_not_catchup_ms: int = 15_000  # haMaxTimeSlaveNotCatchup
+    all_ack_in_sync_state_set: bool = False  # allAckInSyncStateSet: zero loss
 
     def __post_init__(self) -> None:
         check.check_types(self)
@@ -129,7 +138,36 @@ class BrokerConfig(StoreConfig, ServerConfig):
 
 
 @dataclass(frozen=True)
-class NamesrvConfig(ServerConfig):
+class ControllerSettings:
+    """What a controller peer needs, standalone (``ControllerConfig``) or embedded in a name
+    server (``NamesrvConfig`` with ``enable_controller_in_namesrv``)."""
+
+    controller_peers: tuple[str, ...] = ()  # controllerDLegerPeers: "ID@HOST:PORT", each
+    #   peer's listen address (Raft traffic shares it); empty = one peer, this one
+    controller_self_id: int = 1  # controllerDLegerSelfId
+    controller_heartbeat_timeout_ms: int = 1500  # controllerHeartBeatTimeoutMills: a member
+    #   not heard from for this long is dead; a dead master is replaced
+    controller_scan_interval_ms: int = 100  # scanNotActiveBrokerInterval (controller side)
+    controller_election_timeout_ms: int = 1000  # the controller peers' own Raft election
+    controller_snapshot_interval_entries: int = 1000  # snapshot the state every N applied
+    enable_elect_unclean_master: bool = False  # enableElectUncleanMaster: may lose messages
+    notify_broker_role_changed: bool = True  # notifyBrokerRoleChanged
+
+
+@dataclass(frozen=True)
+class ControllerConfig(ControllerSettings, ServerConfig):
+    listen: str = "127.0.0.1:9878"  # brokers' and admins' requests
+    data_dir: str = "./controller"  # Raft log, hard state and snapshots
+    metrics_listen: str = ""  # HOST:PORT of /metrics, "" = off
+
+    def __post_init__(self) -> None:
+        check.check_types(self)
+        check.check_server(self)
+        check.check_controller(self)
+
+
+@dataclass(frozen=True)
+class NamesrvConfig(ControllerSettings, ServerConfig):
     listen: str = "127.0.0.1:9876"  # listenPort
     data_dir: str = "./namesrv"  # kvConfigPath's directory
     scan_not_active_broker_interval_ms: int = 5000  # scanNotActiveBrokerInterval
@@ -137,6 +175,7 @@ class NamesrvConfig(ServerConfig):
     max_route_entries: int = 1_000_000  # live members plus (topic, group) routes held (about
     #   0.5 KiB each), past which a registration that would add more is SYSTEM_BUSY
     metrics_listen: str = ""  # HOST:PORT of /metrics, "" = off
+    enable_controller_in_namesrv: bool = False  # enableControllerInNamesrv (recommended)
 
     def __post_init__(self) -> None:
         check.check_types(self)

@@ -23,7 +23,14 @@ from hamq.protocol.message import validate_name
 from hamq.raft.config import HEARTBEAT_INTERVAL_MS
 
 if TYPE_CHECKING:
-    from hamq.config import BrokerConfig, NamesrvConfig, ServerConfig, StoreConfig
+    from hamq.config import (
+        BrokerConfig,
+        ControllerConfig,
+        ControllerSettings,
+        NamesrvConfig,
+        ServerConfig,
+        StoreConfig,
+    )
 
 FLUSH_DISK_TYPES = ("async", "sync")
 BROKER_ROLES = ("async_master", "sync_master", "slave")
@@ -106,6 +113,17 @@ BROKER_RANGES = {
     "max_held_pops_per_connection": POSITIVE,
     "revive_interval_ms": POSITIVE,
     "rebalance_lock_max_live_time_ms": POSITIVE,
+    "controller_heartbeat_interval_ms": POSITIVE,
+    "sync_broker_metadata_period_ms": POSITIVE,
+    "check_sync_state_set_period_ms": POSITIVE,
+    "ha_max_time_slave_not_catchup_ms": POSITIVE,
+}
+CONTROLLER_RANGES = {
+    "controller_self_id": Range(1, MAX_BROKER_ID),
+    "controller_heartbeat_timeout_ms": POSITIVE,
+    "controller_scan_interval_ms": POSITIVE,
+    "controller_election_timeout_ms": POSITIVE,
+    "controller_snapshot_interval_entries": POSITIVE,
 }
 NAMESRV_RANGES = {
     "scan_not_active_broker_interval_ms": POSITIVE,
@@ -278,7 +296,41 @@ def check_store(config: StoreConfig) -> None:
 def check_namesrv(config: NamesrvConfig) -> None:
     path("data_dir", config.data_dir)
     check_ranges(config, NAMESRV_RANGES)
+    check_controller_settings(config)
     _distinct_ports(namesrv_binds(config))
+
+
+def check_controller(config: ControllerConfig) -> None:
+    path("data_dir", config.data_dir)
+    check_controller_settings(config)
+    _distinct_ports(controller_binds(config))
+
+
+def check_controller_settings(config: ControllerSettings) -> None:
+    """The controller peers' Raft endpoints and timeouts (standalone or embedded)."""
+    check_ranges(config, CONTROLLER_RANGES)
+    if config.controller_peers:
+        peers = dledger_peers(config.controller_peers)
+        if config.controller_self_id not in peers:
+            raise bad(
+                "controller_self_id",
+                config.controller_self_id,
+                f"must be one of the controller_peers ids {sorted(peers)}",
+            )
+    if config.controller_election_timeout_ms <= HEARTBEAT_INTERVAL_MS:
+        raise bad(
+            "controller_election_timeout_ms",
+            config.controller_election_timeout_ms,
+            f"must be more than the Raft heartbeat interval ({HEARTBEAT_INTERVAL_MS})",
+        )
+
+
+def controller_binds(config: ControllerConfig) -> dict[str, str]:
+    """Every address a standalone controller listens on, by the key that sets it."""
+    binds = {"listen": config.listen}
+    if config.metrics_listen:
+        binds["metrics_listen"] = config.metrics_listen
+    return binds
 
 
 def namesrv_binds(config: NamesrvConfig) -> dict[str, str]:
@@ -353,6 +405,17 @@ def check_broker(config: BrokerConfig) -> None:
     _greater(config, "ha_housekeeping_interval_ms", "ha_send_heartbeat_interval_ms")
     if config.broker_not_active_timeout_ms:  # or the name server drops us between heartbeats
         _greater(config, "broker_not_active_timeout_ms", "broker_heartbeat_interval_ms")
+    if config.enable_controller_mode:
+        if config.replication_mode != "master-slave":
+            raise bad(
+                "enable_controller_mode",
+                True,
+                "needs replication_mode 'master-slave' (the controller elects among HA members)",
+            )
+        if not config.controller_addr:
+            raise bad("controller_addr", (), "must name at least one controller")
+        for addr in config.controller_addr:
+            address("controller_addr", addr)
 
 
 def broker_binds(config: BrokerConfig) -> dict[str, str]:

@@ -9,8 +9,21 @@ import dataclasses
 import pytest
 
 from hamq import errors, raft
-from hamq.config import BrokerConfig, NamesrvConfig, ServerConfig, StoreConfig, load_config
-from hamq.config_check import BROKER_RANGES, NAMESRV_RANGES, SERVER_RANGES, STORE_RANGES
+from hamq.config import (
+    BrokerConfig,
+    ControllerConfig,
+    NamesrvConfig,
+    ServerConfig,
+    StoreConfig,
+    load_config,
+)
+from hamq.config_check import (
+    BROKER_RANGES,
+    CONTROLLER_RANGES,
+    NAMESRV_RANGES,
+    SERVER_RANGES,
+    STORE_RANGES,
+)
 from hamq.errors import ConfigError
 from hamq.raft.config import HEARTBEAT_INTERVAL_MS, RaftConfig
 
@@ -310,7 +323,8 @@ def test_unreadable_or_broken_file(tmp_path):
         (ServerConfig, SERVER_RANGES),
         (StoreConfig, {**STORE_RANGES}),
         (BrokerConfig, {**SERVER_RANGES, **STORE_RANGES, **BROKER_RANGES}),
-        (NamesrvConfig, {**SERVER_RANGES, **NAMESRV_RANGES}),
+        (NamesrvConfig, {**SERVER_RANGES, **NAMESRV_RANGES, **CONTROLLER_RANGES}),
+        (ControllerConfig, {**SERVER_RANGES, **CONTROLLER_RANGES}),
     ],
 )
 def test_every_number_has_a_range(cls, ranges):

@@ -43,6 +43,21 @@ class RequestCode(IntEnum):
     GET_BROKER_MEMBER_GROUP = 901
     BROKER_HEARTBEAT = 904
     NOTIFY_MIN_BROKER_ID_CHANGE = 905  # name server -> members: the group's membership changed
+    # controller mode (seed 001), RocketMQ 5's numbers
+    CONTROLLER_ALTER_SYNC_STATE_SET = 1001
+    CONTROLLER_ELECT_MASTER = 1002
+    CONTROLLER_REGISTER_BROKER = 1003
+    CONTROLLER_GET_REPLICA_INFO = 1004
+    CONTROLLER_GET_METADATA_INFO = 1005
+    CONTROLLER_GET_SYNC_STATE_DATA = 1006
+    NOTIFY_BROKER_ROLE_CHANGED = 1008  # controller -> member, oneway
+    CLEAN_BROKER_DATA = 1011
+    CONTROLLER_GET_NEXT_BROKER_ID = 1012
+    CONTROLLER_APPLY_BROKER_ID = 1013
+    # hamq's own: a member's heartbeat to the controller (epoch, max offset, confirm offset)
+    CONTROLLER_BROKER_HEARTBEAT = 1020
+    # hamq's own: Raft traffic between controller peers
+    CONTROLLER_RAFT_MESSAGE = 1021
     # hamq's own: master-slave HA transfer (RocketMQ uses a raw socket protocol for it)
     HA_HANDSHAKE = 1200
     HA_TRANSFER = 1201
@@ -78,6 +93,22 @@ class ResponseCode(IntEnum):
     QUEUE_NOT_EXIST = 1004
     BROKER_NOT_FOUND = 1005
     NOT_LEADER = 1007  # DLedger: only the group's leader takes writes; the remark names it
+    # controller mode: RocketMQ's CONTROLLER_* codes (hamq.controller.errors.ControllerCode)
+    CONTROLLER_FENCED_MASTER_EPOCH = 2000
+    CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH = 2001
+    CONTROLLER_INVALID_MASTER = 2002
+    CONTROLLER_INVALID_REPLICAS = 2003
+    CONTROLLER_MASTER_NOT_AVAILABLE = 2004
+    CONTROLLER_INVALID_REQUEST = 2005
+    CONTROLLER_BROKER_NOT_ALIVE = 2006
+    CONTROLLER_NOT_LEADER = 2007  # ext "leader_addr" names the leader when known
+    CONTROLLER_BROKER_METADATA_NOT_EXIST = 2008
+    CONTROLLER_INVALID_CLEAN_BROKER_METADATA = 2009
+    CONTROLLER_BROKER_NEED_TO_BE_REGISTERED = 2010
+    CONTROLLER_MASTER_STILL_EXIST = 2011
+    CONTROLLER_ELECT_MASTER_FAILED = 2012
+    CONTROLLER_ALTER_SYNC_STATE_SET_FAILED = 2013
+    CONTROLLER_BROKER_ID_INVALID = 2014
 
 
 class Flag:
