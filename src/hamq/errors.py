@@ -23,6 +23,8 @@ class HamqError(Exception):
     def for_code(code: int, remark: str = "") -> HamqError:
         cls = _BY_CODE.get(code, BrokerSystemError)
         err = cls(remark or f"broker answered code {code}")
+        if issubclass(cls, ControllerRefused):
+            err.code = ResponseCode(code)  # one class stands for several CONTROLLER_* codes
         if cls is BrokerSystemError and code != ResponseCode.SYSTEM_ERROR:
             err.message = f"code {code}: {err.message}"
         return err
@@ -135,7 +137,37 @@ class ConfigError(HamqError):
     code = ResponseCode.INVALID_ARGUMENT
 
 
-_BY_CODE: dict[int, type[HamqError]] = {
+class ControllerRefused(HamqError):
+    """The controller refused a request (RocketMQ's CONTROLLER_* codes): nothing changed.
+    ``code`` says which refusal; the subclasses are the ones a caller acts on."""
+
+    code = ResponseCode.CONTROLLER_INVALID_REQUEST
+
+
+class ControllerFenced(ControllerRefused):
+    """An alter carried a stale master epoch or SyncStateSet epoch: the sender is no
+    longer master in the controller's view, or lost a race; it must re-read its role."""
+
+    code = ResponseCode.CONTROLLER_FENCED_MASTER_EPOCH
+    refresh_route = True
+
+
+class ControllerNotLeader(ControllerRefused):
+    """This controller peer is not the Raft leader (or lost leadership before the request
+    was applied); the response's ``leader_addr`` names the leader when it is known."""
+
+    code = ResponseCode.CONTROLLER_NOT_LEADER
+    retriable = True
+
+
+_CONTROLLER_CODES: dict[int, type[HamqError]] = {
+    code: ControllerRefused for code in ResponseCode if code.name.startswith("CONTROLLER_")
+}
+_CONTROLLER_CODES[ResponseCode.CONTROLLER_FENCED_MASTER_EPOCH] = ControllerFenced
+_CONTROLLER_CODES[ResponseCode.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH] = ControllerFenced
+_CONTROLLER_CODES[ResponseCode.CONTROLLER_NOT_LEADER] = ControllerNotLeader
+
+_BY_CODE: dict[int, type[HamqError]] = _CONTROLLER_CODES | {
     cls.code: cls
     for cls in (
         BrokerSystemError,

@@ -68,3 +68,17 @@ class CleanBrokerDataRequest:
     broker_name: str
     broker_ids: frozenset[int] = frozenset()
     clean_living_broker: bool = False
+
+
+@dataclass(frozen=True)
+class BrokerHeartbeat:
+    """A member's report to every controller peer (also what a registration says about its
+    log): soft state that only decides liveness and elections, never replicated."""
+
+    cluster_name: str
+    broker_name: str
+    broker_id: int
+    address: str
+    epoch: int
+    max_offset: int
+    confirm_offset: int = 0

@@ -1,0 +1,232 @@
+"""ControllerClient: how brokers and admin tools talk to the controller peers.
+
+Only the controller's Raft leader decides, so a request goes to the peer last known to
+lead; a follower answers CONTROLLER_NOT_LEADER naming the leader when it knows it, and the
+client follows that hint, else tries the next peer. Retries are bounded by a count and by
+the request's deadline; a peer's refusal (any other code) is raised as
+``HamqError.for_code`` at once, since asking another peer would get the same answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any
+
+from hamq.clock import monotonic_s
+from hamq.controller.requests import (
+    AlterSyncStateSetRequest,
+    ApplyBrokerIdRequest,
+    BrokerHeartbeat,
+    CleanBrokerDataRequest,
+    ElectMasterRequest,
+    ElectTrigger,
+)
+from hamq.errors import ConnectionLost, ControllerNotLeader, HamqError, RequestTimeout
+from hamq.net.pool import ConnectionPool
+from hamq.protocol import controller as wire
+from hamq.protocol.codes import RequestCode, ResponseCode
+from hamq.protocol.frame import Frame
+
+# After asking every peer without finding the leader (an election is running), wait this
+# long before the next round instead of spinning on refusals.
+ROUND_PAUSE_S = 0.05
+# A hung peer may hold one attempt at most this share of the request's budget, so the
+# others are still tried before the deadline (but never less than this floor).
+MIN_ATTEMPT_TIMEOUT_S = 0.2
+# Attempts per request per peer (plus one per hint followed): bounds the loop whatever
+# the peers answer.
+ATTEMPTS_PER_PEER = 4
+
+
+class ControllerClient:
+    """``addrs``: every controller peer's listen address (or one string split on ';')."""
+
+    def __init__(
+        self,
+        addrs: str | Iterable[str],
+        pool: ConnectionPool | None = None,
+        timeout_s: float = 3.0,
+    ) -> None:
+        listed = addrs.split(";") if isinstance(addrs, str) else list(addrs)
+        self.addrs = [a.strip() for a in listed if a.strip()]
+        if not self.addrs:
+            raise ValueError("at least one controller address (HOST:PORT) is required")
+        self.timeout_s = timeout_s
+        self._owns_pool = pool is None
+        self.pool = pool if pool is not None else ConnectionPool(connect_timeout_s=timeout_s)
+        self.leader: str | None = None  # the peer that answered last; tried first
+        self._next = 0  # the next peer to try when no leader is known
+
+    async def close(self) -> None:
+        if self._owns_pool:
+            await self.pool.close()
+
+    # -- the one request loop --------------------------------------------------------------
+    async def request(self, code: int, ext: dict[str, Any] | None = None) -> Frame:
+        deadline = monotonic_s() + self.timeout_s
+        attempt_s = max(self.timeout_s / len(self.addrs), MIN_ATTEMPT_TIMEOUT_S)
+        last: HamqError = ConnectionLost(f"no controller peer of {self.addrs} answered")
+        target = self.leader
+        unhinted = 0  # attempts since the last hint or pause
+        for _ in range(ATTEMPTS_PER_PEER * len(self.addrs) + 2):
+            remaining = deadline - monotonic_s()
+            if remaining <= 0:
+                break
+            if target is None:
+                if unhinted >= len(self.addrs):
+                    unhinted = 0
+                    await asyncio.sleep(min(ROUND_PAUSE_S, remaining))
+                target = self.addrs[self._next % len(self.addrs)]
+                self._next += 1
+                unhinted += 1
+            addr, target = target, None
+            try:
+                frame = await self._ask(addr, code, ext, min(remaining, attempt_s))
+            except (ConnectionLost, RequestTimeout, TimeoutError) as err:
+                last = err if isinstance(err, HamqError) else RequestTimeout(f"{addr}: {err}")
+                if self.leader == addr:
+                    self.leader = None
+                continue
+            if frame.code == ResponseCode.CONTROLLER_NOT_LEADER:
+                last = ControllerNotLeader(f"{addr}: {frame.remark}")
+                hint = wire.leader_addr(frame.ext)
+                self.leader = hint if hint != addr else None
+                target = self.leader
+                continue
+            if frame.code != ResponseCode.SUCCESS:
+                raise HamqError.for_code(frame.code, frame.remark)
+            self.leader = addr
+            return frame
+        raise last
+
+    async def _ask(
+        self, addr: str, code: int, ext: dict[str, Any] | None, timeout_s: float
+    ) -> Frame:
+        conn = await asyncio.wait_for(self.pool.get(addr), timeout_s)
+        return await conn.request(code, ext, timeout_s=timeout_s)
+
+    # -- typed helpers -------------------------------------------------------------------------
+    async def get_next_broker_id(self, cluster_name: str, broker_name: str) -> int:
+        frame = await self.request(
+            RequestCode.CONTROLLER_GET_NEXT_BROKER_ID,
+            wire.group_key_ext((cluster_name, broker_name)),
+        )
+        return wire.next_broker_id(frame.ext)
+
+    async def apply_broker_id(
+        self,
+        cluster_name: str,
+        broker_name: str,
+        broker_id: int,
+        broker_addr: str,
+        register_check_code: str,
+    ) -> None:
+        request = ApplyBrokerIdRequest(
+            cluster_name, broker_name, broker_id, broker_addr, register_check_code
+        )
+        ext = wire.apply_broker_id_ext(request)
+        await self.request(RequestCode.CONTROLLER_APPLY_BROKER_ID, ext)
+
+    async def register_broker(
+        self,
+        cluster_name: str,
+        broker_name: str,
+        broker_id: int,
+        broker_addr: str,
+        epoch: int,
+        max_offset: int,
+    ) -> wire.ReplicaInfo:
+        who = BrokerHeartbeat(cluster_name, broker_name, broker_id, broker_addr, epoch, max_offset)
+        frame = await self.request(
+            RequestCode.CONTROLLER_REGISTER_BROKER,
+            wire.broker_heartbeat_ext(who, with_confirm_offset=False),
+        )
+        return wire.ReplicaInfo.from_ext(frame.ext)
+
+    async def heartbeat(self, heartbeat: BrokerHeartbeat | dict[str, Any]) -> None:
+        """To every peer at once (each records it; only the leader acts on timeouts); a peer
+        that does not answer is skipped, the next heartbeat tries it again."""
+        ext = (
+            wire.broker_heartbeat_ext(heartbeat)
+            if isinstance(heartbeat, BrokerHeartbeat)
+            else heartbeat
+        )
+
+        async def one(addr: str) -> None:
+            try:
+                await self._ask(addr, RequestCode.CONTROLLER_BROKER_HEARTBEAT, ext, self.timeout_s)
+            except (HamqError, TimeoutError):
+                pass
+
+        await asyncio.gather(*(one(addr) for addr in self.addrs))
+
+    async def elect_master(
+        self,
+        cluster_name: str,
+        broker_name: str,
+        broker_id: int | None = None,
+        trigger: str = ElectTrigger.ADMIN.value,
+    ) -> wire.ReplicaInfo:
+        request = ElectMasterRequest(cluster_name, broker_name, ElectTrigger(trigger), broker_id)
+        frame = await self.request(
+            RequestCode.CONTROLLER_ELECT_MASTER, wire.elect_master_ext(request)
+        )
+        return wire.ReplicaInfo.from_ext(frame.ext)
+
+    async def alter_sync_state_set(
+        self,
+        cluster_name: str,
+        broker_name: str,
+        master_id: int,
+        master_epoch: int,
+        sync_state_set: Iterable[int],
+        sync_state_set_epoch: int,
+    ) -> tuple[frozenset[int], int]:
+        """The set and epoch now in force; ``ControllerFenced`` when the epochs are stale."""
+        request = AlterSyncStateSetRequest(
+            cluster_name,
+            broker_name,
+            master_id,
+            master_epoch,
+            frozenset(sync_state_set),
+            sync_state_set_epoch,
+        )
+        frame = await self.request(
+            RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET, wire.alter_sync_state_set_ext(request)
+        )
+        return wire.sync_state_set_result(frame.ext)
+
+    async def get_replica_info(self, cluster_name: str, broker_name: str) -> wire.ReplicaInfo:
+        frame = await self.request(
+            RequestCode.CONTROLLER_GET_REPLICA_INFO,
+            wire.group_key_ext((cluster_name, broker_name)),
+        )
+        return wire.ReplicaInfo.from_ext(frame.ext)
+
+    async def metadata(self) -> dict[str, Any]:
+        """The answering peer's view: self_id, leader_id, leader_addr, term, is_leader,
+        peers, commit_index, applied_index."""
+        frame = await self.request(RequestCode.CONTROLLER_GET_METADATA_INFO, {})
+        return dict(frame.ext)
+
+    async def sync_state_data(self, broker_names: Iterable[str] = ()) -> list[dict[str, Any]]:
+        frame = await self.request(
+            RequestCode.CONTROLLER_GET_SYNC_STATE_DATA, {"broker_names": list(broker_names)}
+        )
+        groups = frame.ext.get("groups")
+        if not isinstance(groups, list):
+            raise HamqError("controller answered GET_SYNC_STATE_DATA without 'groups'")
+        return groups
+
+    async def clean_broker_data(
+        self,
+        cluster_name: str,
+        broker_name: str,
+        broker_ids: Iterable[int] = (),
+        clean_living_broker: bool = False,
+    ) -> None:
+        request = CleanBrokerDataRequest(
+            cluster_name, broker_name, frozenset(broker_ids), clean_living_broker
+        )
+        await self.request(RequestCode.CLEAN_BROKER_DATA, wire.clean_broker_data_ext(request))
