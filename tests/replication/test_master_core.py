@@ -44,7 +44,7 @@ def ack(m: MasterReplication, key, offset: int, now_ms: int):
     far as shipped), acking what it has whenever the window fills."""
     done = []
     while m.slaves[key].sent_offset < offset:
-        if m.next_transfer(key, offset) is None:
+        if m.next_transfer(key, offset, 0) is None:
             done += m.on_ack(key, m.slaves[key].sent_offset, now_ms)
     return done + m.on_ack(key, offset, now_ms)
 
@@ -53,12 +53,12 @@ def test_flow_control_window_bounds_unacked_bytes(attach):
     m = core()
     attach(m, "s1", 1, 0)
     sent = []
-    while (span := m.next_transfer("s1", 10 * 64 * KB)) is not None:
+    while (span := m.next_transfer("s1", 10 * 64 * KB, 0)) is not None:
         sent.append(span)
     assert sent[0] == (0, 16 * KB)
     assert sent[-1][1] == 64 * KB  # stops at the window, not at the log end
     run(ack(m, "s1", 32 * KB, 1))
-    assert m.next_transfer("s1", 10 * 64 * KB) == (64 * KB, 80 * KB)
+    assert m.next_transfer("s1", 10 * 64 * KB, 0) == (64 * KB, 80 * KB)
 
 
 def test_in_sync_counts_only_slaves_within_the_gap(attach):
@@ -177,7 +177,7 @@ def test_an_ack_beyond_what_was_sent_counts_only_what_was_sent(attach):
     peer) must not complete a send or make the slave look in sync."""
     m = core(ha_max_gap_not_in_sync=KB)
     attach(m, "s1", 1, 0)
-    assert m.next_transfer("s1", 100 * KB) == (0, 16 * KB)
+    assert m.next_transfer("s1", 100 * KB, 0) == (0, 16 * KB)
     statuses = []
     m.wait_for_acks(100 * KB, 2, 0, 1000, statuses.append)
     run(m.on_ack("s1", 1 << 62, 1, received_offset=1 << 62))
@@ -191,7 +191,7 @@ def test_bytes_shipped_but_not_acknowledged_complete_no_send(attach):
     are lost with the master if it dies before the slave has them."""
     m = core(total_replicas=2, in_sync_replicas=2)
     attach(m, "s1", 1, 0)
-    while m.next_transfer("s1", 64 * KB) is not None:
+    while m.next_transfer("s1", 64 * KB, 0) is not None:
         pass
     assert m.slaves["s1"].sent_offset == 64 * KB
     statuses = []
@@ -204,7 +204,7 @@ def test_bytes_shipped_but_not_acknowledged_complete_no_send(attach):
 
 def ship_window(m: MasterReplication, key, log_end: int = 1000 * KB) -> int:
     """Ship as far as the window lets the master; returns where it stopped."""
-    while m.next_transfer(key, log_end) is not None:
+    while m.next_transfer(key, log_end, 0) is not None:
         pass
     return m.slaves[key].sent_offset
 
@@ -219,7 +219,7 @@ def test_a_record_larger_than_the_window_is_shipped_while_the_slave_receives_it(
     record_end = 200 * KB
     statuses = []
     m.wait_for_acks(record_end, 2, 0, 1000, statuses.append)
-    while (span := m.next_transfer("s1", record_end)) is not None:
+    while (span := m.next_transfer("s1", record_end, 0)) is not None:
         assert span[1] - m.slaves["s1"].received_offset <= 64 * KB  # the window holds
         # The slave acks each transfer: it holds the bytes, no whole record yet.
         run(m.on_ack("s1", 0, 1, received_offset=span[1]))

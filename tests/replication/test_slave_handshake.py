@@ -67,7 +67,7 @@ def replicate(master: MessageStore, slave: MessageStore) -> tuple[SlaveLink, int
         reply, _ = m.handshake(KEY, request, now_ms=0)
         request = s.on_handshake_reply(reply)
     while core.slaves[KEY].ack_offset < master.commitlog.max_offset:
-        shipped = list(m.transfers(KEY))
+        shipped = list(m.transfers(KEY, 0))
         assert shipped, f"the master ships nothing; the slave is at {s.ack_offset}"
         for offset, data in shipped:
             s.on_transfer(offset, data)
@@ -225,7 +225,7 @@ def test_retention_removing_what_a_slave_still_needs_ends_its_session(stores):
     for cq in master.queues.values():
         cq.drop_below_physical(new_min)
     with pytest.raises(HamqError, match="retention removed"):
-        list(m.transfers(KEY))
+        list(m.transfers(KEY, 0))
     core.disconnect(KEY)
     replicate(master, slave)
     assert slave.commitlog.min_offset == new_min

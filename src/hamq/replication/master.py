@@ -17,6 +17,7 @@ from typing import Protocol
 
 from hamq.errors import InvalidArgument
 from hamq.replication.quorum import AckDecision, QuorumConfig, decide, is_in_sync
+from hamq.replication.sync_state_set import SyncStateSet
 
 
 class HAConnectionState(IntEnum):
@@ -124,15 +125,32 @@ class AckWaiter:
 
 
 class MasterReplication:
-    def __init__(self, quorum: QuorumConfig, window_bytes: int, transfer_batch_bytes: int) -> None:
+    """``sync_state_set`` (controller mode) tracks the SyncStateSet; with ``all_ack`` too
+    (``all_ack_in_sync_state_set``) every send waits for each member of its effective set
+    instead of a count of slaves, in one more ordered deque."""
+
+    def __init__(
+        self,
+        quorum: QuorumConfig,
+        window_bytes: int,
+        transfer_batch_bytes: int,
+        sync_state_set: SyncStateSet | None = None,
+        all_ack: bool = False,
+    ) -> None:
         assert transfer_batch_bytes <= window_bytes
+        assert sync_state_set is not None or not all_ack
         self.quorum = quorum
         self.window_bytes = window_bytes
         self.transfer_batch_bytes = transfer_batch_bytes
+        self.sync_state_set = sync_state_set
+        self.all_ack = all_ack
         self.slaves: dict[Hashable, SlaveProgress] = {}
         # Group commit per distinct need: each deque is ordered by offset and deadline, so a
         # waiter needing more acks never holds back a later one needing fewer.
         self.waiters: dict[int, deque[AckWaiter]] = {}
+        # all-ack: done once every member of the effective set holds the offset. Not
+        # failed when a member disconnects: the shrink that drops it lets them complete.
+        self.all_ack_waiters: deque[AckWaiter] = deque()
 
     # -- slave lifecycle --------------------------------------------------------------------
     def compare(self, log: RecordLog, probes: Sequence[Probe]) -> list[bool]:
@@ -172,6 +190,8 @@ class MasterReplication:
         self.slaves[key] = SlaveProgress(
             key, broker_id, HAConnectionState.TRANSFER, start, start, start, now_ms
         )
+        if self.sync_state_set is not None:
+            self.sync_state_set.on_connect(broker_id, start, now_ms)
         return SlaveAttached(start, replaced)
 
     def disconnect(self, key: Hashable) -> list[tuple[AckCallback, ReplicaStatus]]:
@@ -179,10 +199,14 @@ class MasterReplication:
         progress = self.slaves.pop(key, None)
         if progress is not None:
             progress.state = HAConnectionState.SHUTDOWN
+            if self.sync_state_set is not None and progress.broker_id not in self._connected():
+                self.sync_state_set.on_disconnect(progress.broker_id)
         return self._fail_unreachable()
 
     # -- transfer ---------------------------------------------------------------------------
-    def next_transfer(self, key: Hashable, master_max_offset: int) -> tuple[int, int] | None:
+    def next_transfer(
+        self, key: Hashable, master_max_offset: int, now_ms: int
+    ) -> tuple[int, int] | None:
         """The next range [start, end) to ship to a slave, within its flow-control window:
         the bytes on the wire, shipped but not yet received. (Counting those not yet in whole
         records, a record larger than the window never got its last bytes shipped.)"""
@@ -194,6 +218,8 @@ class MasterReplication:
         if end <= s.sent_offset:
             return None
         start, s.sent_offset = s.sent_offset, end
+        if self.sync_state_set is not None:
+            self.sync_state_set.on_transfer(s.broker_id, master_max_offset, now_ms)
         return start, end
 
     def on_ack(
@@ -212,6 +238,8 @@ class MasterReplication:
         s.received_offset = max(s.received_offset, min(received, s.sent_offset))
         if ack_offset > s.ack_offset:
             s.ack_offset = ack_offset
+        if self.sync_state_set is not None:
+            self.sync_state_set.on_ack(s.broker_id, s.ack_offset)
         return self._complete_satisfied()
 
     def expire_silent(self, now_ms: int, timeout_ms: int) -> list[Hashable]:
@@ -236,9 +264,15 @@ class MasterReplication:
     def wait_for_acks(
         self, offset: int, need_ack_nums: int, now_ms: int, timeout_ms: int, callback: AckCallback
     ) -> None:
-        """Group commit: ordered waiters, woken as ack offsets advance."""
+        """Group commit: ordered waiters, woken as ack offsets advance. Under all-ack,
+        ``need_ack_nums`` is not used: the effective SyncStateSet decides."""
         waiter = AckWaiter(offset, need_ack_nums - 1, now_ms + timeout_ms, callback)
-        if self._acked_by(offset) >= waiter.need_slaves:
+        if self.all_ack:
+            if self._all_acked() >= offset:
+                callback(ReplicaStatus.PUT_OK)
+            else:
+                self.all_ack_waiters.append(waiter)
+        elif self._acked_by(offset) >= waiter.need_slaves:
             callback(ReplicaStatus.PUT_OK)
         else:
             waiters = self.waiters.get(waiter.need_slaves)
@@ -248,7 +282,7 @@ class MasterReplication:
 
     def expire_waiters(self, now_ms: int) -> list[tuple[AckCallback, ReplicaStatus]]:
         done = []
-        for waiters in self.waiters.values():
+        for waiters in (*self.waiters.values(), self.all_ack_waiters):
             # One timeout for all, so deadlines grow with offsets: expired waiters are a prefix.
             while waiters and waiters[0].deadline_ms <= now_ms:
                 done.append((waiters.popleft().callback, ReplicaStatus.FLUSH_SLAVE_TIMEOUT))
@@ -257,11 +291,28 @@ class MasterReplication:
     def fail_all(self) -> list[tuple[AckCallback, ReplicaStatus]]:
         done = [
             (w.callback, ReplicaStatus.SLAVE_NOT_AVAILABLE)
-            for waiters in self.waiters.values()
+            for waiters in (*self.waiters.values(), self.all_ack_waiters)
             for w in waiters
         ]
         self.waiters.clear()
+        self.all_ack_waiters.clear()
         return done
+
+    def apply_sync_state_set(
+        self, ids: frozenset[int], epoch: int
+    ) -> list[tuple[AckCallback, ReplicaStatus]]:
+        """The controller applied a SyncStateSet: a member that left no longer holds
+        all-ack sends back."""
+        assert self.sync_state_set is not None
+        self.sync_state_set.apply(ids, epoch)
+        return self._complete_satisfied()
+
+    def confirm_offset(self, master_max_offset: int) -> int:
+        """What every member of the effective SyncStateSet holds (controller mode); the
+        whole log outside it."""
+        if self.sync_state_set is None:
+            return master_max_offset
+        return self.sync_state_set.confirm_offset(master_max_offset)
 
     # -- internals ----------------------------------------------------------------------------
     def _acked_by(self, offset: int) -> int:
@@ -273,17 +324,30 @@ class MasterReplication:
             }
         )
 
+    def _all_acked(self) -> int | float:
+        """The offset every member of the effective SyncStateSet holds (infinite when the
+        master is alone in it)."""
+        assert self.sync_state_set is not None
+        least = self.sync_state_set.min_member_ack()
+        return float("inf") if least is None else least
+
     def _complete_satisfied(self) -> list[tuple[AckCallback, ReplicaStatus]]:
         done = []
         for need, waiters in self.waiters.items():
             while waiters and self._acked_by(waiters[0].offset) >= need:
                 done.append((waiters.popleft().callback, ReplicaStatus.PUT_OK))
+        if self.all_ack_waiters:
+            all_acked = self._all_acked()
+            waiters = self.all_ack_waiters
+            while waiters and waiters[0].offset <= all_acked:
+                done.append((waiters.popleft().callback, ReplicaStatus.PUT_OK))
         return done
 
+    def _connected(self) -> set[int]:
+        return {s.broker_id for s in self.slaves.values() if s.state is HAConnectionState.TRANSFER}
+
     def _fail_unreachable(self) -> list[tuple[AckCallback, ReplicaStatus]]:
-        connected = len(
-            {s.broker_id for s in self.slaves.values() if s.state is HAConnectionState.TRANSFER}
-        )
+        connected = len(self._connected())
         done = []
         for need, waiters in self.waiters.items():
             if need > connected:

@@ -296,7 +296,7 @@ class MasterSlaveWorld:
 
     def _pump(self, conn: _Conn) -> None:
         try:
-            for offset, data in self.link.transfers(conn):
+            for offset, data in self.link.transfers(conn, self.now):
                 if conn.live:
                     self._over(conn, False, "transfer", (offset, bytes(data)))
         except HamqError:  # retention removed what it needs: HAMaster closes the session

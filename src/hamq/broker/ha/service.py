@@ -122,12 +122,12 @@ class MasterLink:
         )
         return {"start_offset": attached.start if attached else None}, attached
 
-    def transfers(self, key: Hashable) -> Iterator[tuple[int, bytearray]]:
+    def transfers(self, key: Hashable, now_ms: int) -> Iterator[tuple[int, bytearray]]:
         """The log ranges a slave may receive now (its window), as (offset, bytes).
         ``HamqError`` when retention removed what it needs next: end the session, and its
         next handshake restarts it at our first byte."""
         commitlog = self.store.commitlog
-        while (span := self.core.next_transfer(key, commitlog.written_offset)) is not None:
+        while (span := self.core.next_transfer(key, commitlog.written_offset, now_ms)) is not None:
             if span[0] < commitlog.min_offset:
                 raise HamqError(
                     f"slave needs the log from offset {span[0]}, but retention "
@@ -320,7 +320,7 @@ class HAMaster:
 
     def _pump(self, conn: Connection) -> None:
         try:
-            for offset, data in self.link.transfers(conn):
+            for offset, data in self.link.transfers(conn, monotonic_ms()):
                 if conn.is_closed:
                     return
                 conn.oneway(RequestCode.HA_TRANSFER, {"offset": offset}, data)
