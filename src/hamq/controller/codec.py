@@ -181,3 +181,20 @@ def _unpack(data: bytes) -> object:
         return msgpack.unpackb(data, raw=False, strict_map_key=True)
     except (ValueError, msgpack.UnpackException) as exc:
         raise ControllerCodecError(f"not valid msgpack: {exc}") from exc
+
+
+def encode_snapshot_at(applied_index: int, state: ControllerState) -> bytes:
+    """A snapshot file: the state with the Raft index it was taken at, so a restarted peer
+    applies only the entries after it."""
+    data: bytes = msgpack.packb([applied_index, encode_snapshot(state)])
+    return data
+
+
+def decode_snapshot_at(data: bytes) -> tuple[int, ControllerState]:
+    top = _list(_unpack(data))
+    if len(top) != 2 or not isinstance(top[1], bytes):
+        raise ControllerCodecError("not a controller snapshot file")
+    applied_index = _int(top[0])
+    if applied_index < 0:
+        raise ControllerCodecError(f"snapshot at a negative Raft index {applied_index}")
+    return applied_index, decode_snapshot(top[1])

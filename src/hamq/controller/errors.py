@@ -17,6 +17,8 @@ class ControllerCode(IntEnum):
     CONTROLLER_MASTER_NOT_AVAILABLE = 2004
     CONTROLLER_INVALID_REQUEST = 2005
     CONTROLLER_BROKER_NOT_ALIVE = 2006
+    # this peer is not the Raft leader, or stopped leading before the request was applied
+    CONTROLLER_NOT_LEADER = 2007
     CONTROLLER_BROKER_METADATA_NOT_EXIST = 2008
     CONTROLLER_INVALID_CLEAN_BROKER_METADATA = 2009
     CONTROLLER_BROKER_NEED_TO_BE_REGISTERED = 2010
@@ -36,3 +38,8 @@ class ControllerError:
 
 class ControllerCodecError(ValueError):
     """Bytes that are not a valid event or snapshot (a corrupt or hostile Raft entry)."""
+
+
+class ControllerRecoveryError(Exception):
+    """A peer's files contradict each other (a snapshot past the Raft log it came from):
+    starting would serve a state the other peers may not have."""

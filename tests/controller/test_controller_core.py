@@ -1,0 +1,260 @@
+"""ControllerCore with three in-memory peers on virtual time: the Raft election, requests
+answered once applied on every peer, refusals, the master-timeout scan's wait, and
+snapshots a restarted peer resumes from."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hamq.controller.codec import decode_snapshot_at
+from hamq.controller.core import Applied, ControllerCore, CoreSettings, Outcome
+from hamq.controller.errors import ControllerCode, ControllerError, ControllerRecoveryError
+from hamq.controller.events import ElectMaster
+from hamq.controller.requests import (
+    AlterSyncStateSetRequest,
+    ApplyBrokerIdRequest,
+    BrokerHeartbeat,
+    ElectMasterRequest,
+    ElectTrigger,
+    RegisterBrokerRequest,
+)
+from hamq.raft import MemoryStorage, RaftConfig
+
+CLUSTER, GROUP = "DefaultCluster", "broker-a"
+KEY = (CLUSTER, GROUP)
+PEERS = (1, 2, 3)
+TICK_MS = 10
+HEARTBEAT_TIMEOUT_MS = 1000
+SETTINGS = CoreSettings(
+    heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
+    snapshot_interval_entries=4,
+    enable_elect_unclean_master=False,
+)
+
+
+class Cluster:
+    """Three peers and a network that delivers at once, except to or from a cut peer."""
+
+    def __init__(self) -> None:
+        self.now_ms = 0
+        self.storages = {i: MemoryStorage() for i in PEERS}
+        self.snapshots: dict[int, bytes] = {}
+        self.changes: dict[int, list] = {i: [] for i in PEERS}
+        self.cut: set[int] = set()
+        self.cores = {i: self.start(i) for i in PEERS}
+
+    def start(self, peer: int, snapshot: bytes | None = None) -> ControllerCore:
+        config = RaftConfig(peer, PEERS, election_timeout_ms=300, push_timeout_ms=120)
+        return ControllerCore(
+            config, self.storages[peer], random.Random(peer), SETTINGS, self.now_ms, snapshot
+        )
+
+    def pump(self) -> None:
+        for _ in range(1000):
+            moved = False
+            for peer, core in self.cores.items():
+                out = core.run_cycle(self.now_ms)
+                if out is None:
+                    continue
+                moved = True
+                if out.snapshot is not None:
+                    self.snapshots[peer] = out.snapshot.data
+                self.changes[peer] += out.changes
+                for msg in out.messages:
+                    if not {msg.from_id, msg.to_id} & self.cut:
+                        self.cores[msg.to_id].step(msg)
+            if not moved:
+                return
+        raise AssertionError("the peers never went quiet")
+
+    def run(self, ms: int) -> None:
+        for _ in range(ms // TICK_MS):
+            self.now_ms += TICK_MS
+            for core in self.cores.values():
+                core.tick(self.now_ms)
+            self.pump()
+
+    def leader(self, among: set[int] | None = None) -> int:
+        """Run until exactly one of ``among`` serves as leader; its id."""
+        among = among or set(PEERS)
+        for _ in range(500):
+            serving = [i for i in among if self.cores[i].serving]
+            if len(serving) == 1:
+                return serving[0]
+            self.run(TICK_MS)
+        raise AssertionError("no leader elected")
+
+    def submit(self, peer: int, request) -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        self.cores[peer].submit(request, self.now_ms, outcomes.append)
+        return outcomes
+
+    def commit(self, request) -> Applied:
+        outcomes = self.submit(self.leader(), request)
+        self.pump()
+        assert len(outcomes) == 1 and isinstance(outcomes[0], Applied), outcomes
+        return outcomes[0]
+
+    def beat(self, broker_id: int, epoch: int = 0, max_offset: int = 0) -> None:
+        heartbeat = BrokerHeartbeat(*KEY, broker_id, _addr(broker_id), epoch, max_offset)
+        for core in self.cores.values():
+            core.heartbeat(heartbeat, self.now_ms)
+
+
+def _addr(broker_id: int) -> str:
+    return f"127.0.0.1:{10900 + broker_id}"
+
+
+def _join(cluster: Cluster, broker_id: int) -> None:
+    cluster.commit(ApplyBrokerIdRequest(*KEY, broker_id, _addr(broker_id), f"code-{broker_id}"))
+    cluster.commit(RegisterBrokerRequest(*KEY, broker_id, _addr(broker_id)))
+    cluster.beat(broker_id)
+
+
+def _group_of_two(cluster: Cluster) -> None:
+    """Members 1 and 2, 1 elected master, the set grown to both."""
+    _join(cluster, 1)
+    _join(cluster, 2)
+    cluster.commit(ElectMasterRequest(*KEY, ElectTrigger.REGISTER, 1))
+    cluster.commit(AlterSyncStateSetRequest(*KEY, 1, 1, frozenset({1, 2}), 1))
+
+
+def _states(cluster: Cluster) -> list:
+    return [core.state for core in cluster.cores.values()]
+
+
+def test_three_peers_elect_one_leader_and_followers_know_it():
+    cluster = Cluster()
+    leader = cluster.leader()
+    cluster.run(100)
+    assert [core.leader_id for core in cluster.cores.values()] == [leader] * 3
+    assert sum(core.is_leader for core in cluster.cores.values()) == 1
+
+
+def test_a_request_is_answered_once_applied_on_every_peer():
+    cluster = Cluster()
+    leader = cluster.leader()
+    request = ApplyBrokerIdRequest(*KEY, 1, _addr(1), "code-1")
+    outcomes = cluster.submit(leader, request)
+    assert outcomes == []  # proposed, not applied yet
+    cluster.pump()
+    assert len(outcomes) == 1 and isinstance(outcomes[0], Applied)
+    assert outcomes[0].group is not None and 1 in outcomes[0].group.members
+    cluster.run(100)  # followers learn the commit index with the next heartbeat
+    first, *others = _states(cluster)
+    assert all(state == first for state in others)
+    assert first.groups[KEY].members[1].address == _addr(1)
+
+
+def test_a_follower_refuses_with_not_leader_at_once():
+    cluster = Cluster()
+    leader = cluster.leader()
+    follower = next(i for i in PEERS if i != leader)
+    (outcome,) = cluster.submit(follower, ApplyBrokerIdRequest(*KEY, 1, _addr(1), "c"))
+    assert isinstance(outcome, ControllerError)
+    assert outcome.code == ControllerCode.CONTROLLER_NOT_LEADER
+    assert cluster.cores[follower].leader_id == leader
+
+
+def test_leadership_lost_mid_proposal_fails_the_callback_and_changes_nothing():
+    cluster = Cluster()
+    old = cluster.leader()
+    cluster.cut = {old}
+    outcomes = cluster.submit(old, ApplyBrokerIdRequest(*KEY, 1, _addr(1), "code-1"))
+    new = cluster.leader(set(PEERS) - {old})
+    cluster.run(400)  # the old leader hears no quorum and steps down
+    assert len(outcomes) == 1 and isinstance(outcomes[0], ControllerError)
+    assert outcomes[0].code == ControllerCode.CONTROLLER_NOT_LEADER
+    cluster.cut = set()
+    cluster.run(500)  # healed: the old leader's unreplicated entry is replaced
+    assert cluster.leader() == new
+    assert all(KEY not in state.groups for state in _states(cluster))
+
+
+def test_stale_alters_are_refused_when_decided_and_when_applied():
+    cluster = Cluster()
+    _group_of_two(cluster)
+    leader = cluster.leader()
+    before = cluster.cores[leader].group(KEY)
+    assert before is not None and before.sync_state_set_epoch == 2
+    stale_master = AlterSyncStateSetRequest(*KEY, 1, 0, frozenset({1}), 2)
+    (refused,) = cluster.submit(leader, stale_master)
+    assert isinstance(refused, ControllerError)
+    assert refused.code == ControllerCode.CONTROLLER_FENCED_MASTER_EPOCH
+    # two alters decided against the same epochs: the log orders them, the second is stale
+    shrink = AlterSyncStateSetRequest(*KEY, 1, 1, frozenset({1}), 2)
+    first = cluster.submit(leader, shrink)
+    second = cluster.submit(leader, shrink)
+    cluster.run(100)
+    assert isinstance(first[0], Applied)
+    assert isinstance(second[0], ControllerError)
+    assert second[0].code == ControllerCode.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH
+    for state in _states(cluster):
+        assert state.groups[KEY].sync_state_set == frozenset({1})
+        assert state.groups[KEY].sync_state_set_epoch == 3
+
+
+def test_scan_waits_one_heartbeat_timeout_after_winning_leadership():
+    cluster = Cluster()
+    _group_of_two(cluster)
+    old = cluster.leader()
+    cluster.cut = {old}  # the controller leader dies; broker 1 (the master) goes silent too
+    new = cluster.leader(set(PEERS) - {old})
+    won_at = cluster.now_ms
+    core = cluster.cores[new]
+    while cluster.now_ms - won_at < HEARTBEAT_TIMEOUT_MS - 5 * TICK_MS:
+        cluster.beat(2, epoch=1, max_offset=100)
+        assert core.scan(cluster.now_ms) == []  # master 1 unheard of long enough, but wait
+        cluster.run(5 * TICK_MS)
+    assert 1 not in core.liveness.alive(KEY, cluster.now_ms)  # it was dead for a while
+    cluster.beat(2, epoch=1, max_offset=100)
+    cluster.run(10 * TICK_MS)
+    (election,) = core.scan(cluster.now_ms)
+    assert election.trigger is ElectTrigger.MASTER_TIMEOUT
+    assert core.scan(cluster.now_ms) == []  # one election in flight per group
+    cluster.pump()
+    group = core.group(KEY)
+    assert group is not None and (group.master_id, group.master_epoch) == (2, 2)
+    (change,) = [c for c in cluster.changes[new] if isinstance(c.event, ElectMaster)][-1:]
+    assert change.key == KEY and change.event.new_master_id == 2 and not change.event.unclean
+
+
+def test_a_master_that_keeps_reporting_is_not_replaced():
+    cluster = Cluster()
+    _group_of_two(cluster)
+    leader = cluster.leader()
+    for _ in range(3 * HEARTBEAT_TIMEOUT_MS // 100):
+        cluster.beat(1, epoch=1)
+        cluster.beat(2, epoch=1)
+        assert cluster.cores[leader].scan(cluster.now_ms) == []
+        cluster.run(100)
+    assert cluster.cores[leader].group(KEY).master_id == 1
+
+
+def test_snapshot_and_restart_give_the_same_state():
+    cluster = Cluster()
+    _group_of_two(cluster)
+    _join(cluster, 3)  # 8 events: snapshots were taken along the way
+    leader = cluster.leader()
+    restarted = next(i for i in PEERS if i != leader)
+    snapshot = cluster.snapshots[restarted]
+    index, snapshot_state = decode_snapshot_at(snapshot)
+    assert index > 0 and KEY in snapshot_state.groups
+    expected = cluster.cores[restarted].state
+    core = cluster.start(restarted, snapshot)
+    assert core.node.applied_index == index and core.state == snapshot_state
+    cluster.cores[restarted] = core
+    cluster.run(200)
+    assert core.state == expected == cluster.cores[leader].state
+    assert core.node.applied_index == cluster.cores[leader].node.applied_index
+
+
+def test_a_snapshot_past_the_log_is_refused():
+    cluster = Cluster()
+    _group_of_two(cluster)
+    peer = next(iter(cluster.snapshots))
+    cluster.storages[peer] = MemoryStorage()  # the Raft directory was lost, not the snapshot
+    with pytest.raises(ControllerRecoveryError, match="snapshot is at Raft index"):
+        cluster.start(peer, cluster.snapshots[peer])
