@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import time
 import urllib.request
+from collections.abc import Iterable
 
 import hamq
 from hamq.errors import TopicNotExist
@@ -15,6 +17,34 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def free_port_base(offsets: Iterable[int] = ()) -> int:
+    """A port B such that B and B + each offset can be bound on 127.0.0.1 right now
+    (``hamq dev`` lays its servers out from its --port-base)."""
+    for _ in range(100):
+        base = free_port()
+        ports = [base + offset for offset in offsets]
+        if max(ports, default=base) < 65536 and all(_bindable(port) for port in ports):
+            return base
+    raise RuntimeError(f"no free port base for offsets {sorted(offsets)}")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def accepts(address: str) -> bool:

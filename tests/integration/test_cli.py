@@ -8,43 +8,17 @@ import json
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
+from helpers import free_port_base, pid_alive
+
 READY_TIMEOUT_S = 30.0
 BROKER_PORT_OFFSET = 1035  # hamq dev: the broker listens on port-base + 1035
 BENCH_KEYS = {"msgs_per_s", "mb_per_s", "p50_ms", "p99_ms", "p999_ms", "params"}
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port_base() -> int:
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + BROKER_PORT_OFFSET < 65536 and port_is_free(base + BROKER_PORT_OFFSET):
-            return base
-    raise RuntimeError("no free port pair for hamq dev")
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
@@ -58,7 +32,7 @@ def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
 def dev_cluster(tmp_path):
     """``hamq dev`` running; yields (Popen, ready dict). Everything it started is killed
     by PID at the end, whatever the test did."""
-    base = free_port_base()
+    base = free_port_base([BROKER_PORT_OFFSET])
     proc = subprocess.Popen(
         [
             sys.executable,

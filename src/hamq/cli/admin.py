@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import AsyncIterator
+
 import click
 
 from hamq.aio import AsyncAdmin
 from hamq.cli.common import emit, json_option, namesrv_option, run_async
+from hamq.client.admin import AsyncControllerAdmin
+from hamq.errors import ControllerRefused
+
+# A standalone controller's default listen address (ControllerConfig.listen).
+DEFAULT_CONTROLLER = "127.0.0.1:9878"
 
 
 @click.group()
@@ -64,3 +73,168 @@ async def elect(broker_name: str, member_id: int, namesrv: str, as_json: bool) -
         as_json,
         lambda o: f"member {o['leader']} ({o['address']}) now leads {o['group']}",
     )
+
+
+controller_option = click.option(
+    "--controller",
+    "controllers",
+    default=lambda: os.environ.get("HAMQ_CONTROLLER", DEFAULT_CONTROLLER),
+    show_default=f"$HAMQ_CONTROLLER or {DEFAULT_CONTROLLER}",
+    help="Controller peer address(es), HOST:PORT separated by ','. A name server that "
+    "embeds the controller answers on its own address.",
+)
+broker_name_option = click.option(
+    "--broker-name", "-b", required=True, help="Broker group (brokerName)."
+)
+cluster_option = click.option(
+    "--cluster", "-c", help="The group's cluster (default: the one the controller knows)."
+)
+
+
+@contextlib.asynccontextmanager
+async def controller_admin(controllers: str) -> AsyncIterator[AsyncControllerAdmin]:
+    """The controller admin client; a refusal becomes one line with its CONTROLLER_* name
+    and the controller's remark, exit code 1."""
+    client = AsyncControllerAdmin(controllers)
+    try:
+        yield client
+    except ControllerRefused as err:
+        raise click.ClickException(f"{err.code.name}: {err.message}") from None
+    finally:
+        await client.close()
+
+
+@admin.command("sync-state-set")
+@broker_name_option
+@controller_option
+@json_option
+@run_async
+async def sync_state_set(broker_name: str, controllers: str, as_json: bool) -> None:
+    """A controller-mode group: its master, epochs, SyncStateSet and members."""
+    async with controller_admin(controllers) as client:
+        group = await client.sync_state(broker_name)
+    emit(group, as_json, _group_text)
+
+
+@admin.command("elect-master")
+@broker_name_option
+@click.option(
+    "--broker-id", type=int, help="The member to make master (default: the controller's pick)."
+)
+@cluster_option
+@controller_option
+@json_option
+@run_async
+async def elect_master(
+    broker_name: str, broker_id: int | None, cluster: str | None, controllers: str, as_json: bool
+) -> None:
+    """Elect a controller-mode group's master (from the alive SyncStateSet members)."""
+    async with controller_admin(controllers) as client:
+        info = await client.elect_master(broker_name, broker_id, cluster)
+    emit(
+        info,
+        as_json,
+        lambda o: (
+            f"{o['broker_name']}: master {o['master_id']} at {o['master_addr']}, "
+            f"master epoch {o['master_epoch']}; SyncStateSet {o['sync_state_set']} "
+            f"(epoch {o['sync_state_set_epoch']})"
+        ),
+    )
+
+
+@admin.command("controller-metadata")
+@controller_option
+@json_option
+@run_async
+async def controller_metadata(controllers: str, as_json: bool) -> None:
+    """The controller peers, the Raft leader and its term."""
+    async with controller_admin(controllers) as client:
+        meta = await client.metadata()
+    emit(meta, as_json, _metadata_text)
+
+
+@admin.command("clean-broker-metadata")
+@broker_name_option
+@click.option(
+    "--broker-ids",
+    default="",
+    help="Members to forget, comma-separated (default: the whole group).",
+)
+@click.option(
+    "--clean-living-broker", is_flag=True, help="Also forget members that are still alive."
+)
+@cluster_option
+@controller_option
+@json_option
+@run_async
+async def clean_broker_metadata(
+    broker_name: str,
+    broker_ids: str,
+    clean_living_broker: bool,
+    cluster: str | None,
+    controllers: str,
+    as_json: bool,
+) -> None:
+    """Make the controller forget members of a group (dead ones unless told otherwise)."""
+    try:
+        ids = [int(i) for i in broker_ids.split(",") if i.strip()]
+    except ValueError:
+        raise click.BadParameter(
+            f"{broker_ids!r} is not a comma-separated list of ids", param_hint="--broker-ids"
+        ) from None
+    async with controller_admin(controllers) as client:
+        done = await client.clean_broker_metadata(broker_name, ids, clean_living_broker, cluster)
+    emit(
+        done,
+        as_json,
+        lambda o: (
+            f"{o['broker_name']} (cluster {o['cluster_name']}): the controller forgot "
+            + (
+                f"members {', '.join(map(str, o['broker_ids']))}"
+                if o["broker_ids"]
+                else "the group"
+            )
+        ),
+    )
+
+
+def _group_text(group: dict) -> str:
+    in_sync = set(group["sync_state_set"])
+    head = (
+        f"{group['broker_name']} (cluster {group['cluster_name']}): "
+        + (
+            f"master {group['master_id']} at {group['master_addr']}"
+            if group["master_id"] is not None
+            else "no master"
+        )
+        + f", master epoch {group['master_epoch']}; SyncStateSet {sorted(in_sync)} "
+        f"(epoch {group['sync_state_set_epoch']})"
+    )
+    rows = [
+        f"{'id':>4}  {'address':<22} {'role':<7} {'alive':<6} {'in sync':<8} {'epoch':>6} "
+        f"{'max offset':>14} {'confirm offset':>14}"
+    ] + [
+        f"{m['broker_id']:>4}  {m['address']:<22} "
+        f"{'master' if m['broker_id'] == group['master_id'] else 'slave':<7} "
+        f"{'yes' if m['alive'] else 'no':<6} {'yes' if m['broker_id'] in in_sync else 'no':<8} "
+        f"{m['epoch']:>6} {m['max_offset']:>14} {m['confirm_offset']:>14}"
+        for m in sorted(group["members"], key=lambda m: m["broker_id"])
+    ]
+    return "\n".join([head, *rows])
+
+
+def _metadata_text(meta: dict) -> str:
+    leader = (
+        f"Raft leader {meta['leader_id']} at {meta['leader_addr']}"
+        if meta.get("leader_id") is not None
+        else "no Raft leader"
+    )
+    head = (
+        f"controller peer {meta['self_id']} answered: {leader}, term {meta['term']}; "
+        f"commit index {meta['commit_index']}, applied {meta['applied_index']}"
+    )
+    rows = [
+        f"{peer_id:>4}  {addr}{'  (leader)' if peer_id == meta.get('leader_id') else ''}"
+        for peer_id, addr in sorted(meta["peers"])
+    ]
+    return "\n".join([head, *rows])

@@ -10,6 +10,7 @@ import asyncio
 import os
 import time
 from array import array
+from typing import Any
 
 import click
 
@@ -21,6 +22,7 @@ from hamq.aio import (
     ConsumeConcurrentlyStatus,
 )
 from hamq.cli.common import emit, namesrv_option, run_async
+from hamq.cli.failover import failover_text, run_failover
 from hamq.client.consumer import PullStatus
 from hamq.clock import wall_ms
 from hamq.errors import HamqError, InvalidArgument, TopicNotExist
@@ -399,3 +401,28 @@ async def bench_consume(
         as_json,
         _text,
     )
+
+
+@bench.command("failover")
+@click.option("--kills", default=10, show_default=True, type=click.IntRange(min=1))
+@click.option("--replicas", default=3, show_default=True, type=click.IntRange(min=2))
+@click.option(
+    "--controllers", default=3, show_default=True, type=click.IntRange(min=1), help="Peers."
+)
+@click.option("--embedded", is_flag=True, help="The controller peers are the name servers.")
+@click.option(
+    "--port-base", default=29876, show_default=True, help="hamq dev's --port-base for the run."
+)
+@click.option("--data", "data_dir", help="hamq dev's data directory (default: a new temp dir).")
+@click.option("--size", default=1024, show_default=True, help="Body bytes per message.")
+@click.option(
+    "--senders", default=4, show_default=True, type=click.IntRange(min=1), help="Sends in flight."
+)
+@click.option("--topic", default="FailoverTopic", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@run_async
+async def bench_failover(as_json: bool, **params: Any) -> None:
+    """kill -9 a controller-mode master KILLS times under a steady stream of sends (on its
+    own `hamq dev --mode controller`): time to the first send the new master acknowledges,
+    and every acknowledged message read back."""
+    emit(await run_failover(**params), as_json, failover_text)

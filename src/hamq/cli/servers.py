@@ -15,9 +15,10 @@ import click
 
 from hamq.broker.server import serve_broker
 from hamq.cli.common import BadConfig, setup_logging
+from hamq.cli.dev_controller import ControllerLayout, controller_ready
 from hamq.client.sync import Admin
 from hamq.clock import monotonic_s
-from hamq.config import BrokerConfig, NamesrvConfig, dump_toml, load_config
+from hamq.config import BrokerConfig, ControllerConfig, NamesrvConfig, dump_toml, load_config
 from hamq.errors import ConfigError
 from hamq.namesrv.server import serve_namesrv
 from hamq.net.server import run_until_signalled
@@ -94,10 +95,24 @@ def broker(config_path: str) -> None:
 )
 @click.option(
     "--mode",
-    type=click.Choice(["single", "master-slave", "dledger"]),
+    type=click.Choice(["single", "master-slave", "dledger", "controller"]),
     default="single",
     show_default=True,
-    help="One broker; one group of a master and slaves; or one DLedger (Raft) group.",
+    help="One broker; one group of a master and slaves; one DLedger (Raft) group; or one "
+    "group whose master the controller elects.",
+)
+@click.option(
+    "--controllers",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Controller peers (--mode controller); the first listens on port-base + 2.",
+)
+@click.option(
+    "--embedded",
+    is_flag=True,
+    help="--mode controller: the controller peers are name servers (from port-base up) "
+    "with enable_controller_in_namesrv, instead of standalone `hamq controller`s.",
 )
 @click.option(
     "--replicas",
@@ -150,12 +165,19 @@ def dev(
     min_in_sync_replicas: int,
     auto_degrade: bool,
     ha_max_gap_not_in_sync: int,
+    controllers: int,
+    embedded: bool,
 ) -> None:
-    """Run a local cluster (a name server and one broker group) as child processes."""
+    """Run a local cluster (name servers, controllers and one broker group) as child
+    processes."""
     if mode == "single" and replicas != 1:
         raise click.BadParameter("--replicas needs --mode master-slave", param_hint="--replicas")
+    if embedded and mode != "controller":
+        raise click.BadParameter("--embedded needs --mode controller", param_hint="--embedded")
     root = Path(data_dir).resolve()
-    namesrv_addr = f"127.0.0.1:{port_base}"
+    layout = ControllerLayout.of(port_base, controllers, embedded) if mode == "controller" else None
+    namesrv_addrs = layout.addrs if layout and layout.embedded else [f"127.0.0.1:{port_base}"]
+    namesrv_addr = ";".join(namesrv_addrs)
     members: dict[str, dict] = {}  # name: settings
     raft_peers = [
         f"{i}@127.0.0.1:{port_base + 1035 + 10 * (i - 1) + 2}" for i in range(1, replicas + 1)
@@ -170,7 +192,7 @@ def dev(
             if broker_id
             else (broker_role or ("sync_master" if mode == "master-slave" else "async_master")),
             "listen": f"127.0.0.1:{port_base + 1035 + 10 * broker_id}",
-            "namesrv": [namesrv_addr],
+            "namesrv": namesrv_addrs,
             "store_dir": str(root / name),
             "flush_disk_type": flush_disk_type,
             "total_replicas": replicas if total_replicas is None else total_replicas,
@@ -187,15 +209,17 @@ def dev(
                 dledger_self_id=broker_id + 1,
                 dledger_peers=raft_peers,
             )
+        if layout:
+            settings.update(layout.broker_settings())
         _load(BrokerConfig, None, **settings)  # a bad flag combination fails here, clearly
         members[name] = settings
-    _load(NamesrvConfig, None, listen=namesrv_addr, data_dir=str(root / "namesrv"))
+    servers = _server_configs(root, namesrv_addrs, layout)  # name: (command, settings)
     try:
         can_create("--data", data_dir)
     except ConfigError as err:
         raise BadConfig(f"options: {err.message}") from None
     root.mkdir(parents=True, exist_ok=True)  # only once every config is known to be good
-    for name, settings in members.items():
+    for name, settings in [*members.items(), *((n, s) for n, (_, s) in servers.items())]:
         (root / f"{name}.toml").write_text(dump_toml(settings))
     children: list[subprocess.Popen] = []
     stopping = False
@@ -207,18 +231,21 @@ def dev(
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        ns = _spawn(
-            ["namesrv", "--listen", namesrv_addr, "--data", str(root / "namesrv")], root, "namesrv"
-        )
-        children.append(ns)
-        _wait_ready(ns, "namesrv")
+        pids = {}  # listen address: pid
+        for name, (command, settings) in servers.items():
+            proc = _spawn([command, "-c", str(root / f"{name}.toml")], root, name)
+            children.append(proc)
+            _wait_ready(proc, name)
+            pids[settings["listen"]] = proc.pid
         brokers = []
         for name, m in members.items():
             proc = _spawn(["broker", "-c", str(root / f"{name}.toml")], root, name)
             children.append(proc)
             _wait_ready(proc, name)
+            pids[m["listen"]] = proc.pid
             brokers.append(
                 {
+                    "name": name,
                     "broker_name": m["broker_name"],
                     "broker_id": m["broker_id"],
                     "role": "dledger" if mode == "dledger" else m["broker_role"],
@@ -228,18 +255,17 @@ def dev(
             )
         if mode == "dledger":  # ready means a leader was elected and routes point to it
             _wait_for_master(namesrv_addr, "broker-a")
-        click.echo(
-            json.dumps(
-                {
-                    "event": "ready",
-                    "mode": mode,
-                    "namesrv": namesrv_addr,
-                    "data": str(root),
-                    "namesrv_pid": ns.pid,
-                    "brokers": brokers,
-                }
-            )
-        )
+        ready = {
+            "event": "ready",
+            "mode": mode,
+            "namesrv": namesrv_addr,
+            "data": str(root),
+            "namesrv_pid": pids[namesrv_addrs[0]],
+            "brokers": brokers,
+        }
+        if layout:  # ready means the group is whole: roles and epochs come from the controller
+            ready.update(controller_ready(layout, namesrv_addr, replicas, brokers, pids))
+        click.echo(json.dumps(ready))
         click.echo(
             f"hamq dev: connect with --namesrv {namesrv_addr} "
             f"(or export HAMQ_NAMESRV={namesrv_addr}); logs in {root}; Ctrl-C stops",
@@ -258,6 +284,24 @@ def dev(
             time.sleep(0.2)
     finally:
         _stop_children(children)
+
+
+def _server_configs(
+    root: Path, namesrv_addrs: list[str], layout: ControllerLayout | None
+) -> dict[str, tuple[str, dict]]:
+    """Every server but the brokers, in start order: name -> (command, settings), each
+    settings checked here so a bad flag combination fails before anything starts."""
+    servers: dict[str, tuple[str, dict]] = {}
+    if not (layout and layout.embedded):
+        servers["namesrv"] = ("namesrv", {"listen": namesrv_addrs[0]})
+    if layout:
+        command = "namesrv" if layout.embedded else "controller"
+        for peer_id in layout.peers:
+            servers[f"{command}-{peer_id}"] = (command, layout.peer_settings(peer_id))
+    for name, (command, settings) in servers.items():
+        settings["data_dir"] = str(root / name)
+        _load(ControllerConfig if command == "controller" else NamesrvConfig, None, **settings)
+    return servers
 
 
 def _spawn(args: list[str], root: Path, name: str) -> subprocess.Popen:

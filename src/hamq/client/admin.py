@@ -1,11 +1,13 @@
-"""The asyncio admin client: topics, cluster state, broker runtime info."""
+"""The asyncio admin clients: topics, cluster state, broker runtime info (``AsyncAdmin``);
+the controller's groups and peers (``AsyncControllerAdmin``)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
 
-from hamq.client.core import MASTER_ID, ClientCore, TopicRoute
+from hamq.client.controller import ControllerClient
+from hamq.client.core import MASTER_ID, ClientCore, TopicRoute, namesrv_list
 from hamq.client.message import MessageQueue
 from hamq.clock import monotonic_s
 from hamq.errors import BrokerNotFound, NotLeader, TopicNotExist
@@ -198,3 +200,62 @@ class AsyncAdmin:
         raise BrokerNotFound(
             f"member {member_id} of {broker_name} did not take over within {wait_s} s"
         )
+
+
+def controller_list(controllers: str | Iterable[str]) -> list[str]:
+    """``ADDR[,ADDR]`` (``;`` works too, as for name servers) into addresses: an embedded
+    controller answers on its name server's address, so either list may be given."""
+    if isinstance(controllers, str):
+        controllers = controllers.replace(",", ";")
+    return namesrv_list(controllers)
+
+
+class AsyncControllerAdmin:
+    """What an operator asks of the controller: a group's SyncStateSet and members, the
+    controller peers, electing a master and forgetting members. Answers are plain dicts
+    (the wire's field names) so the CLI prints them as they are."""
+
+    def __init__(self, controllers: str | Iterable[str], timeout_s: float = 3.0) -> None:
+        self.client = ControllerClient(controller_list(controllers), timeout_s=timeout_s)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def sync_state(self, broker_name: str) -> dict:
+        """The group's master, epochs, SyncStateSet and each member's liveness and offsets."""
+        for group in await self.client.sync_state_data([broker_name]):
+            if group["broker_name"] == broker_name:
+                return group
+        raise BrokerNotFound(f"the controller knows no broker group {broker_name}")
+
+    async def elect_master(
+        self, broker_name: str, broker_id: int | None = None, cluster: str | None = None
+    ) -> dict:
+        """An admin election (``broker_id`` preferred, or the controller's choice); the
+        group's state once the election is applied."""
+        cluster = cluster or (await self.sync_state(broker_name))["cluster_name"]
+        info = await self.client.elect_master(cluster, broker_name, broker_id)
+        return {"cluster_name": cluster, "broker_name": broker_name, **info.to_ext()}
+
+    async def metadata(self) -> dict:
+        """The controller peers, the Raft leader and its term, as the leader sees them."""
+        return await self.client.metadata()
+
+    async def clean_broker_metadata(
+        self,
+        broker_name: str,
+        broker_ids: Iterable[int] = (),
+        clean_living_broker: bool = False,
+        cluster: str | None = None,
+    ) -> dict:
+        """Forget ``broker_ids`` of the group (no ids: the whole group); a living member
+        only with ``clean_living_broker``."""
+        cluster = cluster or (await self.sync_state(broker_name))["cluster_name"]
+        ids = sorted(set(broker_ids))
+        await self.client.clean_broker_data(cluster, broker_name, ids, clean_living_broker)
+        return {
+            "cluster_name": cluster,
+            "broker_name": broker_name,
+            "broker_ids": ids,
+            "clean_living_broker": clean_living_broker,
+        }
