@@ -1,4 +1,4 @@
-"""``hamq namesrv``, ``hamq broker`` and ``hamq dev``."""
+"""``hamq namesrv``, ``hamq controller``, ``hamq broker`` and ``hamq dev``."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from hamq.cli.dev_controller import ControllerLayout, controller_ready
 from hamq.client.sync import Admin
 from hamq.clock import monotonic_s
 from hamq.config import BrokerConfig, ControllerConfig, NamesrvConfig, dump_toml, load_config
+from hamq.controller_server.service import serve_controller
 from hamq.errors import ConfigError
 from hamq.namesrv.server import serve_namesrv
 from hamq.net.server import run_until_signalled
@@ -60,6 +61,23 @@ def namesrv(config_path: str | None, listen: str | None, data_dir: str | None) -
     setup_logging()
     config = _load_to_serve(NamesrvConfig, config_path, listen=listen, data_dir=data_dir)
     run_until_signalled(lambda stop: serve_namesrv(config, stop))
+
+
+@click.command()
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="TOML file with controller settings (controller_peers, controller_self_id, ...).",
+)
+@click.option("--listen", help="HOST:PORT to serve on (default 127.0.0.1:9878).")
+@click.option("--data-dir", "data_dir", help="Raft log and snapshot directory.")
+def controller(config_path: str | None, listen: str | None, data_dir: str | None) -> None:
+    """Run one standalone controller peer."""
+    setup_logging()
+    config = _load_to_serve(ControllerConfig, config_path, listen=listen, data_dir=data_dir)
+    run_until_signalled(lambda stop: serve_controller(config, stop))
 
 
 @click.command()

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hamq.controller.liveness import BrokerLiveState
 from hamq.controller.requests import (
     AlterSyncStateSetRequest,
     ApplyBrokerIdRequest,
@@ -316,6 +317,31 @@ def leader_addr(ext: Mapping[str, Any]) -> str | None:
         return None if value is None else address(value, "leader_addr")
     except InvalidArgument:
         return None
+
+
+def sync_state_group_ext(
+    key: GroupKey,
+    group: BrokerGroup,
+    reports: Mapping[int, BrokerLiveState],
+    alive: frozenset[int],
+) -> Ext:
+    """One group of GET_SYNC_STATE_DATA: its replica info, and per member what it last
+    reported (None where it never did) and whether it is alive."""
+    info = ReplicaInfo.of_group(group).to_ext()
+    members = []
+    for broker_id, addr in info.pop("members"):
+        report = reports.get(broker_id)
+        members.append(
+            {
+                "broker_id": broker_id,
+                "address": addr,
+                "alive": broker_id in alive,
+                "epoch": None if report is None else report.epoch,
+                "max_offset": None if report is None else report.max_offset,
+                "confirm_offset": None if report is None else report.confirm_offset,
+            }
+        )
+    return {**group_key_ext(key), **info, "members": members}
 
 
 # -- the role-change notification ------------------------------------------------------------

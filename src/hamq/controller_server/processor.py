@@ -1,0 +1,183 @@
+"""The controller's requests: every CONTROLLER_* code of the wire contract, decoded in full
+(``protocol/controller.py``) before the state is read, then answered.
+
+Requests that change the state are decided on the Raft leader and answered only once
+their event is committed and applied; a follower answers CONTROLLER_NOT_LEADER with the
+leader's address when it knows it. Reads are the leader's too (a follower's state may
+lag), except heartbeats, which every peer records, and the metadata, which is each
+peer's own view.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from hamq.clock import monotonic_ms
+from hamq.controller.core import Applied, Outcome, Request
+from hamq.controller.errors import ControllerCode, ControllerError
+from hamq.controller.requests import RegisterBrokerRequest
+from hamq.controller_server.driver import ControllerDriver
+from hamq.controller_server.elections import ElectionStats
+from hamq.errors import RequestCodeNotSupported
+from hamq.net.connection import Connection, response_pieces
+from hamq.protocol import controller as wire
+from hamq.protocol.codes import RequestCode
+from hamq.protocol.frame import Frame
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Connection, Frame], "list | None"]
+# Turns an applied event into the answer's ext.
+Answer = Callable[[Applied], dict[str, Any]]
+
+
+def _empty(applied: Applied) -> dict[str, Any]:
+    return {}
+
+
+def _replica_info(applied: Applied) -> dict[str, Any]:
+    assert applied.group is not None, "register, elect and alter keep their group"
+    return wire.ReplicaInfo.of_group(applied.group).to_ext()
+
+
+def _sync_state_set(applied: Applied) -> dict[str, Any]:
+    assert applied.group is not None, "an alter keeps its group"
+    return wire.sync_state_set_ext(applied.group.sync_state_set, applied.group.sync_state_set_epoch)
+
+
+class ControllerProcessor:
+    def __init__(self, driver: ControllerDriver, elections: ElectionStats) -> None:
+        self.driver = driver
+        self.core = driver.core
+        self.elections = elections
+        self._handlers: dict[int, Handler] = {
+            RequestCode.CONTROLLER_RAFT_MESSAGE: self._raft_message,
+            RequestCode.CONTROLLER_BROKER_HEARTBEAT: self._heartbeat,
+            RequestCode.CONTROLLER_GET_METADATA_INFO: self._metadata,
+            RequestCode.CONTROLLER_GET_NEXT_BROKER_ID: self._next_broker_id,
+            RequestCode.CONTROLLER_GET_REPLICA_INFO: self._replica_info,
+            RequestCode.CONTROLLER_GET_SYNC_STATE_DATA: self._sync_state_data,
+            RequestCode.CONTROLLER_APPLY_BROKER_ID: self._apply_broker_id,
+            RequestCode.CONTROLLER_REGISTER_BROKER: self._register_broker,
+            RequestCode.CONTROLLER_ELECT_MASTER: self._elect_master,
+            RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET: self._alter_sync_state_set,
+            RequestCode.CLEAN_BROKER_DATA: self._clean_broker_data,
+        }
+
+    def serves(self, code: int) -> bool:
+        return code in self._handlers
+
+    def handle(self, conn: Connection, frame: Frame) -> list | None:
+        handler = self._handlers.get(frame.code)
+        if handler is None:
+            raise RequestCodeNotSupported(f"controller does not serve request code {frame.code}")
+        return handler(conn, frame)
+
+    def after_batch(self) -> None:
+        pass
+
+    # -- answers -----------------------------------------------------------------------------
+    def _refusal(self, frame: Frame, error: ControllerError) -> list:
+        ext = None
+        if error.code == ControllerCode.CONTROLLER_NOT_LEADER:
+            ext = {"leader_addr": self.driver.leader_addr}
+        return response_pieces(frame, error.code, ext, error.remark)
+
+    def _submit(self, conn: Connection, frame: Frame, request: Request, answer: Answer) -> None:
+        def done(outcome: Outcome) -> None:
+            if isinstance(outcome, ControllerError):
+                conn.reply(self._refusal(frame, outcome))
+            else:
+                conn.reply(response_pieces(frame, ext=answer(outcome)))
+
+        self.core.submit(request, monotonic_ms(), done)
+        self.driver.schedule_pump()
+
+    def _not_serving(self, frame: Frame) -> list | None:
+        """A read the leader must answer: the refusal, or None when this peer serves."""
+        return None if self.core.serving else self._refusal(frame, self.core.not_leader())
+
+    # -- handlers ----------------------------------------------------------------------------
+    def _raft_message(self, conn: Connection, frame: Frame) -> None:
+        self.driver.step(frame.body, conn.peer)
+
+    def _heartbeat(self, conn: Connection, frame: Frame) -> list | None:
+        self.core.heartbeat(wire.broker_heartbeat(frame.ext), monotonic_ms())
+        return None if frame.is_oneway else response_pieces(frame)
+
+    def _metadata(self, conn: Connection, frame: Frame) -> list:
+        node = self.core.node
+        ext = {
+            "self_id": self.driver.node_id,
+            "leader_id": node.leader_id or None,
+            "leader_addr": self.driver.peers.get(node.leader_id),
+            "term": node.term,
+            "is_leader": self.core.is_leader,
+            "peers": [[i, addr] for i, addr in sorted(self.driver.peers.items())],
+            "commit_index": node.committed_index,
+            "applied_index": node.applied_index,
+            "elections": self.elections.elections,
+            "unclean_elections": self.elections.unclean_elections,
+        }
+        return response_pieces(frame, ext=ext)
+
+    def _next_broker_id(self, conn: Connection, frame: Frame) -> list:
+        key = wire.group_key(frame.ext)
+        refusal = self._not_serving(frame)
+        if refusal is not None:
+            return refusal
+        return response_pieces(frame, ext={"next_broker_id": self.core.state.next_broker_id(key)})
+
+    def _replica_info(self, conn: Connection, frame: Frame) -> list:
+        key = wire.group_key(frame.ext)
+        refusal = self._not_serving(frame)
+        if refusal is not None:
+            return refusal
+        group = self.core.group(key)
+        if group is None:
+            return self._refusal(
+                frame,
+                ControllerError(
+                    ControllerCode.CONTROLLER_BROKER_METADATA_NOT_EXIST,
+                    f"broker group {key[0]}/{key[1]} is not known to the controller",
+                ),
+            )
+        return response_pieces(frame, ext=wire.ReplicaInfo.of_group(group).to_ext())
+
+    def _sync_state_data(self, conn: Connection, frame: Frame) -> list:
+        names = set(wire.broker_names(frame.ext))
+        refusal = self._not_serving(frame)
+        if refusal is not None:
+            return refusal
+        now_ms, liveness = monotonic_ms(), self.core.liveness
+        groups = [
+            wire.sync_state_group_ext(
+                key, group, liveness.members(key), liveness.alive(key, now_ms)
+            )
+            for key, group in sorted(self.core.state.groups.items())
+            if not names or key[1] in names
+        ]
+        return response_pieces(frame, ext={"groups": groups})
+
+    def _apply_broker_id(self, conn: Connection, frame: Frame) -> None:
+        self._submit(conn, frame, wire.apply_broker_id_request(frame.ext), _empty)
+
+    def _register_broker(self, conn: Connection, frame: Frame) -> None:
+        who = wire.broker_heartbeat(frame.ext, with_confirm_offset=False)
+        self.core.heartbeat(who, monotonic_ms())  # registering is a sign of life too
+        request = RegisterBrokerRequest(
+            who.cluster_name, who.broker_name, who.broker_id, who.address
+        )
+        self._submit(conn, frame, request, _replica_info)
+
+    def _elect_master(self, conn: Connection, frame: Frame) -> None:
+        self._submit(conn, frame, wire.elect_master_request(frame.ext), _replica_info)
+
+    def _alter_sync_state_set(self, conn: Connection, frame: Frame) -> None:
+        request = wire.alter_sync_state_set_request(frame.ext)
+        self._submit(conn, frame, request, _sync_state_set)
+
+    def _clean_broker_data(self, conn: Connection, frame: Frame) -> None:
+        self._submit(conn, frame, wire.clean_broker_data_request(frame.ext), _empty)

@@ -1,0 +1,105 @@
+"""A controller peer as one service: driver, request processor, master-timeout scan,
+notifications and election accounting, wired together. ``hamq controller`` serves it on
+its own port (``serve_controller``); a name server with ``enable_controller_in_namesrv``
+hands it the CONTROLLER_* codes it receives on its port."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+
+from hamq.clock import monotonic_ms
+from hamq.config import ControllerConfig, ControllerSettings
+from hamq.controller.core import GroupChanged
+from hamq.controller_server.driver import ControllerDriver
+from hamq.controller_server.elections import ElectionStats
+from hamq.controller_server.notify import RoleNotifier
+from hamq.controller_server.processor import ControllerProcessor
+from hamq.net.metrics import gauge, serve_metrics
+from hamq.net.server import Server
+from hamq.net.tasks import PeriodicTask
+
+log = logging.getLogger(__name__)
+
+
+class ControllerService:
+    def __init__(self, settings: ControllerSettings, listen: str, data_dir: Path) -> None:
+        self.settings = settings
+        self.elections = ElectionStats()
+        self.notifier = RoleNotifier()
+        self.driver = ControllerDriver(settings, listen, data_dir, self._on_changes)
+        self.processor = ControllerProcessor(self.driver, self.elections)
+        self._scan = PeriodicTask(
+            "controller master-timeout scan",
+            settings.controller_scan_interval_ms / 1000,
+            self._scan_once,
+        )
+
+    def start(self) -> None:
+        self.driver.start()
+        self._scan.start()
+
+    async def stop(self) -> None:
+        await self._scan.stop()
+        await self.driver.stop()
+        await self.notifier.close()
+
+    def register_metrics(self) -> None:
+        core, stats = self.driver.core, self.elections
+        gauge(
+            "hamq_controller_is_leader", "1 on the controller's Raft leader", lambda: core.is_leader
+        )
+        gauge("hamq_controller_term", "The controller peer's Raft term", lambda: core.node.term)
+        gauge(
+            "hamq_controller_elections",
+            "Master elections applied while leading",
+            lambda: stats.elections,
+        )
+        gauge(
+            "hamq_controller_unclean_elections",
+            "Masters elected from outside the SyncStateSet while leading (may lose messages)",
+            lambda: stats.unclean_elections,
+        )
+
+    def _on_changes(self, changes: list[GroupChanged]) -> None:
+        for change in changes:
+            self.elections.record(change)
+            if self.settings.notify_broker_role_changed:
+                self.notifier.notify(change)
+
+    def _scan_once(self) -> None:
+        for request in self.driver.core.scan(monotonic_ms()):
+            log.warning(
+                "master of group %s/%s stopped reporting for %d ms: electing another",
+                request.cluster_name,
+                request.broker_name,
+                self.settings.controller_heartbeat_timeout_ms,
+            )
+        self.driver.schedule_pump()
+
+
+async def serve_controller(config: ControllerConfig, stop: asyncio.Event) -> None:
+    """``hamq controller``: one standalone controller peer until ``stop`` is set."""
+    service = ControllerService(config, config.listen, Path(config.data_dir))
+    server = Server(service.processor, config)
+    await server.start(config.listen)
+    service.start()
+    metrics = serve_metrics(config.metrics_listen)
+    if metrics is not None:
+        service.register_metrics()
+    log.info("controller peer %d listening on %s", config.controller_self_id, config.listen)
+    ready = {
+        "event": "ready",
+        "role": "controller",
+        "listen": config.listen,
+        "self_id": config.controller_self_id,
+        "peers": [f"{i}@{addr}" for i, addr in sorted(service.driver.peers.items())],
+    }
+    print(json.dumps(ready), flush=True)
+    await stop.wait()
+    await server.close()
+    await service.stop()
+    if metrics is not None:
+        metrics.shutdown()
