@@ -375,7 +375,10 @@ def check_broker(config: BrokerConfig) -> None:
                 config.dledger_election_timeout_ms,
                 f"must be more than the Raft heartbeat interval ({HEARTBEAT_INTERVAL_MS})",
             )
-    elif (config.broker_id == 0) == (config.broker_role == "slave"):
+    # in controller mode the controller gives the id and the role: both settings are unused
+    elif not config.enable_controller_mode and (config.broker_id == 0) == (
+        config.broker_role == "slave"
+    ):
         raise bad(
             "broker_id",
             config.broker_id,

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import zlib
 
+import pytest
+
 from hamq.broker.ha.member_group import MASTER_ID, MemberGroup
 from hamq.broker.ha.service import HAMaster, HASlave
 from hamq.broker.role import BrokerRole, RoleService, RoleServices, RoleState
@@ -120,6 +122,48 @@ def test_an_authority_gives_the_new_masters_epoch():
         await role.change(BrokerRole.SLAVE, "b")
         await role.change(BrokerRole.MASTER, "a")
         assert role.epoch == 10
+
+    run(scenario())
+
+
+def test_controller_epochs_slaves_record_them_and_lower_ones_are_refused():
+    """Controller mode: a slave records the epoch of the master it follows, a change from
+    an older epoch is refused, and the new epoch is recorded (``before_master``) after the
+    slave's services stopped and before the role flips; a failing record keeps the slave."""
+
+    async def scenario() -> None:
+        role = RoleState(BrokerRole.SLAVE, 2)
+        rec = Recorder(role)
+        recorded: list[tuple[int, str, list[str]]] = []
+
+        def record(epoch: int) -> None:
+            recorded.append((epoch, role.role.value, sorted(rec.running)))
+            if epoch == 13:
+                raise OSError("disk full")
+
+        role.services.before_master.append(record)
+        await role.start()
+        assert await role.change(BrokerRole.SLAVE, "m1", epoch=5) is False  # same role
+        assert (role.epoch, role.master_addr) == (5, "m1")
+        assert not await role.change(BrokerRole.MASTER, "me", epoch=4)  # older: refused
+        assert not role.is_master and recorded == []
+        assert not await role.change(BrokerRole.SLAVE, None, epoch=6)  # deposed: nobody
+        assert (role.epoch, role.master_addr) == (6, None)
+
+        assert await role.change(BrokerRole.MASTER, "me", epoch=7)
+        assert recorded == [(7, "slave", [])]  # slave services stopped, not flipped yet
+        assert role.epoch == 7 and role.registered_id == MASTER_ID
+        assert not await role.change(BrokerRole.MASTER, "me", epoch=9)  # elected again
+        assert recorded[-1] == (9, "master", sorted(MASTER)) and role.epoch == 9
+        assert not await role.change(BrokerRole.SLAVE, "m3", epoch=8)  # a late notification
+        assert role.is_master
+
+        assert await role.change(BrokerRole.SLAVE, "m3", epoch=12)
+        assert (role.epoch, role.master_addr, role.registered_id) == (12, "m3", 2)
+        with pytest.raises(OSError, match="disk full"):  # the change fails, not the member
+            await role.change(BrokerRole.MASTER, "me", epoch=13)
+        assert not role.is_master and role.epoch == 12
+        assert rec.running == set(SLAVE)  # still a slave, its services running again
 
     run(scenario())
 

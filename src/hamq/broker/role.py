@@ -41,10 +41,13 @@ service whose stop failed still counts as running (``services`` shows it): every
 change stops it again, and one back to its role stops it before starting it afresh.
 
 Without an authority (master-slave mode) the epoch is this member's own count of its
-promotions and lives in memory only: a restart starts again at 0. Controller mode
-(issue 14) brings persisted epochs given and fenced by the controller, and broker ids: a
-member configured as the master (``broker_id = 0``) has no id of its own to register
-under as a slave until then.
+promotions and lives in memory only: a restart starts again at 0. In controller mode
+(issue 14, ``broker/replicas_manager.py``) every change carries the controller's master
+epoch: a slave records the epoch of the master it follows, a change from an epoch lower
+than the one the member knows is refused (a late notification must not undo a newer
+election), and ``before_master`` records the new epoch (the epoch file) after the slave's
+services stopped and before the role flips, so no record of the new epoch is written
+before its start is known; a master elected again in a newer epoch records it too.
 """
 
 from __future__ import annotations
@@ -84,12 +87,17 @@ class RoleServices:
     master: list[RoleService] = field(default_factory=list)
     slave: list[RoleService] = field(default_factory=list)
     after_change: list[Callable[[], None]] = field(default_factory=list)
+    # given the new master epoch before the role flips (controller mode: the epoch file);
+    # one that raises stops the change: the member stays a slave
+    before_master: list[Callable[[int], Awaitable[None] | None]] = field(default_factory=list)
 
 
 class RoleState:
     def __init__(self, role: BrokerRole, broker_id: int, master_addr: str | None = None) -> None:
         self.role = role
-        self.epoch = 0  # moves on at every slave -> master change
+        # a master's epoch; a slave's is the one of the master it follows (controller
+        # mode) or of its own last mastership
+        self.epoch = 0
         self.broker_id = broker_id  # this member's own id: registered while a slave
         self.master_addr = master_addr  # the group's master (this member's own while master)
         self.changes = 0  # completed role changes
@@ -122,21 +130,35 @@ class RoleState:
     ) -> bool:
         """Switch to ``role`` in the order of the module docstring; False if the member
         already had it (only ``master_addr`` is taken then, and a newer ``epoch``: a master
-        elected again in a newer Raft term). A new master takes ``epoch`` when an authority
-        gives one (the Raft term in DLedger mode), else its epoch + 1."""
+        elected again in a newer term) or if ``epoch`` is older than the one it knows. A
+        new master takes ``epoch`` when an authority gives one (the Raft term in DLedger
+        mode, the controller's master epoch), else its epoch + 1; a slave takes it too."""
         async with self._lock:
+            if epoch is not None and epoch < self.epoch:
+                log.warning(
+                    "refused a change to %s from epoch %d: this member knows epoch %d",
+                    role.value,
+                    epoch,
+                    self.epoch,
+                )
+                return False
             if role is self.role:
-                self.master_addr = master_addr or self.master_addr
-                if role is BrokerRole.MASTER and epoch is not None and epoch > self.epoch:
-                    self.epoch = epoch
+                await self._same_role(master_addr, epoch)
                 return False
             log.info("role change %s -> %s (epoch %d)", self.role.value, role.value, self.epoch)
             if role is BrokerRole.SLAVE:
                 self.role, self.master_addr = role, master_addr
+                self.epoch = self.epoch if epoch is None else epoch
                 await self._stop_all(exclude=self.services.slave)
             else:
                 await self._stop_all(exclude=self.services.master)
-                self.epoch = self.epoch + 1 if epoch is None else epoch
+                new_epoch = self.epoch + 1 if epoch is None else epoch
+                try:
+                    await self._before_master(new_epoch)
+                except Exception:
+                    await self._start_all(self.services.slave)  # still a slave
+                    raise
+                self.epoch = new_epoch
                 self.role, self.master_addr = role, master_addr
             await self._start_all(self._services_of(role))
             for callback in self.services.after_change:
@@ -144,6 +166,24 @@ class RoleState:
             self.changes += 1
             log.info("now %s (epoch %d), running %s", role.value, self.epoch, sorted(self.running))
             return True
+
+    async def _same_role(self, master_addr: str | None, epoch: int | None) -> None:
+        """No change of role: a slave takes the master (the controller's, None included,
+        when it gives an epoch), a master a newer epoch (recorded first, as at a change)."""
+        if epoch is None:
+            self.master_addr = master_addr or self.master_addr
+            return
+        if self.role is BrokerRole.MASTER and epoch > self.epoch:
+            await self._before_master(epoch)
+        else:
+            self.master_addr = master_addr
+        self.epoch = epoch
+
+    async def _before_master(self, epoch: int) -> None:
+        for hook in self.services.before_master:
+            result = hook(epoch)
+            if inspect.isawaitable(result):
+                await result
 
     def follow(self, master_addr: str | None) -> None:
         """A slave learnt where its master is (from the name servers)."""

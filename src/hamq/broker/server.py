@@ -20,6 +20,7 @@ from hamq.broker.pop.service import PopService
 from hamq.broker.processor import BrokerProcessor
 from hamq.broker.pull import PullProcessor
 from hamq.broker.registration import NamesrvRegistration
+from hamq.broker.replicas_manager import ReplicasManager
 from hamq.broker.role import BrokerRole, RoleService, RoleServices, RoleState
 from hamq.broker.schedule.service import ScheduleMessageService
 from hamq.broker.send import SendProcessor
@@ -27,6 +28,7 @@ from hamq.broker.send_back import ConsumerSendMsgBackProcessor
 from hamq.broker.topics import TopicService
 from hamq.broker.transaction.check import TransactionalMessageCheckService
 from hamq.broker.transaction.service import TransactionalMessageService
+from hamq.client.controller import ControllerClient
 from hamq.clock import monotonic_ms, wall_ms
 from hamq.config import BrokerConfig
 from hamq.errors import RequestCodeNotSupported
@@ -71,8 +73,11 @@ class Broker:
         self.config = config
         self.started_ms = wall_ms()
         self.dledger_mode = config.replication_mode == "dledger"
-        # A DLedger member starts as a follower; it takes writes only once elected.
-        starts_as_slave = config.broker_role == "slave" or self.dledger_mode
+        # A DLedger or controller-mode member starts as a slave (following no master in
+        # controller mode); it takes writes only once elected.
+        starts_as_slave = (
+            config.broker_role == "slave" or self.dledger_mode or config.enable_controller_mode
+        )
         self.role = RoleState(
             BrokerRole.SLAVE if starts_as_slave else BrokerRole.MASTER,
             config.dledger_self_id if self.dledger_mode else config.broker_id,
@@ -114,6 +119,18 @@ class Broker:
             else HASlave(config, self.store, self.members, self._replicated)
         )
         on_written = self.ha_master.new_data if self.ha_master else _nothing
+        self.replicas = (
+            ReplicasManager(
+                config,
+                self.store,
+                self.role,
+                self.members,
+                self.ha_master,
+                ControllerClient(config.controller_addr),
+            )
+            if config.enable_controller_mode and self.ha_master is not None
+            else None
+        )
 
         # -- request processors -----------------------------------------------------------
         self.pull = PullProcessor(self.store, self.topics, config.long_polling_max_wait_ms)
@@ -172,6 +189,10 @@ class Broker:
         self.processor.register(self.pop.handlers())
         self.pull.watch_arrivals(self.pop.held, self.pop.serve_arrivals)
         self.topics.on_delete.append(self.pop.forget_topic)
+        if self.replicas is not None:
+            self.processor.register(
+                {RequestCode.NOTIFY_BROKER_ROLE_CHANGED: self.replicas.handle_role_changed}
+            )
         if self.dledger is not None:
             self.processor.register(
                 {
@@ -212,6 +233,8 @@ class Broker:
         if self.ha_master is None or self.ha_slave is None:
             return RoleServices(master=[], slave=[slave_sync], after_change=after_change)
         return RoleServices(
+            # controller mode: the epoch file records the controller's epoch first
+            before_master=[self.ha_master.start_epoch] if self.replicas else [],
             master=[
                 RoleService("ha_master", self.ha_master.start, self._stop_ha_master),
                 RoleService(
@@ -261,7 +284,8 @@ class Broker:
             self.slave_sync.request_sync()  # a new topic: fetch its config now
 
     def _follow_master(self) -> None:
-        self.role.follow(self.members.broker_addrs.get(MASTER_ID))
+        if self.replicas is None:  # in controller mode the controller names the master
+            self.role.follow(self.members.broker_addrs.get(MASTER_ID))
 
     def _on_leadership(self, leader: bool) -> None:
         """DLedger: the leader is the group's master (brokerId 0), so producers and
@@ -311,6 +335,7 @@ class Broker:
             "connections": len(self.server.connections),
             "alive_replicas": self.members.alive_replicas,
             "ha": self._ha_status(),
+            "controller": None if self.replicas is None else self.replicas.info_dict(),
         }
 
     def _ha_status(self) -> dict:
@@ -342,15 +367,19 @@ class Broker:
             await self.dledger.start()
         self.flush.start()
         self.schedule.start()
+        if self.replicas is not None:  # the name servers hear of us under that id
+            self.ha_slave.link.broker_id = await self.replicas.take_broker_id()
         await self.registration.start()
         await self.members.sync_once()  # a slave needs its master's address
         self.members.start()
         self._housekeeping.start()
         await self.role.start()
+        if self.replicas is not None:
+            await self.replicas.start()
         log.info(
             "broker %s/%d listening on %s",
             self.config.broker_name,
-            self.config.broker_id,
+            self.role.broker_id,
             self.config.listen,
         )
 
@@ -361,6 +390,8 @@ class Broker:
     async def stop(self) -> None:
         """Clean shutdown: stop serving, flush and checkpoint, deregister."""
         self._shutting_down = True
+        if self.replicas is not None:  # no role change from the controller from here on
+            await self.replicas.stop()
         await self._housekeeping.stop()
         await self.registration.stop()
         await self.members.stop()
@@ -410,7 +441,7 @@ async def serve_broker(config: BrokerConfig, stop: asyncio.Event) -> None:
                 "role": "broker",
                 "listen": config.listen,
                 "broker_name": config.broker_name,
-                "broker_id": config.broker_id,
+                "broker_id": broker.role.broker_id,
                 "pid": os.getpid(),
             }
         ),

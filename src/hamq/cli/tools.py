@@ -142,10 +142,22 @@ async def cluster_status(namesrv: str, as_json: bool) -> None:
                 f"topics={r.get('topics', '?')} "
                 f"epoch={r.get('role', {}).get('epoch', '?')} "
                 f"services={','.join(r.get('role', {}).get('services', [])) or '-'}"
+                + _controller_text(r.get("controller"))
                 for r in rs
             )
             or "no brokers registered"
         ),
+    )
+
+
+def _controller_text(info: dict | None) -> str:
+    """A controller-mode member's own id, SyncStateSet and confirm offset."""
+    if not info:
+        return ""
+    return (
+        f" controller_id={info['broker_id']} "
+        f"sync_state_set={info['sync_state_set']}@{info['sync_state_set_epoch']} "
+        f"confirm_offset={info['confirm_offset']}"
     )
 
 

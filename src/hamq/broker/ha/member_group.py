@@ -19,6 +19,12 @@ and ignores empty answers:
   out, so a dead name server cannot keep a dead member alive;
 - until some name server knows us, nothing changes (before the first answer, the
   configured ``total_replicas`` counts).
+
+In controller mode the controller, not the name servers, says who the master is
+(``follow_controller``): the name servers may still route a deposed master as brokerId 0
+for a while, so ``master_addr`` is the controller's choice and ``master_ha_addr`` the HA
+address that member registered with the name servers (under whichever id: every member
+registers its HA address from its start, so a new master's is known before it takes id 0).
 """
 
 from __future__ import annotations
@@ -65,6 +71,8 @@ class MemberGroup:
         self.ha_addrs: dict[int, str] = {}
         self.synced = False
         self.on_change: list[Callable[[], None]] = []
+        self.controlled = config.enable_controller_mode
+        self.controller_master: str | None = None  # controller mode: the master's address
         # name server -> its latest answer that holds us
         self._answers: dict[str, GroupAnswer] = {}
         self._ignoring: set[str] = set()  # name servers whose answers lack us (logged once)
@@ -85,8 +93,34 @@ class MemberGroup:
         return max(1, len(self.broker_addrs)) if self.synced else self.config.total_replicas
 
     @property
+    def master_addr(self) -> str | None:
+        if self.controlled:
+            return self.controller_master
+        return self.broker_addrs.get(MASTER_ID)
+
+    @property
     def master_ha_addr(self) -> str | None:
-        return self.ha_addrs.get(MASTER_ID)
+        if not self.controlled:
+            return self.ha_addrs.get(MASTER_ID)
+        return next(
+            (
+                self.ha_addrs.get(broker_id)
+                for broker_id, addr in sorted(self.broker_addrs.items())
+                if addr == self.controller_master and self.ha_addrs.get(broker_id)
+            ),
+            None,
+        )
+
+    def set_own_id(self, broker_id: int) -> None:
+        """Controller mode: the id the controller gave this member (answers must hold it)."""
+        self._own_ids = {MASTER_ID, broker_id}
+
+    def follow_controller(self, master_addr: str | None) -> None:
+        """Controller mode: the master the controller named (None: none now). An HA
+        address the name servers do not know yet is asked for at once."""
+        self.controller_master = master_addr
+        if master_addr is not None and self.master_ha_addr is None:
+            self._rounds.wake()
 
     def start(self) -> None:
         """Ask every period (after a first ``sync_once``)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from hamq.broker.ha.member_group import MASTER_ID, MemberGroup
+from hamq.broker.ha.member_group import MemberGroup
 from hamq.broker.topics import TopicService
 from hamq.errors import HamqError
 from hamq.net.pool import ConnectionPool
@@ -57,7 +57,7 @@ class SlaveSynchronize:
         await self._rounds.stop()
 
     async def sync_once(self) -> bool:
-        master = self.members.broker_addrs.get(MASTER_ID)
+        master = self.members.master_addr  # the controller's choice in controller mode
         if master is None or master == self.members.config.listen:  # DLedger: we lead
             return False
         try:

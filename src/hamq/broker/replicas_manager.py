@@ -1,0 +1,308 @@
+"""Controller mode (issue 14, seed 001): RocketMQ 5's ``ReplicasManager``. The controller,
+not the configuration, decides which member of the group is master; this member asks it
+and follows its answer.
+
+- At start the member is a slave following nobody (it refuses writes). It takes its
+  broker id (``broker_metadata.py``), registers with its (epoch, max offset) and, when the
+  group has no master, asks for an election (trigger "register": on the group's first
+  election the controller may pick it).
+- It sends CONTROLLER_BROKER_HEARTBEAT to every controller peer each
+  ``controller_heartbeat_interval_ms``, and polls its replica info every
+  ``sync_broker_metadata_period_ms``, the safety net for a lost NOTIFY_BROKER_ROLE_CHANGED.
+- Every ReplicaInfo, notified or polled, goes through ``_take``: one at a time, and never
+  one older than what the member knows (a lower master epoch, or the same one with an
+  older SyncStateSet epoch): a late notification must not undo a newer election. Named
+  master: the member becomes master in the controller's epoch (the epoch file records it
+  before the role flips, ``RoleServices.before_master``) with the controller's
+  SyncStateSet. Another master: it follows that member's HA address at that epoch. No
+  master: it stays or becomes a slave following nobody (a deposed master stops taking
+  writes) and asks for an election.
+- While master, every ``check_sync_state_set_period_ms`` it asks the HA master for an
+  expand or shrink of the SyncStateSet and proposes it with its epochs; the controller
+  refuses a stale one (fenced), after which the member re-reads its replica info: it may
+  have been deposed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import replace
+
+from hamq.broker.broker_metadata import (
+    APPLIED,
+    APPLYING,
+    BrokerMetadata,
+    BrokerMetadataError,
+    BrokerMetadataFile,
+    new_register_check_code,
+)
+from hamq.broker.ha.member_group import MemberGroup
+from hamq.broker.ha.service import HAMaster
+from hamq.broker.role import BrokerRole, RoleState
+from hamq.client.controller import ControllerClient
+from hamq.clock import monotonic_ms, monotonic_s
+from hamq.config import BrokerConfig
+from hamq.controller.requests import BrokerHeartbeat, ElectTrigger
+from hamq.errors import ControllerFenced, ControllerRefused, HamqError
+from hamq.net.connection import Connection, response_pieces
+from hamq.net.counts import COUNTS
+from hamq.net.tasks import PeriodicTask
+from hamq.protocol.codes import ResponseCode
+from hamq.protocol.controller import ReplicaInfo, role_changed
+from hamq.protocol.frame import Frame
+from hamq.store.message_store import MessageStore
+
+log = logging.getLogger(__name__)
+
+BROKER_ID_DEADLINE_S = 60.0  # at start, how long to wait for a controller to grant an id
+BROKER_ID_RETRY_S = 1.0
+
+
+class ReplicasManager:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: MessageStore,
+        role: RoleState,
+        members: MemberGroup,
+        ha_master: HAMaster,
+        client: ControllerClient,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.role = role
+        self.members = members
+        self.ha_master = ha_master
+        self.client = client
+        self.metadata = BrokerMetadataFile(config.store_dir, store.disk)
+        self.info: ReplicaInfo | None = None  # the newest replica info taken
+        self.last_error: str | None = None  # of the last failed controller exchange
+        self._known = (0, 0)  # (master epoch, SyncStateSet epoch) of the newest info
+        self._lock = asyncio.Lock()  # one ReplicaInfo taken at a time
+        self._notified: set[asyncio.Task] = set()
+        ctrl_errors = (HamqError, OSError)
+        self._rounds = [
+            PeriodicTask(
+                "controller heartbeat",
+                config.controller_heartbeat_interval_ms / 1000,
+                self._heartbeat,
+                ctrl_errors,
+            ),
+            PeriodicTask(
+                "replica info poll",
+                config.sync_broker_metadata_period_ms / 1000,
+                self.refresh,
+                ctrl_errors,
+            ),
+            PeriodicTask(
+                "SyncStateSet check",
+                config.check_sync_state_set_period_ms / 1000,
+                self._check_sync_state_set,
+                ctrl_errors,
+            ),
+        ]
+
+    @property
+    def group(self) -> tuple[str, str]:
+        return self.config.cluster_name, self.config.broker_name
+
+    # -- start and stop ---------------------------------------------------------------------
+    async def take_broker_id(self) -> int:
+        """This member's broker id, from the store directory or granted by the controller
+        (retried until ``BROKER_ID_DEADLINE_S``); before the name servers hear of us."""
+        deadline = monotonic_s() + BROKER_ID_DEADLINE_S
+        while True:
+            try:
+                broker_id = await self._broker_id()
+                break
+            except BrokerMetadataError:
+                raise
+            except HamqError as err:
+                if monotonic_s() > deadline:
+                    raise BrokerMetadataError(
+                        f"no controller of {list(self.config.controller_addr)} granted a "
+                        f"broker id in {BROKER_ID_DEADLINE_S:.0f} s: {err.message}"
+                    ) from None
+                log.warning("no broker id from the controller yet: %s; retrying", err.message)
+                await asyncio.sleep(BROKER_ID_RETRY_S)
+        self.role.broker_id = broker_id
+        self.members.set_own_id(broker_id)
+        log.info("broker %s/%s has broker id %d", *self.group, broker_id)
+        return broker_id
+
+    async def _broker_id(self) -> int:
+        meta = self.metadata.load(*self.group)
+        if meta is None:
+            broker_id = await self.client.get_next_broker_id(*self.group)
+            meta = BrokerMetadata(*self.group, broker_id, new_register_check_code(), APPLYING)
+            self.metadata.save(meta)  # before the apply: a retry reuses id and code
+        # Applying again what was applied is granted to the same code and checks that the
+        # controller still holds the id as ours (it may have been cleaned and taken).
+        try:
+            await self.client.apply_broker_id(
+                *self.group, meta.broker_id, self.config.listen, meta.register_check_code
+            )
+        except ControllerRefused as err:
+            if err.code != ResponseCode.CONTROLLER_BROKER_ID_INVALID:
+                raise
+            if meta.applied:
+                raise BrokerMetadataError(
+                    f"the controller gives broker id {meta.broker_id} of {self.group[1]} to "
+                    f"another broker ({err.message}); this member's {self.metadata.path} "
+                    "says it is ours. Remove the file to join under a new id (this member's "
+                    "log is then copied again from the master)"
+                ) from None
+            self.metadata.remove()  # an id we only meant to take went to another: ask anew
+            raise
+        if not meta.applied:
+            self.metadata.save(replace(meta, state=APPLIED))
+        return meta.broker_id
+
+    async def start(self) -> None:
+        """Register with the controller and take its answer; then the periodic rounds.
+        A controller that does not answer now is asked again by the rounds."""
+        try:
+            info = await self.client.register_broker(
+                *self.group,
+                self.role.broker_id,
+                self.config.listen,
+                self.role.epoch,
+                self.store.commitlog.max_offset,
+            )
+            await self._heartbeat()  # an election takes only members heard from
+            await self._take(info)
+        except HamqError as err:
+            self._failed("registration with the controller", err)
+        for task in self._rounds:
+            task.start()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(task.stop() for task in self._rounds))
+        for task in self._notified:
+            task.cancel()
+        await asyncio.gather(*self._notified, return_exceptions=True)
+        await self.client.close()
+
+    # -- the controller's answers ------------------------------------------------------------
+    async def refresh(self) -> None:
+        """Poll the group's replica info and take it."""
+        try:
+            info = await self.client.get_replica_info(*self.group)
+        except HamqError as err:
+            self._failed("replica info poll", err)
+            return
+        self.last_error = None
+        await self._take(info)
+
+    def handle_role_changed(self, conn: Connection, frame: Frame) -> list | None:
+        """NOTIFY_BROKER_ROLE_CHANGED from the controller (one-way): taken in a task of its
+        own, as the poll's answers are."""
+        key, info = role_changed(frame.ext)
+        if key != self.group:
+            raise HamqError(f"role change of group {key[0]}/{key[1]} sent to {self.group[1]}")
+        task = asyncio.create_task(self._take(info))
+        self._notified.add(task)
+        task.add_done_callback(self._notification_done)
+        return None if frame.is_oneway else response_pieces(frame)
+
+    def _notification_done(self, task: asyncio.Task) -> None:
+        self._notified.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            COUNTS.internal_errors += 1
+            log.error("taking a role-change notification failed", exc_info=task.exception())
+
+    async def _take(self, info: ReplicaInfo, elect: bool = True) -> None:
+        """Follow ``info`` unless it is older than what this member knows; with no master
+        in it, ask for an election (``elect``: not again for an election's own answer)."""
+        async with self._lock:
+            version = (info.master_epoch, info.sync_state_set_epoch)
+            if version < self._known:
+                log.info(
+                    "ignored replica info of epochs %s: this member knows %s", version, self._known
+                )
+                return
+            self._known, self.info = version, info
+            if info.master_id == self.role.broker_id:
+                await self._become_master(info)
+            else:
+                await self._become_slave(info)
+        if info.master_id is None and elect:
+            await self._elect()
+
+    async def _become_master(self, info: ReplicaInfo) -> None:
+        # the set first: a send taken once the role flips waits for the set in force
+        self.ha_master.set_sync_state_set(info.sync_state_set, info.sync_state_set_epoch)
+        self.members.follow_controller(self.config.listen)
+        await self.role.change(BrokerRole.MASTER, self.config.listen, epoch=info.master_epoch)
+
+    async def _become_slave(self, info: ReplicaInfo) -> None:
+        self.members.follow_controller(info.master_addr)
+        await self.role.change(BrokerRole.SLAVE, info.master_addr, epoch=info.master_epoch)
+
+    async def _elect(self) -> None:
+        """The group has no master: ask for one (the controller picks by its rules)."""
+        try:
+            info = await self.client.elect_master(
+                *self.group, self.role.broker_id, ElectTrigger.REGISTER.value
+            )
+        except ControllerRefused as err:
+            log.info("no master elected for %s yet: %s", self.group[1], err.message)
+            return
+        await self._take(info, elect=False)
+
+    # -- the rounds -----------------------------------------------------------------------
+    async def _heartbeat(self) -> None:
+        await self.client.heartbeat(
+            BrokerHeartbeat(
+                *self.group,
+                self.role.broker_id,
+                self.config.listen,
+                self.role.epoch,
+                self.store.commitlog.max_offset,
+                self.ha_master.confirm_offset if self.role.is_master else 0,
+            )
+        )
+
+    async def _check_sync_state_set(self) -> None:
+        """Master only: propose the HA master's expand or shrink; take what the controller
+        applied, or re-read the replica info when fenced."""
+        info = self.info
+        if not self.role.is_master or info is None or info.master_id != self.role.broker_id:
+            return
+        proposal = self.ha_master.sync_state_set_change(monotonic_ms())
+        if proposal is None or proposal == info.sync_state_set:
+            return
+        try:
+            new_set, epoch = await self.client.alter_sync_state_set(
+                *self.group,
+                info.master_id,
+                info.master_epoch,
+                proposal,
+                info.sync_state_set_epoch,
+            )
+        except ControllerFenced as err:
+            log.warning("SyncStateSet change refused (%s); re-reading the role", err.message)
+            await self.refresh()
+            return
+        log.info("SyncStateSet of %s now %s (epoch %d)", self.group[1], sorted(new_set), epoch)
+        await self._take(replace(info, sync_state_set=new_set, sync_state_set_epoch=epoch))
+
+    def _failed(self, what: str, err: HamqError) -> None:
+        self.last_error = f"{what}: {err.message}"
+        log.warning("%s failed: %s; the periodic rounds retry", what, err.message)
+
+    def info_dict(self) -> dict:
+        """Runtime info's ``controller`` section."""
+        info = self.info
+        return {
+            "controller_addr": list(self.config.controller_addr),
+            "broker_id": self.role.broker_id,
+            "master_id": None if info is None else info.master_id,
+            "master_addr": None if info is None else info.master_addr,
+            "master_epoch": None if info is None else info.master_epoch,
+            "sync_state_set": None if info is None else sorted(info.sync_state_set),
+            "sync_state_set_epoch": None if info is None else info.sync_state_set_epoch,
+            "confirm_offset": self.ha_master.confirm_offset if self.role.is_master else None,
+            "last_error": self.last_error,
+        }
