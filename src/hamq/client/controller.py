@@ -10,6 +10,7 @@ the request's deadline; a peer's refusal (any other code) is raised as
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,9 +35,8 @@ ROUND_PAUSE_S = 0.05
 # A hung peer may hold one attempt at most this share of the request's budget, so the
 # others are still tried before the deadline (but never less than this floor).
 MIN_ATTEMPT_TIMEOUT_S = 0.2
-# Attempts per request per peer (plus one per hint followed): bounds the loop whatever
-# the peers answer.
-ATTEMPTS_PER_PEER = 4
+# The loop is bounded by the deadline and by a count: every peer (and a hint) once per
+# round, a round per pause that fits in the timeout, whatever the peers answer.
 
 
 class ControllerClient:
@@ -69,7 +69,8 @@ class ControllerClient:
         last: HamqError = ConnectionLost(f"no controller peer of {self.addrs} answered")
         target = self.leader
         unhinted = 0  # attempts since the last hint or pause
-        for _ in range(ATTEMPTS_PER_PEER * len(self.addrs) + 2):
+        rounds = math.ceil(self.timeout_s / ROUND_PAUSE_S) + 1
+        for _ in range(2 * len(self.addrs) * rounds):
             remaining = deadline - monotonic_s()
             if remaining <= 0:
                 break

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from hamq.clock import monotonic_ms
 from hamq.config import NamesrvConfig
+from hamq.controller_server.processor import ControllerProcessor
+from hamq.controller_server.service import ControllerService
 from hamq.errors import NoPermission, RequestCodeNotSupported, TopicNotExist
 from hamq.namesrv.requests import address, member, registration
 from hamq.namesrv.routes import RouteInfoManager
@@ -33,6 +35,8 @@ class NamesrvProcessor:
         # The connection each broker last registered or heartbeated on: the way back to it
         # for reverse notifications (as RocketMQ uses the broker's channel).
         self.broker_conns: dict[str, Connection] = {}
+        # enable_controller_in_namesrv: the CONTROLLER_* codes go to the embedded peer
+        self.controller: ControllerProcessor | None = None
         self._handlers = {
             RequestCode.REGISTER_BROKER: self._register_broker,
             RequestCode.BROKER_HEARTBEAT: self._broker_heartbeat,
@@ -46,6 +50,8 @@ class NamesrvProcessor:
 
     def handle(self, conn: Connection, frame: Frame) -> list | None:
         handler = self._handlers.get(frame.code)
+        if handler is None and self.controller is not None and self.controller.serves(frame.code):
+            return self.controller.handle(conn, frame)
         if handler is None:
             raise RequestCodeNotSupported(f"name server does not serve request code {frame.code}")
         return handler(conn, frame)
@@ -148,8 +154,14 @@ class NamesrvProcessor:
 async def serve_namesrv(config: NamesrvConfig, stop: asyncio.Event) -> None:
     Path(config.data_dir).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, before serving)
     processor = NamesrvProcessor(config)
+    controller = None
+    if config.enable_controller_in_namesrv:
+        controller = ControllerService(config, config.listen, Path(config.data_dir) / "controller")
+        processor.controller = controller.processor
     server = Server(processor, config)
     await server.start(config.listen)
+    if controller is not None:
+        controller.start()
     metrics = serve_metrics(config.metrics_listen)
     if metrics is not None:
         gauge(
@@ -162,8 +174,13 @@ async def serve_namesrv(config: NamesrvConfig, stop: asyncio.Event) -> None:
             "Topics with a route",
             lambda: len(processor.routes.topic_queue_table),
         )
+        if controller is not None:
+            controller.register_metrics()
     log.info("name server listening on %s", config.listen)
-    print(json.dumps({"event": "ready", "role": "namesrv", "listen": config.listen}), flush=True)
+    ready = {"event": "ready", "role": "namesrv", "listen": config.listen}
+    if controller is not None:
+        ready["controller_self_id"] = config.controller_self_id
+    print(json.dumps(ready), flush=True)
     scan = PeriodicTask(
         "scan of silent brokers",
         config.scan_not_active_broker_interval_ms / 1000,
@@ -173,5 +190,7 @@ async def serve_namesrv(config: NamesrvConfig, stop: asyncio.Event) -> None:
     await stop.wait()
     await scan.stop()
     await server.close()
+    if controller is not None:
+        await controller.stop()
     if metrics is not None:
         metrics.shutdown()
