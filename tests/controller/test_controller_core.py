@@ -258,3 +258,15 @@ def test_a_snapshot_past_the_log_is_refused():
     cluster.storages[peer] = MemoryStorage()  # the Raft directory was lost, not the snapshot
     with pytest.raises(ControllerRecoveryError, match="snapshot is at Raft index"):
         cluster.start(peer, cluster.snapshots[peer])
+
+
+def test_reports_of_unknown_members_are_not_kept():
+    cluster = Cluster()
+    _join(cluster, 1)
+    core = cluster.cores[cluster.leader()]
+    stranger = BrokerHeartbeat("other", "group", 1, _addr(1), 0, 0)
+    assert not core.heartbeat(stranger, cluster.now_ms)
+    assert not core.heartbeat(BrokerHeartbeat(*KEY, 9, _addr(9), 0, 0), cluster.now_ms)
+    assert core.heartbeat(BrokerHeartbeat(*KEY, 1, _addr(1), 0, 0), cluster.now_ms)
+    assert core.liveness.alive(KEY, cluster.now_ms) == {1}
+    assert core.liveness.members(("other", "group")) == {}

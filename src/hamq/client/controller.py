@@ -35,6 +35,9 @@ ROUND_PAUSE_S = 0.05
 # A hung peer may hold one attempt at most this share of the request's budget, so the
 # others are still tried before the deadline (but never less than this floor).
 MIN_ATTEMPT_TIMEOUT_S = 0.2
+# A heartbeat skips a peer that does not accept a connection this fast (it is sent every
+# controller_heartbeat_interval_ms, a few hundred ms).
+HEARTBEAT_CONNECT_TIMEOUT_S = 0.5
 # The loop is bounded by the deadline and by a count: every peer (and a hint) once per
 # round, a round per pause that fits in the timeout, whatever the peers answer.
 
@@ -146,8 +149,9 @@ class ControllerClient:
         return wire.ReplicaInfo.from_ext(frame.ext)
 
     async def heartbeat(self, heartbeat: BrokerHeartbeat | dict[str, Any]) -> None:
-        """To every peer at once (each records it; only the leader acts on timeouts); a peer
-        that does not answer is skipped, the next heartbeat tries it again."""
+        """To every peer (each records it; only the leader acts on timeouts), oneway: a
+        hung peer must not delay the heartbeats the others wait for. A peer that cannot
+        be reached is skipped; the next heartbeat tries it again."""
         ext = (
             wire.broker_heartbeat_ext(heartbeat)
             if isinstance(heartbeat, BrokerHeartbeat)
@@ -156,9 +160,10 @@ class ControllerClient:
 
         async def one(addr: str) -> None:
             try:
-                await self._ask(addr, RequestCode.CONTROLLER_BROKER_HEARTBEAT, ext, self.timeout_s)
+                conn = await asyncio.wait_for(self.pool.get(addr), HEARTBEAT_CONNECT_TIMEOUT_S)
             except (HamqError, TimeoutError):
-                pass
+                return
+            conn.oneway(RequestCode.CONTROLLER_BROKER_HEARTBEAT, ext)
 
         await asyncio.gather(*(one(addr) for addr in self.addrs))
 

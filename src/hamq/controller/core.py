@@ -223,8 +223,16 @@ class ControllerCore:
         """A Raft message from a peer (``RaftError`` if it is not for this group)."""
         self.node.step(msg)
 
-    def heartbeat(self, heartbeat: BrokerHeartbeat, now_ms: int) -> None:
+    def heartbeat(self, heartbeat: BrokerHeartbeat, now_ms: int) -> bool:
+        """Record a member's report; False (nothing kept) for a member the state does not
+        know, so reports from anyone cannot grow the table without bound (a member
+        heartbeats only after its id was applied; a peer still behind the log drops a
+        report or two until it applies that)."""
+        group = self.state.groups.get((heartbeat.cluster_name, heartbeat.broker_name))
+        if group is None or heartbeat.broker_id not in group.members:
+            return False
         self.liveness.record(heartbeat, now_ms)
+        return True
 
     def submit(self, request: Request, now_ms: int, callback: Callback) -> None:
         """Decide ``request`` on the leader and propose its event; ``callback`` gets the
