@@ -240,22 +240,23 @@ def name(key: str, value: str) -> None:
         raise bad(key, value, reason) from None
 
 
-def dledger_peers(specs: tuple[str, ...]) -> dict[int, str]:
-    """``ID@HOST:PORT`` entries as {member id: address}; ids >= 1, each id and address once."""
+def dledger_peers(specs: tuple[str, ...], key: str = "dledger_peers") -> dict[int, str]:
+    """``ID@HOST:PORT`` entries as {member id: address}; ids >= 1, each id and address once.
+    ``key`` names the setting in errors (``controller_peers`` has the same form)."""
     peers: dict[int, str] = {}
     for spec in specs:
         member, _, addr = spec.partition("@")
         if not member.isascii() or not member.isdigit() or not 1 <= int(member) <= MAX_BROKER_ID:
             raise bad(
-                "dledger_peers",
+                key,
                 specs,
                 f"entry {spec!r} must be ID@HOST:PORT with an ID in 1..{MAX_BROKER_ID}",
             )
-        address("dledger_peers", addr)
+        address(key, addr)
         if int(member) in peers:
-            raise bad("dledger_peers", specs, f"member id {member} is listed twice")
+            raise bad(key, specs, f"member id {member} is listed twice")
         if addr in peers.values():
-            raise bad("dledger_peers", specs, f"address {addr} is listed twice")
+            raise bad(key, specs, f"address {addr} is listed twice")
         peers[int(member)] = addr
     return peers
 
@@ -310,7 +311,7 @@ def check_controller_settings(config: ControllerSettings) -> None:
     """The controller peers' Raft endpoints and timeouts (standalone or embedded)."""
     check_ranges(config, CONTROLLER_RANGES)
     if config.controller_peers:
-        peers = dledger_peers(config.controller_peers)
+        peers = dledger_peers(config.controller_peers, "controller_peers")
         if config.controller_self_id not in peers:
             raise bad(
                 "controller_self_id",

@@ -43,7 +43,7 @@ def peer_map(settings: ControllerSettings, self_addr: str) -> dict[int, str]:
     """{peer id: listen address}; no ``controller_peers`` means one peer, this one."""
     if not settings.controller_peers:
         return {settings.controller_self_id: self_addr}
-    return dledger_peers(settings.controller_peers)
+    return dledger_peers(settings.controller_peers, "controller_peers")
 
 
 class ControllerDriver:
