@@ -134,12 +134,14 @@ class ControllerDriver:
     async def _pump(self) -> None:
         core = self.core
         try:
-            while (ready := core.start_cycle()) is not None:
+            while not self._stopping and (ready := core.start_cycle()) is not None:
                 while True:
                     try:
                         await asyncio.to_thread(core.persist, ready)
                         break
                     except OSError as err:
+                        if self._stopping:  # nothing of this Ready left or was applied
+                            return
                         log.error(
                             "writing the controller Raft log failed: %s; retrying in %.0f s",
                             err,
