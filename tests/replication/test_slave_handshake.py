@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from hamq.broker.ha.service import MasterLink, SlaveLink
+from hamq.broker.ha.service import MasterDeposed, MasterLink, SlaveLink
 from hamq.config import StoreConfig
 from hamq.errors import HamqError
 from hamq.protocol.message import decode_records, encode_batch, encode_message
-from hamq.replication.master import MAX_PROBES, MasterReplication
+from hamq.replication.master import MAX_PROBES, MasterReplication, ReplicaStatus
 from hamq.replication.quorum import QuorumConfig
 from hamq.sim.fs import ProcessCrash, SimDisk
 from hamq.sim.replica_checkers import check_same_queues
@@ -409,3 +409,106 @@ def test_slave_retention_during_a_handshake_leaves_it_attachable(stores):
 def test_a_slave_crashing_while_it_restarts_its_log_empty_converges(power_loss):
     """Restarting the log empty at the master's first byte can be cut short anywhere."""
     assert crash_at_every_step(lose_disk_and_expire, power_loss) > 3
+
+
+# -- epochs (controller mode, issue 14 scope 5) ----------------------------------------------
+def write_epochs(store: MessageStore, *entries: tuple[int, int]) -> None:
+    for epoch, start in entries:
+        store.epochs.append(epoch, start)
+
+
+def epochs(store: MessageStore) -> list[tuple[int, int]]:
+    return [(e.epoch, e.start_offset) for e in store.epochs.entries()]
+
+
+def test_a_tail_the_epochs_disown_is_cut_even_where_its_records_match(stores):
+    """The slave holds the master's bytes past the start of an epoch it never recorded:
+    by the epochs nothing there is vouched for, so it is cut and copied again, and its
+    epoch file takes the master's history."""
+    master, slave = stores
+    put(master, "a", 100)
+    epoch_two = master.commitlog.max_offset
+    put(master, "b", 100)
+    write_epochs(master, (1, 0), (2, epoch_two))
+    replicate(master, slave)  # the same bytes, but the slave records no epoch of them
+    slave.epochs.truncate_suffix_from(0)
+    write_epochs(slave, (1, 0))
+    link, _ = replicate(master, slave)
+    assert link.last_cut == {"offset": epoch_two, "bytes": master.commitlog.max_offset - epoch_two}
+    assert log_bytes(slave) == log_bytes(master)
+    assert epochs(slave) == [(1, 0), (2, epoch_two)]
+
+
+def test_an_old_epochs_unreplicated_tail_is_cut_with_its_queue_entries(stores):
+    """A deposed master comes back as a slave: its tail of epoch 1 past where epoch 2
+    began on the new master is cut (commit log and consume queues), then it copies."""
+    master, slave = stores
+    put(master, "a", 60)
+    write_epochs(master, (1, 0))
+    replicate(master, slave)
+    write_epochs(slave, (1, 0))
+    put(slave, "old", 40)  # epoch 1's tail the new master never got
+    epoch_two = master.commitlog.max_offset
+    write_epochs(master, (2, epoch_two))
+    put(master, "new", 30)
+    link, _ = replicate(master, slave)
+    assert link.last_cut is not None and link.last_cut["offset"] == epoch_two
+    assert log_bytes(slave) == log_bytes(master)
+    check_same_queues(master, slave, 1)
+    assert epochs(slave) == epochs(master)
+    found = slave.get_messages("T", 0, 0, 1000, 1 << 24)
+    bodies = decode_records(bytes(found.records), 0, lambda h, i, o, p, body: bytes(body))
+    assert bodies and not any(b"old-" in body for body in bodies)
+
+
+def test_the_slave_epoch_file_follows_the_master_as_data_arrives(stores):
+    master, slave = stores
+    write_epochs(master, (1, 0))
+    put(master, "a", 50)
+    epoch_three = master.commitlog.max_offset
+    write_epochs(master, (3, epoch_three))
+    put(master, "b", 50)
+    core = MasterReplication(QuorumConfig(), 64 * 1024, 2 * 1024)
+    m, s = MasterLink(core, master), SlaveLink(slave, broker_id=1)
+    request = s.begin()
+    while request is not None:
+        reply, _ = m.handshake(KEY, request, now_ms=0)
+        request = s.on_handshake_reply(reply)
+    assert epochs(slave) == [(1, 0)]  # epoch 3 starts past its log end
+    while slave.commitlog.max_offset < master.commitlog.max_offset:
+        for offset, data in m.transfers(KEY, 0):
+            s.on_transfer(offset, data)
+            assert (3, epoch_three) in epochs(slave) or slave.commitlog.max_offset < epoch_three
+        m.on_ack(KEY, s.ack(), now_ms=0)
+    assert epochs(slave) == [(1, 0), (3, epoch_three)]
+
+
+def test_a_slave_refuses_a_master_older_than_the_epoch_it_knows(stores):
+    """The answer of a master of epoch 2 (a master deposes itself on hearing of epoch 3,
+    so this is one that did not: the slave checks too)."""
+    _, slave = stores
+    write_epochs(slave, (1, 0), (3, 0))
+    s = SlaveLink(slave, broker_id=1)
+    assert s.begin()["master_epoch"] == 3
+    with pytest.raises(HamqError, match="older than epoch 3"):
+        s.on_handshake_reply({"start_offset": 0, "epoch": 2, "epochs": [[1, 0], [2, 0]]})
+    assert not s.attached
+
+
+def test_a_master_that_hears_of_a_newer_epoch_is_deposed(stores):
+    master, slave = stores
+    write_epochs(master, (1, 0), (2, 0))
+    write_epochs(slave, (1, 0), (2, 0))
+    core = MasterReplication(QuorumConfig(total_replicas=2, in_sync_replicas=2), 1024, 1024)
+    core.start_epoch(2)
+    m, s = MasterLink(core, master), SlaveLink(slave, broker_id=1)
+    ended: list[ReplicaStatus] = []
+    core.wait_for_acks(100, 2, 0, 10_000, ended.append)
+    s.known_master_epoch = 3  # the controller elected another member in epoch 3
+    with pytest.raises(MasterDeposed) as deposed:
+        m.handshake(KEY, s.begin(), now_ms=0)
+    assert core.deposed and deposed.value.failed
+    for callback, status in deposed.value.failed:
+        callback(status)
+    core.wait_for_acks(200, 2, 0, 10_000, ended.append)
+    assert ended == [ReplicaStatus.SLAVE_NOT_AVAILABLE] * 2

@@ -3,6 +3,10 @@
 A pull that finds nothing new is held until a send reaches its queue or its suspend time
 runs out. Arrivals are collected while a read is handled and served after the commit-log
 write, so a woken pull always sees the bytes it is told about.
+
+Controller mode caps reads at the confirm offset (``MessageStore.read_cap``): an arrival
+the cap still holds back keeps its pulls held, and its queue is looked at again each time
+the cap rises.
 """
 
 from __future__ import annotations
@@ -39,8 +43,11 @@ class PullProcessor:
         self.max_wait_ms = max_wait_ms
         self._held: dict[tuple[str, int], list[HeldPull]] = {}
         self._arrived: set[tuple[str, int]] = set()
+        # queues that got records the read cap held back: arrivals again once it rises
+        self._capped: set[tuple[str, int]] = set()
         self._watched: Container[str] = ()
         self._on_arrivals: Callable[[set[tuple[str, int]]], None] | None = None
+        store.read_cap_listeners.append(self._read_cap_rose)
 
     def watch_arrivals(
         self, topics: Container[str], on_arrivals: Callable[[set[tuple[str, int]]], None]
@@ -83,12 +90,30 @@ class PullProcessor:
         if not self._arrived:
             return
         arrived, self._arrived = self._arrived, set()
+        capped = self.store.read_cap < self.store.commitlog.max_offset
+        if capped:
+            self._capped |= arrived
         for key in arrived:
-            for held in self._held.pop(key, []):
+            waiting = self._held.pop(key, None)
+            if not waiting:
+                continue
+            if capped:
+                readable = self.store.readable_max_offset(*key)
+                still = [h for h in waiting if h.frame.ext["queue_offset"] >= readable]
+                if still:
+                    self._held[key] = still
+                    waiting = [h for h in waiting if h.frame.ext["queue_offset"] < readable]
+            for held in waiting:
                 held.timer.cancel()
                 held.conn.reply_when_drained(functools.partial(self._answer, held.frame, False))
         if self._on_arrivals is not None:
             self._on_arrivals(arrived)
+
+    def _read_cap_rose(self) -> None:
+        if self._capped:
+            self._arrived |= self._capped
+            self._capped = set()
+            self.serve_arrivals()
 
     def _expire(self, key: tuple[str, int], held: HeldPull) -> None:
         waiting = self._held.get(key)

@@ -13,9 +13,11 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from enum import Enum, IntEnum
+from itertools import pairwise
 from typing import Protocol
 
 from hamq.errors import InvalidArgument
+from hamq.replication.consistent_point import EpochEntry
 from hamq.replication.quorum import AckDecision, QuorumConfig, decide, is_in_sync
 from hamq.replication.sync_state_set import SyncStateSet
 
@@ -71,6 +73,24 @@ class Probe:
         ):
             raise HandshakeError(f"malformed record probe {raw!r}")
         return cls(*raw)
+
+
+def epochs_to_wire(entries: Sequence[EpochEntry]) -> list[list[int]]:
+    return [[entry.epoch, entry.start_offset] for entry in entries]
+
+
+def epochs_from_wire(raw: object) -> tuple[EpochEntry, ...]:
+    """A peer's epoch entries off the wire: ascending epochs and start offsets."""
+    if not isinstance(raw, list) or not all(
+        isinstance(pair, list) and len(pair) == 2 and all(type(v) is int and v >= 0 for v in pair)
+        for pair in raw
+    ):
+        raise HandshakeError(f"epoch entries must be [[epoch, start offset], ...], not {raw!r}")
+    entries = tuple(EpochEntry(epoch, start) for epoch, start in raw)
+    for before, entry in pairwise(entries):
+        if entry.epoch <= before.epoch or entry.start_offset < before.start_offset:
+            raise HandshakeError(f"epoch entries out of order: {raw!r}")
+    return entries
 
 
 class RecordLog(Protocol):
@@ -151,15 +171,42 @@ class MasterReplication:
         # all-ack: done once every member of the effective set holds the offset. Not
         # failed when a member disconnects: the shrink that drops it lets them complete.
         self.all_ack_waiters: deque[AckWaiter] = deque()
+        # Controller mode: the master epoch this member leads, and the highest it heard
+        # of. A higher one means another member was elected: this one is deposed and
+        # acknowledges nothing more (apache/rocketmq #7017, #6316).
+        self.epoch = 0
+        self.highest_epoch = 0
+
+    # -- epochs -------------------------------------------------------------------------------
+    @property
+    def deposed(self) -> bool:
+        return self.highest_epoch > self.epoch
+
+    def start_epoch(self, epoch: int) -> None:
+        """This member leads ``epoch`` (its epoch file has it already)."""
+        if epoch < self.epoch:
+            raise ValueError(f"master epoch {epoch} is older than this member's {self.epoch}")
+        self.epoch = epoch
+        self.highest_epoch = max(self.highest_epoch, epoch)
+
+    def learn_epoch(self, epoch: int) -> list[tuple[AckCallback, ReplicaStatus]]:
+        """A peer knows master epoch ``epoch``. One above ours deposes this master: every
+        waiting send fails now (and ``wait_for_acks`` refuses new ones)."""
+        self.highest_epoch = max(self.highest_epoch, epoch)
+        return self.fail_all() if self.deposed else []
 
     # -- slave lifecycle --------------------------------------------------------------------
-    def compare(self, log: RecordLog, probes: Sequence[Probe]) -> list[bool]:
-        """Which of a slave's records this master holds identically (a handshake round)."""
+    def compare(
+        self, log: RecordLog, probes: Sequence[Probe], limit: int | None = None
+    ) -> list[bool]:
+        """Which of a slave's records this master holds identically (a handshake round).
+        ``limit``: the consistent point of the two members' epochs; no record ending past
+        it agrees, whatever its bytes."""
         if len(probes) > MAX_PROBES:
             raise HandshakeError(
                 f"{len(probes)} probes in one handshake round; at most {MAX_PROBES}"
             )
-        return [log.probe(p.offset) == p for p in probes]
+        return [(limit is None or p.end <= limit) and log.probe(p.offset) == p for p in probes]
 
     def attach(
         self,
@@ -169,13 +216,19 @@ class MasterReplication:
         proof: Probe | None,
         log: RecordLog,
         now_ms: int,
+        limit: int | None = None,
     ) -> SlaveAttached | None:
         """Register a slave whose log agrees with ours up to ``offset``: ``proof`` is its
         record ending there, or None when ``offset`` is its log's start. None if the proof
         does not match our record (the slave then looks further back). A slave's older
-        session (half-open after a crash) is replaced, so each broker id counts once."""
+        session (half-open after a crash) is replaced, so each broker id counts once.
+        ``limit`` as for ``compare``."""
         if proof is not None:
-            if proof.end != offset or log.probe(proof.offset) != proof:
+            if (
+                proof.end != offset
+                or (limit is not None and offset > limit)
+                or log.probe(proof.offset) != proof
+            ):
                 return None
             start = max(offset, log.min_offset)
         elif log.min_offset < offset and (
@@ -267,7 +320,9 @@ class MasterReplication:
         """Group commit: ordered waiters, woken as ack offsets advance. Under all-ack,
         ``need_ack_nums`` is not used: the effective SyncStateSet decides."""
         waiter = AckWaiter(offset, need_ack_nums - 1, now_ms + timeout_ms, callback)
-        if self.all_ack:
+        if self.deposed:
+            callback(ReplicaStatus.SLAVE_NOT_AVAILABLE)
+        elif self.all_ack:
             if self._all_acked() >= offset:
                 callback(ReplicaStatus.PUT_OK)
             else:

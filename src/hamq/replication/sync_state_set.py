@@ -42,8 +42,11 @@ class SlaveCatchUp:
 
 
 class SyncStateSet:
-    def __init__(self, master_id: int, max_time_not_catchup_ms: int) -> None:
+    def __init__(self, master_id: int, max_time_not_catchup_ms: int, floor: int = 0) -> None:
+        """``floor``: what every member is known to hold before it attaches in this epoch
+        (the confirm offset this member knew as a slave: the whole old set held it)."""
         self.master_id = master_id
+        self.floor = floor
         self.max_time_not_catchup_ms = max_time_not_catchup_ms
         self.applied: frozenset[int] = frozenset({master_id})
         self.epoch = 0  # the sync-state-set epoch of ``applied``
@@ -119,19 +122,15 @@ class SyncStateSet:
     def confirm_offset(self, master_max_offset: int) -> int:
         """The offset every member of the effective set holds: the least ack offset, the
         master counting its own max offset. A member that never attached holds nothing
-        we know of: 0."""
-        confirm = master_max_offset
-        for member in self._effective:
-            if member != self.master_id:
-                slave = self.slaves.get(member)
-                confirm = min(confirm, slave.ack_offset if slave is not None else 0)
-        return confirm
+        we know of beyond the floor."""
+        least = self.min_member_ack()
+        return master_max_offset if least is None else min(master_max_offset, least)
 
     def min_member_ack(self) -> int | None:
         """The least ack offset among the effective set's slaves (all-ack: a send ending
         at or below it is held by every member); None when the master is alone in it."""
         acks = [
-            self.slaves[m].ack_offset if m in self.slaves else 0
+            self.slaves[m].ack_offset if m in self.slaves else self.floor
             for m in self._effective
             if m != self.master_id
         ]

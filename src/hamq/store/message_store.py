@@ -11,6 +11,7 @@ import errno
 import json
 import logging
 import threading
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -31,11 +32,13 @@ from hamq.protocol.message import (
 from hamq.store.commitlog import CommitLog
 from hamq.store.consume_queue import ConsumeQueue
 from hamq.store.disk import AFTER_FAILED_FSYNC, OS_DISK, Disk, atomic_write
+from hamq.store.epoch_file import EpochFile
 from hamq.store.metadata import ConsumerOffsetManager, TopicConfigManager
 
 log = logging.getLogger(__name__)
 
 _OWN_FIELDS = ("dispatched", "flushed", "timestamp_ms")  # the store's checkpoint fields
+UNCAPPED = (1 << 63) - 1  # a read cap no log reaches
 
 
 class GetStatus(Enum):
@@ -114,7 +117,16 @@ class MessageStore:
         self._disk_refusal = ""  # why writes are refused right now, "" when they are not
         self._written_since_disk_check = 0
         self._free_bytes_at_check = 0
+        # Controller mode: readers never get records past this commit-log offset (the
+        # confirm offset, held by the whole SyncStateSet), so a message a consumer saw is
+        # never cut by a failover. Set by HA (``set_read_cap``); listeners wake held reads.
+        self.read_cap = UNCAPPED
+        self.read_cap_listeners: list[Callable[[], None]] = []
         self.recover()
+        # The master epochs this log holds (``store/epoch_file.py``). After a power loss the
+        # log can end before an epoch the fsynced file names: that epoch holds nothing here.
+        self.epochs = EpochFile(self.root / "epoch", disk)
+        self.epochs.truncate_suffix_from(self.commitlog.max_offset + 1)
         self.check_disk()
 
     # -- recovery -----------------------------------------------------------------------
@@ -365,6 +377,7 @@ class MessageStore:
             self.commitlog.reset(start)
             for cq in self.queues.values():
                 cq.drop_from_physical(0)
+            self.epochs.truncate_suffix_from(0)
         # The checkpoint must not vouch for offsets past the cut: new, different records
         # will be written there.
         self.flush_consume_queues()
@@ -387,6 +400,15 @@ class MessageStore:
         if cq is None:
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, b"", 0, 0, 0)
         lo, hi = cq.min_offset, cq.max_offset
+        n_entries = len(cq)
+        if cq.max_physical_end > self.read_cap:  # one comparison unless capped
+            n_entries = self._entries_below_cap(cq)
+            capped_hi = cq.base[n_entries] if n_entries < len(cq) else hi
+            if capped_hi <= offset <= hi:
+                # not confirmed yet: as if it were not written (a consumer may already
+                # stand there: it came from a member that knew a later confirm offset)
+                return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, b"", offset, lo, capped_hi)
+            hi = capped_hi
         if hi == lo:
             status = (
                 GetStatus.NO_MESSAGE_IN_QUEUE if offset <= hi else GetStatus.OFFSET_OVERFLOW_BADLY
@@ -400,7 +422,6 @@ class MessageStore:
             return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, b"", hi, lo, hi)
         first = cq.locate(offset)
         last = first
-        n_entries = len(cq)
         messages = cq.base[first] + cq.count[first] - offset
         nbytes = cq.size[first]
         while last + 1 < n_entries and messages < max_messages and nbytes < max_bytes:
@@ -409,6 +430,33 @@ class MessageStore:
             nbytes += cq.size[last]
         records = self._read_entries(cq, first, last)
         return GetResult(GetStatus.FOUND, records, cq.base[last] + cq.count[last], lo, hi, messages)
+
+    def _entries_below_cap(self, cq: ConsumeQueue) -> int:
+        """How many of a queue's entries end at or below ``read_cap``."""
+        n = bisect_left(cq.phys, self.read_cap)
+        while n and cq.phys[n - 1] + cq.size[n - 1] > self.read_cap:
+            n -= 1
+        return n
+
+    def readable_max_offset(self, topic: str, queue_id: int) -> int:
+        """The queue offset readers may reach now: the queue's max offset, or less while
+        the read cap holds some of its records back."""
+        cq = self.queues.get((topic, queue_id))
+        if cq is None:
+            return 0
+        if cq.max_physical_end <= self.read_cap:
+            return cq.max_offset
+        n = self._entries_below_cap(cq)
+        return cq.base[n] if n < len(cq) else cq.max_offset
+
+    def set_read_cap(self, offset: int) -> None:
+        """Readers may read records ending at or below ``offset`` (UNCAPPED: all). A cap
+        that rose wakes the readers held for records it now lets through."""
+        rose = offset > self.read_cap
+        self.read_cap = offset
+        if rose:
+            for listener in self.read_cap_listeners:
+                listener()
 
     def _read_entries(self, cq: ConsumeQueue, first: int, last: int) -> bytearray:
         """Read records first..last of a queue into one buffer; records that follow each
@@ -584,6 +632,7 @@ class MessageStore:
         new_min = self.commitlog.delete_segments_before(cutoff_s)
         for cq in self.queues.values():
             cq.drop_below_physical(new_min)
+        self.epochs.truncate_prefix_to(new_min)
 
     def check_disk(self) -> None:
         total, free = self.disk.usage(self.root)
@@ -645,6 +694,7 @@ class MessageStore:
         self.commitlog.truncate(offset)
         for cq in self.queues.values():
             cq.drop_from_physical(offset)
+        self.epochs.truncate_suffix_from(offset)  # epochs starting there hold nothing now
         self.flush_consume_queues()
 
     def read_checkpoint(self) -> dict:

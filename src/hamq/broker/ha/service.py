@@ -11,6 +11,17 @@ sends wait on the acks through the core's ordered waiters; no task per message.
 ``MasterLink`` and ``SlaveLink`` are everything HA does to a store, with no sockets, tasks
 or clocks: ``HAMaster`` / ``HASlave`` drive them over TCP, the simulator
 (``sim/master_slave.py``) over its virtual network.
+
+Epochs (controller mode, seed 001): every handshake request carries the master epoch the
+slave knows, its epoch entries and its log end; every answer carries the master's epoch
+and entries. A slave refuses a master older than the epoch it knows; a master that hears
+of a newer epoch than its own was deposed and acknowledges nothing more. Past the
+consistent point of the two epoch lists (``replication/consistent_point.py``) the master
+vouches for no record, so the record comparison above attaches the slave at or before
+it: the slave cuts its commit log, consume queues and what the store's ``after_cut``
+listeners clamp there, and the record checksums stay a second check below it. As data
+arrives the slave's epoch file takes the master's entries whose start it has reached.
+Members with no epochs (master–slave mode) compare records only, in as many rounds.
 """
 
 from __future__ import annotations
@@ -24,7 +35,13 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from hamq.broker.ha.member_group import MemberGroup
 from hamq.clock import monotonic_ms
 from hamq.config import BrokerConfig
-from hamq.errors import CrcMismatch, HamqError, InSyncReplicasNotEnough, RequestCodeNotSupported
+from hamq.errors import (
+    CrcMismatch,
+    HamqError,
+    InSyncReplicasNotEnough,
+    RequestCodeNotSupported,
+    ServiceNotAvailable,
+)
 from hamq.net.connection import Connection, connect, response_pieces
 from hamq.net.counts import COUNTS
 from hamq.net.server import Server
@@ -33,6 +50,7 @@ from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, require
 from hamq.protocol.limits import MAX_TOPIC_LENGTH
 from hamq.protocol.message import RECORD_HEADER_BYTES, parse_record_header
+from hamq.replication.consistent_point import EpochEntry, find_consistent_point
 from hamq.replication.master import (
     AckCallback,
     HAConnectionState,
@@ -40,10 +58,13 @@ from hamq.replication.master import (
     Probe,
     ReplicaStatus,
     SlaveAttached,
+    epochs_from_wire,
+    epochs_to_wire,
 )
 from hamq.replication.quorum import QuorumConfig
 from hamq.replication.slave import Attached, CompareRequest, SlaveHandshake, parse_request
-from hamq.store.message_store import MessageStore
+from hamq.replication.sync_state_set import SyncStateSet
+from hamq.store.message_store import UNCAPPED, MessageStore
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +124,15 @@ class StoreRecords:
         return max((cq.phys[-1] for cq in self.store.queues.values() if len(cq)), default=None)
 
 
+class MasterDeposed(ServiceNotAvailable):
+    """A peer knows a newer master epoch than this master's: another member was elected.
+    ``failed`` are the waiting sends, ended by the deposition (the shell answers them)."""
+
+    def __init__(self, message: str, failed: list[tuple[AckCallback, ReplicaStatus]]) -> None:
+        super().__init__(message)
+        self.failed = failed
+
+
 class MasterLink:
     """The master's HA steps over its store: handshake rounds, what to ship, acks."""
 
@@ -110,17 +140,49 @@ class MasterLink:
         self.core = core
         self.store = store
         self.records = StoreRecords(store)
+        core.start_epoch(store.epochs.last_epoch())  # this member's last, from its file
 
     def handshake(self, key: Hashable, ext: dict, now_ms: int) -> tuple[dict, SlaveAttached | None]:
-        """Answer one handshake round; ``SlaveAttached`` once the slave is registered."""
+        """Answer one handshake round; ``SlaveAttached`` once the slave is registered.
+        ``MasterDeposed`` when the slave knows a newer master epoch than ours."""
         broker_id = require(ext, "broker_id", int)
+        epochs = "master_epoch" in ext
+        limit = self._consistent_point(ext) if epochs else None
         request = parse_request(ext)
-        if isinstance(request, CompareRequest):
-            return {"matches": self.core.compare(self.records, request.probes)}, None
-        attached = self.core.attach(
-            key, broker_id, request.offset, request.proof, self.records, now_ms
+        ours = (
+            {"epoch": self.core.epoch, "epochs": epochs_to_wire(self.store.epochs.entries())}
+            if epochs
+            else {}
         )
-        return {"start_offset": attached.start if attached else None}, attached
+        if isinstance(request, CompareRequest):
+            return {"matches": self.core.compare(self.records, request.probes, limit), **ours}, None
+        attached = self.core.attach(
+            key, broker_id, request.offset, request.proof, self.records, now_ms, limit
+        )
+        return {"start_offset": attached.start if attached else None, **ours}, attached
+
+    def _consistent_point(self, ext: dict) -> int | None:
+        """How far the slave's log can agree with ours by the two epoch lists (None: we
+        have no epochs, records alone decide). ``MasterDeposed`` if the slave knows a
+        newer master epoch than ours."""
+        slave_epoch = require(ext, "master_epoch", int)
+        failed = self.core.learn_epoch(slave_epoch)
+        if self.core.deposed:
+            raise MasterDeposed(
+                f"a slave follows master epoch {slave_epoch}, newer than this master's "
+                f"{self.core.epoch}: another member was elected; this one acknowledges "
+                "no more sends",
+                failed,
+            )
+        ours = self.store.epochs.entries()
+        if not ours:
+            return None
+        return find_consistent_point(
+            ours,
+            self.store.commitlog.max_offset,
+            epochs_from_wire(ext.get("epochs")),
+            require(ext, "log_end", int),
+        )
 
     def transfers(self, key: Hashable, now_ms: int) -> Iterator[tuple[int, bytearray]]:
         """The log ranges a slave may receive now (its window), as (offset, bytes).
@@ -155,6 +217,13 @@ class SlaveLink:
         self.attached = False
         self.last_cut: dict | None = None  # offset and bytes of the last diverged suffix cut
         self._handshake: SlaveHandshake | None = None
+        # The newest master epoch this member has heard of (from a master, or from the
+        # controller through ``HASlave.follow_epoch``): an older master is refused.
+        self.known_master_epoch = store.epochs.last_epoch()
+        # The master's epoch entries (from its handshake answers), and those this log
+        # has not reached yet, oldest first.
+        self._master_epochs: tuple[EpochEntry, ...] = ()
+        self._epochs_ahead: list[EpochEntry] = []
 
     @property
     def ack_offset(self) -> int:
@@ -168,6 +237,7 @@ class SlaveLink:
     def begin(self) -> dict:
         """The first handshake request of a new session."""
         self.attached = False
+        self._master_epochs, self._epochs_ahead = (), []
         self._handshake = SlaveHandshake(self.records)
         return self._request(self._handshake.first())
 
@@ -175,6 +245,8 @@ class SlaveLink:
         """The next handshake request, or None once attached (the log cut to match)."""
         if self._handshake is None:
             raise HamqError("handshake reply without a handshake in progress")
+        if "epochs" in ext:
+            self._check_master_epoch(ext)
         if "matches" in ext:
             step = self._handshake.on_compare_reply(ext["matches"])
         else:
@@ -184,16 +256,50 @@ class SlaveLink:
         self._handshake = None
         self._cut(step)
         self.attached = True
+        last = self.store.epochs.last_epoch()
+        self._epochs_ahead = [entry for entry in self._master_epochs if entry.epoch > last]
+        self._follow_epochs()
         return None
+
+    def _check_master_epoch(self, ext: dict) -> None:
+        """Refuse a master older than the epoch this member knows; keep its entries, the
+        history this log follows once attached."""
+        epoch = require(ext, "epoch", int)
+        known = max(self.known_master_epoch, self.store.epochs.last_epoch())
+        if epoch < known:
+            raise HamqError(
+                f"master's epoch {epoch} is older than epoch {known} this member knows: "
+                "it was deposed; not following it"
+            )
+        self.known_master_epoch = epoch
+        self._master_epochs = epochs_from_wire(ext["epochs"])
 
     def on_transfer(self, offset: int, data: bytes | memoryview) -> list[tuple[str, int]]:
         """Append shipped bytes; raises ``HamqError`` on a gap or a corrupt record."""
         if not self.attached:
             raise HamqError("log bytes arrived before the handshake attached")
-        return self.store.append_replicated(offset, data)
+        arrived = self.store.append_replicated(offset, data)
+        if self._epochs_ahead and self._epochs_ahead[0].start_offset <= self.ack_offset:
+            self._follow_epochs()
+        return arrived
+
+    def _follow_epochs(self) -> None:
+        """Record the master's epochs whose start this log has reached: it matches the
+        master's up to there, so it holds that epoch's history (a promoted slave then
+        answers the consistent-point question correctly)."""
+        end = self.ack_offset
+        while self._epochs_ahead and self._epochs_ahead[0].start_offset <= end:
+            entry = self._epochs_ahead.pop(0)
+            self.store.epochs.append(entry.epoch, entry.start_offset)
 
     def _request(self, step) -> dict:
-        return {"broker_id": self.broker_id, **step.to_wire()}
+        return {
+            "broker_id": self.broker_id,
+            "master_epoch": self.known_master_epoch,
+            "epochs": epochs_to_wire(self.store.epochs.entries()),
+            "log_end": self.store.commitlog.max_offset,
+            **step.to_wire(),
+        }
 
     def _cut(self, attached: Attached) -> None:
         end = self.store.replica_offset
@@ -217,12 +323,27 @@ class SlaveLink:
 
 
 class HAMaster:
+    """The master's HA service. In controller mode (the broker <-> HA contract of issue 14)
+    the broker calls, all synchronously on the event loop:
+
+    - ``start_epoch(epoch, broker_id)`` when it becomes master, before ``start``;
+    - ``set_sync_state_set(ids, epoch)`` with what the controller applied;
+    - ``sync_state_set_change(now_ms)`` every ``check_sync_state_set_period_ms``: a set to
+      propose to the controller (CONTROLLER_ALTER_SYNC_STATE_SET), or None;
+    - ``confirm_offset`` for its heartbeat; pull reads it through ``MessageStore.read_cap``.
+    """
+
     def __init__(self, config: BrokerConfig, store: MessageStore, members: MemberGroup) -> None:
         self.config = config
         self.store = store
         self.members = members
+        self.controller_mode = config.enable_controller_mode
         self.core = MasterReplication(
-            quorum_of(config), config.ha_window_bytes, config.ha_transfer_batch_bytes
+            quorum_of(config),
+            config.ha_window_bytes,
+            config.ha_transfer_batch_bytes,
+            self._new_sync_state_set(config.broker_id, 0) if self.controller_mode else None,
+            all_ack=self.controller_mode and config.all_ack_in_sync_state_set,
         )
         self.link = MasterLink(self.core, store)
         # Only an async master answers before its slaves have a send. A slave promoted at
@@ -232,9 +353,96 @@ class HAMaster:
         self.server = Server(self, config)
         self.server.on_connection_closed.append(self._closed)
         self._conns: dict[Connection, int] = {}  # attached sessions -> broker id
+        self._deposed_logged = False
+        self._confirm_shipped: dict[Connection, int] = {}  # controller mode
         self._housekeeping = PeriodicTask(
             "HA waiter and session sweep", _WAITER_SWEEP_S, self._sweep
         )
+
+    # -- controller mode ----------------------------------------------------------------------
+    def _new_sync_state_set(self, broker_id: int, floor: int) -> SyncStateSet:
+        return SyncStateSet(broker_id, self.config.ha_max_time_slave_not_catchup_ms, floor)
+
+    def start_epoch(self, epoch: int, broker_id: int | None = None) -> None:
+        """Lead master epoch ``epoch`` as member ``broker_id`` (default: the configured
+        id): the epoch file gets (epoch, log end), fsynced, before this returns, so before
+        any send of the epoch is acknowledged. The same epoch again (a restarted master
+        the controller kept) continues it; an older one raises ``EpochOrderError``.
+        Sessions of the older epoch close (their slaves handshake again and learn it);
+        the SyncStateSet starts as this member alone until ``set_sync_state_set``."""
+        last = self.store.epochs.last_epoch()
+        if epoch != last:
+            self.store.epochs.append(epoch, self.store.commitlog.max_offset)
+        self.core.start_epoch(epoch)
+        if self.controller_mode:
+            master_id = self.core.sync_state_set.master_id if broker_id is None else broker_id
+            # what this member knew confirmed as a slave, every old member held
+            floor = min(self.store.read_cap, self.store.commitlog.max_offset)
+            self.core.sync_state_set = self._new_sync_state_set(master_id, floor)
+            self._update_read_cap()
+        for conn in list(self._conns):
+            conn.close()
+
+    def set_sync_state_set(self, ids: frozenset[int], epoch: int) -> None:
+        """The controller applied SyncStateSet ``ids`` at sync-state-set ``epoch`` (an
+        older epoch than the one held is ignored). A shrink takes effect here."""
+        _run(self.core.apply_sync_state_set(frozenset(ids), epoch))
+        self._update_read_cap()
+
+    def sync_state_set_change(self, now_ms: int) -> frozenset[int] | None:
+        """The SyncStateSet to propose now (the seed's expand and shrink), or None. A
+        joining member counts for all-ack and the confirm offset from now on."""
+        sss = self.core.sync_state_set
+        if sss is None or self.core.deposed:
+            return None
+        proposal = sss.change(now_ms, self.store.commitlog.max_offset)
+        self._update_read_cap()
+        return proposal
+
+    @property
+    def sync_state_set(self) -> frozenset[int]:
+        """The effective SyncStateSet (applied ∪ proposed)."""
+        sss = self.core.sync_state_set
+        return sss.effective if sss is not None else frozenset()
+
+    @property
+    def confirm_offset(self) -> int:
+        """What every member of the effective SyncStateSet holds; the master's own max
+        offset counts for itself."""
+        return self.core.confirm_offset(self.store.commitlog.max_offset)
+
+    @property
+    def epoch(self) -> int:
+        return self.core.epoch
+
+    @property
+    def deposed(self) -> bool:
+        return self.core.deposed
+
+    def _update_read_cap(self) -> None:
+        sss = self.core.sync_state_set
+        if sss is None:
+            return
+        least = sss.min_member_ack()
+        cap = UNCAPPED if least is None else least
+        if cap != self.store.read_cap:
+            self.store.set_read_cap(cap)
+            for conn in list(self._conns):
+                self._ship_confirm(conn)
+
+    def _ship_confirm(self, conn: Connection) -> None:
+        """Tell a slave the confirm offset when it moved (an empty transfer when there is
+        no data to carry it), so reads there are capped as here."""
+        confirm = self.confirm_offset
+        if self._confirm_shipped.get(conn) != confirm and not conn.is_closed:
+            self._confirm_shipped[conn] = confirm
+            progress = self.core.slaves.get(conn)
+            if progress is not None:
+                conn.oneway(
+                    RequestCode.HA_TRANSFER,
+                    {"offset": progress.sent_offset, "confirm": confirm},
+                    b"",
+                )
 
     async def start(self) -> None:
         """Listen on the HA port (again, after a stop: a member that became master)."""
@@ -251,6 +459,14 @@ class HAMaster:
     def check_quorum(self) -> int:
         """Before a send is stored: how many replicas it needs (1 = answer at once), or
         ``InSyncReplicasNotEnough``. Only a sync master waits for slaves."""
+        if self.core.deposed:
+            raise ServiceNotAvailable(
+                f"this member led master epoch {self.core.epoch}, but epoch "
+                f"{self.core.highest_epoch} has begun: another member is master now"
+            )
+        if self.core.all_ack:
+            # every send waits: the set may grow before it is stored (the core decides)
+            return max(2, len(self.sync_state_set))
         if not self.sync:
             return 1
         decision = self.core.decide(self.members.alive_replicas, self.store.commitlog.max_offset)
@@ -284,6 +500,14 @@ class HAMaster:
     def handle(self, conn: Connection, frame: Frame) -> list | None:
         if frame.code == RequestCode.HA_ACK:
             _run(self.link.on_ack(conn, frame.ext, monotonic_ms()))
+            sss = self.core.sync_state_set
+            if sss is not None:
+                broker_id = self._conns.get(conn)
+                if broker_id is not None and sss.maybe_expand(
+                    broker_id, self.store.commitlog.max_offset
+                ):
+                    log.info("slave %d caught up: it joins the SyncStateSet", broker_id)
+                self._update_read_cap()
             self._pump(conn)
             return None
         if frame.code == RequestCode.HA_HANDSHAKE:
@@ -294,7 +518,14 @@ class HAMaster:
         pass
 
     def _handshake(self, conn: Connection, frame: Frame) -> list:
-        reply, attached = self.link.handshake(conn, frame.ext, monotonic_ms())
+        try:
+            reply, attached = self.link.handshake(conn, frame.ext, monotonic_ms())
+        except MasterDeposed as deposed:
+            if deposed.failed or not self._deposed_logged:
+                log.error("%s; %d waiting sends failed", deposed.message, len(deposed.failed))
+                self._deposed_logged = True
+            _run(deposed.failed)
+            raise
         if attached is not None:
             broker_id = self.core.slaves[conn].broker_id
             for stale in attached.replaced:  # a half-open session of a slave that came back
@@ -310,20 +541,26 @@ class HAMaster:
                 "slave %d from %s replicates from offset %d", broker_id, conn.peer, attached.start
             )
             self._conns[conn] = broker_id
+            self._update_read_cap()
             asyncio.get_running_loop().call_soon(self._pump, conn)
         return response_pieces(frame, ext=reply)
 
     def _closed(self, conn: Connection) -> None:
         if self._conns.pop(conn, None) is not None:
             log.warning("slave connection from %s closed", conn.peer)
+        self._confirm_shipped.pop(conn, None)
         _run(self.core.disconnect(conn))
+        self._update_read_cap()
 
     def _pump(self, conn: Connection) -> None:
         try:
             for offset, data in self.link.transfers(conn, monotonic_ms()):
                 if conn.is_closed:
                     return
-                conn.oneway(RequestCode.HA_TRANSFER, {"offset": offset}, data)
+                ext = {"offset": offset}
+                if self.controller_mode:
+                    ext["confirm"] = self._confirm_shipped[conn] = self.confirm_offset
+                conn.oneway(RequestCode.HA_TRANSFER, ext, data)
         except HamqError as err:
             log.warning("closing the session of slave %s: %s", conn.peer, err.message)
             conn.close()
@@ -338,8 +575,22 @@ class HAMaster:
 
     def status(self) -> dict:
         master_offset = self.store.commitlog.max_offset
+        sss = self.core.sync_state_set
+        controller = (
+            {
+                "epoch": self.core.epoch,
+                "deposed": self.core.deposed,
+                "sync_state_set": sorted(sss.applied),
+                "sync_state_set_epoch": sss.epoch,
+                "effective_sync_state_set": sorted(sss.effective),
+                "confirm_offset": self.confirm_offset,
+            }
+            if sss is not None
+            else {}
+        )
         return {
             "role": "master",
+            **controller,
             "in_sync_slaves": self.core.in_sync_slave_nums(master_offset),
             "slaves": [
                 {
@@ -376,7 +627,20 @@ class HASlave:
     def start(self) -> None:
         """Follow the master (again, after a stop: a member that became a slave)."""
         self.state = HAConnectionState.READY
+        if self.config.enable_controller_mode:
+            # Reads stop at the confirm offset the master ships. Until it does, at what
+            # this member knew confirmed as master, or nothing after a start: its tail may
+            # be an old epoch's that the new master cuts.
+            cap = self.store.read_cap
+            self.store.set_read_cap(
+                0 if cap == UNCAPPED else min(cap, self.store.commitlog.max_offset)
+            )
         self._task = asyncio.create_task(self._run())
+
+    def follow_epoch(self, epoch: int) -> None:
+        """The controller says the group's master epoch is ``epoch``: refuse any master
+        older than it from the next handshake on."""
+        self.link.known_master_epoch = max(self.link.known_master_epoch, epoch)
 
     async def stop(self) -> None:
         self.state = HAConnectionState.SHUTDOWN
@@ -389,6 +653,9 @@ class HASlave:
             raise HamqError(f"slave HA connection does not serve request code {frame.code}")
         try:
             arrived = self.link.on_transfer(require(frame.ext, "offset", int), frame.body)
+            confirm = frame.ext.get("confirm")
+            if type(confirm) is int and self.config.enable_controller_mode:
+                self.store.set_read_cap(confirm)
         except HamqError as err:  # a gap or a corrupt record: handshake again
             log.error(
                 "replication stream from %s rejected: %s; reconnecting", conn.peer, err.message
@@ -473,6 +740,8 @@ class HASlave:
             "master_ha_addr": self.master_addr,
             "replica_offset": self.store.replica_offset,
             "last_cut": self.link.last_cut,
+            "master_epoch": self.link.known_master_epoch,
+            "epochs": epochs_to_wire(self.store.epochs.entries()),
         }
 
 
