@@ -1,7 +1,8 @@
 """Real controller processes (``hamq controller``, and a name server with the controller
 embedded) on loopback: the Raft election between peers, the wire contract's answers and
-refusals, the NOT_LEADER hint the client follows, a kill -9 of the Raft leader, a restart
-that resumes from the peer's own log and snapshot, and malformed requests."""
+refusals, the NOT_LEADER hint the client follows, role-change notifications, a kill -9 of
+the Raft leader, a restart that resumes from the peer's own log and snapshot, and
+malformed requests."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ from hamq.client.controller import ControllerClient
 from hamq.controller.requests import BrokerHeartbeat
 from hamq.errors import ControllerFenced, ControllerRefused
 from hamq.net.pool import ConnectionPool
+from hamq.net.server import Server
 from hamq.protocol.codes import RequestCode, ResponseCode
-from hamq.protocol.controller import ReplicaInfo
-from helpers import free_port
+from hamq.protocol.controller import ReplicaInfo, role_changed
+from helpers import free_port, until
 
 CLUSTER, GROUP = "TestCluster", "broker-a"
-M1, M2 = "127.0.0.1:30911", "127.0.0.1:30912"
+# Members' listen addresses: nothing listens there, except where a test plays member 1.
+M1, M2 = (f"127.0.0.1:{free_port()}" for _ in range(2))
 # Members in these tests never heartbeat again after registering: a long timeout keeps the
 # master-timeout scan from electing while a test reads the state.
 SETTINGS = {
@@ -227,6 +230,48 @@ def test_the_controller_embedded_in_a_name_server_answers_the_same(cluster_facto
 
     asyncio.run(scenario())
     assert (cluster.root / "namesrv" / "controller" / "raft").is_dir()
+
+
+class _Member:
+    """Member 1's listen port: records what the controller tells it."""
+
+    def __init__(self) -> None:
+        self.notices: list[dict] = []
+
+    def handle(self, conn, frame):
+        assert frame.code == RequestCode.NOTIFY_BROKER_ROLE_CHANGED and frame.is_oneway
+        self.notices.append(frame.ext)
+
+    def after_batch(self) -> None:
+        pass
+
+
+def test_members_hear_of_elections_and_alters_at_once(cluster_factory):
+    cluster = cluster_factory()
+    (addr,) = _start_peers(cluster, count=1).values()
+
+    async def scenario():
+        member = _Member()
+        server = Server(member)
+        await server.start(M1)
+        await _leader([addr])
+        client = ControllerClient([addr])
+        try:
+            await _group_of_two(client)  # member 2 listens nowhere: skipped, nothing fails
+            await until(lambda: len(member.notices) == 2, DEADLINE_S, "two notifications")
+        finally:
+            await client.close()
+            await server.close()
+        (key, elected), (_, altered) = (role_changed(ext) for ext in member.notices)
+        assert key == (CLUSTER, GROUP)
+        assert (elected.master_id, elected.master_epoch, elected.sync_state_set) == (
+            1,
+            1,
+            frozenset({1}),
+        )
+        assert (altered.sync_state_set, altered.sync_state_set_epoch) == (frozenset({1, 2}), 2)
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.parametrize(
