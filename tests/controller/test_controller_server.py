@@ -33,13 +33,13 @@ SETTINGS = {
 DEADLINE_S = 30.0
 
 
-def _start_peers(cluster, count: int = 3) -> dict[str, str]:
+def _start_peers(cluster, count: int = 3, **settings) -> dict[str, str]:
     """``count`` standalone peers; {process name: listen address}."""
     addrs = {f"controller{i}": f"127.0.0.1:{free_port()}" for i in range(1, count + 1)}
     peers = [f"{i}@{addr}" for i, addr in enumerate(addrs.values(), start=1)]
     for i, (name, addr) in enumerate(addrs.items(), start=1):
         cluster.start_controller(
-            name, addr, controller_peers=peers, controller_self_id=i, **SETTINGS
+            name, addr, controller_peers=peers, controller_self_id=i, **(SETTINGS | settings)
         )
     return addrs
 
@@ -230,6 +230,35 @@ def test_the_controller_embedded_in_a_name_server_answers_the_same(cluster_facto
 
     asyncio.run(scenario())
     assert (cluster.root / "namesrv" / "controller" / "raft").is_dir()
+
+
+def test_a_master_that_stops_reporting_is_replaced_by_the_scan(cluster_factory):
+    timeout_ms = 1000
+    peers = _start_peers(cluster_factory(), controller_heartbeat_timeout_ms=timeout_ms)
+    addrs = list(peers.values())
+
+    async def scenario():
+        await _leader(addrs)
+        client = ControllerClient(addrs)
+        try:
+            await _group_of_two(client)
+            silent_at = asyncio.get_running_loop().time()
+            for _ in range(int(DEADLINE_S / 0.2)):  # member 2 reports on, member 1 is gone
+                await client.heartbeat(BrokerHeartbeat(CLUSTER, GROUP, 2, M2, 1, 0, 0))
+                info = await client.get_replica_info(CLUSTER, GROUP)
+                if info.master_id != 1:
+                    break
+                await asyncio.sleep(0.2)
+            replaced_after_s = asyncio.get_running_loop().time() - silent_at
+            assert (info.master_id, info.master_addr, info.master_epoch) == (2, M2, 2)
+            assert info.sync_state_set == frozenset({2})
+            assert replaced_after_s >= timeout_ms / 1000 - 0.3  # not before it timed out
+            view = await client.metadata()
+            assert view["elections"] >= 1 and view["unclean_elections"] == 0
+        finally:
+            await client.close()
+
+    asyncio.run(scenario())
 
 
 class _Member:
