@@ -5,6 +5,11 @@ lead; a follower answers CONTROLLER_NOT_LEADER naming the leader when it knows i
 client follows that hint, else tries the next peer. Retries are bounded by a count and by
 the request's deadline; a peer's refusal (any other code) is raised as
 ``HamqError.for_code`` at once, since asking another peer would get the same answer.
+
+A change whose answer was lost (the leader died, the request timed out) may have been
+applied, and is asked again: every change is idempotent or carries the epochs it was
+decided against, so the repeat gets the same grant or the refusal its stale epochs earn,
+never a second change.
 """
 
 from __future__ import annotations
