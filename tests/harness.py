@@ -125,3 +125,12 @@ class Cluster:
     def stop_all(self) -> None:
         for proc in reversed(list(self.procs.values())):
             proc.stop()
+
+    def start_controller(self, name: str, listen: str, **settings) -> Proc:
+        """A standalone controller peer (``hamq controller``) on ``listen``: a peer's
+        address must be known before it starts, as every peer's config names them all."""
+        cfg = self.root / f"{name}.toml"
+        cfg.write_text(dump_toml({"listen": listen, "data_dir": str(self.root / name), **settings}))
+        proc = Proc(name, ["controller", "-c", str(cfg)], self.root / f"{name}.log").start()
+        self.procs[name] = proc
+        return proc
