@@ -86,6 +86,10 @@ def _has_snapshot(data_dir: Path) -> bool:
     return (data_dir / "snapshot").is_file()
 
 
+def _spoil_snapshot(data_dir: Path) -> None:
+    (data_dir / "snapshot").write_bytes(b"not a snapshot")
+
+
 async def _group_of_two(client: ControllerClient) -> ReplicaInfo:
     """Members 1 and 2 registered, 1 elected on its registration, the set grown to both."""
     assert await client.get_next_broker_id(CLUSTER, GROUP) == 1
@@ -187,7 +191,7 @@ def test_kill9_of_the_raft_leader_keeps_the_state_and_a_restarted_peer_catches_u
     asyncio.run(scenario())
 
 
-def test_a_restarted_single_peer_serves_the_state_from_its_log_and_snapshot(cluster_factory):
+def test_a_restarted_peer_serves_its_state_from_log_and_snapshot_or_log_alone(cluster_factory):
     cluster = cluster_factory()
     (addr,) = _start_peers(cluster, count=1).values()
 
@@ -201,6 +205,11 @@ def test_a_restarted_single_peer_serves_the_state_from_its_log_and_snapshot(clus
             cluster.procs["controller1"].start()
             assert await client.get_replica_info(CLUSTER, GROUP) == before
             assert await client.get_next_broker_id(CLUSTER, GROUP) == 3
+            # a snapshot that cannot be read is ignored: the whole log is still there
+            cluster.procs["controller1"].kill9()
+            _spoil_snapshot(cluster.root / "controller1")
+            cluster.procs["controller1"].start()
+            assert await client.get_replica_info(CLUSTER, GROUP) == before
         finally:
             await client.close()
 

@@ -21,7 +21,9 @@ from hamq.broker.dledger.wire import decode_message, encode_message
 from hamq.clock import monotonic_ms
 from hamq.config import ControllerSettings
 from hamq.config_check import dledger_peers
+from hamq.controller.codec import decode_snapshot_at
 from hamq.controller.core import ControllerCore, CoreSettings, GroupChanged, Snapshot
+from hamq.controller.errors import ControllerCodecError
 from hamq.errors import HamqError
 from hamq.net.pool import ConnectionPool
 from hamq.net.tasks import PeriodicTask, spawn
@@ -66,7 +68,7 @@ class ControllerDriver:
         )
         data_dir.mkdir(parents=True, exist_ok=True)
         self.snapshot_path = data_dir / SNAPSHOT_FILE
-        snapshot = self.snapshot_path.read_bytes() if self.snapshot_path.exists() else None
+        snapshot = self._read_snapshot()
         self.storage = FileStorage(data_dir / RAFT_DIR)
         try:
             self.core = ControllerCore(
@@ -91,6 +93,19 @@ class ControllerDriver:
         self._stopping = False
         self._led_term: int | None = None
         self._ticks = PeriodicTask("controller tick", TICK_INTERVAL_S, self._tick)
+
+    def _read_snapshot(self) -> bytes | None:
+        """The snapshot file's bytes; None without one, or when it cannot be decoded: the
+        log is kept whole, so the state is rebuilt from the log alone."""
+        if not self.snapshot_path.exists():
+            return None
+        data = self.snapshot_path.read_bytes()
+        try:
+            decode_snapshot_at(data)
+        except ControllerCodecError as err:
+            log.error("ignoring %s (%s): replaying the whole Raft log", self.snapshot_path, err)
+            return None
+        return data
 
     @property
     def leader_addr(self) -> str | None:
