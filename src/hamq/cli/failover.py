@@ -298,7 +298,7 @@ async def run_failover(
     return {
         "bench": "failover",
         "kills": len(samples),
-        "failover_ms": {"min": ms[0], "median": statistics.median(ms), "max": ms[-1]},
+        "failover_ms": {"min": ms[0], "median": round(statistics.median(ms), 1), "max": ms[-1]},
         "samples_ms": ms,
         "acked": len(stream.acked),
         "missing": missing,

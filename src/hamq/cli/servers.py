@@ -286,7 +286,7 @@ def dev(
         click.echo(json.dumps(ready))
         click.echo(
             f"hamq dev: connect with --namesrv {namesrv_addr} "
-            f"(or export HAMQ_NAMESRV={namesrv_addr}); logs in {root}; Ctrl-C stops",
+            f"(or export HAMQ_NAMESRV='{namesrv_addr}'); logs in {root}; Ctrl-C stops",
             err=True,
         )
         reported: set[int] = set()
