@@ -431,18 +431,18 @@ class HAMaster:
                 self._ship_confirm(conn)
 
     def _ship_confirm(self, conn: Connection) -> None:
-        """Tell a slave the confirm offset when it moved (an empty transfer when there is
-        no data to carry it), so reads there are capped as here."""
+        """Tell a slave the confirm offset when it moved and no data will carry it (an
+        empty transfer), so reads there are capped as here. With bytes in flight its
+        ack pumps again, and what is shipped then carries the newest one."""
+        progress = self.core.slaves.get(conn)
+        if progress is None or conn.is_closed or progress.sent_offset > progress.received_offset:
+            return
         confirm = self.confirm_offset
-        if self._confirm_shipped.get(conn) != confirm and not conn.is_closed:
+        if self._confirm_shipped.get(conn) != confirm:
             self._confirm_shipped[conn] = confirm
-            progress = self.core.slaves.get(conn)
-            if progress is not None:
-                conn.oneway(
-                    RequestCode.HA_TRANSFER,
-                    {"offset": progress.sent_offset, "confirm": confirm},
-                    b"",
-                )
+            conn.oneway(
+                RequestCode.HA_TRANSFER, {"offset": progress.sent_offset, "confirm": confirm}, b""
+            )
 
     async def start(self) -> None:
         """Listen on the HA port (again, after a stop: a member that became master)."""
@@ -561,6 +561,8 @@ class HAMaster:
                 if self.controller_mode:
                     ext["confirm"] = self._confirm_shipped[conn] = self.confirm_offset
                 conn.oneway(RequestCode.HA_TRANSFER, ext, data)
+            if self.controller_mode:
+                self._ship_confirm(conn)
         except HamqError as err:
             log.warning("closing the session of slave %s: %s", conn.peer, err.message)
             conn.close()
@@ -578,8 +580,6 @@ class HAMaster:
         sss = self.core.sync_state_set
         controller = (
             {
-                "epoch": self.core.epoch,
-                "deposed": self.core.deposed,
                 "sync_state_set": sorted(sss.applied),
                 "sync_state_set_epoch": sss.epoch,
                 "effective_sync_state_set": sorted(sss.effective),
@@ -590,6 +590,8 @@ class HAMaster:
         )
         return {
             "role": "master",
+            "epoch": self.core.epoch,
+            "deposed": self.core.deposed,
             **controller,
             "in_sync_slaves": self.core.in_sync_slave_nums(master_offset),
             "slaves": [
