@@ -11,12 +11,19 @@ import pytest
 
 from hamq.broker.ha.member_group import MemberGroup
 from hamq.broker.ha.service import HAMaster
+from hamq.broker.pull import PullProcessor
+from hamq.broker.role import BrokerRole, RoleState
+from hamq.broker.topics import TopicService
 from hamq.config import BrokerConfig, StoreConfig
 from hamq.errors import ServiceNotAvailable
+from hamq.net.connection import connect
 from hamq.net.pool import ConnectionPool
+from hamq.net.server import Server
+from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.message import encode_batch, encode_message
 from hamq.store.epoch_file import EpochOrderError
 from hamq.store.message_store import UNCAPPED, GetStatus, MessageStore
+from hamq.store.metadata import TopicConfig
 from helpers import free_port
 
 
@@ -144,3 +151,62 @@ def test_a_deposed_master_refuses_sends_with_a_clear_error(ha_master):
         ha_master.check_quorum()
     ha_master.start_epoch(5)  # elected again later: leads again
     assert not ha_master.deposed
+
+
+class PullOnly:
+    """A server that answers pulls only, as the broker's processor does (arrivals are
+    served after each batch of reads)."""
+
+    def __init__(self, pull: PullProcessor) -> None:
+        self.pull = pull
+
+    def handle(self, conn, frame):
+        return self.pull.pull(conn, frame)
+
+    def after_batch(self) -> None:
+        self.pull.serve_arrivals()
+
+
+def test_a_held_pull_waits_for_the_confirm_offset_then_wakes_as_it_rises(tmp_path):
+    """A record arrives past the confirm offset: the long poll stays held (it is not
+    answered empty-handed), and is answered with it once the confirm offset covers it."""
+
+    async def run():
+        store = open_store(tmp_path)
+        store.topics.put(TopicConfig("T", 1, 1), 0)
+        topics = TopicService(
+            store,
+            RoleState(BrokerRole.MASTER, 0),
+            default_queue_nums=1,
+            auto_create=False,
+            on_change=lambda: None,
+        )
+        pull = PullProcessor(store, topics, max_wait_ms=10_000)
+        server = Server(PullOnly(pull))
+        addr = f"127.0.0.1:{free_port()}"
+        await server.start(addr)
+        conn = await connect(addr)
+        try:
+            store.set_read_cap(0)
+            held = conn.request(
+                RequestCode.PULL_MESSAGE,
+                {"topic": "T", "queue_id": 0, "queue_offset": 0, "suspend_timeout_ms": 10_000},
+                timeout_s=10,
+            )
+            await asyncio.sleep(0.2)  # the pull is held: nothing to read
+            ends = put(store, 2)
+            pull.message_arrived("T", 0)
+            pull.serve_arrivals()
+            await asyncio.sleep(0.2)
+            assert not held.done()  # arrived, but not confirmed: still held
+            store.set_read_cap(ends[0])
+            answer = await asyncio.wait_for(held, 5)
+            assert answer.code == ResponseCode.SUCCESS
+            assert answer.ext["next_begin_offset"] == 1  # the confirmed record only
+        finally:
+            conn.close()
+            await server.close()
+            pull.close()
+            store.close()
+
+    asyncio.run(run())
