@@ -38,25 +38,32 @@ from hamq.broker.broker_metadata import (
     new_register_check_code,
 )
 from hamq.broker.ha.member_group import MemberGroup
-from hamq.broker.ha.service import HAMaster
+from hamq.broker.ha.service import HAMaster, HASlave
 from hamq.broker.role import BrokerRole, RoleState
 from hamq.client.controller import ControllerClient
 from hamq.clock import monotonic_ms, monotonic_s
 from hamq.config import BrokerConfig
 from hamq.controller.requests import BrokerHeartbeat, ElectTrigger
-from hamq.errors import ControllerFenced, ControllerRefused, HamqError
+from hamq.errors import ControllerRefused, HamqError
 from hamq.net.connection import Connection, response_pieces
 from hamq.net.counts import COUNTS
 from hamq.net.tasks import PeriodicTask
 from hamq.protocol.codes import ResponseCode
 from hamq.protocol.controller import ReplicaInfo, role_changed
 from hamq.protocol.frame import Frame
-from hamq.store.message_store import MessageStore
+from hamq.store.message_store import UNCAPPED, MessageStore
 
 log = logging.getLogger(__name__)
 
 BROKER_ID_DEADLINE_S = 60.0  # at start, how long to wait for a controller to grant an id
 BROKER_ID_RETRY_S = 1.0
+# An alter refused with these: this member's view of its mastership is out of date (it may
+# have been deposed), so it re-reads its replica info.
+STALE_MASTER_CODES = (
+    ResponseCode.CONTROLLER_FENCED_MASTER_EPOCH,
+    ResponseCode.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH,
+    ResponseCode.CONTROLLER_INVALID_MASTER,
+)
 
 
 class ReplicasManager:
@@ -67,6 +74,7 @@ class ReplicasManager:
         role: RoleState,
         members: MemberGroup,
         ha_master: HAMaster,
+        ha_slave: HASlave,
         client: ControllerClient,
     ) -> None:
         self.config = config
@@ -74,6 +82,7 @@ class ReplicasManager:
         self.role = role
         self.members = members
         self.ha_master = ha_master
+        self.ha_slave = ha_slave
         self.client = client
         self.metadata = BrokerMetadataFile(config.store_dir, store.disk)
         self.info: ReplicaInfo | None = None  # the newest replica info taken
@@ -128,6 +137,7 @@ class ReplicasManager:
                 await asyncio.sleep(BROKER_ID_RETRY_S)
         self.role.broker_id = broker_id
         self.members.set_own_id(broker_id)
+        self.ha_slave.link.broker_id = broker_id  # slaves say who they are in the handshake
         log.info("broker %s/%s has broker id %d", *self.group, broker_id)
         return broker_id
 
@@ -167,7 +177,7 @@ class ReplicasManager:
                 *self.group,
                 self.role.broker_id,
                 self.config.listen,
-                self.role.epoch,
+                self.store.epochs.last_epoch(),
                 self.store.commitlog.max_offset,
             )
             await self._heartbeat()  # an election takes only members heard from
@@ -231,12 +241,24 @@ class ReplicasManager:
             await self._elect()
 
     async def _become_master(self, info: ReplicaInfo) -> None:
-        # the set first: a send taken once the role flips waits for the set in force
-        self.ha_master.set_sync_state_set(info.sync_state_set, info.sync_state_set_epoch)
         self.members.follow_controller(self.config.listen)
         await self.role.change(BrokerRole.MASTER, self.config.listen, epoch=info.master_epoch)
+        if self.role.is_master and self.role.epoch == info.master_epoch:
+            self._set_sync_state_set(info)
+
+    def start_epoch(self, epoch: int) -> None:
+        """``RoleServices.before_master``: the HA master leads ``epoch`` (the epoch file
+        records it) with the controller's SyncStateSet, before the role flips, so no record
+        of the epoch is written or acknowledged before both are in force."""
+        self.ha_master.start_epoch(epoch, self.role.broker_id)
+        if self.info is not None and self.info.master_epoch == epoch:
+            self._set_sync_state_set(self.info)
+
+    def _set_sync_state_set(self, info: ReplicaInfo) -> None:
+        self.ha_master.set_sync_state_set(info.sync_state_set, info.sync_state_set_epoch)
 
     async def _become_slave(self, info: ReplicaInfo) -> None:
+        self.ha_slave.follow_epoch(info.master_epoch)  # an older master is refused from now
         self.members.follow_controller(info.master_addr)
         await self.role.change(BrokerRole.SLAVE, info.master_addr, epoch=info.master_epoch)
 
@@ -253,16 +275,26 @@ class ReplicasManager:
 
     # -- the rounds -----------------------------------------------------------------------
     async def _heartbeat(self) -> None:
+        """Alive, with the epoch of the newest records this log holds and its end (what
+        an election ranks members by)."""
         await self.client.heartbeat(
             BrokerHeartbeat(
                 *self.group,
                 self.role.broker_id,
                 self.config.listen,
-                self.role.epoch,
+                self.store.epochs.last_epoch(),
                 self.store.commitlog.max_offset,
-                self.ha_master.confirm_offset if self.role.is_master else 0,
+                self.confirm_offset,
             )
         )
+
+    @property
+    def confirm_offset(self) -> int:
+        """A master's own; a slave's is the one its master shipped last (its read cap)."""
+        if self.role.is_master:
+            return self.ha_master.confirm_offset
+        cap = self.store.read_cap
+        return self.store.commitlog.max_offset if cap == UNCAPPED else cap
 
     async def _check_sync_state_set(self) -> None:
         """Master only: propose the HA master's expand or shrink; take what the controller
@@ -281,7 +313,9 @@ class ReplicasManager:
                 proposal,
                 info.sync_state_set_epoch,
             )
-        except ControllerFenced as err:
+        except ControllerRefused as err:
+            if err.code not in STALE_MASTER_CODES:
+                raise
             log.warning("SyncStateSet change refused (%s); re-reading the role", err.message)
             await self.refresh()
             return
@@ -303,6 +337,6 @@ class ReplicasManager:
             "master_epoch": None if info is None else info.master_epoch,
             "sync_state_set": None if info is None else sorted(info.sync_state_set),
             "sync_state_set_epoch": None if info is None else info.sync_state_set_epoch,
-            "confirm_offset": self.ha_master.confirm_offset if self.role.is_master else None,
+            "confirm_offset": self.confirm_offset,
             "last_error": self.last_error,
         }

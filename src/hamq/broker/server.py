@@ -126,9 +126,10 @@ class Broker:
                 self.role,
                 self.members,
                 self.ha_master,
+                self.ha_slave,
                 ControllerClient(config.controller_addr),
             )
-            if config.enable_controller_mode and self.ha_master is not None
+            if config.enable_controller_mode and self.ha_master and self.ha_slave
             else None
         )
 
@@ -234,7 +235,7 @@ class Broker:
             return RoleServices(master=[], slave=[slave_sync], after_change=after_change)
         return RoleServices(
             # controller mode: the epoch file records the controller's epoch first
-            before_master=[self.ha_master.start_epoch] if self.replicas else [],
+            before_master=[self.replicas.start_epoch] if self.replicas else [],
             master=[
                 RoleService("ha_master", self.ha_master.start, self._stop_ha_master),
                 RoleService(
@@ -368,7 +369,7 @@ class Broker:
         self.flush.start()
         self.schedule.start()
         if self.replicas is not None:  # the name servers hear of us under that id
-            self.ha_slave.link.broker_id = await self.replicas.take_broker_id()
+            await self.replicas.take_broker_id()
         await self.registration.start()
         await self.members.sync_once()  # a slave needs its master's address
         self.members.start()
