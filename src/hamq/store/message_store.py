@@ -401,7 +401,8 @@ class MessageStore:
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, b"", 0, 0, 0)
         lo, hi = cq.min_offset, cq.max_offset
         n_entries = len(cq)
-        if cq.max_physical_end > self.read_cap:  # one comparison unless capped
+        cap = self.read_cap
+        if cap != UNCAPPED and cq.max_physical_end > cap:  # one comparison unless capped
             n_entries = self._entries_below_cap(cq)
             capped_hi = cq.base[n_entries] if n_entries < len(cq) else hi
             if capped_hi <= offset <= hi:

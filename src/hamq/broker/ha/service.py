@@ -330,7 +330,8 @@ class HAMaster:
     - ``set_sync_state_set(ids, epoch)`` with what the controller applied;
     - ``sync_state_set_change(now_ms)`` every ``check_sync_state_set_period_ms``: a set to
       propose to the controller (CONTROLLER_ALTER_SYNC_STATE_SET), or None;
-    - ``confirm_offset`` for its heartbeat; pull reads it through ``MessageStore.read_cap``.
+    - ``confirm_offset`` for its heartbeat; pull reads it through ``MessageStore.read_cap``;
+    - ``learn_epoch(epoch)`` when it hears of a newer master epoch (it is deposed).
     """
 
     def __init__(self, config: BrokerConfig, store: MessageStore, members: MemberGroup) -> None:
@@ -374,6 +375,7 @@ class HAMaster:
         if epoch != last:
             self.store.epochs.append(epoch, self.store.commitlog.max_offset)
         self.core.start_epoch(epoch)
+        self._deposed_logged = False
         if self.controller_mode:
             master_id = self.core.sync_state_set.master_id if broker_id is None else broker_id
             # what this member knew confirmed as a slave, every old member held
@@ -382,6 +384,23 @@ class HAMaster:
             self._update_read_cap()
         for conn in list(self._conns):
             conn.close()
+
+    def learn_epoch(self, epoch: int) -> None:
+        """Another member leads master ``epoch`` (the controller said so): if it is newer
+        than ours, this master is deposed: waiting sends fail, new ones are refused."""
+        failed = self.core.learn_epoch(epoch)
+        if self.core.deposed:
+            self._deposed(
+                f"master epoch {epoch} has begun; this member led epoch {self.core.epoch}: "
+                "it acknowledges no more sends",
+                failed,
+            )
+
+    def _deposed(self, why: str, failed: list[tuple[AckCallback, ReplicaStatus]]) -> None:
+        if failed or not self._deposed_logged:  # once, and whenever sends fail by it
+            log.error("%s; %d waiting sends failed", why, len(failed))
+            self._deposed_logged = True
+        _run(failed)
 
     def set_sync_state_set(self, ids: frozenset[int], epoch: int) -> None:
         """The controller applied SyncStateSet ``ids`` at sync-state-set ``epoch`` (an
@@ -521,10 +540,7 @@ class HAMaster:
         try:
             reply, attached = self.link.handshake(conn, frame.ext, monotonic_ms())
         except MasterDeposed as deposed:
-            if deposed.failed or not self._deposed_logged:
-                log.error("%s; %d waiting sends failed", deposed.message, len(deposed.failed))
-                self._deposed_logged = True
-            _run(deposed.failed)
+            self._deposed(deposed.message, deposed.failed)
             raise
         if attached is not None:
             broker_id = self.core.slaves[conn].broker_id
