@@ -237,3 +237,17 @@ def test_confirm_offset_and_all_ack_never_run_ahead_of_a_member(empty_log, ops):
         for end in completed:
             assert all(h >= end for h in held.values()), (end, held, members())
         completed.clear()
+
+
+def test_a_member_holding_the_whole_log_of_an_idle_master_stays():
+    """No transfer for longer than the limit (nothing was sent): a member that holds the
+    whole log is caught up now, not since the last transfer."""
+    s = sss()
+    s.on_connect(1, 0, now_ms=0)
+    s.apply(frozenset({MASTER, 1}), epoch=1)
+    s.on_transfer(1, master_max_offset=100, now_ms=10)
+    s.on_ack(1, 100)
+    assert s.change(now_ms=10 * MAX_NOT_CATCHUP_MS, master_max_offset=100) is None
+    # then the master writes and the slave stops acking: it falls out after the limit
+    assert s.change(now_ms=11 * MAX_NOT_CATCHUP_MS, master_max_offset=200) is None
+    assert s.change(now_ms=11 * MAX_NOT_CATCHUP_MS + 1, master_max_offset=200) == {MASTER}

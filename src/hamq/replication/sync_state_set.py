@@ -147,6 +147,10 @@ class SyncStateSet:
             slave = self.slaves.get(broker_id)
             if broker_id == self.master_id or slave is None or not slave.connected:
                 continue
+            if slave.ack_offset >= master_max_offset:
+                # holds everything now: an idle master ships nothing, and its last
+                # transfer's time must not make a slave that has it all look behind
+                slave.last_caught_up_ms = max(slave.last_caught_up_ms, now_ms)
             if broker_id in self._effective:
                 if now_ms - slave.last_caught_up_ms <= self.max_time_not_catchup_ms:
                     wanted.add(broker_id)
