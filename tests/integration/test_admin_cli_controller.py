@@ -2,7 +2,8 @@
 prints one ready line naming every member's role, epoch, address and pid and the
 controller peers; ``hamq admin sync-state-set``, ``controller-metadata``, ``elect-master``
 and ``clean-broker-metadata`` answer from the real controller, as text and as JSON, and a
-refusal is its CONTROLLER_* name and remark with exit code 1."""
+refusal is its CONTROLLER_* name and remark with exit code 1; ``hamq bench failover``
+times kill -9s of the master and reads every acknowledged message back."""
 
 from __future__ import annotations
 
@@ -252,3 +253,36 @@ def test_clean_broker_metadata_forgets_a_dead_member(embedded, hamq_cli):
     assert f"forgot members {victim['broker_id']}" in done.stdout
     after = group_state(hamq_cli, embedded)
     assert victim["broker_id"] not in {m["broker_id"] for m in after["members"]}
+
+
+def processes_under(path) -> list[int]:
+    """PIDs of processes whose command line names ``path`` (servers started on it)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{entry}/cmdline", "rb") as fh:
+                if str(path).encode() in fh.read():
+                    pids.append(int(entry))
+    return pids
+
+
+def test_bench_failover_times_each_kill_and_reads_every_ack_back(tmp_path, hamq_cli):
+    """``hamq bench failover`` on its own ``hamq dev --mode controller``: one sample per
+    kill -9 of the master, every acknowledged message read back at its offset, and no
+    process left behind."""
+    data = tmp_path / "bench"
+    port_base = str(free_port_base(DEV_PORT_OFFSETS))
+    done = hamq_cli(
+        "bench", "failover", "--kills", "2", "--size", "128", "--data", str(data),
+        "--port-base", port_base, "--json",
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["kills"] == 2 and len(result["samples_ms"]) == 2
+    f = result["failover_ms"]
+    assert 0 < f["min"] <= f["median"] <= f["max"] < 30_000
+    assert result["acked"] > 0 and result["missing"] == 0 and result["mismatched"] == 0
+    assert result["elections"] >= 2
+    assert result["params"]["data"] == str(data)
+    wait_for(lambda: not processes_under(data), 10.0, "the bench to stop what it started")

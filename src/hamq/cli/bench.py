@@ -413,7 +413,11 @@ async def bench_consume(
 @click.option(
     "--port-base", default=29876, show_default=True, help="hamq dev's --port-base for the run."
 )
-@click.option("--data", "data_dir", help="hamq dev's data directory (default: a new temp dir).")
+@click.option(
+    "--data",
+    "data_dir",
+    help="hamq dev's data directory, kept (default: a temp dir, removed after a clean run).",
+)
 @click.option("--size", default=1024, show_default=True, help="Body bytes per message.")
 @click.option(
     "--senders", default=4, show_default=True, type=click.IntRange(min=1), help="Sends in flight."

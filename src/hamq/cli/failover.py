@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import select
+import shutil
 import signal
 import statistics
 import subprocess
@@ -226,11 +227,19 @@ async def _read_back(namesrv: str, stream: Stream) -> tuple[int, int]:
     return missing, mismatched
 
 
-async def measure(
-    cluster: DevCluster, kills: int, size: int, senders: int, topic: str
-) -> tuple[list[float], Stream, tuple[int, int]]:
-    """The kill loop; failover samples in seconds (a kill without a successor within
-    ``FAILOVER_TIMEOUT_S`` raises), the stream, and the read-back check."""
+@dataclass(frozen=True)
+class Outcome:
+    samples_s: list[float]  # kill -> first acknowledgement by the successor
+    acked: int
+    send_errors: int
+    missing: int  # acknowledged, and nothing at the acknowledged offset
+    mismatched: int  # acknowledged, and another body at the acknowledged offset
+    elections: int  # master epochs the run went through; more than kills = a false failover
+
+
+async def measure(cluster: DevCluster, kills: int, size: int, senders: int, topic: str) -> Outcome:
+    """The kill loop (a kill without a successor within ``FAILOVER_TIMEOUT_S`` raises),
+    then the read-back check."""
     namesrv, replicas = cluster.ready["namesrv"], len(cluster.ready["brokers"])
     controller = ControllerClient(cluster.controllers)
     admin = AsyncAdmin(namesrv)
@@ -241,6 +250,7 @@ async def measure(
         await admin.create_topic(topic, QUEUES)
         await _topic_on_every_member(admin, topic, [b["address"] for b in cluster.ready["brokers"]])
         tasks = [asyncio.create_task(stream.sender()) for _ in range(senders)]
+        first = await wait_whole(controller, admin, BROKER_NAME, replicas, WHOLE_TIMEOUT_S)
         for _ in range(kills):
             group = await wait_whole(controller, admin, BROKER_NAME, replicas, WHOLE_TIMEOUT_S)
             before = len(stream.acked)
@@ -261,10 +271,10 @@ async def measure(
                 ) from None
             samples.append(stream.first_ack_at - (stream.kill_at or 0.0))
             await asyncio.to_thread(cluster.restart, master)
-        await wait_whole(controller, admin, BROKER_NAME, replicas, WHOLE_TIMEOUT_S)
+        last = await wait_whole(controller, admin, BROKER_NAME, replicas, WHOLE_TIMEOUT_S)
         stream.stopping = True
         await asyncio.gather(*tasks)
-        checked = await _read_back(namesrv, stream)
+        missing, mismatched = await _read_back(namesrv, stream)
     finally:
         stream.stopping = True
         for task in tasks:
@@ -273,7 +283,14 @@ async def measure(
         await stream.producer.close()
         await admin.close()
         await controller.close()
-    return samples, stream, checked
+    return Outcome(
+        samples,
+        len(stream.acked),
+        stream.errors,
+        missing,
+        mismatched,
+        last["master_epoch"] - first["master_epoch"],
+    )
 
 
 async def run_failover(
@@ -291,19 +308,23 @@ async def run_failover(
         DevCluster.start, data_dir, port_base, replicas, controllers, embedded
     )
     try:
-        samples, stream, (missing, mismatched) = await measure(cluster, kills, size, senders, topic)
+        outcome = await measure(cluster, kills, size, senders, topic)
     finally:
         await asyncio.to_thread(cluster.stop)
-    ms = sorted(round(s * 1000, 1) for s in samples)
+    # a run that lost a message keeps its logs
+    if data_dir is None and not (outcome.missing or outcome.mismatched):
+        await asyncio.to_thread(shutil.rmtree, cluster.root, ignore_errors=True)
+    ms = sorted(round(s * 1000, 1) for s in outcome.samples_s)
     return {
         "bench": "failover",
-        "kills": len(samples),
+        "kills": len(ms),
         "failover_ms": {"min": ms[0], "median": round(statistics.median(ms), 1), "max": ms[-1]},
         "samples_ms": ms,
-        "acked": len(stream.acked),
-        "missing": missing,
-        "mismatched": mismatched,
-        "send_errors": stream.errors,
+        "acked": outcome.acked,
+        "missing": outcome.missing,
+        "mismatched": outcome.mismatched,
+        "elections": outcome.elections,
+        "send_errors": outcome.send_errors,
         "params": {
             "kills": kills,
             "replicas": replicas,
@@ -312,7 +333,7 @@ async def run_failover(
             "size": size,
             "senders": senders,
             "topic": topic,
-            "data": str(cluster.root),
+            "data": data_dir,
         },
     }
 
@@ -322,5 +343,6 @@ def failover_text(r: dict) -> str:
     return (
         f"failover over {r['kills']} kill -9s of the master: min {f['min']} ms, median "
         f"{f['median']} ms, max {f['max']} ms; {r['acked']} sends acknowledged, "
-        f"{r['missing']} missing and {r['mismatched']} different when read back"
+        f"{r['missing']} missing and {r['mismatched']} different when read back; "
+        f"{r['elections']} elections"
     )
