@@ -19,6 +19,8 @@ from hamq import Message, SendStatus
 from hamq.broker.broker_metadata import FILE_NAME
 from hamq.client.controller import ControllerClient
 from hamq.errors import HamqError
+from hamq.protocol.codes import RequestCode
+from hamq.protocol.controller import role_changed_ext
 from helpers import wait_for
 
 CLUSTER = "TestCluster"
@@ -195,6 +197,15 @@ def test_first_election_admin_election_and_restart_keep_ids(group, hamq_cli):
         group.send(producer, 20, "second")
         wait_for(lambda: group.caught_up(target), SETTLE_S, "the old master holding the log")
 
+    # a late notification of the older epoch is ignored; another group's is refused
+    _notify(group, master, (CLUSTER, GROUP), info)
+    log = group.c.procs[master].log_path
+    stale = f"ignored replica info of epochs ({info.master_epoch}, {info.sync_state_set_epoch})"
+    wait_for(lambda: stale in log.read_text(), SETTLE_S, "the stale notification ignored")
+    assert group.following(master, target), "a stale notification moved the role back"
+    with pytest.raises(HamqError, match="role change of group TestCluster/other"):
+        _notify(group, master, (CLUSTER, "other"), elected)
+
     # a restart keeps the broker id the controller gave (the file in its store directory)
     restarted = next(m for m in MEMBERS if m != target)
     saved = json.loads((group.c.root / restarted / FILE_NAME).read_text())
@@ -212,6 +223,14 @@ def test_first_election_admin_election_and_restart_keep_ids(group, hamq_cli):
     with pytest.raises(RuntimeError, match=f"gives broker id {ids[restarted]} of {GROUP} to"):
         group.c.start_broker("m4", controller_addr=group.c.namesrv_addrs, **MEMBER_SETTINGS)
     assert sorted(i for i, _ in group.replica_info().members) == [1, 2, 3]
+
+
+def _notify(group: ControllerModeGroup, m: str, key: tuple[str, str], info) -> None:
+    """NOTIFY_BROKER_ROLE_CHANGED to ``m`` as the controller sends it (answered here, so
+    a refusal shows)."""
+    invoke = group.admin.async_client.core.invoke
+    code, ext = RequestCode.NOTIFY_BROKER_ROLE_CHANGED, role_changed_ext(key, info)
+    group.admin.submit(invoke(group.addr(m), code, ext)).result(10)
 
 
 def test_kill_9_of_the_master_elects_a_sync_state_set_member(group):
