@@ -17,18 +17,17 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from hamq.broker.dledger.wire import decode_message, encode_message
+from hamq.broker.dledger.wire import decode_message
 from hamq.clock import monotonic_ms
 from hamq.config import ControllerSettings
 from hamq.config_check import dledger_peers
 from hamq.controller.codec import decode_snapshot_at
 from hamq.controller.core import ControllerCore, CoreSettings, GroupChanged, Snapshot
 from hamq.controller.errors import ControllerCodecError
-from hamq.errors import HamqError
-from hamq.net.pool import ConnectionPool
-from hamq.net.tasks import PeriodicTask, spawn
+from hamq.net.raft_transport import RaftTransport
+from hamq.net.tasks import PeriodicTask
 from hamq.protocol.codes import RequestCode
-from hamq.raft import FileStorage, Message, MessageDecodeError, RaftConfig, RaftError
+from hamq.raft import FileStorage, MessageDecodeError, RaftConfig, RaftError
 from hamq.store.disk import OS_DISK, atomic_write
 
 log = logging.getLogger(__name__)
@@ -86,7 +85,7 @@ class ControllerDriver:
         except Exception:
             self.storage.close()
             raise
-        self.pool = ConnectionPool()
+        self.transport = RaftTransport(self.peers, RequestCode.CONTROLLER_RAFT_MESSAGE)
         self._pumping = False
         self._pump_again = False
         self._pump_future: asyncio.Future | None = None
@@ -122,7 +121,7 @@ class ControllerDriver:
         if self._pump_future is not None:  # a Ready may be being written in a thread
             await asyncio.gather(self._pump_future, return_exceptions=True)
         self.core.fail_all("the controller peer is stopping; the outcome is unknown")
-        await self.pool.close()
+        await self.transport.close()
         self.storage.close()
 
     def step(self, body: bytes, sender: str) -> None:
@@ -164,7 +163,7 @@ class ControllerDriver:
                         )
                         await asyncio.sleep(PERSIST_RETRY_S)
                 out = core.finish_cycle(ready, monotonic_ms())
-                self._send(out.messages)
+                self.transport.send(out.messages)
                 if out.changes:
                     self.on_changes(out.changes)
                 if out.snapshot is not None:
@@ -200,23 +199,3 @@ class ControllerDriver:
                 snapshot.applied_index,
                 err,
             )
-
-    # -- the transport ---------------------------------------------------------------------------
-    def _send(self, messages: list[Message]) -> None:
-        """One write per peer for all of a Ready's messages to it."""
-        by_peer: dict[int, list[bytes | list]] = {}
-        for msg in messages:
-            by_peer.setdefault(msg.to_id, []).append(encode_message(msg))
-        for peer, bodies in by_peer.items():
-            addr = self.peers[peer]
-            conn = self.pool.get_ready(addr)
-            if conn is not None:
-                conn.oneway_many(RequestCode.CONTROLLER_RAFT_MESSAGE, bodies)
-            else:  # connect in the background; Raft resends what is lost meanwhile
-                spawn(self._connect(addr))
-
-    async def _connect(self, addr: str) -> None:
-        try:
-            await self.pool.get(addr)
-        except HamqError:
-            pass

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from hamq.errors import InvalidArgument
+from hamq.protocol.address import address
 from hamq.protocol.frame import Frame, check_int, optional, require_int, require_name, unpack_body
-from hamq.protocol.limits import MAX_ADDRESS_LENGTH, MAX_BROKER_ID, MAX_QUEUE_NUMS
+from hamq.protocol.limits import MAX_BROKER_ID, MAX_QUEUE_NUMS
 from hamq.protocol.message import validate_topic
 from hamq.store.metadata import PERM_READ_WRITE, DataVersion
 
@@ -70,25 +71,6 @@ def registration(frame: Frame) -> Registration:
         topic_configs(body.get("topic_configs") or {}),
         data_version(body.get("data_version") or {}),
     )
-
-
-def address(value: object, field: str) -> str:
-    """``HOST:PORT`` with a printable host and a port in 1..65535."""
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_ADDRESS_LENGTH:
-        raise InvalidArgument(f"request field {field!r} must be HOST:PORT, got {value!r:.80}")
-    host, _, port = value.rpartition(":")
-    if (
-        not host
-        or not host.isprintable()
-        or " " in host
-        or not port.isascii()
-        or not port.isdigit()
-        or not 0 < int(port) < 65536
-    ):
-        raise InvalidArgument(
-            f"request field {field!r} must be HOST:PORT with a port in 1..65535, got {value!r}"
-        )
-    return value
 
 
 def topic_configs(raw: object) -> dict[str, dict[str, int]]:

@@ -13,12 +13,13 @@ from hamq.config import NamesrvConfig
 from hamq.controller_server.processor import ControllerProcessor
 from hamq.controller_server.service import ControllerService
 from hamq.errors import NoPermission, RequestCodeNotSupported, TopicNotExist
-from hamq.namesrv.requests import address, member, registration
+from hamq.namesrv.requests import member, registration
 from hamq.namesrv.routes import RouteInfoManager
 from hamq.net.connection import Connection, response_pieces
 from hamq.net.metrics import gauge, serve_metrics
 from hamq.net.server import Server
 from hamq.net.tasks import PeriodicTask
+from hamq.protocol.address import address
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, pack_body, require_name
 from hamq.protocol.message import validate_topic

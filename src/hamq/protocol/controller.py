@@ -24,7 +24,7 @@ from hamq.controller.requests import (
 )
 from hamq.controller.state import BrokerGroup, GroupKey
 from hamq.errors import InvalidArgument
-from hamq.namesrv.requests import address
+from hamq.protocol.address import address
 from hamq.protocol.frame import check_int, require_name
 from hamq.protocol.limits import MAX_BROKER_ID, MAX_NAME_LENGTH
 

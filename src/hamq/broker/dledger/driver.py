@@ -23,19 +23,18 @@ from hamq.broker.dledger.wire import (
     Command,
     decode_message,
     encode_command,
-    encode_message,
 )
 from hamq.broker.topics import TopicService, topic_args
 from hamq.clock import monotonic_ms, monotonic_s
 from hamq.config import BrokerConfig
 from hamq.errors import HamqError, InvalidArgument, NotLeader
 from hamq.net.connection import Connection, error_pieces, response_pieces
-from hamq.net.pool import ConnectionPool
+from hamq.net.raft_transport import RaftTransport
 from hamq.net.server import Server
-from hamq.net.tasks import PeriodicTask, spawn
+from hamq.net.tasks import PeriodicTask
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import Frame, require
-from hamq.raft import FileStorage, Message, MessageDecodeError, RaftConfig, RaftError, RawNode
+from hamq.raft import FileStorage, MessageDecodeError, RaftConfig, RaftError, RawNode
 from hamq.store.message_store import MessageStore, PutResult
 from hamq.store.metadata import TopicConfig
 
@@ -75,6 +74,7 @@ class DLedgerCommitLog:
             push_timeout_ms=election_ms * 2 // 5,
             max_pending_pushes=MAX_PENDING_PUSHES,
         )
+        self.transport = RaftTransport(self.peers, RequestCode.DLEDGER_MESSAGE)
         self.storage = FileStorage(Path(config.store_dir) / RAFT_DIR)
         self.core = DLedgerCore(
             raft_config,
@@ -84,12 +84,11 @@ class DLedgerCommitLog:
             random.Random(os.urandom(8)),
             monotonic_ms(),
             sync_appends=config.flush_disk_type == "sync",
-            send=self._send_all,
+            send=self.transport.send,
             on_applied=on_applied,
             not_leader=self.not_leader,
         )
         self.server = Server(self, config)
-        self.pool = ConnectionPool()
         self._pumping = False
         self._pump_again = False
         self.flush_interval_s = config.flush_interval_commitlog_ms / 1000
@@ -137,7 +136,7 @@ class DLedgerCommitLog:
         except OSError:
             log.exception("DLedger final flush failed; the next start re-applies the tail")
         await self.server.close()
-        await self.pool.close()
+        await self.transport.close()
         self.storage.close()
 
     def status(self) -> dict:
@@ -295,25 +294,6 @@ class DLedgerCommitLog:
         finally:
             self._flushed_at = monotonic_s()
             self._flush_task = None
-
-    def _send_all(self, messages: list[Message]) -> None:
-        """One write per peer for all of a Ready's messages to it."""
-        by_peer: dict[int, list[list]] = {}
-        for msg in messages:
-            by_peer.setdefault(msg.to_id, []).append(encode_message(msg))
-        for peer, bodies in by_peer.items():
-            addr = self.peers[peer]
-            conn = self.pool.get_ready(addr)
-            if conn is not None:
-                conn.oneway_many(RequestCode.DLEDGER_MESSAGE, bodies)
-            else:  # connect in the background; Raft resends what is lost meanwhile
-                spawn(self._connect(addr))
-
-    async def _connect(self, addr: str) -> None:
-        try:
-            await self.pool.get(addr)
-        except HamqError:
-            pass
 
 
 def _topic_command(config: TopicConfig) -> Command:
