@@ -1,0 +1,94 @@
+"""Controller mode (issue 14), real processes under a steady stream of sends: the master
+killed with kill -9 again and again (a new master within seconds, nothing acknowledged lost,
+no queue offset read with two bodies), and the controller's Raft leader killed together
+with the master."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+from controller_group import (
+    ELECTION_TIMEOUT_MS,
+    HEARTBEAT_TIMEOUT_MS,
+    MEMBERS,
+    ControllerGroup,
+    SteadyProducer,
+    assert_nothing_lost,
+    start_traffic,
+)
+
+from helpers import wait_for
+
+# the followers' last word from the killed controller leader may predate the kill by a
+# Raft heartbeat or so
+LAST_CONTACT_SLACK_S = 0.2
+KILLS = 3  # in CI; the failover bench (hamq bench failover) does at least 10
+FAILOVER_LIMIT_S = 10.0  # a loaded 2-core machine; the bench holds the 2 s target
+
+
+def _kill_master(group: ControllerGroup, producer: SteadyProducer, kill_controller: bool) -> float:
+    """kill -9 the master (and the controller leader); the seconds until the first send
+    acknowledged after it (by the new master: the old one is dead by then)."""
+    wait_for(lambda: len(producer.acks) > 50, 30, "steady sends")
+    old = group.master()
+    epoch = group.role(old)["epoch"]
+    victims = [old]
+    if kill_controller:
+        victims.append(group.controller_leader())
+    for name in victims:
+        group.c.procs[name].kill9()
+    killed_at = time.monotonic()
+    wait_for(lambda: producer.acked_since(killed_at), 40, "a send acknowledged by the new master")
+    failover_s = producer.acked_since(killed_at)[0].at - killed_at
+    new = group.master(other_than=old)
+    assert group.role(new)["epoch"] > epoch, "the new master did not move the epoch on"
+    for name in victims:
+        group.c.procs[name].start()
+    return failover_s
+
+
+@pytest.mark.slow
+def test_master_kill9_again_and_again_loses_nothing(cluster_factory):
+    group = ControllerGroup(cluster_factory)
+    try:
+        producer, reader = start_traffic(group)
+        took = []
+        for _ in range(KILLS):
+            took.append(_kill_master(group, producer, kill_controller=False))
+            group.wait_full_sync_state_set()  # or the next kill leaves no one to elect
+        print(
+            f"\nmaster kill -9 -> first acknowledged send, {KILLS} kills: "
+            f"min {min(took):.2f} s, median {statistics.median(took):.2f} s, "
+            f"max {max(took):.2f} s"
+        )
+        assert_nothing_lost(group, producer, reader)
+        assert max(took) < FAILOVER_LIMIT_S, took
+    finally:
+        group.close()
+
+
+@pytest.mark.slow
+def test_controller_leader_and_master_killed_together_lose_nothing(cluster_factory):
+    """apache/rocketmq #7689: the new controller leader has no heartbeats of its own yet
+    (they are soft state); it must wait one heartbeat timeout before it judges any member
+    dead, then elect from the SyncStateSet, losing no acknowledged send."""
+    group = ControllerGroup(cluster_factory, controllers=3)
+    try:
+        producer, reader = start_traffic(group)
+        old_master = group.master()
+        took = _kill_master(group, producer, kill_controller=True)
+        new_master = group.master()
+        assert new_master in MEMBERS and new_master != old_master
+        # a controller leader election (>= one election timeout) and then the new leader's
+        # wait of one heartbeat timeout come before the new master's; without the wait it
+        # would elect as soon as the master's last heartbeat is one timeout old
+        waited_s = (ELECTION_TIMEOUT_MS + HEARTBEAT_TIMEOUT_MS) / 1000 - LAST_CONTACT_SLACK_S
+        assert took >= waited_s, (took, waited_s)
+        print(f"\ncontroller leader + master kill -9 -> first acknowledged send: {took:.2f} s")
+        group.wait_full_sync_state_set()
+        wait_for(lambda: len(producer.acked_since(time.monotonic() - 1)) > 0, 20, "sends")
+        assert_nothing_lost(group, producer, reader)
+    finally:
+        group.close()

@@ -1,0 +1,87 @@
+"""Controller mode (issue 14): the master cut off from the controller and the name server
+while sends keep coming, some of them straight to it (a producer whose route is stale).
+apache/rocketmq #7017 and #6316: a partitioned old master kept acknowledging. Here it may
+acknowledge nothing past the point where the new master's epoch starts, and once the cut
+heals it follows the new master as a slave, cutting the tail it never had acknowledged."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from controller_group import (
+    ControllerGroup,
+    PinnedSender,
+    assert_nothing_lost,
+    start_traffic,
+)
+
+from helpers import wait_for
+
+PINNED_SENDS_AFTER_ELECTION = 5
+PINNED_FIRST = 5_000_000  # pinned bodies never collide with the steady producer's
+
+
+@pytest.mark.slow
+def test_master_cut_off_acknowledges_nothing_in_the_new_epoch_and_rejoins_as_slave(
+    cluster_factory,
+):
+    # The controller's role-change notifications go to a member's listen address, which
+    # no proxy sits in front of: off, so the cut master hears of nothing while cut (the
+    # others learn their roles from their replica-info polls).
+    group = ControllerGroup(
+        cluster_factory, controller_settings={"notify_broker_role_changed": False}
+    )
+    try:
+        producer, reader = start_traffic(group)
+        wait_for(lambda: len(producer.acks) > 50, 30, "steady sends")
+        old = group.master()
+        old_epoch = group.role(old)["epoch"]
+        pinned = PinnedSender(group.admin, group.c.broker_addr(old))
+        group.isolate(old)
+        n = PINNED_FIRST
+        # it keeps taking sends while the controller times it out and elects another
+        deadline = time.monotonic() + 30
+        new = None
+        while new is None and time.monotonic() < deadline:
+            pinned.send(n)
+            n += 1
+            info = group.replica_info_or_none()
+            m = group.member_of(info.master_addr) if info else None
+            if m not in (None, old):
+                new = group.master(other_than=old)
+        assert new is not None, "no new master while the old one was cut off"
+        new_epoch = group.role(new)["epoch"]
+        assert new_epoch > old_epoch
+        for _ in range(PINNED_SENDS_AFTER_ELECTION):  # to the deposed master, now
+            pinned.send(n)
+            n += 1
+        old_end_in_cut = group.log_end(old)
+        epoch_start = group.epochs(new)[new_epoch]
+        late = [a for a in pinned.acks if a.commit_offset >= epoch_start]
+        assert not late, (
+            f"the cut-off master acknowledged {len(late)} sends past the start of epoch "
+            f"{new_epoch} (offset {epoch_start}) on {new}: {[a.body[:13] for a in late[:5]]}"
+        )
+        assert old_end_in_cut > epoch_start, "the deposed master stored no tail to cut"
+        print(
+            f"\ncut-off master {old}: {len(pinned.acks)} sends acknowledged before epoch "
+            f"{new_epoch} began at {epoch_start} on {new}, {len(pinned.refused)} refused "
+            f"({sorted(set(pinned.refused))}); its log reached {old_end_in_cut}"
+        )
+
+        group.heal()
+        wait_for(
+            lambda: (r := group.role(old)) and r["role"] == "slave" and r["epoch"] == new_epoch,
+            30,
+            "the old master following the new one",
+        )
+        acked = len(producer.acks)
+        wait_for(lambda: len(producer.acks) > acked + 30, 30, "sends after the heal")
+        group.wait_full_sync_state_set()
+        assert max(group.epochs(old)) == new_epoch
+        # with identical logs at the end, what the old master wrote past the new epoch's
+        # start (up to old_end_in_cut) was replaced by the new master's records
+        assert_nothing_lost(group, producer, reader, pinned.acks)
+    finally:
+        group.close()
