@@ -286,3 +286,18 @@ def test_bench_failover_times_each_kill_and_reads_every_ack_back(tmp_path, hamq_
     assert result["elections"] >= 2
     assert result["params"]["data"] == str(data)
     wait_for(lambda: not processes_under(data), 10.0, "the bench to stop what it started")
+
+
+def test_bad_or_unreachable_controller_address_is_one_line(hamq_cli):
+    """A malformed --controller is a usage error (exit 2); a controller nobody answers on
+    is the client's error (exit 1); never a traceback."""
+    dead = f"127.0.0.1:{free_port_base()}"
+    for controllers, code, says in (
+        ("nohost", 2, "must be HOST:PORT"),
+        (" , ", 2, "at least one controller address"),
+        (f"{dead},127.0.0.1:99999", 2, "must be HOST:PORT"),
+        (dead, 1, "ConnectionLost"),
+    ):
+        done = hamq_cli("admin", "controller-metadata", "--controller", controllers)
+        assert done.returncode == code, (controllers, done.stderr)
+        assert says in done.stderr and "Traceback" not in done.stderr, (controllers, done.stderr)

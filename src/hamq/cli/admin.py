@@ -10,8 +10,9 @@ import click
 
 from hamq.aio import AsyncAdmin
 from hamq.cli.common import emit, json_option, namesrv_option, run_async
-from hamq.client.admin import AsyncControllerAdmin
-from hamq.errors import ControllerRefused
+from hamq.client.admin import AsyncControllerAdmin, controller_list
+from hamq.config_check import address
+from hamq.errors import ConfigError, ControllerRefused
 
 # A standalone controller's default listen address (ControllerConfig.listen).
 DEFAULT_CONTROLLER = "127.0.0.1:9878"
@@ -75,9 +76,21 @@ async def elect(broker_name: str, member_id: int, namesrv: str, as_json: bool) -
     )
 
 
+def _controller_addrs(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
+    """``ADDR[,ADDR]`` checked here, so a typo is a usage error and not a traceback."""
+    try:
+        addrs = controller_list(value)
+        for addr in addrs:
+            address("--controller", addr)
+    except (ValueError, ConfigError) as err:
+        raise click.BadParameter(getattr(err, "message", str(err))) from None
+    return addrs
+
+
 controller_option = click.option(
     "--controller",
     "controllers",
+    callback=_controller_addrs,
     default=lambda: os.environ.get("HAMQ_CONTROLLER", DEFAULT_CONTROLLER),
     show_default=f"$HAMQ_CONTROLLER or {DEFAULT_CONTROLLER}",
     help="Controller peer address(es), HOST:PORT separated by ','. A name server that "
@@ -92,7 +105,7 @@ cluster_option = click.option(
 
 
 @contextlib.asynccontextmanager
-async def controller_admin(controllers: str) -> AsyncIterator[AsyncControllerAdmin]:
+async def controller_admin(controllers: list[str]) -> AsyncIterator[AsyncControllerAdmin]:
     """The controller admin client; a refusal becomes one line with its CONTROLLER_* name
     and the controller's remark, exit code 1."""
     client = AsyncControllerAdmin(controllers)
@@ -109,7 +122,7 @@ async def controller_admin(controllers: str) -> AsyncIterator[AsyncControllerAdm
 @controller_option
 @json_option
 @run_async
-async def sync_state_set(broker_name: str, controllers: str, as_json: bool) -> None:
+async def sync_state_set(broker_name: str, controllers: list[str], as_json: bool) -> None:
     """A controller-mode group: its master, epochs, SyncStateSet and members."""
     async with controller_admin(controllers) as client:
         group = await client.sync_state(broker_name)
@@ -126,7 +139,11 @@ async def sync_state_set(broker_name: str, controllers: str, as_json: bool) -> N
 @json_option
 @run_async
 async def elect_master(
-    broker_name: str, broker_id: int | None, cluster: str | None, controllers: str, as_json: bool
+    broker_name: str,
+    broker_id: int | None,
+    cluster: str | None,
+    controllers: list[str],
+    as_json: bool,
 ) -> None:
     """Elect a controller-mode group's master (from the alive SyncStateSet members)."""
     async with controller_admin(controllers) as client:
@@ -146,7 +163,7 @@ async def elect_master(
 @controller_option
 @json_option
 @run_async
-async def controller_metadata(controllers: str, as_json: bool) -> None:
+async def controller_metadata(controllers: list[str], as_json: bool) -> None:
     """The controller peers, the Raft leader and its term."""
     async with controller_admin(controllers) as client:
         meta = await client.metadata()
@@ -172,7 +189,7 @@ async def clean_broker_metadata(
     broker_ids: str,
     clean_living_broker: bool,
     cluster: str | None,
-    controllers: str,
+    controllers: list[str],
     as_json: bool,
 ) -> None:
     """Make the controller forget members of a group (dead ones unless told otherwise)."""

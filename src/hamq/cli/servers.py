@@ -289,6 +289,12 @@ def dev(
             f"(or export HAMQ_NAMESRV='{namesrv_addr}'); logs in {root}; Ctrl-C stops",
             err=True,
         )
+        if layout:
+            click.echo(
+                f"hamq dev: hamq admin sync-state-set -b broker-a --controller "
+                f"{','.join(layout.addrs)} shows the group",
+                err=True,
+            )
         reported: set[int] = set()
         while not stopping:
             for child in children:

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Iterable
 
 from hamq.client.controller import ControllerClient
-from hamq.client.core import MASTER_ID, ClientCore, TopicRoute, namesrv_list
+from hamq.client.core import MASTER_ID, ClientCore, TopicRoute
 from hamq.client.message import MessageQueue
 from hamq.clock import monotonic_s
 from hamq.errors import BrokerNotFound, NotLeader, TopicNotExist
@@ -206,8 +206,11 @@ def controller_list(controllers: str | Iterable[str]) -> list[str]:
     """``ADDR[,ADDR]`` (``;`` works too, as for name servers) into addresses: an embedded
     controller answers on its name server's address, so either list may be given."""
     if isinstance(controllers, str):
-        controllers = controllers.replace(",", ";")
-    return namesrv_list(controllers)
+        controllers = controllers.replace(";", ",").split(",")
+    addrs = [a.strip() for a in controllers if a.strip()]
+    if not addrs:
+        raise ValueError("at least one controller address (HOST:PORT) is required")
+    return addrs
 
 
 class AsyncControllerAdmin:
