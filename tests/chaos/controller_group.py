@@ -73,12 +73,14 @@ def commit_offset(result) -> int:
 
 @dataclass(frozen=True)
 class Ack:
-    """One acknowledged send: what was sent, where the broker said it is, and when."""
+    """One acknowledged send: what was sent, where the broker said it is, when the send
+    began and when its answer was read (``at``: an upper bound of when it was given)."""
 
     body: bytes
     queue_id: int
     queue_offset: int
     commit_offset: int
+    began: float
     at: float
 
 
@@ -238,9 +240,10 @@ class ControllerGroup:
 
     # -- faults ----------------------------------------------------------------------------
 
-    def isolate(self, m: str) -> None:
-        """Cut ``m`` off from every controller peer and the name server."""
-        for proxy in self.proxies[m]:
+    def isolate(self, m: str, namesrv: bool = True) -> None:
+        """Cut ``m`` off from every controller peer, and from the name server unless
+        ``namesrv`` is false (a controller-only split)."""
+        for proxy in self.proxies[m] if namesrv else self.proxies[m][:-1]:
             proxy.block()
 
     def heal(self) -> None:
@@ -297,6 +300,7 @@ class SteadyProducer(threading.Thread):
             while not self.stop_flag.is_set() and self.next < 1_000_000:
                 body = body_of(self.next)
                 self.next += 1
+                began = time.monotonic()
                 try:
                     r = producer.send(Message(TOPIC, body))
                 except HamqError:
@@ -309,12 +313,15 @@ class SteadyProducer(threading.Thread):
                             r.queue.queue_id,
                             r.queue_offset,
                             commit_offset(r),
+                            began,
                             time.monotonic(),
                         )
                     )
 
     def acked_since(self, t: float) -> list[Ack]:
-        return [a for a in self.acks if a.at > t]
+        """Acknowledged sends begun after ``t``: one answered before ``t`` whose answer
+        was read late is not among them."""
+        return [a for a in self.acks if a.began > t]
 
     def finish(self) -> None:
         self.stop_flag.set()
@@ -339,6 +346,7 @@ class PinnedSender:
         payload, crc = encode_batch([Message(TOPIC, body).encode(self.uniq_keys.next())])
         ext = {"topic": TOPIC, "queue_id": n % QUEUES, "count": 1, "crc": crc, "born_ts": 0}
         core = self.admin.async_client.core
+        began = time.monotonic()
         try:
             frame = self.admin.submit(
                 core.invoke(
@@ -350,7 +358,14 @@ class PinnedSender:
             return
         x = frame.ext
         self.acks.append(
-            Ack(body, n % QUEUES, x["queue_offset"], int(x["msg_id"][:16], 16), time.monotonic())
+            Ack(
+                body,
+                n % QUEUES,
+                x["queue_offset"],
+                int(x["msg_id"][:16], 16),
+                began,
+                time.monotonic(),
+            )
         )
 
 

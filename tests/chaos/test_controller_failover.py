@@ -30,7 +30,7 @@ FAILOVER_LIMIT_S = 10.0  # a loaded 2-core machine; the bench holds the 2 s targ
 
 def _kill_master(group: ControllerGroup, producer: SteadyProducer, kill_controller: bool) -> float:
     """kill -9 the master (and the controller leader); the seconds until the first send
-    acknowledged after it (by the new master: the old one is dead by then)."""
+    begun after it is acknowledged (by the new master: the old one is dead by then)."""
     wait_for(lambda: len(producer.acks) > 50, 30, "steady sends")
     old = group.master()
     epoch = group.role(old)["epoch"]

@@ -23,9 +23,14 @@ PINNED_FIRST = 5_000_000  # pinned bodies never collide with the steady producer
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "namesrv", [True, False], ids=["controller-and-namesrv", "controller-only"]
+)
 def test_master_cut_off_acknowledges_nothing_in_the_new_epoch_and_rejoins_as_slave(
-    cluster_factory,
+    cluster_factory, namesrv
 ):
+    """Cut from the name server too, the old master drops out of the routes; cut from the
+    controller only, it keeps registering as the master there next to the new one."""
     # The controller's role-change notifications go to a member's listen address, which
     # no proxy sits in front of: off, so the cut master hears of nothing while cut (the
     # others learn their roles from their replica-info polls).
@@ -38,7 +43,7 @@ def test_master_cut_off_acknowledges_nothing_in_the_new_epoch_and_rejoins_as_sla
         old = group.master()
         old_epoch = group.role(old)["epoch"]
         pinned = PinnedSender(group.admin, group.c.broker_addr(old))
-        group.isolate(old)
+        group.isolate(old, namesrv)
         n = PINNED_FIRST
         # it keeps taking sends while the controller times it out and elects another
         deadline = time.monotonic() + 30
