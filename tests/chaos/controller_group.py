@@ -26,9 +26,9 @@ from hamq.client.consumer import PullStatus
 from hamq.client.controller import ControllerClient
 from hamq.client.producer import UniqKeys
 from hamq.errors import HamqError
-from hamq.protocol.codes import RequestCode
+from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import unpack_body
-from hamq.protocol.message import encode_batch
+from hamq.protocol.message import decode_records, encode_batch
 from hamq.store.epoch_file import EpochFile
 from helpers import free_port, wait_for
 
@@ -40,6 +40,12 @@ MEMBERS = ("m1", "m2", "m3")
 HEARTBEAT_TIMEOUT_MS = 1500  # controller_heartbeat_timeout_ms (the default)
 ELECTION_TIMEOUT_MS = 1000  # controller_election_timeout_ms (the default)
 BODY_BYTES = 256
+PULL_ANSWERS = (  # a pull's answers that are not errors
+    ResponseCode.SUCCESS,
+    ResponseCode.PULL_NOT_FOUND,
+    ResponseCode.PULL_OFFSET_MOVED,
+    ResponseCode.PULL_RETRY_IMMEDIATELY,
+)
 
 # Fast enough for a test, slow enough for a loaded 2-core machine.
 CONTROLLER_SETTINGS = {
@@ -369,25 +375,13 @@ class PinnedSender:
         )
 
 
-class SteadyReader(threading.Thread):
-    """Reads every queue to its end, again and again, while the faults happen: what a
-    consumer saw at a queue offset must be what is there forever after."""
+class Reads:
+    """What consumers read, by (queue id, queue offset): what a consumer saw at a queue
+    offset must be what is there forever after."""
 
-    def __init__(self, namesrv: str) -> None:
-        super().__init__(daemon=True)
-        self.namesrv = namesrv
+    def __init__(self) -> None:
         self.seen: dict[tuple[int, int], bytes] = {}
         self.conflicts: list[tuple[int, int, bytes, bytes]] = []
-        self.stop_flag = threading.Event()
-
-    def run(self) -> None:
-        with hamq.PullConsumer("chaos-reader", self.namesrv) as consumer:
-            while not self.stop_flag.is_set():
-                try:
-                    self.record(read_queues(consumer, self.next_offsets()))
-                except HamqError:
-                    pass
-                self.stop_flag.wait(0.1)
 
     def next_offsets(self) -> dict[int, int]:
         ends = dict.fromkeys(range(QUEUES), 0)
@@ -400,6 +394,26 @@ class SteadyReader(threading.Thread):
             before = self.seen.setdefault(key, body)
             if before != body:
                 self.conflicts.append((*key, before[:16], body[:16]))
+
+
+class SteadyReader(threading.Thread):
+    """Reads every queue to its end through the routes, again and again, while the faults
+    happen."""
+
+    def __init__(self, namesrv: str) -> None:
+        super().__init__(daemon=True)
+        self.namesrv = namesrv
+        self.reads = Reads()
+        self.stop_flag = threading.Event()
+
+    def run(self) -> None:
+        with hamq.PullConsumer("chaos-reader", self.namesrv) as consumer:
+            while not self.stop_flag.is_set():
+                try:
+                    self.reads.record(read_queues(consumer, self.reads.next_offsets()))
+                except HamqError:
+                    pass
+                self.stop_flag.wait(0.1)
 
     def finish(self) -> None:
         self.stop_flag.set()
@@ -423,6 +437,39 @@ def read_queues(consumer, start: dict[int, int] | None = None) -> dict[tuple[int
     return got
 
 
+def read_member(admin: hamq.Admin, addr: str, start: dict[int, int]) -> dict:
+    """What one member serves a consumer from ``start`` (queue id -> offset), whatever the
+    routes say: what a consumer whose route still names a deposed master reads there."""
+    got: dict[tuple[int, int], bytes] = {}
+    for queue_id in range(QUEUES):
+        offset = start.get(queue_id, 0)
+        for _ in range(10_000):
+            ext = {
+                "topic": TOPIC,
+                "queue_id": queue_id,
+                "queue_offset": offset,
+                "max_msgs": 256,
+                "suspend_timeout_ms": 0,
+                "group": "chaos-member-reader",
+            }
+            try:
+                frame = admin.submit(
+                    admin.async_client.core.invoke(
+                        addr, RequestCode.PULL_MESSAGE, ext, ok=PULL_ANSWERS, timeout_s=2.0
+                    )
+                ).result(10)
+            except HamqError:
+                break
+            if frame.code != ResponseCode.SUCCESS:
+                break
+            found = decode_records(frame.body, offset, lambda _h, _i, off, _p, body: (off, body))
+            if not found:
+                break
+            got.update(((queue_id, off), body) for off, body in found)
+            offset = frame.ext["next_begin_offset"]
+    return got
+
+
 def read_all(namesrv: str) -> dict[tuple[int, int], bytes]:
     with hamq.PullConsumer("chaos-check", namesrv) as consumer:
         return read_queues(consumer)
@@ -437,11 +484,11 @@ def assert_acked_readable(acks: list[Ack], stored: dict[tuple[int, int], bytes])
     )
 
 
-def assert_reads_stable(reader: SteadyReader, stored: dict[tuple[int, int], bytes]) -> None:
+def assert_reads_stable(reads: Reads, stored: dict[tuple[int, int], bytes]) -> None:
     """No queue offset was read with two bodies, during the run or against the end state."""
-    assert reader.seen, "the reader read nothing"
-    assert not reader.conflicts, f"a queue offset was read with two bodies: {reader.conflicts[:5]}"
-    changed = [k for k, body in reader.seen.items() if stored.get(k) != body]
+    assert reads.seen, "the reader read nothing"
+    assert not reads.conflicts, f"a queue offset was read with two bodies: {reads.conflicts[:5]}"
+    changed = [k for k, body in reads.seen.items() if stored.get(k) != body]
     assert not changed, f"messages a consumer read are gone or changed: {changed[:5]}"
 
 
@@ -458,6 +505,7 @@ def assert_nothing_lost(
     producer: SteadyProducer,
     reader: SteadyReader,
     more_acks: list[Ack] | None = None,
+    more_reads: Reads | None = None,
 ) -> None:
     """Stops the traffic; then every acknowledged message is where its answer said, byte
     for byte, no queue offset was read with two bodies, and the members' logs are equal."""
@@ -465,5 +513,7 @@ def assert_nothing_lost(
     reader.finish()
     stored = read_all(group.c.namesrv)
     assert_acked_readable(producer.acks + (more_acks or []), stored)
-    assert_reads_stable(reader, stored)
+    assert_reads_stable(reader.reads, stored)
+    if more_reads is not None:
+        assert_reads_stable(more_reads, stored)
     group.assert_identical_logs()
