@@ -215,6 +215,16 @@ def test_first_election_admin_election_and_restart_keep_ids(group, hamq_cli):
     assert back["controller"]["broker_id"] == ids[restarted]
     assert sorted(i for i, _ in group.replica_info().members) == [1, 2, 3]
 
+    # with its id granted, a member starts while the controller is down (the name server
+    # it is embedded in), and registers and follows the master once it is back
+    group.c.procs["namesrv"].stop()
+    group.c.restart(restarted)
+    assert group.info(restarted)["controller"]["last_error"].startswith("registration")
+    group.c.procs["namesrv"].start()
+    back = wait_for(lambda: group.following(restarted, target), SETTLE_S, "rejoined later")
+    assert back["controller"]["broker_id"] == ids[restarted]
+    assert group.master() == target
+
     # a store directory claiming that id with another register check code is refused
     (group.c.root / "m4").mkdir()
     (group.c.root / "m4" / FILE_NAME).write_text(

@@ -88,6 +88,7 @@ class ReplicasManager:
         self.info: ReplicaInfo | None = None  # the newest replica info taken
         self.last_error: str | None = None  # of the last failed controller exchange
         self._known = (0, 0)  # (master epoch, SyncStateSet epoch) of the newest info
+        self._registered = False
         self._lock = asyncio.Lock()  # one ReplicaInfo taken at a time
         self._notified: set[asyncio.Task] = set()
         ctrl_errors = (HamqError, OSError)
@@ -153,37 +154,36 @@ class ReplicasManager:
             await self.client.apply_broker_id(
                 *self.group, meta.broker_id, self.config.listen, meta.register_check_code
             )
-        except ControllerRefused as err:
-            if err.code != ResponseCode.CONTROLLER_BROKER_ID_INVALID:
+        except HamqError as err:
+            if err.code == ResponseCode.CONTROLLER_BROKER_ID_INVALID:
+                if meta.applied:
+                    raise BrokerMetadataError(
+                        f"the controller gives broker id {meta.broker_id} of {self.group[1]} "
+                        f"to another broker ({err.message}); this member's "
+                        f"{self.metadata.path} says it is ours. Remove the file to join under "
+                        "a new id (this member's log is then copied again from the master)"
+                    ) from None
+                self.metadata.remove()  # an id we only meant to take went to another
                 raise
-            if meta.applied:
-                raise BrokerMetadataError(
-                    f"the controller gives broker id {meta.broker_id} of {self.group[1]} to "
-                    f"another broker ({err.message}); this member's {self.metadata.path} "
-                    "says it is ours. Remove the file to join under a new id (this member's "
-                    "log is then copied again from the master)"
-                ) from None
-            self.metadata.remove()  # an id we only meant to take went to another: ask anew
-            raise
+            if not meta.applied:
+                raise
+            # a granted id needs no controller to start (RocketMQ's BrokerMetadata): the
+            # rounds register once one answers
+            log.warning(
+                "starting with broker id %d from %s unchecked: %s",
+                meta.broker_id,
+                self.metadata.path,
+                err.message,
+            )
+            return meta.broker_id
         if not meta.applied:
             self.metadata.save(replace(meta, state=APPLIED))
         return meta.broker_id
 
     async def start(self) -> None:
-        """Register with the controller and take its answer; then the periodic rounds.
-        A controller that does not answer now is asked again by the rounds."""
-        try:
-            info = await self.client.register_broker(
-                *self.group,
-                self.role.broker_id,
-                self.config.listen,
-                self.store.epochs.last_epoch(),
-                self.store.commitlog.max_offset,
-            )
-            await self._heartbeat()  # an election takes only members heard from
-            await self._take(info)
-        except HamqError as err:
-            self._failed("registration with the controller", err)
+        """Register with the controller and take its answer; then the periodic rounds
+        (the poll registers instead while the controller has not answered a registration)."""
+        await self.refresh()
         for task in self._rounds:
             task.start()
 
@@ -196,11 +196,23 @@ class ReplicasManager:
 
     # -- the controller's answers ------------------------------------------------------------
     async def refresh(self) -> None:
-        """Poll the group's replica info and take it."""
+        """Poll the group's replica info (register, until a registration was answered)
+        and take it."""
         try:
-            info = await self.client.get_replica_info(*self.group)
+            if self._registered:
+                info = await self.client.get_replica_info(*self.group)
+            else:
+                info = await self.client.register_broker(
+                    *self.group,
+                    self.role.broker_id,
+                    self.config.listen,
+                    self.store.epochs.last_epoch(),
+                    self.store.commitlog.max_offset,
+                )
+                self._registered = True
+                await self._heartbeat()  # an election takes only members heard from
         except HamqError as err:
-            self._failed("replica info poll", err)
+            self._failed("registration" if not self._registered else "replica info poll", err)
             return
         self.last_error = None
         await self._take(info)
