@@ -182,8 +182,13 @@ class ReplicasManager:
 
     async def start(self) -> None:
         """Register with the controller and take its answer; then the periodic rounds
-        (the poll registers instead while the controller has not answered a registration)."""
-        await self.refresh()
+        (the poll registers instead while the controller has not answered a registration).
+        A role change that fails here (the epoch file cannot be written) leaves a slave,
+        and the poll tries again."""
+        try:
+            await self.refresh()
+        except OSError as err:
+            log.error("taking the controller's role at start failed: %s; retrying", err)
         for task in self._rounds:
             task.start()
 
