@@ -158,7 +158,7 @@ op = st.one_of(
     st.tuples(st.just("connect"), st.sampled_from(SLAVES)),
     st.tuples(st.just("disconnect"), st.sampled_from(SLAVES)),
     st.tuples(st.just("change"), st.integers(0, 2 * MAX_NOT_CATCHUP_MS)),
-    st.tuples(st.just("apply"), st.booleans()),
+    st.tuples(st.just("apply"), st.sampled_from(("new", "none", "again"))),
 )
 
 
@@ -219,9 +219,12 @@ def test_confirm_offset_and_all_ack_never_run_ahead_of_a_member(empty_log, ops):
             proposal = s.change(now, master_max)
             if proposal is not None:
                 pending.append(proposal)
+        elif kind == "apply" and step[1] == "again":
+            # the held set announced again (a poll): the proposals are still outstanding
+            check(m.apply_sync_state_set(applied, epoch))
         elif kind == "apply" and pending:
             # the controller applies one of the outstanding proposals, or refuses them all
-            if step[1]:
+            if step[1] == "new":
                 epoch += 1
                 applied = pending[-1]
                 check(m.apply_sync_state_set(applied, epoch))
@@ -251,3 +254,24 @@ def test_a_member_holding_the_whole_log_of_an_idle_master_stays():
     # then the master writes and the slave stops acking: it falls out after the limit
     assert s.change(now_ms=11 * MAX_NOT_CATCHUP_MS, master_max_offset=200) is None
     assert s.change(now_ms=11 * MAX_NOT_CATCHUP_MS + 1, master_max_offset=200) == {MASTER}
+
+
+def test_the_held_set_announced_again_keeps_a_join_in_flight(empty_log):
+    """A poll (or a repeated notification) answers with the set the master already holds
+    while its expand is at the controller, which may apply it: the joining member must go
+    on counting, or sends are acknowledged without a member that can be elected."""
+    s = sss()
+    m = all_ack_core(s)
+    m.attach(1, 1, 0, None, empty_log, 0)
+    run(m.apply_sync_state_set(frozenset({MASTER}), epoch=1))
+    run(ship_and_ack(m, 1, 100, 100, 1))
+    assert s.maybe_expand(1, master_max_offset=100)
+    assert s.change(now_ms=2, master_max_offset=100) == {MASTER, 1}  # sent to the controller
+    results: list[ReplicaStatus] = []
+    m.wait_for_acks(200, 2, 3, 10_000, results.append)
+    run(m.apply_sync_state_set(frozenset({MASTER}), epoch=1))  # the poll's answer
+    assert results == [] and s.effective == {MASTER, 1}
+    assert m.confirm_offset(master_max_offset=200) == 100
+    run(m.apply_sync_state_set(frozenset({MASTER, 1}), epoch=2))  # the alter's answer
+    run(ship_and_ack(m, 1, 200, 200, 4))
+    assert results == [ReplicaStatus.PUT_OK]

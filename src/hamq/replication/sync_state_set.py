@@ -64,15 +64,22 @@ class SyncStateSet:
     # -- what the controller decided ---------------------------------------------------------
     def apply(self, ids: frozenset[int], epoch: int) -> bool:
         """The controller applied ``ids`` at sync-state-set ``epoch``. False (nothing
-        changes) for an epoch older than the one held: a late answer to an older alter."""
+        changes) for an epoch older than the one held: a late answer to an older alter.
+
+        Only a newer epoch answers the proposals: each was sent with the epoch held when
+        it was made, so the controller applied it as this epoch or refused it. The epoch
+        held, announced again (a poll, a repeated notification), answers none: a proposal
+        may be at the controller right now, and its members go on counting."""
         if epoch < self.epoch:
             return False
         if self.master_id not in ids:
             raise ValueError(
                 f"sync state set {sorted(ids)} does not contain its master {self.master_id}"
             )
-        self.applied, self.epoch, self.proposed = frozenset(ids), epoch, frozenset()
-        self._effective = self.applied
+        if epoch > self.epoch:
+            self.proposed = frozenset()
+        self.applied, self.epoch = frozenset(ids), epoch
+        self._effective = self.applied | self.proposed
         return True
 
     # -- slave progress ----------------------------------------------------------------------
