@@ -348,30 +348,38 @@ class PinnedSender:
         self.refused: list[str] = []
 
     def send(self, n: int) -> None:
-        body = body_of(n)
-        payload, crc = encode_batch([Message(TOPIC, body).encode(self.uniq_keys.next())])
-        ext = {"topic": TOPIC, "queue_id": n % QUEUES, "count": 1, "crc": crc, "born_ts": 0}
-        core = self.admin.async_client.core
+        """One send, waited for."""
+        self.send_all([n])
+
+    def send_all(self, ns: list[int], timeout_s: float | None = None) -> None:
+        """Sends ``ns`` at once (each waits up to ``timeout_s``), then takes the answers."""
+        timeout_s = timeout_s or self.timeout_s
         began = time.monotonic()
-        try:
-            frame = self.admin.submit(
-                core.invoke(
-                    self.addr, RequestCode.SEND_MESSAGE, ext, payload, timeout_s=self.timeout_s
+        futures = {n: self.admin.submit(self._send(n, timeout_s)) for n in ns}
+        for n, future in futures.items():
+            try:
+                frame = future.result(timeout_s + 5)
+            except HamqError as err:
+                self.refused.append(type(err).__name__)
+                continue
+            x = frame.ext
+            self.acks.append(
+                Ack(
+                    body_of(n),
+                    n % QUEUES,
+                    x["queue_offset"],
+                    int(x["msg_id"][:16], 16),
+                    began,
+                    time.monotonic(),
                 )
-            ).result(self.timeout_s + 5)
-        except HamqError as err:
-            self.refused.append(type(err).__name__)
-            return
-        x = frame.ext
-        self.acks.append(
-            Ack(
-                body,
-                n % QUEUES,
-                x["queue_offset"],
-                int(x["msg_id"][:16], 16),
-                began,
-                time.monotonic(),
             )
+
+    async def _send(self, n: int, timeout_s: float):
+        encoded = Message(TOPIC, body_of(n)).encode(self.uniq_keys.next())
+        payload, crc = encode_batch([encoded])
+        ext = {"topic": TOPIC, "queue_id": n % QUEUES, "count": 1, "crc": crc, "born_ts": 0}
+        return await self.admin.async_client.core.invoke(
+            self.addr, RequestCode.SEND_MESSAGE, ext, payload, timeout_s=timeout_s
         )
 
 

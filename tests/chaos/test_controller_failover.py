@@ -70,6 +70,27 @@ def test_master_kill9_again_and_again_loses_nothing(cluster_factory):
 
 
 @pytest.mark.slow
+def test_master_restarted_at_once_after_kill9_loses_nothing(cluster_factory):
+    """Back (from its log, with the page cache a kill keeps) before the controller's
+    heartbeat timeout, the member may find itself still master in its old epoch or a
+    slave of a new one; either way nothing acknowledged is lost."""
+    group = ControllerGroup(cluster_factory)
+    try:
+        producer, reader = start_traffic(group)
+        for _ in range(KILLS):
+            master = group.master()
+            group.c.procs[master].kill9()
+            group.c.procs[master].start()
+            back_at = time.monotonic()
+            wait_for(lambda t=back_at: len(producer.acked_since(t)) > 20, 40, "sends afterwards")
+            group.master()
+            group.wait_full_sync_state_set()
+        assert_nothing_lost(group, producer, reader)
+    finally:
+        group.close()
+
+
+@pytest.mark.slow
 def test_controller_leader_and_master_killed_together_lose_nothing(cluster_factory):
     """apache/rocketmq #7689: the new controller leader has no heartbeats of its own yet
     (they are soft state); it must wait one heartbeat timeout before it judges any member

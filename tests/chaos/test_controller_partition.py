@@ -6,6 +6,7 @@ heals it follows the new master as a slave, cutting the tail it never had acknow
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -100,5 +101,49 @@ def test_master_cut_off_acknowledges_nothing_in_the_new_epoch_and_rejoins_as_sla
         # with identical logs at the end, what the old master wrote past the new epoch's
         # start (up to old_end_in_cut) was replaced by the new master's records
         assert_nothing_lost(group, producer, reader, pinned.acks, old_reads)
+    finally:
+        group.close()
+
+
+FROZEN_SENDS = 20
+
+
+@pytest.mark.slow
+def test_master_frozen_past_its_heartbeat_timeout_acknowledges_nothing_when_it_wakes(
+    cluster_factory,
+):
+    """A stop-the-world pause (SIGSTOP) longer than the controller's heartbeat timeout:
+    the sends that reached the master while it was frozen are read when it wakes, in a
+    world with a new master. It acknowledges none of them past the new epoch's start and
+    follows the new master."""
+    group = ControllerGroup(cluster_factory)
+    try:
+        producer, reader = start_traffic(group)
+        wait_for(lambda: len(producer.acks) > 50, 30, "steady sends")
+        old = group.master()
+        pinned = PinnedSender(group.admin, group.c.broker_addr(old))
+        group.freeze(old)
+        queued = list(range(PINNED_FIRST, PINNED_FIRST + FROZEN_SENDS))
+        sends = threading.Thread(target=pinned.send_all, args=(queued, 30.0), daemon=True)
+        sends.start()  # they wait in the frozen master's socket
+        new = group.master(other_than=old)
+        new_epoch = group.role(new)["epoch"]
+        group.thaw(old)
+        sends.join(40)
+        assert not sends.is_alive()
+        epoch_start = group.epochs(new)[new_epoch]
+        late = [a for a in pinned.acks if a.commit_offset >= epoch_start]
+        assert not late, (
+            f"the woken master acknowledged {len(late)} sends past the start of epoch "
+            f"{new_epoch} (offset {epoch_start}) on {new}"
+        )
+        print(f"\nwoken master {old}: {len(pinned.refused)} of {FROZEN_SENDS} sends refused")
+        wait_for(
+            lambda: (r := group.role(old)) and r["role"] == "slave" and r["epoch"] == new_epoch,
+            30,
+            "the woken master following the new one",
+        )
+        group.wait_full_sync_state_set()
+        assert_nothing_lost(group, producer, reader, pinned.acks)
     finally:
         group.close()
