@@ -270,3 +270,36 @@ def test_reports_of_unknown_members_are_not_kept():
     assert core.heartbeat(BrokerHeartbeat(*KEY, 1, _addr(1), 0, 0), cluster.now_ms)
     assert core.liveness.alive(KEY, cluster.now_ms) == {1}
     assert core.liveness.members(("other", "group")) == {}
+
+
+def test_a_new_leader_does_not_depose_a_master_it_has_not_heard_from_yet():
+    """apache/rocketmq #7689's shape: the master's reports reached only the old Raft
+    leader (the other peers restarted, or their link to it was down). Until the new
+    leader has led a whole heartbeat timeout, its table proves nothing about the master:
+    an admin or registration election must not treat it as dead, as the scan does not."""
+    cluster = Cluster()
+    _group_of_two(cluster)
+    old = cluster.leader()
+    others = set(PEERS) - {old}
+    for peer in others:
+        cluster.cores[peer].liveness.forget(KEY, frozenset({1, 2}))  # restarted: no reports
+    cluster.cut = {old}
+    new = cluster.leader(others)
+    cluster.cut = set()  # the old leader is back, a follower; master 1 reports to it alone
+    beat_1 = BrokerHeartbeat(*KEY, 1, _addr(1), 1, 100)
+    cluster.cores[old].heartbeat(beat_1, cluster.now_ms)
+    cluster.beat(2, epoch=1, max_offset=100)
+    for trigger, preferred in ((ElectTrigger.ADMIN, None), (ElectTrigger.REGISTER, 2)):
+        (refused,) = cluster.submit(new, ElectMasterRequest(*KEY, trigger, preferred))
+        assert isinstance(refused, ControllerError), refused
+        assert refused.code == ControllerCode.CONTROLLER_MASTER_STILL_EXIST
+    # a whole heartbeat timeout led without a word from master 1: now it may be replaced
+    for _ in range(HEARTBEAT_TIMEOUT_MS // 100 + 1):
+        cluster.beat(2, epoch=1, max_offset=100)
+        cluster.run(100)
+    assert cluster.cores[new].is_leader
+    outcomes = cluster.submit(new, ElectMasterRequest(*KEY, ElectTrigger.ADMIN))
+    cluster.pump()
+    assert len(outcomes) == 1 and isinstance(outcomes[0], Applied), outcomes
+    group = cluster.cores[new].group(KEY)
+    assert group is not None and (group.master_id, group.master_epoch) == (2, 2)

@@ -215,5 +215,44 @@ def test_clean_forgets_dead_members_never_the_master_alone(group_of_three, commi
         3,
     )
     whole = CleanBrokerDataRequest(CLUSTER, GROUP, clean_living_broker=True)
-    commit(state, decide_clean_broker_data(state, whole, alive))
+    commit(state, decide_clean_broker_data(state, whole, alive - {1}))  # once the master died
     assert KEY not in state.groups
+
+
+def test_an_alter_asked_again_after_its_answer_was_lost_is_fenced(group_of_three, commit):
+    """The first attempt was applied (its answer lost with a controller leader); the
+    repeat carries the set epoch it moved past. It is refused as stale, so the master
+    re-reads its replica info, not as a failed alter that leaves it on its old view."""
+    state = group_of_three
+    shrink = _alter(1, 1, {1, 2}, 2)
+    commit(state, decide_alter_sync_state_set(state, shrink, {1, 2, 3}))
+    again = decide_alter_sync_state_set(state, shrink, {1, 2, 3})
+    assert _code(again) is Code.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH
+
+
+def test_a_deposed_master_asking_for_the_current_set_is_fenced(group_of_three):
+    state = group_of_three
+    group = state.groups[KEY]
+    current = set(group.sync_state_set)
+    other_master = _alter(2, group.master_epoch, current, group.sync_state_set_epoch)
+    assert (
+        _code(decide_alter_sync_state_set(state, other_master, {1, 2, 3}))
+        is Code.CONTROLLER_INVALID_MASTER
+    )
+    old_epoch = _alter(1, group.master_epoch - 1, current, group.sync_state_set_epoch)
+    assert (
+        _code(decide_alter_sync_state_set(state, old_epoch, {1, 2, 3}))
+        is Code.CONTROLLER_FENCED_MASTER_EPOCH
+    )
+
+
+def test_a_living_master_is_never_cleaned_with_its_whole_group(group_of_three):
+    """Forgetting the group would leave its master acknowledging with nobody to fence it,
+    and a re-created group would start its epochs again below those its members hold."""
+    state = group_of_three
+    whole_group = CleanBrokerDataRequest(CLUSTER, GROUP, frozenset(), clean_living_broker=True)
+    refused = decide_clean_broker_data(state, whole_group, {1, 2, 3})
+    assert _code(refused) is Code.CONTROLLER_INVALID_CLEAN_BROKER_METADATA
+    assert "master 1" in refused.remark
+    # with the master dead, the group goes (its living slaves too, as the admin asked)
+    assert not isinstance(decide_clean_broker_data(state, whole_group, {2, 3}), ControllerError)

@@ -339,6 +339,16 @@ class ControllerCore:
             return decide_register_broker(state, request, now_ms)
         key = (request.cluster_name, request.broker_name)
         alive = liveness.alive(key, now_ms)
+        group = state.groups.get(key)
+        if (
+            group is not None
+            and group.master_id is not None
+            and now_ms - self._leading_since_ms < liveness.timeout_ms
+        ):
+            # Reports from before this peer led may be partial (a restart, a cut link): until
+            # it has led a whole heartbeat timeout, no request may treat the master as dead,
+            # as the scan does not (DESIGN §5, apache/rocketmq #7689).
+            alive |= {group.master_id}
         if isinstance(request, ElectMasterRequest):
             return decide_elect_master(
                 state,

@@ -154,11 +154,9 @@ def decide_alter_sync_state_set(
 def _alter_refusal(
     group: BrokerGroup, request: AlterSyncStateSetRequest, alive: Set[int]
 ) -> ControllerError | None:
-    new_set = request.new_sync_state_set
-    if new_set == group.sync_state_set:
-        return ControllerError(
-            Code.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED, "the new SyncStateSet equals the current"
-        )
+    # The fencing tokens are checked first: an alter asked again after its answer was lost
+    # (the set now equals it, at a newer epoch) is stale, and a master refused as stale
+    # re-reads its replica info, where "no change" would leave it on its old view.
     if group.master_id is None or request.master_id != group.master_id:
         return ControllerError(
             Code.CONTROLLER_INVALID_MASTER,
@@ -174,6 +172,11 @@ def _alter_refusal(
             Code.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH,
             f"the current SyncStateSet epoch is {group.sync_state_set_epoch}, "
             f"not {request.sync_state_set_epoch}",
+        )
+    new_set = request.new_sync_state_set
+    if new_set == group.sync_state_set:
+        return ControllerError(
+            Code.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED, "the new SyncStateSet equals the current"
         )
     unknown = sorted(new_set - group.members.keys())
     if unknown:
@@ -192,7 +195,10 @@ def _alter_refusal(
 def decide_clean_broker_data(
     state: ControllerState, request: CleanBrokerDataRequest, alive: Set[int]
 ) -> CleanBrokerData | ControllerError:
-    """Forget members that are dead (unless ``clean_living_broker``), never the master alone."""
+    """Forget members that are dead (unless ``clean_living_broker``); never the master
+    alone, nor a living master with its whole group: forgotten, it would go on
+    acknowledging with no election left to fence it, and a group created again under its
+    name starts its epochs below the ones its members hold."""
     group = state.groups.get((request.cluster_name, request.broker_name))
     if group is None:
         return ControllerError(
@@ -200,6 +206,12 @@ def decide_clean_broker_data(
             f"broker group {request.broker_name} does not exist",
         )
     targets = request.broker_ids or frozenset(group.members)
+    if not request.broker_ids and group.master_id in alive:
+        return ControllerError(
+            Code.CONTROLLER_INVALID_CLEAN_BROKER_METADATA,
+            f"master {group.master_id} of {request.broker_name} is alive; stop it before "
+            "cleaning the whole group",
+        )
     living = sorted(targets & alive)
     if living and not request.clean_living_broker:
         return ControllerError(
