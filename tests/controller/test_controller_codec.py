@@ -66,17 +66,23 @@ def test_malformed_events_are_refused(raw, reason):
 
 def test_malformed_snapshots_are_refused(group_of_three):
     good = msgpack.unpackb(encode_snapshot(group_of_three))
-    twice = [good[0], good[1] + good[1]]
-    bad_member = [good[0], [[*good[1][0][:2], [[1, "a", "k"]], *good[1][0][3:]]]]
+    twice = [good[0], good[1] + good[1], []]
+    bad_member = [good[0], [[*good[1][0][:2], [[1, "a", "k"]], *good[1][0][3:]]], []]
+    one = [[1, "a", "k", 0]]
     for value, reason in [
-        ([2, []], "version 1"),
+        ([2, []], "version 2"),
+        ([1, [], []], "version 2"),
         (twice, "appears twice"),
         (bad_member, "a member needs 4 fields"),
-        ([1, [["c", "g"]]], "a group needs 7 fields"),
-        ([1, [["c", "g", [], None, 0, [], 0]]], "has no members"),
-        ([1, [["c", "g", [[1, "a", "k", 0]], 1, 1, [2], 1]]], "unknown members"),
-        ([1, [["c", "g", [[1, "a", "k", 0], [2, "b", "k", 0]], 1, 1, [2], 1]]], "not in its set"),
-        ([1, [["c", "g", [[1, "a", "k", 0]], None, -1, [], 0]]], "negative epoch"),
+        ([2, [["c", "g"]], []], "a group needs 8 fields"),
+        ([2, [["c", "g", [], None, 0, [], 0, 0]], []], "has no members"),
+        ([2, [["c", "g", one, 1, 1, [2], 1, 0]], []], "unknown members"),
+        ([2, [["c", "g", [*one, [2, "b", "k", 0]], 1, 1, [2], 1, 0]], []], "not in its set"),
+        ([2, [["c", "g", one, None, -1, [], 0, 0]], []], "negative epoch"),
+        ([2, [["c", "g", one, None, 1, [], 0, 2]], []], "first epoch 2 out of range"),
+        ([2, [], [["c", "g"]]], "a retired group needs 3 fields"),
+        ([2, [], [["c", "g", 0]]], "has epoch 0"),
+        ([2, [["c", "g", one, None, 1, [], 0, 0]], [["c", "g", 3]]], "listed twice"),
     ]:
         with pytest.raises(ControllerCodecError, match=reason):
             decode_snapshot(msgpack.packb(value))

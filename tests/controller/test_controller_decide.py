@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hamq.controller.apply import apply_event
+from hamq.controller.codec import decode_snapshot, encode_snapshot
 from hamq.controller.decide import (
     decide_alter_sync_state_set,
     decide_apply_broker_id,
@@ -256,3 +257,23 @@ def test_a_living_master_is_never_cleaned_with_its_whole_group(group_of_three):
     assert "master 1" in refused.remark
     # with the master dead, the group goes (its living slaves too, as the admin asked)
     assert not isinstance(decide_clean_broker_data(state, whole_group, {2, 3}), ControllerError)
+
+
+def test_a_group_cleaned_away_and_created_again_continues_its_epochs(group_of_three, commit):
+    """Its members' epoch files (and role states) hold the old epochs: starting again at
+    epoch 1 would be refused by them, or written below epochs their files already hold.
+    The new group's first election still takes any member, as a new group's does."""
+    state = group_of_three
+    admin = ElectMasterRequest(CLUSTER, GROUP, ElectTrigger.ADMIN, 2)
+    commit(state, decide_elect_master(state, admin, {1, 2, 3}, {}, False))  # master epoch 2
+    whole = CleanBrokerDataRequest(CLUSTER, GROUP, clean_living_broker=True)
+    commit(state, decide_clean_broker_data(state, whole, set()))
+    assert KEY not in state.groups and state.retired_epochs == {KEY: 2}
+    again = ApplyBrokerIdRequest(CLUSTER, GROUP, 1, "a:1", "a:1;new")
+    commit(state, decide_apply_broker_id(state, again, 9))
+    assert state.retired_epochs == {}
+    assert state.groups[KEY].master_epoch == 2 and not state.groups[KEY].elected
+    first = ElectMasterRequest(CLUSTER, GROUP, ElectTrigger.REGISTER, 1)
+    event = commit(state, decide_elect_master(state, first, {1}, {}, False))
+    assert event == ElectMaster(CLUSTER, GROUP, 1, 3, unclean=False)
+    assert decode_snapshot(encode_snapshot(state)) == state

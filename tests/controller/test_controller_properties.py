@@ -116,7 +116,7 @@ def _check_step(before: BrokerGroup | None, after: BrokerGroup | None, op: tuple
         assert after.sync_state_set_epoch > before.sync_state_set_epoch
     if isinstance(event, ElectMaster):
         assert after.master_epoch == before.master_epoch + 1
-        if event.new_master_id is not None and not event.unclean and before.master_epoch > 0:
+        if event.new_master_id is not None and not event.unclean and before.elected:
             assert event.new_master_id in before.sync_state_set & op[3]
     if op[0] == "alter" and isinstance(event, AlterSyncStateSet):
         # Only the current master at the current epochs gets an alter through.

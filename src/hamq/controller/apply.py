@@ -27,7 +27,10 @@ def apply_event(state: ControllerState, event: Event) -> bool:
     if isinstance(event, ApplyBrokerId):
         member = BrokerMember(event.address, event.register_check_code, event.register_time_ms)
         if group is None:
-            state.groups[key] = BrokerGroup(members={event.broker_id: member})
+            epoch = state.retired_epochs.pop(key, 0)
+            state.groups[key] = BrokerGroup(
+                members={event.broker_id: member}, master_epoch=epoch, first_epoch=epoch
+            )
             return True
         old = group.members.get(event.broker_id)
         if old is not None and old.register_check_code != event.register_check_code:
@@ -43,6 +46,8 @@ def apply_event(state: ControllerState, event: Event) -> bool:
         state.groups[key] = new_group
     else:
         del state.groups[key]
+        if group.master_epoch > 0:
+            state.retired_epochs[key] = group.master_epoch
     return True
 
 

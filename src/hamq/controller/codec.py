@@ -24,7 +24,8 @@ from hamq.controller.events import (
 )
 from hamq.controller.state import BrokerGroup, BrokerMember, ControllerState
 
-SNAPSHOT_VERSION = 1
+# 2: groups carry their first epoch, and the epochs of groups cleaned away are kept.
+SNAPSHOT_VERSION = 2
 
 # A value checker takes the decoded value and returns it converted (frozenset for id sets).
 Check = Callable[[object], Any]
@@ -118,21 +119,23 @@ def encode_snapshot(state: ControllerState) -> bytes:
                 group.master_epoch,
                 sorted(group.sync_state_set),
                 group.sync_state_set_epoch,
+                group.first_epoch,
             ]
         )
-    data: bytes = msgpack.packb([SNAPSHOT_VERSION, groups])
+    retired = [[c, b, epoch] for (c, b), epoch in sorted(state.retired_epochs.items())]
+    data: bytes = msgpack.packb([SNAPSHOT_VERSION, groups, retired])
     return data
 
 
 def decode_snapshot(data: bytes) -> ControllerState:
     top = _list(_unpack(data))
-    if len(top) != 2 or top[0] != SNAPSHOT_VERSION:
+    if len(top) != 3 or top[0] != SNAPSHOT_VERSION:
         raise ControllerCodecError(f"not a version {SNAPSHOT_VERSION} controller snapshot")
     state = ControllerState()
     for raw in _list(top[1]):
         fields = _list(raw)
-        if len(fields) != 7:
-            raise ControllerCodecError(f"a group needs 7 fields, got {len(fields)}")
+        if len(fields) != 8:
+            raise ControllerCodecError(f"a group needs 8 fields, got {len(fields)}")
         key = (_str(fields[0]), _str(fields[1]))
         if key in state.groups:
             raise ControllerCodecError(f"group {key} appears twice")
@@ -144,8 +147,20 @@ def decode_snapshot(data: bytes) -> ControllerState:
                 master_epoch=_int(fields[4]),
                 sync_state_set=_ids(fields[5]),
                 sync_state_set_epoch=_int(fields[6]),
+                first_epoch=_int(fields[7]),
             ),
         )
+    for raw in _list(top[2]):
+        fields = _list(raw)
+        if len(fields) != 3:
+            raise ControllerCodecError(f"a retired group needs 3 fields, got {len(fields)}")
+        key = (_str(fields[0]), _str(fields[1]))
+        if key in state.groups or key in state.retired_epochs:
+            raise ControllerCodecError(f"retired group {key} is listed twice")
+        epoch = _int(fields[2])
+        if epoch <= 0:
+            raise ControllerCodecError(f"retired group {key} has epoch {epoch}")
+        state.retired_epochs[key] = epoch
     return state
 
 
@@ -160,6 +175,8 @@ def _consistent(key: tuple[str, str], group: BrokerGroup) -> BrokerGroup:
         raise ControllerCodecError(f"group {key}: master {group.master_id} is not in its set")
     if group.master_epoch < 0 or group.sync_state_set_epoch < 0:
         raise ControllerCodecError(f"group {key}: negative epoch")
+    if not 0 <= group.first_epoch <= group.master_epoch:
+        raise ControllerCodecError(f"group {key}: first epoch {group.first_epoch} out of range")
     return group
 
 

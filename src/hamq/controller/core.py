@@ -257,7 +257,7 @@ class ControllerCore:
             return []
         proposed = []
         for key, group in list(self.state.groups.items()):
-            if key in self._electing or group.master_epoch == 0:
+            if key in self._electing or not group.elected:
                 continue  # the first election is the registering members' to ask for
             if group.master_id is not None and group.master_id in self.liveness.alive(key, now_ms):
                 continue

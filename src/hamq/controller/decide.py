@@ -98,7 +98,7 @@ def decide_elect_master(
     group = state.groups.get((request.cluster_name, request.broker_name))
     if group is None:
         return _not_registered(request.cluster_name, request.broker_name)
-    first = group.master_epoch == 0
+    first = not group.elected
     if request.trigger is ElectTrigger.REGISTER and not first:
         preferred = None  # a registering member never takes mastership from the policy
     else:

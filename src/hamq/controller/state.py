@@ -26,13 +26,21 @@ class BrokerMember:
 
 @dataclass(frozen=True)
 class BrokerGroup:
-    """A group's replica info and sync-state info (master epoch 0 = never elected)."""
+    """A group's replica info and sync-state info. ``first_epoch`` is the master epoch it
+    was created with: 0, or the last epoch of a group of that name cleaned away, so its
+    members (whose epoch files hold those epochs) never see an epoch again."""
 
     members: dict[int, BrokerMember]
     master_id: int | None = None
     master_epoch: int = 0
     sync_state_set: frozenset[int] = frozenset()
     sync_state_set_epoch: int = 0
+    first_epoch: int = 0
+
+    @property
+    def elected(self) -> bool:
+        """Whether any election happened since the group was created (each bumps the epoch)."""
+        return self.master_epoch > self.first_epoch
 
     @property
     def next_broker_id(self) -> int:
@@ -45,6 +53,9 @@ class ControllerState:
     """Every group the controller manages; mutated only by ``apply.apply_event``."""
 
     groups: dict[GroupKey, BrokerGroup] = field(default_factory=dict)
+    # The last master epoch of each group cleaned away whole: a group created again under
+    # the name starts from it (kept until then; admins clean whole groups rarely).
+    retired_epochs: dict[GroupKey, int] = field(default_factory=dict)
 
     def next_broker_id(self, key: GroupKey) -> int:
         group = self.groups.get(key)
