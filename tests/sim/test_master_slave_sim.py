@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -19,11 +19,10 @@ from hamq.sim.master_slave import (
 )
 from hamq.store.commitlog import CommitLog
 from hamq.store.message_store import MessageStore
+from sim.swarm import chunked_seeds
 
 SEEDS = 1200
 CHUNKS = 8
-CHUNK_WORKERS = 2  # the CI box has two cores
-CHUNK_SIZE = SEEDS // CHUNKS
 MUTATION_SEEDS = 200  # each mutation below is caught within this many seeds
 REGRESSION_FILE = Path(__file__).with_name("regression_seeds.txt")
 REGRESSION_PREFIX = "#ms "
@@ -43,11 +42,8 @@ def _regression_seeds(bug: str = "") -> list[int]:
 
 @pytest.fixture(scope="module")
 def chunk_futures() -> Iterator[list[Future[list[MasterSlaveResult]]]]:
-    with ProcessPoolExecutor(max_workers=CHUNK_WORKERS) as pool:
-        yield [
-            pool.submit(failed_master_slave_seeds, chunk * CHUNK_SIZE, CHUNK_SIZE)
-            for chunk in range(CHUNKS)
-        ]
+    with chunked_seeds(failed_master_slave_seeds, SEEDS, CHUNKS) as futures:
+        yield futures
 
 
 @pytest.fixture(autouse=True)

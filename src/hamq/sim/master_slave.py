@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from hamq.broker.ha.service import MasterLink, SlaveLink
 from hamq.config import StoreConfig
 from hamq.errors import HamqError
-from hamq.protocol.message import encode_batch, encode_message, offset_msg_id
 from hamq.replication.master import MasterReplication, ReplicaStatus
 from hamq.replication.quorum import QuorumConfig
 from hamq.sim.fs import ProcessCrash, SimDisk
@@ -37,6 +36,7 @@ from hamq.sim.replica_checkers import (
     check_readable,
     check_same_bytes,
     check_same_queues,
+    put_one,
 )
 from hamq.store.message_store import MessageStore
 
@@ -319,19 +319,9 @@ class MasterSlaveWorld:
             if self.fixed_body
             else b"m%d:" % send_id + bytes(size)
         )
-        payload, crc = encode_batch([encode_message(body)])
-        put = store.put_batch(TOPIC, queue_id, payload, 1, crc, born_timestamp_ms=send_id)
-        store.commit()
+        put, message = put_one(store, TOPIC, queue_id, body, send_id)
         if self.sync_flush:
             store.commitlog.flush()  # group commit: this send's fsync, before any answer
-        message = AckedMessage(
-            TOPIC,
-            queue_id,
-            put.base_queue_offset,
-            offset_msg_id(put.physical_offset, 0),
-            body,
-            put.physical_offset,
-        )
         self.outstanding[send_id] = (put.end_offset, decision.need_ack_nums, message)
         self.core.wait_for_acks(
             put.end_offset,

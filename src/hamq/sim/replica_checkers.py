@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hamq.protocol.message import decode_records, offset_msg_id
-from hamq.store.message_store import GetStatus, MessageStore
+from hamq.protocol.message import decode_records, encode_batch, encode_message, offset_msg_id
+from hamq.store.message_store import GetStatus, MessageStore, PutResult
 
 
 class InvariantViolation(AssertionError):
@@ -29,6 +29,25 @@ class AckedMessage:
     msg_id: str
     body: bytes
     physical_offset: int  # retention may remove it once its segment is old enough
+
+
+def put_one(
+    store: MessageStore, topic: str, queue_id: int, body: bytes, born_ms: int
+) -> tuple[PutResult, AckedMessage]:
+    """A producer's one-message send, stored and written (not fsynced), and the message as
+    the checkers expect to read it back if it is acknowledged."""
+    payload, crc = encode_batch([encode_message(body)])
+    put = store.put_batch(topic, queue_id, payload, 1, crc, born_timestamp_ms=born_ms)
+    store.commit()
+    message = AckedMessage(
+        topic,
+        queue_id,
+        put.base_queue_offset,
+        offset_msg_id(put.physical_offset, 0),
+        body,
+        put.physical_offset,
+    )
+    return put, message
 
 
 def check_held(end: int, need: int, slave_ends: dict[int, int]) -> None:
