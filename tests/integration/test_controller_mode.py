@@ -46,12 +46,12 @@ MEMBER_SETTINGS = {
 class ControllerModeGroup:
     """A name server with the controller embedded, and the three members of one group."""
 
-    def __init__(self, cluster_factory) -> None:
+    def __init__(self, cluster_factory, **namesrv_settings) -> None:
         self.c = cluster_factory()
         self.c.start_namesrv(
             enable_controller_in_namesrv=True,
             scan_not_active_broker_interval_ms=300,
-            broker_not_active_timeout_ms=2000,
+            **{"broker_not_active_timeout_ms": 2000, **namesrv_settings},
         )
         for m in MEMBERS:
             self.c.start_broker(m, controller_addr=self.c.namesrv_addrs, **MEMBER_SETTINGS)

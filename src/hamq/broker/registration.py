@@ -1,20 +1,29 @@
 """Keeping the name servers informed: a full REGISTER_BROKER at start, on topic changes and
 every ``register_broker_interval_ms``; a lightweight BROKER_HEARTBEAT every
 ``broker_heartbeat_interval_ms`` (seed 004); UNREGISTER_BROKER at shutdown. Every name
-server is told independently (RocketMQ's model: they never talk to each other)."""
+server is told independently (RocketMQ's model: they never talk to each other).
+
+A registration's ``data_version.state_version`` is the epoch an authority gave this member
+(RocketMQ 5 sets the master epoch there): the controller's master epoch in controller mode,
+the Raft term in DLedger mode, 0 in master-slave mode (its epoch is a local count that a
+restart resets). A name server lets a newer master take brokerId 0 from a live holder at
+once and refuses an older one (``namesrv/routes.py``), so the routes follow an election
+within a heartbeat and a deposed master cannot hold them."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 
+from hamq.broker.ha.member_group import MASTER_ID
 from hamq.broker.role import RoleState
 from hamq.config import BrokerConfig
 from hamq.errors import HamqError
 from hamq.net.pool import ConnectionPool
-from hamq.net.tasks import PeriodicTask
+from hamq.net.tasks import PeriodicTask, cancel_all
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import pack_body
 from hamq.store.metadata import TopicConfigManager
@@ -34,10 +43,18 @@ class NamesrvRegistration:
         self.topics = topics
         self.pool = pool
         self.role = role  # the id registered follows it: 0 while this member is the master
-        # Name servers that refused the last registration: a fellow member still holds
-        # our id (DLedger: the old leader has not gone silent yet), so it is asked again
-        # at the next heartbeat rather than in register_broker_interval_ms.
-        self._refused: set[str] = set()
+        self._authority = config.enable_controller_mode or config.replication_mode == "dledger"
+        # Controller mode: a name server refused this member as master (a newer epoch holds
+        # brokerId 0, it has been deposed): re-read the role now, not at the next poll.
+        self.on_master_refused: Callable[[], Awaitable[None]] | None = None
+        self._rereading: asyncio.Task | None = None
+        # The state version each name server last accepted. A name server missing here
+        # refused the last registration (a fellow member still holds our id: DLedger's
+        # old leader has not gone silent yet, or a newer master holds id 0), and one that
+        # accepted another version has not heard of an epoch this master was elected in
+        # again: either is registered with in full at the next heartbeat rather than in
+        # register_broker_interval_ms.
+        self._accepted: dict[str, int] = {}
         self._rounds = [
             PeriodicTask(
                 f"heartbeat to name server {addr}",
@@ -74,8 +91,13 @@ class NamesrvRegistration:
         for task in self._rounds:
             task.start()
 
+    @property
+    def state_version(self) -> int:
+        return self.role.epoch if self._authority else 0
+
     async def stop(self) -> None:
         await asyncio.gather(*(task.stop() for task in self._rounds))
+        await cancel_all([self._rereading])
         await asyncio.gather(
             *(
                 self._call(addr, RequestCode.UNREGISTER_BROKER, self.identity)
@@ -88,7 +110,7 @@ class NamesrvRegistration:
         await asyncio.gather(*(self._register(addr) for addr in self.config.namesrv))
 
     async def _heartbeat(self, addr: str) -> None:
-        if addr in self._refused:
+        if self._accepted.get(addr) != self.state_version:
             await self._register(addr)
             return
         code = await self._call(addr, RequestCode.BROKER_HEARTBEAT, self.identity)
@@ -96,6 +118,7 @@ class NamesrvRegistration:
             await self._register(addr)
 
     async def _register(self, addr: str) -> None:
+        state_version = self.state_version  # as registered, though the role moves on
         ext = dict(self.identity, ha_addr=self.config.ha_address)
         if self.config.broker_not_active_timeout_ms:
             ext["heartbeat_timeout_ms"] = self.config.broker_not_active_timeout_ms
@@ -109,14 +132,31 @@ class NamesrvRegistration:
                     }
                     for name, t in self.topics.topics.items()
                 },
-                "data_version": asdict(self.topics.data_version),
+                "data_version": dict(asdict(self.topics.data_version), state_version=state_version),
             }
         )
         code = await self._call(addr, RequestCode.REGISTER_BROKER, ext, body)
-        if code == ResponseCode.NO_PERMISSION:
-            self._refused.add(addr)
-        else:
-            self._refused.discard(addr)
+        if code == ResponseCode.SUCCESS:
+            self._accepted[addr] = state_version
+        elif code == ResponseCode.NO_PERMISSION:
+            self._accepted.pop(addr, None)
+            if ext["broker_id"] == MASTER_ID:
+                self._reread_role()
+
+    def _reread_role(self) -> None:
+        """One re-read at a time: a master cut off from its controller is refused at every
+        heartbeat while its re-reads wait for the controller."""
+        if self.on_master_refused is None or not (
+            self._rereading is None or self._rereading.done()
+        ):
+            return
+        self._rereading = asyncio.create_task(self._reread(self.on_master_refused))
+
+    async def _reread(self, reread: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await reread()
+        except (HamqError, OSError) as err:
+            log.warning("re-reading the role after a refusal as master failed: %s", err)
 
     async def _call(self, addr: str, code: int, ext: dict, body: bytes = b"") -> int | None:
         """The response code, or None; never raises, so the loops keep running."""

@@ -132,6 +132,8 @@ class Broker:
             if config.enable_controller_mode and self.ha_master and self.ha_slave
             else None
         )
+        if self.replicas is not None:  # a name server refusing us as master: we were deposed
+            self.registration.on_master_refused = self.replicas.refresh
 
         # -- request processors -----------------------------------------------------------
         self.pull = PullProcessor(self.store, self.topics, config.long_polling_max_wait_ms)

@@ -16,6 +16,7 @@ AUTO_CREATE_TOPIC_KEY_TOPIC = "TBW102"
 # A member silent for 1/3 of its liveness timeout may have its id taken by a fellow
 # member (see _check_conflict).
 SILENT_FRACTION = 3
+MASTER_ID = 0  # RocketMQ MixAll.MASTER_ID: the id the group's master registers under
 
 
 @dataclass
@@ -71,7 +72,9 @@ class RouteInfoManager:
         """Returns whether the group's membership changed (members are then notified).
         ``NoPermission`` if it conflicts with a live member, ``SystemBusy`` if it would
         grow the routes past ``max_route_entries`` (nothing is changed then)."""
-        self._check_conflict(cluster_name, broker_name, broker_id, addr, now_ms)
+        self._check_conflict(
+            cluster_name, broker_name, broker_id, addr, _state_version(data_version), now_ms
+        )
         self._check_room(broker_name, broker_id, addr, topic_configs)
         before = dict(self.broker_addr_table.get(broker_name, {}))
         self.cluster_addr_table.setdefault(cluster_name, set()).add(broker_name)
@@ -96,7 +99,7 @@ class RouteInfoManager:
             data_version,
             ha_addr,
         )
-        if broker_id == 0:  # the master's topic configs define the group's queues
+        if broker_id == MASTER_ID:  # the master's topic configs define the group's queues
             self._replace_topics_of(broker_name, topic_configs)
         return members != before
 
@@ -205,26 +208,19 @@ class RouteInfoManager:
         return now_ms - info.last_update_ms > info.timeout_ms // SILENT_FRACTION
 
     def _check_conflict(
-        self, cluster_name: str, broker_name: str, broker_id: int, addr: str, now_ms: int
+        self,
+        cluster_name: str,
+        broker_name: str,
+        broker_id: int,
+        addr: str,
+        state_version: int,
+        now_ms: int,
     ) -> None:
         """Without authentication, a registration may not take over what a live member
-        holds: its broker id or its group's cluster. A live member of the group may take
-        the id of one that has gone silent (DLedger elected it after the leader died) but
-        not of one still heartbeating: else anyone could join as a slave under a free id
-        and then claim the master's."""
+        holds: its broker id or its group's cluster, except as ``_check_takeover`` allows."""
         holder = self.broker_addr_table.get(broker_name, {}).get(broker_id)
         if holder is not None and holder != addr and self._is_live(holder, now_ms):
-            promoted = self.live.get(addr)
-            if not (
-                promoted is not None
-                and promoted.broker_name == broker_name
-                and self._is_live(addr, now_ms)
-                and self._is_silent(holder, now_ms)
-            ):
-                raise NoPermission(
-                    f"broker {broker_name}/{broker_id} is registered by live "
-                    f"member {holder}; refused for {addr}"
-                )
+            self._check_takeover(broker_name, broker_id, addr, state_version, holder, now_ms)
         cluster = self.broker_cluster.get(broker_name)
         members = self.broker_addr_table.get(broker_name, {}).values()
         if (
@@ -237,11 +233,49 @@ class RouteInfoManager:
                 f"live members; refused in cluster {cluster_name} for {addr}"
             )
 
+    def _check_takeover(
+        self,
+        broker_name: str,
+        broker_id: int,
+        addr: str,
+        state_version: int,
+        holder: str,
+        now_ms: int,
+    ) -> None:
+        """May ``addr`` take ``broker_id`` from ``holder``, a live member? Only a live
+        member of the same group may (else anyone could join as a slave under a free id
+        and then claim the master's). For brokerId 0 the state versions decide first
+        (RocketMQ 5): the master epoch in controller mode, the Raft term in DLedger mode.
+        A newer one is the elected master: it takes the id at once, though the deposed
+        one may still heartbeat (a master cut off from its controller only); an older
+        one is a deposed master and is refused. Equal versions (master-slave mode sends
+        0) leave the id to a fellow member only once the holder has gone silent (DLedger
+        elected it after the leader died)."""
+        held = _state_version(self.live[holder].data_version)
+        if broker_id == MASTER_ID and state_version < held:
+            raise NoPermission(
+                f"broker {broker_name}/{broker_id} is held by live member {holder} in "
+                f"state version {held}; refused for {addr} in the older state version "
+                f"{state_version} (a deposed master: re-read the role)"
+            )
+        registrant = self.live.get(addr)
+        fellow = (
+            registrant is not None
+            and registrant.broker_name == broker_name
+            and self._is_live(addr, now_ms)
+        )
+        newer = broker_id == MASTER_ID and state_version > held
+        if not (fellow and (newer or self._is_silent(holder, now_ms))):
+            raise NoPermission(
+                f"broker {broker_name}/{broker_id} is registered by live "
+                f"member {holder}; refused for {addr}"
+            )
+
     def _check_room(
         self, broker_name: str, broker_id: int, addr: str, topic_configs: dict[str, dict[str, int]]
     ) -> None:
         grow = addr not in self.live
-        if broker_id == 0:
+        if broker_id == MASTER_ID:
             grow += len(topic_configs) - len(self.topics_of.get(broker_name, ()))
         if grow > 0 and len(self.live) + self.route_count + grow > self.max_route_entries:
             raise SystemBusy(
@@ -282,3 +316,9 @@ class RouteInfoManager:
         topics = self.topics_of.pop(broker_name, set())
         self.route_count -= len(topics)
         self._drop_topics_of(broker_name, topics)
+
+
+def _state_version(data_version: dict[str, int]) -> int:
+    """A registration's state version (RocketMQ's DataVersion.stateVersion): the master
+    epoch or Raft term a member registers in; 0 when it has none."""
+    return data_version.get("state_version", 0)
