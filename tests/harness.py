@@ -134,3 +134,14 @@ class Cluster:
         proc = Proc(name, ["controller", "-c", str(cfg)], self.root / f"{name}.log").start()
         self.procs[name] = proc
         return proc
+
+    def start_embedded_controller(self, name: str, listen: str, **settings) -> Proc:
+        """A name server with a controller peer embedded (``enable_controller_in_namesrv``)
+        on ``listen``, known before it starts as the peers name each other."""
+        cfg = self.root / f"{name}.toml"
+        values = {"listen": listen, "data_dir": str(self.root / name), **settings}
+        cfg.write_text(dump_toml({**values, "enable_controller_in_namesrv": True}))
+        proc = Proc(name, ["namesrv", "-c", str(cfg)], self.root / f"{name}.log").start()
+        self.procs[name] = proc
+        self.namesrv_addrs.append(listen)
+        return proc

@@ -91,41 +91,47 @@ class Ack:
 
 
 class ControllerGroup:
-    """A name server, ``controllers`` standalone controller peers and the members of one group."""
+    """A name server and ``controllers`` standalone controller peers (or ``embedded``:
+    that many name servers, each with a controller peer) and the members of one group."""
 
     def __init__(
         self,
         cluster_factory,
         controllers: int = 1,
         controller_settings: dict | None = None,
+        embedded: bool = False,
         **member_settings,
     ) -> None:
         self.c = cluster_factory()
-        self.c.start_namesrv(
-            scan_not_active_broker_interval_ms=300, broker_not_active_timeout_ms=2000
-        )
+        liveness = {"scan_not_active_broker_interval_ms": 300, "broker_not_active_timeout_ms": 2000}
+        if not embedded:
+            self.c.start_namesrv(**liveness)
         self.controller_addrs = {
             f"c{i}": f"127.0.0.1:{free_port()}" for i in range(1, controllers + 1)
         }
         peers = [f"{name[1:]}@{addr}" for name, addr in self.controller_addrs.items()]
         for name, addr in self.controller_addrs.items():
-            self.c.start_controller(
-                name,
-                addr,
-                controller_self_id=int(name[1:]),
-                controller_peers=peers if controllers > 1 else [],
-                **{**CONTROLLER_SETTINGS, **(controller_settings or {})},
-            )
-        # member -> its proxies: one per controller peer, one to the name server
-        self.proxies: dict[str, list[FaultProxy]] = {}
+            settings = {
+                "controller_self_id": int(name[1:]),
+                "controller_peers": peers if controllers > 1 else [],
+                **CONTROLLER_SETTINGS,
+                **(controller_settings or {}),
+            }
+            if embedded:
+                self.c.start_embedded_controller(name, addr, **liveness, **settings)
+            else:
+                self.c.start_controller(name, addr, **settings)
+        # each member's own proxies to every controller peer and to every name server
+        self.controller_proxies: dict[str, list[FaultProxy]] = {}
+        self.namesrv_proxies: dict[str, list[FaultProxy]] = {}
         for m in MEMBERS:
             to_controllers = [FaultProxy(a) for a in self.controller_addrs.values()]
-            to_namesrv = FaultProxy(self.c.namesrv)
-            self.proxies[m] = [*to_controllers, to_namesrv]
+            to_namesrvs = [FaultProxy(a) for a in self.c.namesrv_addrs]
+            self.controller_proxies[m], self.namesrv_proxies[m] = to_controllers, to_namesrvs
             self.c.start_broker(
                 m,
                 controller_addr=[p.address for p in to_controllers],
-                namesrv=[to_namesrv.address],
+                namesrv=[p.address for p in to_namesrvs],
                 **{**MEMBER_SETTINGS, **member_settings},
             )
         self.admin = hamq.Admin(self.c.namesrv)
@@ -238,6 +244,25 @@ class ControllerGroup:
         assert len(files) == 1, f"one epoch file expected in {m}'s store: {files}"
         return {e.epoch: e.start_offset for e in EpochFile(files[0]).entries()}
 
+    def wait_routed_everywhere(self) -> None:
+        """Every name server routes the topic: one that restarted learns it at the members'
+        next heartbeat, and until then a client asking it first is told the topic does not
+        exist (it asks the next one only when the first does not answer)."""
+
+        def routed(addr: str) -> bool:
+            try:
+                self.admin.submit(
+                    self.admin.async_client.core.invoke(
+                        addr, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": TOPIC}
+                    )
+                ).result(10)
+            except HamqError:
+                return False
+            return True
+
+        for addr in self.c.namesrv_addrs:
+            wait_for(lambda a=addr: routed(a), 20, f"name server {addr} routing {TOPIC}")
+
     def _routed_masters(self) -> dict[str, str]:
         try:
             return self.admin.master_addrs()
@@ -249,13 +274,16 @@ class ControllerGroup:
     def isolate(self, m: str, namesrv: bool = True) -> None:
         """Cut ``m`` off from every controller peer, and from the name server unless
         ``namesrv`` is false (a controller-only split)."""
-        for proxy in self.proxies[m] if namesrv else self.proxies[m][:-1]:
+        for proxy in self._proxies_of(m) if namesrv else self.controller_proxies[m]:
             proxy.block()
 
     def heal(self) -> None:
-        for proxies in self.proxies.values():
-            for proxy in proxies:
+        for m in MEMBERS:
+            for proxy in self._proxies_of(m):
                 proxy.unblock()
+
+    def _proxies_of(self, m: str) -> list[FaultProxy]:
+        return [*self.controller_proxies[m], *self.namesrv_proxies[m]]
 
     def freeze(self, name: str) -> None:
         os.kill(self.c.procs[name].pid, signal.SIGSTOP)
@@ -268,8 +296,8 @@ class ControllerGroup:
             if proc.alive():
                 self.thaw(name)  # a stopped process cannot act on SIGTERM
         self.admin.close()
-        for proxies in self.proxies.values():
-            for proxy in proxies:
+        for m in MEMBERS:
+            for proxy in self._proxies_of(m):
                 proxy.stop()
 
     # -- after the faults --------------------------------------------------------------------

@@ -46,6 +46,7 @@ def _kill_master(group: ControllerGroup, producer: SteadyProducer, kill_controll
     assert group.role(new)["epoch"] > epoch, "the new master did not move the epoch on"
     for name in victims:
         group.c.procs[name].start()
+    group.wait_routed_everywhere()
     return failover_s
 
 
@@ -91,11 +92,13 @@ def test_master_restarted_at_once_after_kill9_loses_nothing(cluster_factory):
 
 
 @pytest.mark.slow
-def test_controller_leader_and_master_killed_together_lose_nothing(cluster_factory):
+@pytest.mark.parametrize("embedded", [False, True], ids=["standalone", "embedded-in-namesrv"])
+def test_controller_leader_and_master_killed_together_lose_nothing(cluster_factory, embedded):
     """apache/rocketmq #7689: the new controller leader has no heartbeats of its own yet
     (they are soft state); it must wait one heartbeat timeout before it judges any member
-    dead, then elect from the SyncStateSet, losing no acknowledged send."""
-    group = ControllerGroup(cluster_factory, controllers=3)
+    dead, then elect from the SyncStateSet, losing no acknowledged send. Embedded, the
+    controller leader's process is also a name server."""
+    group = ControllerGroup(cluster_factory, controllers=3, embedded=embedded)
     try:
         producer, reader = start_traffic(group)
         old_master = group.master()

@@ -18,8 +18,10 @@ from helpers import wait_for
 
 
 @pytest.mark.slow
-def test_rolling_restart_of_controllers_and_members_loses_nothing(cluster_factory):
-    group = ControllerGroup(cluster_factory, controllers=3)
+@pytest.mark.parametrize("embedded", [False, True], ids=["standalone", "embedded-in-namesrv"])
+def test_rolling_restart_of_controllers_and_members_loses_nothing(cluster_factory, embedded):
+    """Embedded, each controller restart is a name server restart too."""
+    group = ControllerGroup(cluster_factory, controllers=3, embedded=embedded)
     try:
         producer, reader = start_traffic(group)
         for name in [*group.controller_addrs, *MEMBERS]:
@@ -27,6 +29,7 @@ def test_rolling_restart_of_controllers_and_members_loses_nothing(cluster_factor
             group.c.restart(name)  # SIGTERM, then the same config again
             if name in group.controller_addrs:
                 _wait_caught_up(group, name)
+                group.wait_routed_everywhere()
             group.master()
             group.wait_full_sync_state_set()
         restarted_at = time.monotonic()
