@@ -17,6 +17,13 @@ and follows its answer.
   SyncStateSet. Another master: it follows that member's HA address at that epoch. No
   master: it stays or becomes a slave following nobody (a deposed master stops taking
   writes) and asks for an election.
+- Named master of an epoch its epoch file already holds but this process did not begin
+  (it restarted before the controller's heartbeat timeout): it never continues that
+  epoch, since with async flush it may have lost an unflushed tail its SyncStateSet
+  holds and acknowledged, and records written again at those offsets would make the
+  slaves cut acknowledged ones. It stays a slave following nobody and asks for an
+  election with trigger "restart": the controller elects the set member with the most
+  data, always in a new epoch (Kafka's and RocketMQ's rule).
 - While master, every ``check_sync_state_set_period_ms`` it asks the HA master for an
   expand or shrink of the SyncStateSet and proposes it with its epochs; the controller
   refuses a stale one (fenced), after which the member re-reads its replica info: it may
@@ -57,6 +64,7 @@ log = logging.getLogger(__name__)
 
 BROKER_ID_DEADLINE_S = 60.0  # at start, how long to wait for a controller to grant an id
 BROKER_ID_RETRY_S = 1.0
+RESTART_ELECTION_ATTEMPTS = 4  # one per heartbeat interval; then the poll asks again
 # An alter refused with these: this member's view of its mastership is out of date (it may
 # have been deposed), so it re-reads its replica info.
 STALE_MASTER_CODES = (
@@ -89,6 +97,7 @@ class ReplicasManager:
         self.last_error: str | None = None  # of the last failed controller exchange
         self._known = (0, 0)  # (master epoch, SyncStateSet epoch) of the newest info
         self._registered = False
+        self._begun_epoch: int | None = None  # the master epoch this process began
         self._lock = asyncio.Lock()  # one ReplicaInfo taken at a time
         self._notified: set[asyncio.Task] = set()
         ctrl_errors = (HamqError, OSError)
@@ -250,12 +259,30 @@ class ReplicasManager:
                 )
                 return
             self._known, self.info = version, info
-            if info.master_id == self.role.broker_id:
+            restarted = self._restarted_master(info)
+            if restarted:
+                log.warning(
+                    "named master of epoch %d, which this member led before it restarted: "
+                    "asking the controller for a new epoch",
+                    info.master_epoch,
+                )
+            elif info.master_id == self.role.broker_id:
                 await self._become_master(info)
             else:
                 await self._become_slave(info)
-        if info.master_id is None and elect:
+        if restarted:
+            await self._elect(ElectTrigger.MASTER_RESTART, info.master_epoch)
+        elif info.master_id is None and elect:
             await self._elect()
+
+    def _restarted_master(self, info: ReplicaInfo) -> bool:
+        """Named master of an epoch that an earlier run of this member led (its epoch file
+        holds it) and this process did not begin."""
+        return (
+            info.master_id == self.role.broker_id
+            and info.master_epoch != self._begun_epoch
+            and info.master_epoch <= self.store.epochs.last_epoch()
+        )
 
     async def _become_master(self, info: ReplicaInfo) -> None:
         self.members.follow_controller(self.config.listen)
@@ -268,6 +295,7 @@ class ReplicasManager:
         records it) with the controller's SyncStateSet, before the role flips, so no record
         of the epoch is written or acknowledged before both are in force."""
         self.ha_master.start_epoch(epoch, self.role.broker_id)
+        self._begun_epoch = epoch
         if self.info is not None and self.info.master_epoch == epoch:
             self._set_sync_state_set(self.info)
 
@@ -279,15 +307,25 @@ class ReplicasManager:
         self.members.follow_controller(info.master_addr)
         await self.role.change(BrokerRole.SLAVE, info.master_addr, epoch=info.master_epoch)
 
-    async def _elect(self) -> None:
-        """The group has no master: ask for one (the controller picks by its rules)."""
-        try:
-            info = await self.client.elect_master(
-                *self.group, self.role.broker_id, ElectTrigger.REGISTER.value
-            )
-        except ControllerRefused as err:
-            log.info("no master elected for %s yet: %s", self.group[1], err.message)
-            return
+    async def _elect(
+        self, trigger: ElectTrigger = ElectTrigger.REGISTER, master_epoch: int | None = None
+    ) -> None:
+        """The group has no master, or this member restarted as its master: ask for an
+        election (the controller picks by its rules); a refusal is asked again by the poll.
+        A restart election waits for every set member to report after the registration,
+        so it is asked again after each of the next few heartbeats."""
+        attempts = RESTART_ELECTION_ATTEMPTS if trigger is ElectTrigger.MASTER_RESTART else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                info = await self.client.elect_master(
+                    *self.group, self.role.broker_id, trigger.value, master_epoch
+                )
+                break
+            except ControllerRefused as err:
+                if attempt == attempts or err.code != ResponseCode.CONTROLLER_ELECT_MASTER_FAILED:
+                    log.info("no master elected for %s yet: %s", self.group[1], err.message)
+                    return
+            await asyncio.sleep(self.config.controller_heartbeat_interval_ms / 1000)
         await self._take(info, elect=False)
 
     # -- the rounds -----------------------------------------------------------------------

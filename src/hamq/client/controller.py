@@ -178,8 +178,11 @@ class ControllerClient:
         broker_name: str,
         broker_id: int | None = None,
         trigger: str = ElectTrigger.ADMIN.value,
+        master_epoch: int | None = None,
     ) -> wire.ReplicaInfo:
-        request = ElectMasterRequest(cluster_name, broker_name, ElectTrigger(trigger), broker_id)
+        request = ElectMasterRequest(
+            cluster_name, broker_name, ElectTrigger(trigger), broker_id, master_epoch
+        )
         frame = await self.request(
             RequestCode.CONTROLLER_ELECT_MASTER, wire.elect_master_ext(request)
         )

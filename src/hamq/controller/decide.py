@@ -98,6 +98,8 @@ def decide_elect_master(
     group = state.groups.get((request.cluster_name, request.broker_name))
     if group is None:
         return _not_registered(request.cluster_name, request.broker_name)
+    if request.trigger is ElectTrigger.MASTER_RESTART:
+        return _decide_restart(group, request, alive, live_info)
     first = not group.elected
     if request.trigger is ElectTrigger.REGISTER and not first:
         preferred = None  # a registering member never takes mastership from the policy
@@ -129,6 +131,66 @@ def decide_elect_master(
     )
 
 
+def _decide_restart(
+    group: BrokerGroup,
+    request: ElectMasterRequest,
+    alive: Set[int],
+    live_info: Mapping[int, BrokerLiveInfo],
+) -> ElectMaster | ControllerError:
+    """The master restarted (Kafka's and RocketMQ's rule: a restarted leader never continues
+    its epoch). With async flush it may have lost an unflushed tail that the SyncStateSet
+    holds and acknowledged; continuing the epoch, it would write other records at those
+    offsets and the slaves would cut acknowledged ones to the consistent point. So the
+    alive set members compete by their largest (epoch, max offset), the requester with what
+    it reported since it came back, and the epoch always moves on, whoever wins.
+
+    Every alive set member must have reported since the requester registered: an older
+    report may understate a slave's log (the restarted master would win over the records
+    it lost); until then CONTROLLER_ELECT_MASTER_FAILED, and the member asks again.
+    When the requester is the only alive set member it wins again in a new epoch, which
+    starts at its log's end: anything only a dead member holds is cut when that member
+    returns (nothing acknowledged under sync flush; with async flush, the power loss took
+    it with the member that could have kept it). ``master_epoch`` fences a retry after a
+    lost answer: the epoch asked about is over, so it is refused (FENCED_MASTER_EPOCH) and
+    the member re-reads its role.
+    """
+    refusal = _stale_master(group, request.broker_id, request.master_epoch)
+    if refusal is not None:
+        return refusal
+    assert request.broker_id is not None, "the current master's id, checked above"
+    registered = group.members[request.broker_id].register_time_ms
+    candidates = group.sync_state_set & alive
+    stale = sorted(
+        i
+        for i in candidates
+        if (seen := live_info.get(i)) is None
+        or seen.last_seen_ms is None
+        or seen.last_seen_ms < registered
+    )
+    if stale:
+        return ControllerError(
+            Code.CONTROLLER_ELECT_MASTER_FAILED,
+            f"members {stale} of {request.broker_name} have not reported since master "
+            f"{request.broker_id} restarted; ask again",
+        )
+    # No master keeps its place: the ranking alone decides (the requester is a candidate:
+    # it is in the set and alive, having just registered).
+    result = elect(replace(group, master_id=None), alive, live_info, None, False)
+    if result is None:
+        return ControllerError(
+            Code.CONTROLLER_ELECT_MASTER_FAILED,
+            f"master {request.broker_id} of {request.broker_name} is not an alive member "
+            "of its SyncStateSet",
+        )
+    return ElectMaster(
+        request.cluster_name,
+        request.broker_name,
+        result.broker_id,
+        group.master_epoch + 1,
+        unclean=False,
+    )
+
+
 def decide_alter_sync_state_set(
     state: ControllerState, request: AlterSyncStateSetRequest, alive: Set[int]
 ) -> AlterSyncStateSet | ControllerError:
@@ -157,16 +219,9 @@ def _alter_refusal(
     # The fencing tokens are checked first: an alter asked again after its answer was lost
     # (the set now equals it, at a newer epoch) is stale, and a master refused as stale
     # re-reads its replica info, where "no change" would leave it on its old view.
-    if group.master_id is None or request.master_id != group.master_id:
-        return ControllerError(
-            Code.CONTROLLER_INVALID_MASTER,
-            f"the current master is {group.master_id}, not {request.master_id}",
-        )
-    if request.master_epoch != group.master_epoch:
-        return ControllerError(
-            Code.CONTROLLER_FENCED_MASTER_EPOCH,
-            f"the current master epoch is {group.master_epoch}, not {request.master_epoch}",
-        )
+    refusal = _stale_master(group, request.master_id, request.master_epoch)
+    if refusal is not None:
+        return refusal
     if request.sync_state_set_epoch != group.sync_state_set_epoch:
         return ControllerError(
             Code.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH,
@@ -188,6 +243,23 @@ def _alter_refusal(
         return ControllerError(
             Code.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED,
             f"the new SyncStateSet lacks the master {group.master_id}",
+        )
+    return None
+
+
+def _stale_master(
+    group: BrokerGroup, master_id: int | None, master_epoch: int | None
+) -> ControllerError | None:
+    """The fencing tokens: the requester must be the current master, at the current epoch."""
+    if group.master_id is None or master_id != group.master_id:
+        return ControllerError(
+            Code.CONTROLLER_INVALID_MASTER,
+            f"the current master is {group.master_id}, not {master_id}",
+        )
+    if master_epoch != group.master_epoch:
+        return ControllerError(
+            Code.CONTROLLER_FENCED_MASTER_EPOCH,
+            f"the current master epoch is {group.master_epoch}, not {master_epoch}",
         )
     return None
 

@@ -17,10 +17,12 @@ _NO_LIVE_INFO = (-1, -1)
 
 @dataclass(frozen=True)
 class BrokerLiveInfo:
-    """What a member last reported in its heartbeat: its epoch and its log's max offset."""
+    """What a member last reported in its heartbeat: its epoch, its log's max offset and
+    when the report arrived (the controller leader's clock; None where unknown)."""
 
     epoch: int
     max_offset: int
+    last_seen_ms: int | None = None
 
 
 @dataclass(frozen=True)

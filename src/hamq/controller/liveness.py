@@ -55,7 +55,9 @@ class BrokerLiveness:
 
     def live_info(self, key: GroupKey) -> dict[int, BrokerLiveInfo]:
         members = self._groups.get(key, {})
-        return {i: BrokerLiveInfo(s.epoch, s.max_offset) for i, s in members.items()}
+        return {
+            i: BrokerLiveInfo(s.epoch, s.max_offset, s.last_seen_ms) for i, s in members.items()
+        }
 
     def forget(self, key: GroupKey, broker_ids: frozenset[int]) -> None:
         """A cleaned member (or the whole group, for an empty ``broker_ids``)."""

@@ -36,16 +36,21 @@ class ElectTrigger(Enum):
     ADMIN = "admin"
     # The controller saw the master's heartbeat time out; a failure still ends its epoch.
     MASTER_TIMEOUT = "master_timeout"
+    # The master itself, restarted: it may have lost an unflushed tail its SyncStateSet
+    # holds, so it never continues its epoch; ``broker_id`` is the requester (who must be
+    # the master) and ``master_epoch`` the epoch it asks to end (a retry is fenced).
+    MASTER_RESTART = "restart"
 
 
 @dataclass(frozen=True)
 class ElectMasterRequest:
-    """An election; ``broker_id`` is read according to ``trigger``."""
+    """An election; ``broker_id`` (and ``master_epoch``) are read according to ``trigger``."""
 
     cluster_name: str
     broker_name: str
     trigger: ElectTrigger
     broker_id: int | None = None
+    master_epoch: int | None = None
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,9 @@ from hamq.protocol.frame import check_int, require_name
 from hamq.protocol.limits import MAX_BROKER_ID, MAX_NAME_LENGTH
 
 # Triggers a peer may send; MASTER_TIMEOUT is the controller's own and never on the wire.
-_WIRE_TRIGGERS = {t.value: t for t in (ElectTrigger.ADMIN, ElectTrigger.REGISTER)}
+_WIRE_TRIGGERS = {
+    t.value: t for t in (ElectTrigger.ADMIN, ElectTrigger.REGISTER, ElectTrigger.MASTER_RESTART)
+}
 # GET_SYNC_STATE_DATA names at most this many groups (an admin asks for a few, or all).
 MAX_GROUPS_PER_REQUEST = 4096
 
@@ -232,16 +234,23 @@ def elect_master_request(ext: Mapping[str, Any]) -> ElectMasterRequest:
         raise InvalidArgument(
             f"request field 'trigger' must be one of {sorted(_WIRE_TRIGGERS)}, got {raw!r:.40}"
         )
-    return ElectMasterRequest(cluster_name, broker_name, trigger, _opt_broker_id(ext, "broker_id"))
+    # a restart names the epoch it ends (a retry after a lost answer is then fenced)
+    epoch = _count(ext, "master_epoch") if trigger is ElectTrigger.MASTER_RESTART else None
+    return ElectMasterRequest(
+        cluster_name, broker_name, trigger, _opt_broker_id(ext, "broker_id"), epoch
+    )
 
 
 def elect_master_ext(request: ElectMasterRequest) -> Ext:
-    return {
+    ext: Ext = {
         "cluster_name": request.cluster_name,
         "broker_name": request.broker_name,
         "broker_id": request.broker_id,
         "trigger": request.trigger.value,
     }
+    if request.master_epoch is not None:
+        ext["master_epoch"] = request.master_epoch
+    return ext
 
 
 def alter_sync_state_set_request(ext: Mapping[str, Any]) -> AlterSyncStateSetRequest:
