@@ -303,3 +303,28 @@ def test_a_new_leader_does_not_depose_a_master_it_has_not_heard_from_yet():
     assert len(outcomes) == 1 and isinstance(outcomes[0], Applied), outcomes
     group = cluster.cores[new].group(KEY)
     assert group is not None and (group.master_id, group.master_epoch) == (2, 2)
+
+
+def test_a_peer_restarted_with_a_wiped_data_dir_cannot_elect_a_leader_missing_commits():
+    """Raft safety under a lost disk: a change committed by the leader and one follower
+    (the third peer cut off) survives that follower's wiped restart. The wiped peer must
+    not vote for the peer that lacks the change while the old leader is down; the group
+    waits instead, and the change is there once the old leader is back."""
+    cluster = Cluster()
+    old = cluster.leader()
+    holder, lagging = (i for i in PEERS if i != old)
+    cluster.cut = {lagging}
+    cluster.commit(ApplyBrokerIdRequest(*KEY, 1, _addr(1), "code-1"))
+    cluster.run(100)  # the follower learns the commit with the next heartbeat
+    assert KEY in cluster.cores[holder].state.groups
+    cluster.storages[holder] = MemoryStorage()  # its disk is replaced; it restarts empty
+    cluster.cores[holder] = cluster.start(holder)
+    cluster.cut = {old}  # the old leader goes down; the other two hear each other
+    cluster.run(10 * 300)
+    assert not any(cluster.cores[i].is_leader for i in (holder, lagging))
+    cluster.cut = set()
+    leader = cluster.leader()
+    cluster.run(300)
+    assert leader == old or KEY in cluster.cores[leader].state.groups
+    for core in cluster.cores.values():
+        assert core.group(KEY) is not None and 1 in core.group(KEY).members
