@@ -324,6 +324,10 @@ class ReplicasManager:
             except ControllerRefused as err:
                 if attempt == attempts or err.code != ResponseCode.CONTROLLER_ELECT_MASTER_FAILED:
                     log.info("no master elected for %s yet: %s", self.group[1], err.message)
+                    if trigger is ElectTrigger.MASTER_RESTART:
+                        # the poll registers again: the registration time the reports are
+                        # compared with is then on the clock of the controller leader now
+                        self._registered = False
                     return
             await asyncio.sleep(self.config.controller_heartbeat_interval_ms / 1000)
         await self._take(info, elect=False)
