@@ -328,3 +328,22 @@ def test_a_peer_restarted_with_a_wiped_data_dir_cannot_elect_a_leader_missing_co
     assert leader == old or KEY in cluster.cores[leader].state.groups
     for core in cluster.cores.values():
         assert core.group(KEY) is not None and 1 in core.group(KEY).members
+
+
+@pytest.mark.parametrize("offset_ms", range(0, 100, 20))
+def test_a_leader_cut_off_from_the_majority_stops_serving_before_another_serves(offset_ms):
+    """A minority leader must not answer reads (replica info, next broker id) from a state
+    the majority has moved past: check quorum steps it down no later than the others can
+    elect (their lease), so at no tick do two peers serve. Writes it took are never
+    answered as applied."""
+    cluster = Cluster()
+    old = cluster.leader()
+    cluster.run(offset_ms)
+    cluster.cut = {old}
+    outcomes = cluster.submit(old, ApplyBrokerIdRequest(*KEY, 1, _addr(1), "code-1"))
+    for _ in range(300):
+        cluster.run(TICK_MS)
+        serving = [i for i, core in cluster.cores.items() if core.serving]
+        assert len(serving) <= 1, f"peers {serving} serve at once at {cluster.now_ms} ms"
+    assert serving and serving[0] != old
+    assert len(outcomes) == 1 and isinstance(outcomes[0], ControllerError)
