@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import msgpack
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hamq.controller.requests import (
     AlterSyncStateSetRequest,
@@ -186,3 +188,70 @@ def test_controller_codes_map_to_controller_errors():
     failed = HamqError.for_code(ResponseCode.CONTROLLER_ELECT_MASTER_FAILED, "nobody")
     assert type(failed) is ControllerRefused and failed.message == "nobody"
     assert failed.code == ResponseCode.CONTROLLER_ELECT_MASTER_FAILED
+
+
+# Hostile exts: every field name the decoders read, with values of any shape — wrong
+# types, huge and negative integers, nested lists, maps with int keys (the frame layer
+# lets them through).
+_FIELDS = [
+    "cluster_name",
+    "broker_name",
+    "broker_id",
+    "broker_addr",
+    "register_check_code",
+    "epoch",
+    "max_offset",
+    "confirm_offset",
+    "trigger",
+    "master_id",
+    "master_epoch",
+    "sync_state_set",
+    "sync_state_set_epoch",
+    "broker_ids",
+    "clean_living_broker",
+    "broker_names",
+    "master_addr",
+    "members",
+    "next_broker_id",
+]
+_LEAVES = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats()
+    | st.text(max_size=12)
+    | st.binary(max_size=8)
+    | st.sampled_from([*KEY, "127.0.0.1:1", "admin", "register", 0, 1, 1023, 1024, -1])
+)
+_VALUES = st.recursive(
+    _LEAVES,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(max_size=4) | st.integers(), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+_DECODERS = (
+    wire.group_key,
+    wire.apply_broker_id_request,
+    wire.broker_heartbeat,
+    wire.elect_master_request,
+    wire.alter_sync_state_set_request,
+    wire.sync_state_set_result,
+    wire.clean_broker_data_request,
+    wire.broker_names,
+    wire.next_broker_id,
+    wire.role_changed,
+    wire.ReplicaInfo.from_ext,
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(_FIELDS), _VALUES, max_size=12) | _VALUES)
+def test_hostile_exts_are_refused_as_invalid_argument_only(ext):
+    for decode in _DECODERS:
+        try:
+            decode(ext)
+        except InvalidArgument:
+            pass
+    assert wire.leader_addr(ext) is None or isinstance(wire.leader_addr(ext), str)
