@@ -512,3 +512,55 @@ def test_a_master_that_hears_of_a_newer_epoch_is_deposed(stores):
         callback(status)
     core.wait_for_acks(200, 2, 0, 10_000, ended.append)
     assert ended == [ReplicaStatus.SLAVE_NOT_AVAILABLE] * 2
+
+
+def test_a_master_that_lost_records_of_its_own_epoch_never_cuts_them_from_a_slave(stores):
+    """A power loss took the master's unflushed tail (async flush), and it came back
+    leading the same epoch before the controller noticed. Its slave holds that tail,
+    acknowledged by every member: a master of that epoch never shipped other records at
+    those offsets, so the difference is the master's loss, not the slave's. The slave
+    keeps its log, and the master acknowledges nothing more (a member holding more of the
+    epoch must be elected)."""
+    master, slave = stores
+    write_epochs(master, (1, 0))
+    put(master, "acked", 100)
+    replicate(master, slave)
+    assert epochs(slave) == [(1, 0)]
+    slave_log = log_bytes(slave)
+    master.truncate_to(boundaries(master)[80])  # the power loss
+    for rewritten in (0, 40):  # at once, and after new sends
+        put(master, "after-restart", rewritten)
+        core = MasterReplication(QuorumConfig(), 64 * 1024, 16 * 1024)
+        m, s = MasterLink(core, master), SlaveLink(slave, broker_id=1)
+        assert core.epoch == 1  # the same epoch continues
+        request = s.begin()
+        with pytest.raises(MasterDeposed, match="lost records of its epoch 1"):
+            while request is not None:
+                reply, _ = m.handshake(KEY, request, now_ms=0)
+                request = s.on_handshake_reply(reply)
+        assert core.deposed and not s.attached
+        assert log_bytes(slave) == slave_log
+        done: list[ReplicaStatus] = []
+        core.wait_for_acks(1, 2, 0, 10_000, done.append)
+        assert done == [ReplicaStatus.SLAVE_NOT_AVAILABLE]
+
+
+def test_a_slave_with_a_damaged_record_of_the_epoch_does_not_depose_its_master(stores):
+    """The slave's own damage (an unreadable record) is never offered as a probe: it is
+    cut and copied again, and the master leads on."""
+    master, slave = stores
+    write_epochs(master, (1, 0))
+    put(master, "a", 50)
+    replicate(master, slave)
+    damaged = boundaries(slave)[-1]
+    seg = next(seg for seg in slave.commitlog.segments if seg.start <= damaged < seg.end)
+    with open(seg.path, "r+b") as f:  # bit rot in the record's header: its CRC breaks
+        f.seek(damaged - seg.start + 8)
+        f.write(b"\xff\xff\xff\xff")
+    core = MasterReplication(QuorumConfig(), 64 * 1024, 16 * 1024)
+    m, s = MasterLink(core, master), SlaveLink(slave, broker_id=1)
+    request = s.begin()
+    while request is not None:
+        reply, _ = m.handshake(KEY, request, now_ms=0)
+        request = s.on_handshake_reply(reply)
+    assert not core.deposed and s.last_cut is not None and s.last_cut["offset"] == damaged

@@ -176,11 +176,14 @@ class MasterReplication:
         # acknowledges nothing more (apache/rocketmq #7017, #6316).
         self.epoch = 0
         self.highest_epoch = 0
+        # A slave holds records of this master's own epoch that its log no longer has (a
+        # power loss took them after they were acknowledged): it must not lead on.
+        self.lost_records = False
 
     # -- epochs -------------------------------------------------------------------------------
     @property
     def deposed(self) -> bool:
-        return self.highest_epoch > self.epoch
+        return self.highest_epoch > self.epoch or self.lost_records
 
     def start_epoch(self, epoch: int) -> None:
         """This member leads ``epoch`` (its epoch file has it already)."""
@@ -188,6 +191,15 @@ class MasterReplication:
             raise ValueError(f"master epoch {epoch} is older than this member's {self.epoch}")
         self.epoch = epoch
         self.highest_epoch = max(self.highest_epoch, epoch)
+        self.lost_records = False
+
+    def lose_records(self) -> list[tuple[AckCallback, ReplicaStatus]]:
+        """A slave holds records of this master's epoch past where the two logs agree:
+        only this master could have shipped them, so its own log lost them. Cutting them
+        from the slave would lose acknowledged sends; this master stops acknowledging
+        instead, and every waiting send fails."""
+        self.lost_records = True
+        return self.fail_all()
 
     def learn_epoch(self, epoch: int) -> list[tuple[AckCallback, ReplicaStatus]]:
         """A peer knows master epoch ``epoch``. One above ours deposes this master: every

@@ -50,7 +50,7 @@ from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, require
 from hamq.protocol.limits import MAX_TOPIC_LENGTH
 from hamq.protocol.message import RECORD_HEADER_BYTES, parse_record_header
-from hamq.replication.consistent_point import EpochEntry, find_consistent_point
+from hamq.replication.consistent_point import EpochEntry, epoch_ends, find_consistent_point
 from hamq.replication.master import (
     AckCallback,
     HAConnectionState,
@@ -62,7 +62,13 @@ from hamq.replication.master import (
     epochs_to_wire,
 )
 from hamq.replication.quorum import QuorumConfig
-from hamq.replication.slave import Attached, CompareRequest, SlaveHandshake, parse_request
+from hamq.replication.slave import (
+    Attached,
+    CompareRequest,
+    HandshakeRequest,
+    SlaveHandshake,
+    parse_request,
+)
 from hamq.replication.sync_state_set import SyncStateSet
 from hamq.store.message_store import UNCAPPED, MessageStore
 
@@ -154,6 +160,8 @@ class MasterLink:
             if epochs
             else {}
         )
+        if epochs:
+            self._check_own_epoch_kept(ext, request)
         if isinstance(request, CompareRequest):
             return {"matches": self.core.compare(self.records, request.probes, limit), **ours}, None
         attached = self.core.attach(
@@ -182,6 +190,42 @@ class MasterLink:
             self.store.commitlog.max_offset,
             epochs_from_wire(ext.get("epochs")),
             require(ext, "log_end", int),
+        )
+
+    def _check_own_epoch_kept(self, ext: dict, request: HandshakeRequest) -> None:
+        """``MasterDeposed`` when a slave holds records of this master's own epoch that
+        this log does not: past its end, or different from ours at the same offset. Only
+        this master shipped that epoch's records, so its log lost them (a power loss, then
+        a restart that kept the epoch), and they may have been acknowledged: the slave
+        must not cut them, and a member holding them must lead. (A slave's unreadable
+        record is never a probe, so its own damage cannot depose a master.)"""
+        epoch = self.core.epoch
+        entries = epochs_from_wire(ext.get("epochs"))
+        start = next((e.start_offset for e in entries if e.epoch == epoch), None)
+        if start is None:
+            return
+        end = epoch_ends(entries, require(ext, "log_end", int))[epoch]
+        ours = self.records
+        if isinstance(request, CompareRequest):
+            probes: Sequence[Probe] = request.probes
+        else:
+            probes = () if request.proof is None else (request.proof,)
+        differing = [
+            p
+            for p in probes
+            if start <= p.offset and ours.min_offset <= p.offset and ours.probe(p.offset) != p
+        ]
+        if end <= ours.max_offset and not differing:
+            return
+        lost_from = min([ours.max_offset] + [p.offset for p in differing])
+        failed = self.core.lose_records()
+        raise MasterDeposed(
+            f"this master lost records of its epoch {epoch} that slave {ext['broker_id']} "
+            f"holds (from offset {lost_from}; the slave's copy of the epoch ends at {end}, "
+            f"this log at {ours.max_offset}): they may have been acknowledged, so the "
+            "slave keeps them and this member acknowledges no more sends; elect a member "
+            "that holds them (hamq admin elect-master --broker-name ... --broker-id ...)",
+            failed,
         )
 
     def transfers(self, key: Hashable, now_ms: int) -> Iterator[tuple[int, bytearray]]:
@@ -478,6 +522,11 @@ class HAMaster:
     def check_quorum(self) -> int:
         """Before a send is stored: how many replicas it needs (1 = answer at once), or
         ``InSyncReplicasNotEnough``. Only a sync master waits for slaves."""
+        if self.core.lost_records:
+            raise ServiceNotAvailable(
+                f"this master lost records of its epoch {self.core.epoch} that a slave "
+                "holds: it acknowledges no more sends until a member holding them leads"
+            )
         if self.core.deposed:
             raise ServiceNotAvailable(
                 f"this member led master epoch {self.core.epoch}, but epoch "
