@@ -2,22 +2,18 @@
 configuration says, and when the group counts as whole.
 
 The failover defaults live here because ``hamq bench failover`` measures them. From a
-master's ``kill -9`` to the first send its successor acknowledges, three waits add up:
+master's ``kill -9`` to the first send its successor acknowledges, two waits add up:
 
 - the controller declares the master dead after ``DEV_HEARTBEAT_TIMEOUT_MS`` without a
   heartbeat (members send one every ``DEV_HEARTBEAT_INTERVAL_MS`` to each peer); the
   election is then one Raft round on loopback and the promotion an epoch-file fsync;
-- the name servers let the new master take broker id 0 only once the old one has been
-  silent for a third of its liveness timeout (``DEV_NAMESRV_TIMEOUT_MS``, the guard
-  against a stranger stealing a live master's id); the new master retries its
-  registration every ``DEV_NAMESRV_HEARTBEAT_MS``;
-- producers refresh the route when a send to the dead master fails.
+- producers refresh the route when a send to the dead master fails; the name servers
+  give the new master broker id 0 at its first registration, which carries its newer
+  epoch (``namesrv/routes.py``), so their own liveness timeout plays no part.
 
 1 s of controller silence is five heartbeats: a member whose event loop stalls for up to
 0.8 s (seen on a loaded 2-core machine during fsync-heavy runs) is not declared dead, and
-about a second is left for the rest of the 2 s target. The name-server timeout of 3 s puts
-its silence rule at the same 1 s, so the registration is accepted as soon as the election
-is made (with the 10 s default it came 3.4 s after the kill).
+about a second is left for the rest of the 2 s target.
 """
 
 from __future__ import annotations
@@ -34,8 +30,6 @@ from hamq.errors import HamqError
 
 DEV_HEARTBEAT_INTERVAL_MS = 200
 DEV_HEARTBEAT_TIMEOUT_MS = 1000
-DEV_NAMESRV_HEARTBEAT_MS = 300  # broker_heartbeat_interval_ms
-DEV_NAMESRV_TIMEOUT_MS = 3000  # broker_not_active_timeout_ms
 # The first standalone peer listens on ControllerConfig's default port (9878 for port base
 # 9876), two above the name server; embedded peers are the name servers, from port base up.
 STANDALONE_PORT_OFFSET = 2
@@ -81,8 +75,6 @@ class ControllerLayout:
             "enable_controller_mode": True,
             "controller_addr": self.addrs,
             "controller_heartbeat_interval_ms": DEV_HEARTBEAT_INTERVAL_MS,
-            "broker_heartbeat_interval_ms": DEV_NAMESRV_HEARTBEAT_MS,
-            "broker_not_active_timeout_ms": DEV_NAMESRV_TIMEOUT_MS,
             "all_ack_in_sync_state_set": True,
         }
 
