@@ -24,7 +24,7 @@ from hamq.protocol.message import encode_batch, encode_message
 from hamq.store.epoch_file import EpochOrderError
 from hamq.store.message_store import UNCAPPED, GetStatus, MessageStore
 from hamq.store.metadata import TopicConfig
-from helpers import free_port
+from helpers import free_port, until
 
 
 def open_store(path) -> MessageStore:
@@ -167,22 +167,61 @@ class PullOnly:
         self.pull.serve_arrivals()
 
 
+def pull_server(store: MessageStore) -> tuple[PullProcessor, Server]:
+    store.topics.put(TopicConfig("T", 1, 1), 0)
+    topics = TopicService(
+        store,
+        RoleState(BrokerRole.MASTER, 0),
+        default_queue_nums=1,
+        auto_create=False,
+        on_change=lambda: None,
+    )
+    pull = PullProcessor(store, topics, max_wait_ms=60_000)
+    return pull, Server(PullOnly(pull))
+
+
+def test_a_pull_held_behind_records_written_before_it_wakes_as_the_cap_rises(tmp_path):
+    """The record is written before the pull comes (no held pull to tell of its arrival),
+    then the pull finds it past the confirm offset and is held: the cap rising must wake
+    it, not the end of its long poll (the last sends of a burst waited it out)."""
+
+    async def run():
+        store = open_store(tmp_path)
+        pull, server = pull_server(store)
+        addr = f"127.0.0.1:{free_port()}"
+        await server.start(addr)
+        conn = await connect(addr)
+        try:
+            store.set_read_cap(0)
+            ends = put(store, 2)
+            pull.message_arrived("T", 0)
+            pull.serve_arrivals()
+            held = conn.request(
+                RequestCode.PULL_MESSAGE,
+                {"topic": "T", "queue_id": 0, "queue_offset": 0, "suspend_timeout_ms": 60_000},
+                timeout_s=60,
+            )
+            await until(lambda: ("T", 0) in pull._held, 5, "the pull held")
+            store.set_read_cap(ends[1])
+            answer = await asyncio.wait_for(held, 5)
+            assert answer.code == ResponseCode.SUCCESS
+            assert answer.ext["next_begin_offset"] == 2
+        finally:
+            conn.close()
+            await server.close()
+            pull.close()
+            store.close()
+
+    asyncio.run(run())
+
+
 def test_a_held_pull_waits_for_the_confirm_offset_then_wakes_as_it_rises(tmp_path):
     """A record arrives past the confirm offset: the long poll stays held (it is not
     answered empty-handed), and is answered with it once the confirm offset covers it."""
 
     async def run():
         store = open_store(tmp_path)
-        store.topics.put(TopicConfig("T", 1, 1), 0)
-        topics = TopicService(
-            store,
-            RoleState(BrokerRole.MASTER, 0),
-            default_queue_nums=1,
-            auto_create=False,
-            on_change=lambda: None,
-        )
-        pull = PullProcessor(store, topics, max_wait_ms=10_000)
-        server = Server(PullOnly(pull))
+        pull, server = pull_server(store)
         addr = f"127.0.0.1:{free_port()}"
         await server.start(addr)
         conn = await connect(addr)

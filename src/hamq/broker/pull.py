@@ -6,7 +6,8 @@ write, so a woken pull always sees the bytes it is told about.
 
 Controller mode caps reads at the confirm offset (``MessageStore.read_cap``): an arrival
 the cap still holds back keeps its pulls held, and its queue is looked at again each time
-the cap rises.
+the cap rises; so is the queue of a pull held while the cap holds records back (they may
+have arrived before it).
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ class PullProcessor:
             return pieces
         held = HeldPull(conn, frame)
         self._held.setdefault((topic, queue_id), []).append(held)
+        if self.store.read_cap < self.store.commitlog.max_offset:
+            # the cap may hold back records that arrived before this pull: look again
+            # when it rises, not only at the next arrival
+            self._capped.add((topic, queue_id))
         held.timer = asyncio.get_running_loop().call_later(
             suspend_ms / 1000, self._expire, (topic, queue_id), held
         )
