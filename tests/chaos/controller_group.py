@@ -2,8 +2,8 @@
 members with ``all_ack_in_sync_state_set``, a producer and a reader running throughout, and
 what every scenario checks afterwards.
 
-Each member reaches the controllers and the name server through its own FaultProxy, so one
-member can be cut off from them while the others are not. Its HA port cannot be proxied:
+Each member reaches the controllers and the name servers through its own FaultProxies, so
+one member can be cut off from them while the others are not. Its HA port cannot be proxied:
 the address a member listens on for HA is the one it publishes, so slaves always connect to
 it directly (a cut master therefore loses its slaves when they follow the new master, which
 is the race the epoch fencing has to win)."""
@@ -27,7 +27,7 @@ from hamq.client.controller import ControllerClient
 from hamq.client.producer import UniqKeys
 from hamq.errors import HamqError
 from hamq.protocol.codes import RequestCode, ResponseCode
-from hamq.protocol.frame import unpack_body
+from hamq.protocol.frame import Frame, unpack_body
 from hamq.protocol.message import decode_records, encode_batch
 from hamq.store.epoch_file import EpochFile
 from helpers import free_port, wait_for
@@ -72,9 +72,9 @@ def body_of(n: int) -> bytes:
     return head + hashlib.sha256(head).digest() * (BODY_BYTES // 32)
 
 
-def commit_offset(result) -> int:
-    """Where the acknowledged message sits in the commit log (its offset message id)."""
-    return int(result.msg_id[:16], 16)
+def commit_offset(msg_id: str) -> int:
+    """Where an acknowledged message sits in the commit log (its offset message id)."""
+    return int(msg_id[:16], 16)
 
 
 @dataclass(frozen=True)
@@ -184,14 +184,17 @@ class ControllerGroup:
         return wait_for(find, timeout_s, "a master serving at the controller's epoch")
 
     def sync_state_set(self) -> set[str]:
-        info = self.replica_info()
+        """The SyncStateSet as the controller holds it (empty while it does not answer)."""
+        info = self.replica_info_or_none()
+        if info is None:
+            return set()
         ids = dict(info.members)
         return {self.member_of(ids[i]) for i in info.sync_state_set}
 
     def wait_full_sync_state_set(self, timeout_s: float = 30.0) -> None:
         """Every member back in the SyncStateSet (the next failover may pick any)."""
         wait_for(
-            lambda: self.replica_info_or_none() and self.sync_state_set() == set(MEMBERS),
+            lambda: self.sync_state_set() == set(MEMBERS),
             timeout_s,
             "every member in the SyncStateSet",
         )
@@ -227,16 +230,47 @@ class ControllerGroup:
     def log_end(self, m: str) -> int:
         return self.info(m)["commitlog_max_offset"]
 
+    def invoke(self, addr: str, code: int, ext: dict | None = None, **kwargs) -> Frame:
+        """One request to one server, on the admin's event loop."""
+        core = self.admin.async_client.core
+        return self.admin.submit(core.invoke(addr, code, ext, **kwargs)).result(15)
+
     def topics(self, m: str) -> set[str]:
         try:
-            frame = self.admin.submit(
-                self.admin.async_client.core.invoke(
-                    self.c.broker_addr(m), RequestCode.GET_ALL_TOPIC_CONFIG
-                )
-            ).result(10)
+            frame = self.invoke(self.c.broker_addr(m), RequestCode.GET_ALL_TOPIC_CONFIG)
         except HamqError:
             return set()
         return set(unpack_body(frame.body) or {})
+
+    def read_member(self, addr: str, start: dict[int, int]) -> dict[tuple[int, int], bytes]:
+        """What one member serves a consumer from ``start`` (queue id -> offset), whatever
+        the routes say: what a consumer whose route still names a deposed master reads."""
+        got: dict[tuple[int, int], bytes] = {}
+        for queue_id in range(QUEUES):
+            offset = start.get(queue_id, 0)
+            for _ in range(10_000):
+                ext = {
+                    "topic": TOPIC,
+                    "queue_id": queue_id,
+                    "queue_offset": offset,
+                    "max_msgs": 256,
+                    "suspend_timeout_ms": 0,
+                    "group": "chaos-member-reader",
+                }
+                try:
+                    frame = self.invoke(
+                        addr, RequestCode.PULL_MESSAGE, ext, ok=PULL_ANSWERS, timeout_s=2.0
+                    )
+                except HamqError:
+                    break
+                if frame.code != ResponseCode.SUCCESS:
+                    break
+                found = decode_records(frame.body, offset, lambda _h, _i, off, _p, b: (off, b))
+                if not found:
+                    break
+                got.update(((queue_id, off), body) for off, body in found)
+                offset = frame.ext["next_begin_offset"]
+        return got
 
     def epochs(self, m: str) -> dict[int, int]:
         """``m``'s epoch file, read from its store: epoch -> its start offset."""
@@ -251,11 +285,7 @@ class ControllerGroup:
 
         def routed(addr: str) -> bool:
             try:
-                self.admin.submit(
-                    self.admin.async_client.core.invoke(
-                        addr, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": TOPIC}
-                    )
-                ).result(10)
+                self.invoke(addr, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": TOPIC})
             except HamqError:
                 return False
             return True
@@ -346,7 +376,7 @@ class SteadyProducer(threading.Thread):
                             body,
                             r.queue.queue_id,
                             r.queue_offset,
-                            commit_offset(r),
+                            commit_offset(r.msg_id),
                             began,
                             time.monotonic(),
                         )
@@ -396,7 +426,7 @@ class PinnedSender:
                     body_of(n),
                     n % QUEUES,
                     x["queue_offset"],
-                    int(x["msg_id"][:16], 16),
+                    commit_offset(x["msg_id"]),
                     began,
                     time.monotonic(),
                 )
@@ -470,39 +500,6 @@ def read_queues(consumer, start: dict[int, int] | None = None) -> dict[tuple[int
             for m in r.messages:
                 got[(mq.queue_id, m.queue_offset)] = m.body
             offset = r.next_begin_offset
-    return got
-
-
-def read_member(admin: hamq.Admin, addr: str, start: dict[int, int]) -> dict:
-    """What one member serves a consumer from ``start`` (queue id -> offset), whatever the
-    routes say: what a consumer whose route still names a deposed master reads there."""
-    got: dict[tuple[int, int], bytes] = {}
-    for queue_id in range(QUEUES):
-        offset = start.get(queue_id, 0)
-        for _ in range(10_000):
-            ext = {
-                "topic": TOPIC,
-                "queue_id": queue_id,
-                "queue_offset": offset,
-                "max_msgs": 256,
-                "suspend_timeout_ms": 0,
-                "group": "chaos-member-reader",
-            }
-            try:
-                frame = admin.submit(
-                    admin.async_client.core.invoke(
-                        addr, RequestCode.PULL_MESSAGE, ext, ok=PULL_ANSWERS, timeout_s=2.0
-                    )
-                ).result(10)
-            except HamqError:
-                break
-            if frame.code != ResponseCode.SUCCESS:
-                break
-            found = decode_records(frame.body, offset, lambda _h, _i, off, _p, body: (off, body))
-            if not found:
-                break
-            got.update(((queue_id, off), body) for off, body in found)
-            offset = frame.ext["next_begin_offset"]
     return got
 
 

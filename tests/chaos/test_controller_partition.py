@@ -15,7 +15,6 @@ from controller_group import (
     PinnedSender,
     Reads,
     assert_nothing_lost,
-    read_member,
     start_traffic,
 )
 
@@ -53,7 +52,7 @@ def test_master_cut_off_acknowledges_nothing_in_the_new_epoch_and_rejoins_as_sla
 
         def send_and_read(n: int) -> None:
             pinned.send(n)
-            old_reads.record(read_member(group.admin, old_addr, old_reads.next_offsets()))
+            old_reads.record(group.read_member(old_addr, old_reads.next_offsets()))
 
         group.isolate(old, namesrv)
         n = PINNED_FIRST
