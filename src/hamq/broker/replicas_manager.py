@@ -9,9 +9,15 @@ and follows its answer.
 - It sends CONTROLLER_BROKER_HEARTBEAT to every controller peer each
   ``controller_heartbeat_interval_ms``, and polls its replica info every
   ``sync_broker_metadata_period_ms``, the safety net for a lost NOTIFY_BROKER_ROLE_CHANGED.
-- Every ReplicaInfo, notified or polled, goes through ``_take``: one at a time, and never
-  one older than what the member knows (a lower master epoch, or the same one with an
-  older SyncStateSet epoch): a late notification must not undo a newer election. Named
+- A NOTIFY_BROKER_ROLE_CHANGED is one-way and unauthenticated: anyone reaching the
+  listen port can send one. Its content is never taken: a notification newer than what
+  the member knows only makes it re-read its replica info from the controller at once
+  (a stranger's frame naming a far newer epoch would otherwise depose the master, make
+  a slave follow the stranger, shrink the SyncStateSet the master's acks wait for, and
+  make the member ignore the controller's true answers from then on).
+- Every ReplicaInfo the controller answers goes through ``_take``: one at a time, and
+  never one older than what the member knows (a lower master epoch, or the same one with
+  an older SyncStateSet epoch): a late answer must not undo a newer election. Named
   master: the member becomes master in the controller's epoch (the epoch file records it
   before the role flips, ``RoleServices.before_master``) with the controller's
   SyncStateSet. Another master: it follows that member's HA address at that epoch. No
@@ -99,7 +105,8 @@ class ReplicasManager:
         self._registered = False
         self._begun_epoch: int | None = None  # the master epoch this process began
         self._lock = asyncio.Lock()  # one ReplicaInfo taken at a time
-        self._notified: set[asyncio.Task] = set()
+        self._reread: asyncio.Task | None = None  # of a role-change notification
+        self._reread_wanted = False
         ctrl_errors = (HamqError, OSError)
         self._rounds = [
             PeriodicTask(
@@ -203,9 +210,9 @@ class ReplicasManager:
 
     async def stop(self) -> None:
         await asyncio.gather(*(task.stop() for task in self._rounds))
-        for task in self._notified:
-            task.cancel()
-        await asyncio.gather(*self._notified, return_exceptions=True)
+        if self._reread is not None:
+            self._reread.cancel()
+            await asyncio.gather(self._reread, return_exceptions=True)
         await self.client.close()
 
     # -- the controller's answers ------------------------------------------------------------
@@ -232,21 +239,35 @@ class ReplicasManager:
         await self._take(info)
 
     def handle_role_changed(self, conn: Connection, frame: Frame) -> list | None:
-        """NOTIFY_BROKER_ROLE_CHANGED from the controller (one-way): taken in a task of its
-        own, as the poll's answers are."""
+        """NOTIFY_BROKER_ROLE_CHANGED (one-way, from anyone): a hint to re-read the replica
+        info from the controller, in a task of its own; one older than what this member
+        knows is ignored. One re-read at a time: notifications arriving during one ask for
+        one more after it, so a flood of them costs one controller request at a time."""
         key, info = role_changed(frame.ext)
         if key != self.group:
             raise HamqError(f"role change of group {key[0]}/{key[1]} sent to {self.group[1]}")
-        task = asyncio.create_task(self._take(info))
-        self._notified.add(task)
-        task.add_done_callback(self._notification_done)
+        version = (info.master_epoch, info.sync_state_set_epoch)
+        if version < self._known:
+            log.info(
+                "ignored replica info of epochs %s: this member knows %s", version, self._known
+            )
+        else:
+            log.info("role-change notification: re-reading the replica info from the controller")
+            self._reread_wanted = True
+            if self._reread is None or self._reread.done():
+                self._reread = asyncio.create_task(self._reread_notified())
+                self._reread.add_done_callback(self._reread_done)
         return None if frame.is_oneway else response_pieces(frame)
 
-    def _notification_done(self, task: asyncio.Task) -> None:
-        self._notified.discard(task)
+    async def _reread_notified(self) -> None:
+        while self._reread_wanted:
+            self._reread_wanted = False
+            await self.refresh()
+
+    def _reread_done(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
             COUNTS.internal_errors += 1
-            log.error("taking a role-change notification failed", exc_info=task.exception())
+            log.error("re-reading a notified role change failed", exc_info=task.exception())
 
     async def _take(self, info: ReplicaInfo, elect: bool = True) -> None:
         """Follow ``info`` unless it is older than what this member knows; with no master
