@@ -564,3 +564,17 @@ def test_a_slave_with_a_damaged_record_of_the_epoch_does_not_depose_its_master(s
         reply, _ = m.handshake(KEY, request, now_ms=0)
         request = s.on_handshake_reply(reply)
     assert not core.deposed and s.last_cut is not None and s.last_cut["offset"] == damaged
+
+
+def test_a_slave_holding_a_newer_epoch_deposes_the_master_whatever_epoch_it_names(stores):
+    """A slave's epoch history is proof too: records of epoch 3 had a master of epoch 3,
+    even in a request that names an older one (a slave that restarted and forgot it)."""
+    master, slave = stores
+    write_epochs(master, (1, 0), (2, 0))
+    write_epochs(slave, (1, 0), (3, 0))
+    core = MasterReplication(QuorumConfig(), 1024, 1024)
+    m, s = MasterLink(core, master), SlaveLink(slave, broker_id=1)
+    request = {**s.begin(), "master_epoch": 1}
+    with pytest.raises(MasterDeposed, match="follows master epoch 3"):
+        m.handshake(KEY, request, now_ms=0)
+    assert core.deposed and core.highest_epoch == 3

@@ -172,10 +172,12 @@ class MasterLink:
     def _consistent_point(self, ext: dict) -> int | None:
         """How far the slave's log can agree with ours by the two epoch lists (None: we
         have no epochs, records alone decide). ``MasterDeposed`` if the slave knows a
-        newer master epoch than ours."""
-        slave_epoch = require(ext, "master_epoch", int)
+        newer master epoch than ours (named in the request, or in its own history: an
+        epoch it holds records of had a master)."""
+        theirs = epochs_from_wire(ext.get("epochs"))
+        slave_epoch = max(require(ext, "master_epoch", int), theirs[-1].epoch if theirs else 0)
         failed = self.core.learn_epoch(slave_epoch)
-        if self.core.deposed:
+        if self.core.highest_epoch > self.core.epoch:
             raise MasterDeposed(
                 f"a slave follows master epoch {slave_epoch}, newer than this master's "
                 f"{self.core.epoch}: another member was elected; this one acknowledges "
@@ -186,10 +188,7 @@ class MasterLink:
         if not ours:
             return None
         return find_consistent_point(
-            ours,
-            self.store.commitlog.max_offset,
-            epochs_from_wire(ext.get("epochs")),
-            require(ext, "log_end", int),
+            ours, self.store.commitlog.max_offset, theirs, require(ext, "log_end", int)
         )
 
     def _check_own_epoch_kept(self, ext: dict, request: HandshakeRequest) -> None:
