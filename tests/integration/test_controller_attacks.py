@@ -18,6 +18,7 @@ import pytest
 import hamq
 from helpers import wait_for
 from integration.test_controller_mode import (
+    MEMBER_SETTINGS,
     MEMBERS,
     SETTLE_S,
     ControllerModeGroup,
@@ -91,3 +92,17 @@ def test_a_strangers_role_change_notifications_change_nothing(group):
         sent = group.send(producer, 10, "after")
         assert all(r.queue.broker_name == "cm" for r in sent)
     wait_for(lambda: group.caught_up(master), SETTLE_S, "both slaves holding the log")
+
+
+def test_a_second_broker_on_a_members_store_directory_is_refused(group):
+    """Its broker metadata would give it the member's id and register check code, so the
+    controller would grant it the id: two processes writing one log, both master when
+    that id is elected. The store directory is locked by the broker that opened it."""
+    master = _ready(group)
+    truth = group.replica_info()
+    slave = next(m for m in MEMBERS if m != master)
+    twin_settings = {**MEMBER_SETTINGS, "store_dir": str(group.c.root / slave)}
+    with pytest.raises(RuntimeError, match="is in use by another broker"):
+        group.c.start_broker("twin", controller_addr=group.c.namesrv_addrs, **twin_settings)
+    assert group.replica_info() == truth
+    _as_the_controller_says(group, master, truth)

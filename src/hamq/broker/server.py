@@ -25,6 +25,7 @@ from hamq.broker.role import BrokerRole, RoleService, RoleServices, RoleState
 from hamq.broker.schedule.service import ScheduleMessageService
 from hamq.broker.send import SendProcessor
 from hamq.broker.send_back import ConsumerSendMsgBackProcessor
+from hamq.broker.store_lock import StoreDirLock
 from hamq.broker.topics import TopicService
 from hamq.broker.transaction.check import TransactionalMessageCheckService
 from hamq.broker.transaction.service import TransactionalMessageService
@@ -85,6 +86,7 @@ class Broker:
         )
 
         # -- the store, the group, the name servers -------------------------------------
+        self.store_lock = StoreDirLock(config.store_dir)  # before recovery writes anything
         self.store = MessageStore(config)
         self.flush = FlushService(self.store)
         self.pool = ConnectionPool()
@@ -407,6 +409,7 @@ class Broker:
         await self._stop_serving()  # done already if the HA master stopped
         await self.flush.stop()
         self.store.close()
+        self.store_lock.release()
         if self.metrics is not None:
             self.metrics.shutdown()
         await self.pool.close()
