@@ -275,3 +275,20 @@ def test_the_held_set_announced_again_keeps_a_join_in_flight(empty_log):
     run(m.apply_sync_state_set(frozenset({MASTER, 1}), epoch=2))  # the alter's answer
     run(ship_and_ack(m, 1, 200, 200, 4))
     assert results == [ReplicaStatus.PUT_OK]
+
+
+def test_a_refused_join_stops_counting_and_sends_complete_without_it(empty_log):
+    """The controller refused the expand at the held epoch (the member was not alive to
+    it): nothing was applied, so a member that then went silent holds no send back."""
+    s = sss()
+    m = all_ack_core(s)
+    m.attach(1, 1, 0, None, empty_log, 0)
+    run(m.apply_sync_state_set(frozenset({MASTER}), epoch=1))
+    run(ship_and_ack(m, 1, 100, 100, 1))
+    assert s.change(now_ms=2, master_max_offset=100) == {MASTER, 1}
+    results: list[ReplicaStatus] = []
+    m.wait_for_acks(200, 2, 3, 10_000, results.append)
+    run(m.disconnect(1))
+    assert results == [] and s.change(now_ms=4, master_max_offset=200) is None
+    run(m.refuse_sync_state_set())
+    assert results == [ReplicaStatus.PUT_OK] and s.effective == {MASTER}

@@ -374,6 +374,13 @@ class MasterReplication:
         self.sync_state_set.apply(ids, epoch)
         return self._complete_satisfied()
 
+    def refuse_sync_state_set(self) -> list[tuple[AckCallback, ReplicaStatus]]:
+        """The controller refused the proposals (``SyncStateSet.refused``): members only
+        they added no longer hold all-ack sends back."""
+        assert self.sync_state_set is not None
+        self.sync_state_set.refused()
+        return self._complete_satisfied()
+
     def confirm_offset(self, master_max_offset: int) -> int:
         """What every member of the effective SyncStateSet holds (controller mode); the
         whole log outside it."""

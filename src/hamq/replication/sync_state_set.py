@@ -82,6 +82,14 @@ class SyncStateSet:
         self._effective = self.applied | self.proposed
         return True
 
+    def refused(self) -> None:
+        """The controller refused the proposal sent with the held epoch for a reason other
+        than a stale epoch (a member not alive, unknown, no change): it is still at this
+        epoch, so it applied none of the proposals, and they stop counting. (A proposal
+        whose answer was lost keeps counting: the controller may have applied it.)"""
+        self.proposed = frozenset()
+        self._effective = self.applied
+
     # -- slave progress ----------------------------------------------------------------------
     def on_connect(self, broker_id: int, ack_offset: int, now_ms: int) -> None:
         """A slave attached; ``ack_offset`` is where its log agrees with ours."""

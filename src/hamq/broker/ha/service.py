@@ -461,6 +461,14 @@ class HAMaster:
         self._update_read_cap()
         return proposal
 
+    def sync_state_set_refused(self) -> None:
+        """The controller refused the proposed SyncStateSet at the epoch this master holds
+        (not CONTROLLER_FENCED_*: those mean a newer set or master, re-read it): the
+        members only that proposal added stop counting for all-ack and the read cap."""
+        if self.core.sync_state_set is not None:
+            _run(self.core.refuse_sync_state_set())
+            self._update_read_cap()
+
     @property
     def sync_state_set(self) -> frozenset[int]:
         """The effective SyncStateSet (applied ∪ proposed)."""
