@@ -33,12 +33,10 @@ def test_master_cut_off_acknowledges_nothing_in_the_new_epoch_and_rejoins_as_sla
 ):
     """Cut from the name server too, the old master drops out of the routes; cut from the
     controller only, it keeps registering as the master there next to the new one."""
-    # The controller's role-change notifications go to a member's listen address, which
-    # no proxy sits in front of: off, so the cut master hears of nothing while cut (the
-    # others learn their roles from their replica-info polls).
-    group = ControllerGroup(
-        cluster_factory, controller_settings={"notify_broker_role_changed": False}
-    )
+    # The controller's role-change notifications reach a member's listen address, which no
+    # proxy sits in front of; they only make it re-read its role from the controller,
+    # which the cut master cannot reach.
+    group = ControllerGroup(cluster_factory)
     try:
         producer, reader = start_traffic(group)
         wait_for(lambda: len(producer.acks) > 50, 30, "steady sends")
