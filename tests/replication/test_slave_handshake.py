@@ -578,3 +578,18 @@ def test_a_slave_holding_a_newer_epoch_deposes_the_master_whatever_epoch_it_name
     with pytest.raises(MasterDeposed, match="follows master epoch 3"):
         m.handshake(KEY, request, now_ms=0)
     assert core.deposed and core.highest_epoch == 3
+
+
+def test_a_master_epoch_history_that_contradicts_the_slaves_is_refused_clearly(stores):
+    """A broken master names an epoch newer than the slave's last that starts below it:
+    the slave's epoch file cannot take it, and the session ends with a clear error
+    instead of an exception the HA shell does not expect."""
+    _, slave = stores
+    put(slave, "a", 20)
+    write_epochs(slave, (1, 0), (3, boundaries(slave)[10]))
+    s = SlaveLink(slave, broker_id=1)
+    s.begin()
+    end = slave.commitlog.max_offset
+    with pytest.raises(HamqError, match="epoch history"):
+        s.on_handshake_reply({"start_offset": end, "epoch": 5, "epochs": [[1, 0], [5, 10]]})
+    assert epochs(slave) == [(1, 0), (3, boundaries(slave)[10])]

@@ -298,9 +298,17 @@ class SlaveLink:
             return self._request(step)
         self._handshake = None
         self._cut(step)
+        held = self.store.epochs.entries()
+        last = held[-1] if held else EpochEntry(0, 0)
+        ahead = [entry for entry in self._master_epochs if entry.epoch > last.epoch]
+        if ahead and ahead[0].start_offset < last.start_offset:
+            raise HamqError(
+                f"the master's epoch history {epochs_to_wire(self._master_epochs)} starts "
+                f"epoch {ahead[0].epoch} below this member's epoch {last.epoch} at offset "
+                f"{last.start_offset}: the two histories contradict each other; not following"
+            )
         self.attached = True
-        last = self.store.epochs.last_epoch()
-        self._epochs_ahead = [entry for entry in self._master_epochs if entry.epoch > last]
+        self._epochs_ahead = ahead
         self._follow_epochs()
         return None
 
