@@ -43,13 +43,22 @@ def _add_members(state: ControllerState, ids: range) -> None:
         address = f"127.0.0.1:{10900 + broker_id}"
         request = ApplyBrokerIdRequest(CLUSTER, GROUP, broker_id, address, f"{address};{broker_id}")
         _commit(state, decide_apply_broker_id(state, request, now_ms=1000 + broker_id))
+        # its registration at the same address changes nothing replicated
         register = RegisterBrokerRequest(CLUSTER, GROUP, broker_id, address)
-        _commit(state, decide_register_broker(state, register, now_ms=2000 + broker_id))
+        assert decide_register_broker(state, register, now_ms=2000 + broker_id) is None
 
 
 @pytest.fixture
 def commit() -> Callable[[ControllerState, Event | ControllerError], Event]:
     return _commit
+
+
+@pytest.fixture
+def three_members() -> ControllerState:
+    """Members 1, 2, 3 with ids granted and no election yet."""
+    state = ControllerState()
+    _add_members(state, range(1, 4))
+    return state
 
 
 @pytest.fixture

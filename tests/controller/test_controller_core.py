@@ -236,7 +236,8 @@ def test_a_master_that_keeps_reporting_is_not_replaced():
 def test_snapshot_and_restart_give_the_same_state():
     cluster = Cluster()
     _group_of_two(cluster)
-    _join(cluster, 3)  # 8 events: snapshots were taken along the way
+    _join(cluster, 3)  # 5 events: snapshots were taken along the way
+    cluster.run(100)  # followers learn the last commit with the next heartbeat
     leader = cluster.leader()
     restarted = next(i for i in PEERS if i != leader)
     snapshot = cluster.snapshots[restarted]
@@ -347,3 +348,84 @@ def test_a_leader_cut_off_from_the_majority_stops_serving_before_another_serves(
         assert len(serving) <= 1, f"peers {serving} serve at once at {cluster.now_ms} ms"
     assert serving and serving[0] != old
     assert len(outcomes) == 1 and isinstance(outcomes[0], ControllerError)
+
+
+def _register_count(cluster: Cluster, peer: int) -> tuple[Outcome, int]:
+    """Register member 1 at ``peer`` (the leader): its answer and the Raft log's growth."""
+    core = cluster.cores[peer]
+    before = core.node.log.ledger_end_index
+    (outcome,) = cluster.submit(peer, RegisterBrokerRequest(*KEY, 1, _addr(1)))
+    cluster.pump()
+    return outcome, core.node.log.ledger_end_index - before
+
+
+def test_registering_again_at_the_same_address_adds_no_raft_entry():
+    cluster = Cluster()
+    _group_of_two(cluster)
+    leader = cluster.leader()
+    for _ in range(5):  # a member registering at every start, or each poll, or a stranger
+        outcome, grown = _register_count(cluster, leader)
+        assert isinstance(outcome, Applied) and outcome.event is None and grown == 0
+        assert outcome.group == cluster.cores[leader].group(KEY)  # answered from the state
+    (stranger,) = cluster.submit(leader, RegisterBrokerRequest(*KEY, 9, _addr(9)))
+    assert isinstance(stranger, ControllerError)
+    assert 9 not in cluster.cores[leader].liveness.live_info(KEY)  # nothing kept for it
+    moved = RegisterBrokerRequest(*KEY, 1, "127.0.0.1:20901")
+    outcome = cluster.commit(moved)  # an address change is replicated
+    assert outcome.event is not None
+    cluster.run(100)
+    assert all(
+        state.groups[KEY].members[1].address == "127.0.0.1:20901" for state in _states(cluster)
+    )
+
+
+def test_a_restart_election_waits_for_a_registration_seen_by_the_current_leader():
+    """The restarted master registered with the old controller leader; the new leader
+    holds recent reports but never saw that registration (a time from the old leader's
+    clock, replicated, proves nothing on its own): it refuses until the member registers
+    with it, then trusts only reports that arrived after that."""
+    cluster = Cluster()
+    _group_of_two(cluster)
+    old = cluster.leader()
+    cluster.submit(old, RegisterBrokerRequest(*KEY, 1, _addr(1)))  # 1 is back after a restart
+    cluster.cut = {old}
+    new = cluster.leader(set(PEERS) - {old})
+    restart = ElectMasterRequest(*KEY, ElectTrigger.MASTER_RESTART, 1, master_epoch=1)
+    cluster.beat(1, epoch=1, max_offset=600)  # 1 lost its unflushed tail
+    cluster.beat(2, epoch=1, max_offset=900)
+    (refused,) = cluster.submit(new, restart)
+    assert isinstance(refused, ControllerError)
+    assert refused.code == ControllerCode.CONTROLLER_ELECT_MASTER_FAILED
+    assert "register again" in refused.remark
+    cluster.run(TICK_MS)
+    outcome, grown = _register_count(cluster, new)
+    assert isinstance(outcome, Applied) and grown == 0
+    (waiting,) = cluster.submit(new, restart)  # the reports predate the registration
+    assert isinstance(waiting, ControllerError) and "[1, 2]" in waiting.remark
+    cluster.run(TICK_MS)
+    cluster.beat(1, epoch=1, max_offset=600)
+    cluster.beat(2, epoch=1, max_offset=900)
+    assert cluster.submit(new, restart) == []  # proposed
+    cluster.pump()
+    group = cluster.cores[new].group(KEY)
+    assert group is not None and (group.master_id, group.master_epoch) == (2, 2)
+
+
+def test_a_leader_again_forgets_the_registrations_it_saw_in_an_earlier_term():
+    """Between its terms another leader may have handled a later restart of the member."""
+    cluster = Cluster()
+    _group_of_two(cluster)
+    first = cluster.leader()
+    _register_count(cluster, first)
+    assert cluster.cores[first].liveness.live_info(KEY)[1].registered_ms is not None
+    leader = first
+    for _ in range(20):  # depose each leader until ``first`` leads again
+        cluster.cut = {leader}
+        leader = cluster.leader(set(PEERS) - {leader})
+        cluster.run(400)  # the cut one steps down
+        cluster.cut = set()
+        if leader == first:
+            break
+    assert leader == first
+    info = cluster.cores[first].liveness.live_info(KEY).get(1)
+    assert info is None or info.registered_ms is None

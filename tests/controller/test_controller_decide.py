@@ -79,6 +79,36 @@ def test_first_election_takes_the_registering_member(group_of_three):
     assert (group.sync_state_set, group.sync_state_set_epoch) == ({1, 2, 3}, 2)
 
 
+def _first_election(state: ControllerState, requester: int, live: dict, alive=None) -> ElectMaster:
+    request = ElectMasterRequest(CLUSTER, GROUP, ElectTrigger.REGISTER, broker_id=requester)
+    decision = decide_elect_master(state, request, alive or live.keys(), live, False)
+    assert isinstance(decision, ElectMaster), decision
+    return decision
+
+
+def test_first_election_takes_the_alive_member_with_the_most_data(three_members):
+    # members already hold data (moved from master-slave mode, or a group created again
+    # after clean-broker-metadata): a lagging member that asks first must not win
+    live = {1: BrokerLiveInfo(0, 100), 2: BrokerLiveInfo(0, 500), 3: BrokerLiveInfo(0, 300)}
+    assert _first_election(three_members, 1, live) == ElectMaster(CLUSTER, GROUP, 2, 1, False)
+    assert _first_election(three_members, 3, live).new_master_id == 2
+    # a newer epoch beats a longer log
+    live = {1: BrokerLiveInfo(3, 100), 2: BrokerLiveInfo(2, 900)}
+    assert _first_election(three_members, 2, live).new_master_id == 1
+    # a dead member's data does not hold the election up
+    live = {1: BrokerLiveInfo(0, 100), 3: BrokerLiveInfo(0, 900)}
+    assert _first_election(three_members, 1, live, alive={1}).new_master_id == 1
+
+
+def test_first_election_of_an_empty_group_takes_the_requester_at_once(three_members):
+    empty = {i: BrokerLiveInfo(0, 0) for i in (1, 2, 3)}
+    assert _first_election(three_members, 3, empty).new_master_id == 3
+    # ties go to the requester; alone, it wins without waiting for the others
+    tie = {1: BrokerLiveInfo(1, 700), 2: BrokerLiveInfo(1, 700), 3: BrokerLiveInfo(1, 300)}
+    assert _first_election(three_members, 2, tie).new_master_id == 2
+    assert _first_election(three_members, 2, {2: BrokerLiveInfo(0, 0)}).new_master_id == 2
+
+
 def test_alive_master_in_the_set_is_kept(group_of_three):
     admin = ElectMasterRequest(CLUSTER, GROUP, ElectTrigger.ADMIN)
     decision = decide_elect_master(group_of_three, admin, {1, 2, 3}, {}, False)

@@ -4,20 +4,22 @@ SyncStateSet acknowledged; the set member with the most data wins, always in a n
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from hamq.controller.decide import decide_elect_master, decide_register_broker
+from hamq.controller.decide import decide_elect_master
 from hamq.controller.elect import BrokerLiveInfo
 from hamq.controller.errors import ControllerCode, ControllerError
 from hamq.controller.events import ElectMaster
-from hamq.controller.requests import ElectMasterRequest, ElectTrigger, RegisterBrokerRequest
+from hamq.controller.requests import ElectMasterRequest, ElectTrigger
 from hamq.controller.state import ControllerState
 from hamq.errors import InvalidArgument
 from hamq.protocol import controller as wire
 
 CLUSTER, GROUP = "DefaultCluster", "broker-a"
 KEY = (CLUSTER, GROUP)
-RESTARTED_AT_MS = 5000  # when master 1 registered again after its restart
+RESTARTED_AT_MS = 5000  # when this leader saw master 1 register again after its restart
 ALIVE = frozenset({1, 2, 3})
 
 
@@ -26,14 +28,14 @@ def _restart(broker_id: int = 1, master_epoch: int | None = 1) -> ElectMasterReq
 
 
 def _fresh(epoch: int, max_offset: int) -> BrokerLiveInfo:
-    return BrokerLiveInfo(epoch, max_offset, RESTARTED_AT_MS + 100)
+    """A report that arrived after the restarted master registered (each member's
+    registration time is this leader's too; only the requester's counts)."""
+    return BrokerLiveInfo(epoch, max_offset, RESTARTED_AT_MS + 100, RESTARTED_AT_MS)
 
 
 @pytest.fixture
-def restarted(group_of_three, commit) -> ControllerState:
-    """Master 1 of epoch 1 (set {1, 2, 3}) registered again after a restart."""
-    again = RegisterBrokerRequest(CLUSTER, GROUP, 1, "127.0.0.1:10901")
-    commit(group_of_three, decide_register_broker(group_of_three, again, RESTARTED_AT_MS))
+def restarted(group_of_three) -> ControllerState:
+    """Master 1 of epoch 1 (set {1, 2, 3}), back after a restart."""
     return group_of_three
 
 
@@ -98,12 +100,20 @@ def test_a_retry_after_the_answer_was_lost_is_fenced(restarted, commit):
 def test_reports_older_than_the_restart_are_not_trusted(restarted):
     # 3's last report predates the restart: it may understate what 3 holds, and 1 (which
     # lost a tail) would win over the records it lost
-    live = {1: _fresh(1, 600), 2: _fresh(1, 500), 3: BrokerLiveInfo(1, 550, RESTARTED_AT_MS - 1)}
+    live = {
+        1: _fresh(1, 600),
+        2: _fresh(1, 500),
+        3: replace(_fresh(1, 550), last_seen_ms=RESTARTED_AT_MS - 1),
+    }
     decision = decide_elect_master(restarted, _restart(), ALIVE, live, False)
     assert _code(decision) is ControllerCode.CONTROLLER_ELECT_MASTER_FAILED
     assert "[3]" in decision.remark
     # the restarted master's own report must be the new one too
-    live = {1: BrokerLiveInfo(1, 900, RESTARTED_AT_MS - 1), 2: _fresh(1, 800), 3: _fresh(1, 800)}
+    live = {
+        1: replace(_fresh(1, 900), last_seen_ms=RESTARTED_AT_MS - 1),
+        2: _fresh(1, 800),
+        3: _fresh(1, 800),
+    }
     assert _code(decide_elect_master(restarted, _restart(), ALIVE, live, False)) is (
         ControllerCode.CONTROLLER_ELECT_MASTER_FAILED
     )
@@ -111,6 +121,25 @@ def test_reports_older_than_the_restart_are_not_trusted(restarted):
     live = {1: _fresh(1, 600), 2: _fresh(1, 800)}
     assert (
         _elected(decide_elect_master(restarted, _restart(), {1, 2}, live, False)).new_master_id == 2
+    )
+
+
+def test_a_leader_that_did_not_see_the_registration_waits_for_a_new_one(restarted):
+    # Every report is recent, but this leader never handled master 1's registration (it was
+    # elected since): a time from another peer's clock proves nothing, so it refuses, and
+    # the member, refused a few times, registers again (broker/replicas_manager.py)
+    live = {i: replace(_fresh(1, 900), registered_ms=None) for i in ALIVE}
+    decision = decide_elect_master(restarted, _restart(), ALIVE, live, False)
+    assert _code(decision) is ControllerCode.CONTROLLER_ELECT_MASTER_FAILED
+    assert "register again" in decision.remark
+    assert restarted.groups[KEY].master_epoch == 1
+    # the replicated registration time is informational: it decides nothing
+    for member in restarted.groups[KEY].members.values():
+        assert member.register_time_ms < RESTARTED_AT_MS
+    live[1] = replace(live[1], registered_ms=RESTARTED_AT_MS)
+    assert (
+        _elected(decide_elect_master(restarted, _restart(), ALIVE, live, False)).new_master_epoch
+        == 2
     )
 
 

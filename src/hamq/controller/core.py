@@ -17,6 +17,9 @@ that its state may lack events committed under the previous leader.
 Heartbeats are soft state (``liveness.py``), never replicated: every peer records them,
 but only the leader declares a master dead, and only once it has led for a whole
 heartbeat timeout, since the reports it holds from before may be partial (DESIGN §5).
+Registrations are soft state too: the serving leader notes when it handled each one, on
+its own clock, and forgets them when a new term begins; a registration at the recorded
+address changes nothing replicated and is answered from the state, with no Raft entry.
 
 Snapshots: every ``snapshot_interval_entries`` applied entries the state is encoded with
 its applied index; a restart loads it and applies only later entries. ``raft/`` has no
@@ -94,9 +97,10 @@ Request = (
 @dataclass(frozen=True)
 class Applied:
     """A request's event, committed and applied; ``group`` is its group afterwards (None
-    once cleaned away)."""
+    once cleaned away). ``event`` None: the request changed nothing replicated (a member
+    registering again at its recorded address) and was answered from the state."""
 
-    event: Event
+    event: Event | None
     group: BrokerGroup | None
 
 
@@ -246,7 +250,15 @@ class ControllerCore:
         if isinstance(decision, ControllerError):
             callback(decision)
             return
-        self._propose(decision, callback)
+        key = (request.cluster_name, request.broker_name)
+        if isinstance(request, RegisterBrokerRequest):
+            # a known member: what a restart election dates its reports by (this peer's
+            # clock, this term); kept whether or not the address change commits
+            self.liveness.registered(key, request.broker_id, now_ms)
+        if decision is None:
+            callback(Applied(None, self.state.groups.get(key)))
+        else:
+            self._propose(decision, callback)
 
     def scan(self, now_ms: int) -> list[ElectMasterRequest]:
         """The leader's master-timeout scan: elect for every group whose master stopped
@@ -263,7 +275,7 @@ class ControllerCore:
                 continue
             request = ElectMasterRequest(*key, ElectTrigger.MASTER_TIMEOUT)
             decision = self._decide(request, now_ms)
-            if isinstance(decision, ControllerError):
+            if not isinstance(decision, ElectMaster):
                 continue  # no master and still no candidate: nothing to end or start
             self._electing.add(key)
             self._propose(decision, self._election_done(key))
@@ -328,10 +340,11 @@ class ControllerCore:
         elif self._lead_term != self.node.term:
             self._lead_term = self.node.term
             self._leading_since_ms = now_ms
+            self.liveness.forget_registrations()
             # the no-op RawNode appended on winning is at or before the log's end
             self._serve_from_index = self.node.log.ledger_end_index
 
-    def _decide(self, request: Request, now_ms: int) -> Event | ControllerError:
+    def _decide(self, request: Request, now_ms: int) -> Event | ControllerError | None:
         state, liveness = self.state, self.liveness
         if isinstance(request, ApplyBrokerIdRequest):
             return decide_apply_broker_id(state, request, now_ms)

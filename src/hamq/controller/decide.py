@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Set
 from dataclasses import replace
 
-from hamq.controller.elect import BrokerLiveInfo, elect
+from hamq.controller.elect import BrokerLiveInfo, elect, report_rank
 from hamq.controller.errors import ControllerCode, ControllerError
 from hamq.controller.events import (
     AlterSyncStateSet,
@@ -72,11 +72,16 @@ def decide_apply_broker_id(
 
 def decide_register_broker(
     state: ControllerState, request: RegisterBrokerRequest, now_ms: int
-) -> RegisterBroker | ControllerError:
-    """Record a known member's (maybe new) address and registration time."""
+) -> RegisterBroker | ControllerError | None:
+    """Record a known member's new address; None when its address is the one recorded:
+    nothing replicated changes, so the answer comes from the state without a Raft entry
+    (members register at every start and after refused restart elections, and the log is
+    never compacted). ``register_time_ms`` goes with an address change, for display only."""
     group = state.groups.get((request.cluster_name, request.broker_name))
     if group is None or request.broker_id not in group.members:
         return _not_registered(request.cluster_name, request.broker_name)
+    if group.members[request.broker_id].address == request.address:
+        return None
     return RegisterBroker(
         request.cluster_name, request.broker_name, request.broker_id, request.address, now_ms
     )
@@ -91,9 +96,13 @@ def decide_elect_master(
 ) -> ElectMaster | ControllerError:
     """Elect by ``elect.elect``; an alive master in the set stays (CONTROLLER_MASTER_STILL_EXIST).
 
-    The group's first election takes any alive member (the registering one if alive): nothing
-    was acknowledged yet, so nothing can be lost. A failed election after a master timeout
-    still yields an event with no master: it ends the dead master's epoch, fencing it.
+    The group's first election takes any alive member, ranked by the (epoch, max offset)
+    they report, ties to the registering one: members may already hold data (a group moved
+    from master–slave mode, or created again after its metadata was cleaned), and the one
+    with the most must win over a lagging member that happened to ask first; a new, empty
+    group still elects its first registering member at once. A failed election after a
+    master timeout still yields an event with no master: it ends the dead master's epoch,
+    fencing it.
     """
     group = state.groups.get((request.cluster_name, request.broker_name))
     if group is None:
@@ -101,10 +110,12 @@ def decide_elect_master(
     if request.trigger is ElectTrigger.MASTER_RESTART:
         return _decide_restart(group, request, alive, live_info)
     first = not group.elected
-    if request.trigger is ElectTrigger.REGISTER and not first:
-        preferred = None  # a registering member never takes mastership from the policy
-    else:
+    if request.trigger is not ElectTrigger.REGISTER:
         preferred = request.broker_id
+    elif first:
+        preferred = _best_or_none(group, request.broker_id, alive, live_info)
+    else:
+        preferred = None  # a registering member never takes mastership from the policy
     pool = replace(group, sync_state_set=frozenset(group.members)) if first else group
     result = elect(pool, alive, live_info, preferred, enable_elect_unclean_master)
     if result is not None and result.broker_id == group.master_id:
@@ -131,6 +142,21 @@ def decide_elect_master(
     )
 
 
+def _best_or_none(
+    group: BrokerGroup,
+    broker_id: int | None,
+    alive: Set[int],
+    live_info: Mapping[int, BrokerLiveInfo],
+) -> int | None:
+    """``broker_id`` if no alive member reports a larger (epoch, max offset) than it; else
+    None, and the ranking picks the one that does."""
+    if broker_id is None or broker_id not in alive:
+        return None
+    reported = report_rank(live_info.get(broker_id))
+    others = (report_rank(live_info.get(i)) for i in group.members.keys() & alive)
+    return broker_id if all(rank <= reported for rank in others) else None
+
+
 def _decide_restart(
     group: BrokerGroup,
     request: ElectMasterRequest,
@@ -146,7 +172,11 @@ def _decide_restart(
 
     Every alive set member must have reported since the requester registered: an older
     report may understate a slave's log (the restarted master would win over the records
-    it lost); until then CONTROLLER_ELECT_MASTER_FAILED, and the member asks again.
+    it lost); until then CONTROLLER_ELECT_MASTER_FAILED, and the member asks again. Both
+    times are this leader's soft state on its own clock (``registered_ms``, recorded when
+    it handled the registration): a leader that did not see the requester register (it
+    was elected since) refuses the same way, and the member, refused a few times,
+    registers again.
     When the requester is the only alive set member it wins again in a new epoch, which
     starts at its log's end: anything only a dead member holds is cut when that member
     returns (nothing acknowledged under sync flush; with async flush, the power loss took
@@ -158,7 +188,14 @@ def _decide_restart(
     if refusal is not None:
         return refusal
     assert request.broker_id is not None, "the current master's id, checked above"
-    registered = group.members[request.broker_id].register_time_ms
+    requester = live_info.get(request.broker_id)
+    registered = None if requester is None else requester.registered_ms
+    if registered is None:
+        return ControllerError(
+            Code.CONTROLLER_ELECT_MASTER_FAILED,
+            f"master {request.broker_id} of {request.broker_name} has not registered with "
+            "this controller leader since it restarted; register again",
+        )
     candidates = group.sync_state_set & alive
     stale = sorted(
         i

@@ -18,11 +18,14 @@ _NO_LIVE_INFO = (-1, -1)
 @dataclass(frozen=True)
 class BrokerLiveInfo:
     """What a member last reported in its heartbeat: its epoch, its log's max offset and
-    when the report arrived (the controller leader's clock; None where unknown)."""
+    when the report arrived; ``registered_ms`` is when this controller leader last handled
+    a registration from it. Both are on the leader's own clock (None where unknown), so
+    only they may be compared with each other."""
 
     epoch: int
     max_offset: int
     last_seen_ms: int | None = None
+    registered_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,11 @@ class ElectResult:
 
     broker_id: int
     unclean: bool
+
+
+def report_rank(info: BrokerLiveInfo | None) -> tuple[int, int]:
+    """What an election ranks a member by, largest first: its reported (epoch, max offset)."""
+    return _NO_LIVE_INFO if info is None else (info.epoch, info.max_offset)
 
 
 def elect(
@@ -70,8 +78,7 @@ def _try_elect(
         return preferred_id if preferred_id in candidates else None
 
     def rank(broker_id: int) -> tuple[int, int, int]:
-        info = live_info.get(broker_id)
-        epoch, offset = _NO_LIVE_INFO if info is None else (info.epoch, info.max_offset)
+        epoch, offset = report_rank(live_info.get(broker_id))
         # Largest (epoch, max offset) wins; the smallest id breaks ties so every run agrees.
         return (-epoch, -offset, broker_id)
 

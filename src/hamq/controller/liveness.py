@@ -1,8 +1,10 @@
-"""Soft state: what each member last reported and when (RocketMQ's ``BrokerLiveInfo``).
+"""Soft state: what each member last reported and when (RocketMQ's ``BrokerLiveInfo``),
+and when the serving leader last saw it register.
 
 Every controller peer records every heartbeat it receives, but nothing here is
 replicated: it decides only liveness and which member an election prefers, and only the
-Raft leader acts on it. Time comes in as an argument.
+Raft leader acts on it. Time comes in as an argument, always this peer's own monotonic
+clock: a time taken on another peer's clock is never compared with these.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class BrokerLiveness:
     def __init__(self, timeout_ms: int) -> None:
         self.timeout_ms = timeout_ms
         self._groups: dict[GroupKey, dict[int, BrokerLiveState]] = {}
+        # when this peer, leading, last handled each member's registration
+        self._registered: dict[GroupKey, dict[int, int]] = {}
 
     def record(self, heartbeat: BrokerHeartbeat, now_ms: int) -> None:
         key = (heartbeat.cluster_name, heartbeat.broker_name)
@@ -42,6 +46,16 @@ class BrokerLiveness:
             heartbeat.confirm_offset,
             now_ms,
         )
+
+    def registered(self, key: GroupKey, broker_id: int, now_ms: int) -> None:
+        """The member registered with this peer while it led (a restarted master's
+        election trusts only reports that arrived after this)."""
+        self._registered.setdefault(key, {})[broker_id] = now_ms
+
+    def forget_registrations(self) -> None:
+        """This peer begins a term as leader: the registrations it saw before may predate
+        a member's later restart that another leader handled, so it waits for new ones."""
+        self._registered.clear()
 
     def members(self, key: GroupKey) -> dict[int, BrokerLiveState]:
         return dict(self._groups.get(key, {}))
@@ -55,15 +69,21 @@ class BrokerLiveness:
 
     def live_info(self, key: GroupKey) -> dict[int, BrokerLiveInfo]:
         members = self._groups.get(key, {})
-        return {
-            i: BrokerLiveInfo(s.epoch, s.max_offset, s.last_seen_ms) for i, s in members.items()
+        registered = self._registered.get(key, {})
+        info = {
+            i: BrokerLiveInfo(s.epoch, s.max_offset, s.last_seen_ms, registered.get(i))
+            for i, s in members.items()
         }
+        for i, registered_ms in registered.items():
+            info.setdefault(i, BrokerLiveInfo(-1, -1, None, registered_ms))
+        return info
 
     def forget(self, key: GroupKey, broker_ids: frozenset[int]) -> None:
         """A cleaned member (or the whole group, for an empty ``broker_ids``)."""
-        if not broker_ids:
-            self._groups.pop(key, None)
-            return
-        members = self._groups.get(key, {})
-        for broker_id in broker_ids:
-            members.pop(broker_id, None)
+        for table in (self._groups, self._registered):
+            if not broker_ids:
+                table.pop(key, None)
+                continue
+            members = table.get(key, {})
+            for broker_id in broker_ids:
+                members.pop(broker_id, None)

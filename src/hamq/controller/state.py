@@ -17,7 +17,10 @@ GroupKey = tuple[str, str]
 
 @dataclass(frozen=True)
 class BrokerMember:
-    """One replica of a group as the controller knows it."""
+    """One replica of a group as the controller knows it. ``register_time_ms`` is when its
+    id was granted or its address last changed, on the clock of the controller leader of
+    that moment (RocketMQ keeps it for display): informational, never compared with
+    anything, since another peer's monotonic clock means nothing here."""
 
     address: str
     register_check_code: str
