@@ -106,3 +106,52 @@ def test_a_second_broker_on_a_members_store_directory_is_refused(group):
         group.c.start_broker("twin", controller_addr=group.c.namesrv_addrs, **twin_settings)
     assert group.replica_info() == truth
     _as_the_controller_says(group, master, truth)
+
+
+def test_a_member_cleaned_while_alive_never_takes_the_mastership_of_its_ids_new_owner(group):
+    """CLEAN_BROKER_DATA of a living slave frees its id, and the controller gives the
+    highest free id to the next member that asks: two processes then hold one id. When
+    the controller names that id master, only the member at the named address may lead;
+    the cleaned one (which still believes the id is its own) must not become a second
+    master of the epoch."""
+    master = _ready(group)
+    ids = {group.member_of(addr): i for i, addr in group.replica_info().members}
+    if ids[master] == max(ids.values()):  # the freed id must be the highest to be reused
+        other = next(m for m in MEMBERS if m != master)
+        group.controller(lambda cc: cc.elect_master(*CLUSTER_KEY, ids[other], "admin"))
+        master = group.master(other_than=master)
+    cleaned = max((m for m in MEMBERS if m != master), key=ids.get)
+    group.controller(
+        lambda cc: cc.clean_broker_data(*CLUSTER_KEY, [ids[cleaned]], clean_living_broker=True)
+    )
+    group.c.start_broker("m4", controller_addr=group.c.namesrv_addrs, **MEMBER_SETTINGS)
+    assert group.info("m4")["controller"]["broker_id"] == ids[cleaned]
+
+    def m4_electable():
+        info = group.replica_info()
+        return info and dict(info.members).get(ids[cleaned]) == group.c.broker_addr("m4")
+
+    wait_for(m4_electable, SETTLE_S, "the new owner of the id registered")
+    wait_for(
+        lambda: ids[cleaned] in group.replica_info().sync_state_set,
+        SETTLE_S,
+        "the id back in the SyncStateSet",
+    )
+    elected = group.controller(lambda cc: cc.elect_master(*CLUSTER_KEY, ids[cleaned], "admin"))
+    assert elected.master_addr == group.c.broker_addr("m4")
+    wait_for(
+        lambda: (group.info("m4") or {}).get("role", {}).get("role") == "master",
+        SETTLE_S,
+        "the id's new owner leading",
+    )
+    wait_for(
+        lambda: group.info(cleaned)["role"]["epoch"] == elected.master_epoch,
+        SETTLE_S,
+        "the cleaned member hearing of the new epoch",
+    )
+    deadline = time.monotonic() + OBSERVE_S
+    while time.monotonic() < deadline:
+        role = group.info(cleaned)["role"]
+        assert (role["role"], role["master_addr"]) == ("slave", elected.master_addr), role
+        time.sleep(0.1)
+    assert "the id is another member's now" in group.info(cleaned)["controller"]["last_error"]

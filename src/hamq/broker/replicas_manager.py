@@ -18,11 +18,13 @@ and follows its answer.
 - Every ReplicaInfo the controller answers goes through ``_take``: one at a time, and
   never one older than what the member knows (a lower master epoch, or the same one with
   an older SyncStateSet epoch): a late answer must not undo a newer election. Named
-  master: the member becomes master in the controller's epoch (the epoch file records it
-  before the role flips, ``RoleServices.before_master``) with the controller's
-  SyncStateSet. Another master: it follows that member's HA address at that epoch. No
-  master: it stays or becomes a slave following nobody (a deposed master stops taking
-  writes) and asks for an election.
+  master (its broker id at its own address: an id named at another address went to
+  another process after this member was cleaned away alive): the member becomes master
+  in the controller's epoch (the epoch file records it before the role flips,
+  ``RoleServices.before_master``) with the controller's SyncStateSet. Another master:
+  it follows that member's HA address at that epoch. No master: it stays or becomes a
+  slave following nobody (a deposed master stops taking writes) and asks for an
+  election.
 - Named master of an epoch its epoch file already holds but this process did not begin
   (it restarted before the controller's heartbeat timeout): it never continues that
   epoch, since with async flush it may have lost an unflushed tail its SyncStateSet
@@ -280,14 +282,15 @@ class ReplicasManager:
                 )
                 return
             self._known, self.info = version, info
-            restarted = self._restarted_master(info)
+            named = self._named_master(info)
+            restarted = named and self._restarted_master(info)
             if restarted:
                 log.warning(
                     "named master of epoch %d, which this member led before it restarted: "
                     "asking the controller for a new epoch",
                     info.master_epoch,
                 )
-            elif info.master_id == self.role.broker_id:
+            elif named:
                 await self._become_master(info)
             else:
                 await self._become_slave(info)
@@ -296,12 +299,27 @@ class ReplicasManager:
         elif info.master_id is None and elect:
             await self._elect()
 
+    def _named_master(self, info: ReplicaInfo) -> bool:
+        """The controller names this member master: its broker id *at its address*. An id
+        named at another address was given to another process (this member was cleaned
+        away while alive, and the controller reuses the highest free id): taking it would
+        make two masters of one epoch, so this member follows that one as a slave."""
+        if info.master_id != self.role.broker_id:
+            return False
+        if info.master_addr == self.config.listen:
+            return True
+        self.last_error = (
+            f"the controller names broker id {info.master_id} master at {info.master_addr}, "
+            f"not at this member's {self.config.listen}: the id is another member's now"
+        )
+        log.error("%s; following it as a slave", self.last_error)
+        return False
+
     def _restarted_master(self, info: ReplicaInfo) -> bool:
-        """Named master of an epoch that an earlier run of this member led (its epoch file
-        holds it) and this process did not begin."""
+        """Named master (``_named_master``) of an epoch that an earlier run of this member
+        led (its epoch file holds it) and this process did not begin."""
         return (
-            info.master_id == self.role.broker_id
-            and info.master_epoch != self._begun_epoch
+            info.master_epoch != self._begun_epoch
             and info.master_epoch <= self.store.epochs.last_epoch()
         )
 
