@@ -299,7 +299,7 @@ class ControllerWorld:
                     continue
                 # NOTIFY_BROKER_ROLE_CHANGED, oneway, to every member
                 for member_id in group.members:
-                    self._datagram(_peer(peer.peer_id), _member(member_id), ("notify", group))
+                    self._datagram(_peer(peer.peer_id), _member(member_id), ("notify",))
             group = peer.process.group(KEY)
             if group is not None and group.master_epoch:
                 self.checkers.on_elected(group.master_epoch, group.master_id)
@@ -407,7 +407,9 @@ class ControllerWorld:
         if member.store is None:
             return
         if payload[0] == "notify":
-            self._learn(member, payload[1])
+            # a one-way frame anyone could send: only a hint to read the replica info from
+            # the controller now (ReplicasManager.handle_role_changed)
+            member.next_poll = self.now
             return
         _, rpc_id, reply, leader = payload
         if rpc_id != member.rpc_id:
