@@ -16,6 +16,9 @@ from dataclasses import replace
 import pytest
 
 import hamq
+from hamq.errors import InvalidArgument
+from hamq.protocol.codes import RequestCode
+from hamq.protocol.controller import role_changed_ext
 from helpers import wait_for
 from integration.test_controller_mode import (
     MEMBER_SETTINGS,
@@ -79,6 +82,12 @@ def test_a_strangers_role_change_notifications_change_nothing(group):
         sync_state_set_epoch=truth.sync_state_set_epoch + 1000,
     )
     _notify(group, master, CLUSTER_KEY, shrunk)
+    # a malformed one is refused as such, not taken for an internal error
+    invoke = group.admin.async_client.core.invoke
+    malformed = {**role_changed_ext(CLUSTER_KEY, truth), "master_epoch": "1001", "members": 7}
+    code = RequestCode.NOTIFY_BROKER_ROLE_CHANGED
+    with pytest.raises(InvalidArgument):
+        group.admin.submit(invoke(group.addr(master), code, malformed)).result(10)
 
     deadline = time.monotonic() + OBSERVE_S
     while time.monotonic() < deadline:
@@ -155,3 +164,37 @@ def test_a_member_cleaned_while_alive_never_takes_the_mastership_of_its_ids_new_
         assert (role["role"], role["master_addr"]) == ("slave", elected.master_addr), role
         time.sleep(0.1)
     assert "the id is another member's now" in group.info(cleaned)["controller"]["last_error"]
+
+
+def test_the_group_goes_on_while_the_controller_is_away_and_keeps_its_master(group):
+    """With every controller peer down (here the one name server it is embedded in) the
+    master keeps taking sends, all-acked by its SyncStateSet, and the slaves keep
+    copying: the controller decides roles, it is not on the data path. When it comes
+    back it waits for heartbeats before judging anyone dead (#7689's lesson), so the
+    same master goes on in the same epoch."""
+    master = _ready(group)
+    truth = group.replica_info()
+    with hamq.Producer(group.c.namesrv) as producer:
+        group.send(producer, 5, "before")  # the route is cached from here
+        group.c.procs["namesrv"].stop()
+        deadline = time.monotonic() + OBSERVE_S  # many heartbeat intervals (300 ms)
+        sent = 0
+        while time.monotonic() < deadline:
+            group.send(producer, 1, f"away-{sent}")
+            sent += 1
+        wait_for(lambda: group.caught_up(master), SETTLE_S, "slaves copying while it is away")
+        for m in MEMBERS:  # each has missed it (a poll gives up after its retries)
+            wait_for(
+                lambda m=m: group.info(m)["controller"]["last_error"],
+                SETTLE_S,
+                f"{m} missing the controller",
+            )
+        group.send(producer, 5, "still")
+        group.c.procs["namesrv"].start()
+        group.send(producer, 5, "after")
+    wait_for(lambda: group.replica_info() is not None, SETTLE_S, "the controller back")
+    deadline = time.monotonic() + OBSERVE_S
+    while time.monotonic() < deadline:
+        assert group.replica_info() == truth
+        _as_the_controller_says(group, master, truth)
+        time.sleep(0.1)
