@@ -16,7 +16,10 @@ from dataclasses import replace
 import pytest
 
 import hamq
+from hamq.broker.ha.member_group import MemberGroup
+from hamq.config import BrokerConfig
 from hamq.errors import InvalidArgument
+from hamq.net.pool import ConnectionPool
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.controller import role_changed_ext
 from helpers import wait_for
@@ -56,6 +59,14 @@ def _as_the_controller_says(group: ControllerModeGroup, master: str, truth) -> N
         assert controller["master_id"] == ids[group.addr(master)], (m, controller)
         assert controller["master_epoch"] == truth.master_epoch, (m, controller)
         assert controller["sync_state_set"] == sorted(truth.sync_state_set), (m, controller)
+
+
+def _agrees(group: ControllerModeGroup, master: str, truth) -> bool:
+    try:
+        _as_the_controller_says(group, master, truth)
+    except AssertionError:
+        return False
+    return True
 
 
 def test_a_strangers_role_change_notifications_change_nothing(group):
@@ -198,3 +209,63 @@ def test_the_group_goes_on_while_the_controller_is_away_and_keeps_its_master(gro
         assert group.replica_info() == truth
         _as_the_controller_says(group, master, truth)
         time.sleep(0.1)
+
+
+def test_a_member_reclaims_its_address_from_a_strangers_registration(group):
+    """CONTROLLER_REGISTER_BROKER carries no register check code, so a stranger can point
+    the master's id at its own address in the controller's state; every member would then
+    follow the stranger. The member whose id is listed at another address re-applies
+    the id with its register check code, which only it holds, and so takes it back."""
+    master = _ready(group)
+    truth = group.replica_info()
+    hijacked = group.controller(
+        lambda cc: cc.register_broker(*CLUSTER_KEY, truth.master_id, ATTACKER, 0, 0)
+    )
+    assert hijacked.master_addr == ATTACKER  # the controller took the stranger's word
+    wait_for(
+        lambda: group.replica_info().members == truth.members,
+        SETTLE_S,
+        "the master's address taken back",
+    )
+    assert group.master() == master
+    slaves = [m for m in MEMBERS if m != master]
+    wait_for(lambda: all(group.following(m, master) for m in slaves), SETTLE_S, "slaves back")
+    # the slaves followed the stranger for a moment, so the set may have shrunk and grown
+    wait_for(lambda: group.sync_state_set() == set(MEMBERS), SETTLE_S, "a full SyncStateSet")
+    now = group.replica_info()
+    assert (now.master_id, now.master_epoch) == (truth.master_id, truth.master_epoch)
+    wait_for(lambda: _agrees(group, master, now), SETTLE_S, "members taking the set")
+    with hamq.Producer(group.c.namesrv) as producer:
+        group.send(producer, 5, "after")
+
+
+def test_a_restarted_name_server_does_not_take_the_masters_ha_address_from_slaves():
+    """A name server restarted (here with the controller embedded in it) hears from a
+    slave before the master: its member group lacks the master. Dropping the master's HA
+    address closed the slaves' sessions and the master shrank its SyncStateSet at every
+    name server restart; the controller's master is still there, so its address stays."""
+    config = BrokerConfig(
+        broker_name="cm",
+        broker_id=2,
+        listen="127.0.0.1:10002",
+        namesrv=("127.0.0.1:9876",),
+        enable_controller_mode=True,
+        controller_addr=("127.0.0.1:9876",),
+    )
+    members = MemberGroup(config, ConnectionPool())
+    members.set_own_id(2)
+    members.follow_controller("127.0.0.1:10001")
+    whole = {
+        "broker_addrs": {"0": "127.0.0.1:10001", "2": "127.0.0.1:10002"},
+        "ha_addrs": {"0": "127.0.0.1:20001", "2": "127.0.0.1:20002"},
+    }
+    members._take("127.0.0.1:9876", whole)
+    members._reconcile()
+    assert members.master_ha_addr == "127.0.0.1:20001"
+    restarted = {"broker_addrs": {"2": "127.0.0.1:10002"}, "ha_addrs": {"2": "127.0.0.1:20002"}}
+    members._take("127.0.0.1:9876", restarted)
+    members._reconcile()
+    assert members.broker_addrs == {2: "127.0.0.1:10002"}
+    assert members.master_ha_addr == "127.0.0.1:20001"
+    members.follow_controller("127.0.0.1:10003")  # another master: its own address only
+    assert members.master_ha_addr is None

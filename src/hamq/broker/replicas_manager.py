@@ -220,24 +220,28 @@ class ReplicasManager:
     # -- the controller's answers ------------------------------------------------------------
     async def refresh(self) -> None:
         """Poll the group's replica info (register, until a registration was answered)
-        and take it."""
-        try:
-            if self._registered:
-                info = await self.client.get_replica_info(*self.group)
-            else:
-                info = await self.client.register_broker(
-                    *self.group,
-                    self.role.broker_id,
-                    self.config.listen,
-                    self.store.epochs.last_epoch(),
-                    self.store.commitlog.max_offset,
-                )
-                self._registered = True
-                await self._heartbeat()  # an election takes only members heard from
-        except HamqError as err:
-            self._failed("registration" if not self._registered else "replica info poll", err)
-            return
-        self.last_error = None
+        and take it; read once more after taking this member's address back."""
+        for _ in range(2):
+            try:
+                if self._registered:
+                    info = await self.client.get_replica_info(*self.group)
+                else:
+                    info = await self.client.register_broker(
+                        *self.group,
+                        self.role.broker_id,
+                        self.config.listen,
+                        self.store.epochs.last_epoch(),
+                        self.store.commitlog.max_offset,
+                    )
+                    self._registered = True
+                    await self._heartbeat()  # an election takes only members heard from
+            except HamqError as err:
+                what = "registration" if not self._registered else "replica info poll"
+                self._failed(what, err)
+                return
+            self.last_error = None
+            if not (self._listed_elsewhere(info) and await self._reclaim_id()):
+                break
         await self._take(info)
 
     def handle_role_changed(self, conn: Connection, frame: Frame) -> list | None:
@@ -298,6 +302,28 @@ class ReplicasManager:
             await self._elect(ElectTrigger.MASTER_RESTART, info.master_epoch)
         elif info.master_id is None and elect:
             await self._elect()
+
+    def _listed_elsewhere(self, info: ReplicaInfo) -> bool:
+        listed = dict(info.members).get(self.role.broker_id)
+        return listed is not None and listed != self.config.listen
+
+    async def _reclaim_id(self) -> bool:
+        """Our broker id is listed at another address: CONTROLLER_REGISTER_BROKER carries
+        no register check code, so anyone can move it. Applying the id again with our
+        code (which only this member holds) takes the address back (True); a refusal
+        means the id was given to another member after this one was cleaned away."""
+        meta = self.metadata.load(*self.group)
+        if meta is None:
+            return False
+        try:
+            await self.client.apply_broker_id(
+                *self.group, meta.broker_id, self.config.listen, meta.register_check_code
+            )
+        except HamqError as err:
+            self._failed("taking this member's address back", err)
+            return False
+        log.warning("broker id %d was listed at another address: taken back", meta.broker_id)
+        return True
 
     def _named_master(self, info: ReplicaInfo) -> bool:
         """The controller names this member master: its broker id *at its address*. An id

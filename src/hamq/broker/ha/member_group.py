@@ -24,7 +24,8 @@ In controller mode the controller, not the name servers, says who the master is
 (``follow_controller``): the name servers may still route a deposed master as brokerId 0
 for a while, so ``master_addr`` is the controller's choice and ``master_ha_addr`` the HA
 address that member registered with the name servers (under whichever id: every member
-registers its HA address from its start, so a new master's is known before it takes id 0).
+registers its HA address from its start, so a new master's is known before it takes id 0),
+kept while the name servers' answers lack that master (a restarted one).
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ class MemberGroup:
         self.on_change: list[Callable[[], None]] = []
         self.controlled = config.enable_controller_mode
         self.controller_master: str | None = None  # controller mode: the master's address
+        # controller mode: (master address, HA address) last seen in the name servers' answers
+        self._master_ha: tuple[str, str] | None = None
         # name server -> its latest answer that holds us
         self._answers: dict[str, GroupAnswer] = {}
         self._ignoring: set[str] = set()  # name servers whose answers lack us (logged once)
@@ -102,14 +105,23 @@ class MemberGroup:
     def master_ha_addr(self) -> str | None:
         if not self.controlled:
             return self.ha_addrs.get(MASTER_ID)
-        return next(
+        master = self.controller_master
+        ha_addr = next(
             (
                 self.ha_addrs.get(broker_id)
                 for broker_id, addr in sorted(self.broker_addrs.items())
-                if addr == self.controller_master and self.ha_addrs.get(broker_id)
+                if addr == master and self.ha_addrs.get(broker_id)
             ),
             None,
         )
+        if master is not None and ha_addr is not None:
+            self._master_ha = (master, ha_addr)
+        elif self._master_ha is not None and self._master_ha[0] == master:
+            # a restarted name server that heard from this member before the master lacks
+            # it: the controller's master is still there (dropping the address closed the
+            # slaves' sessions, and the master shrank its SyncStateSet)
+            ha_addr = self._master_ha[1]
+        return ha_addr
 
     def set_own_id(self, broker_id: int) -> None:
         """Controller mode: the id the controller gave this member (answers must hold it)."""
