@@ -1,7 +1,7 @@
 """Controller mode under the simulator (seed 001): controller peers (``ControllerCore``), a
 group of three members on the production HA cores and stores, and clients, over seeds
-0..SEEDS-1 on a process pool; the regression seeds; the seeds of bugs still open; and
-mutations of the production rules showing the checkers catch a broken one."""
+0..SEEDS-1 on a process pool (but for the seeds of bugs still open); the regression seeds;
+and mutations of the production rules showing the checkers catch a broken one."""
 
 from __future__ import annotations
 
@@ -76,32 +76,20 @@ def test_regression_seeds() -> None:
     assert not failures, _report(failures)
 
 
-def test_open_bug_seeds_still_fail() -> None:
-    """An open bug still shows on its seeds, as their lines say. Other changes may move a
-    schedule off it, so one seed will do; when none fails any more, the bug is fixed (make
-    its lines ``#cm`` regression seeds) or needs a new seed."""
-    results = list(map(run_controller_seed, OPEN_SEEDS))
-    failures = [r for r in results if not r.ok]
-    assert not OPEN_SEEDS or failures, "no open seed fails any more: see regression_seeds.txt"
-    for r in failures:
-        assert "acknowledged message" in (r.failure or ""), (r.seed, OPEN_SEEDS[r.seed], r.failure)
-
-
-def test_open_bug_a_is_a_slave_acking_what_it_has_not_fsynced(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Bug A (see regression_seeds.txt): the open seeds pass once a slave fsyncs what it
-    appended before it acknowledges it, so that is the missing rule."""
-    on_transfer = SlaveLink.on_transfer
-
-    def fsynced_on_transfer(self: SlaveLink, offset: int, data: bytes) -> list[tuple[str, int]]:
-        arrived = on_transfer(self, offset, data)
-        self.store.commitlog.flush()
-        return arrived
-
-    monkeypatch.setattr(SlaveLink, "on_transfer", fsynced_on_transfer)
-    failures = [r for r in map(run_controller_seed, OPEN_SEEDS) if not r.ok]
+def test_bug_a_slave_acks_only_fsynced_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bug A (see regression_seeds.txt): its seeds pass, and fail again with acknowledged
+    messages lost once a slave under sync flush acks what it wrote but did not fsync."""
+    bug_a = [seed for seed, why in REGRESSION_SEEDS.items() if why.startswith("bug A")]
+    assert bug_a
+    failures = [r for r in map(run_controller_seed, bug_a) if not r.ok]
     assert not failures, _report(failures)
+    monkeypatch.setattr(
+        SlaveLink, "ack_offset", property(lambda self: self.store.commitlog.max_offset)
+    )
+    failures = [r for r in map(run_controller_seed, bug_a) if not r.ok]
+    assert failures and all("acknowledged message" in (r.failure or "") for r in failures), _report(
+        failures
+    )
 
 
 def test_same_seed_same_run() -> None:

@@ -118,7 +118,7 @@ class Broker:
         self.ha_slave = (
             None
             if self.dledger_mode
-            else HASlave(config, self.store, self.members, self._replicated)
+            else HASlave(config, self.store, self.members, self._replicated, self.flush)
         )
         on_written = self.ha_master.new_data if self.ha_master else _nothing
         self.replicas = (

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,7 +85,8 @@ SEND_TIMEOUT_MS = 250
 WINDOW_BYTES = 32 * 1024
 BATCH_BYTES = 8 * 1024
 SEGMENT_BYTES = 16 * 1024
-FLUSH_MS = 200  # flush_interval_commitlog_ms
+FLUSH_MS = 200  # the periodic fsync of what nobody waits for (production: 10 ms)
+FSYNC_MS_MAX = 5  # a slave's group-commit fsync completes 1..this many ms after it starts
 CHECKPOINT_MS = 400  # flush_interval_consume_queue_ms
 RAFT_ELECTION_MS = 120
 RAFT_HEARTBEAT_MS = 30
@@ -205,6 +207,9 @@ class ControllerWorld:
     def __init__(self, seed: int) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
+        # fsync latencies of the slaves' group commits: a stream of their own, so they do
+        # not move the rest of a seed's schedule
+        self.fsync_rng = random.Random(seed ^ 0xF5C)
         self.mix = _draw_mix(self.rng)
         self.now = 0
         self.events: list[tuple[int, int, str, tuple]] = []
@@ -642,6 +647,27 @@ class ControllerWorld:
             self._break(conn)
             return
         self._over(conn, True, "ack", slave.link.ack())
+        self._wait_flushed(member, slave)
+
+    def _wait_flushed(self, member: _Member, slave: _SlaveSide) -> None:
+        """``HASlave._wait_flushed`` on the flush service's group commit (members run sync
+        flush): an fsync of the log as written now, completing a little later; what arrives
+        meanwhile waits for the next one."""
+        store = member.store
+        assert store is not None
+        if slave.link.flush_target() is not None:
+            job = store.commitlog.detach_flush()
+            self._at(self.fsync_rng.randint(1, FSYNC_MS_MAX), "slave_flushed", member, slave, job)
+
+    def _slave_flushed(self, member: _Member, slave: _SlaveSide, job: Callable[[], int]) -> None:
+        """``HASlave._flushed``: the fsync completed; ack what is durable, wait again."""
+        if member.slave is not slave:
+            return  # crashed (the fsync never completed) or no longer following that master
+        job()
+        slave.link.flushed()
+        if slave.conn is not None and slave.link.attached:
+            self._over(slave.conn, True, "ack", slave.link.ack())
+            self._wait_flushed(member, slave)
 
     def _break(self, conn: _Conn) -> None:
         if not conn.live:
@@ -741,8 +767,9 @@ class ControllerWorld:
         self._at(TICK_MS, "tick")
 
     def _background(self, store: MessageStore) -> None:
-        """The flush service's periodic duties: the commit log's fsync (a slave's appends
-        are not fsynced otherwise), then consume queues and checkpoint."""
+        """The flush service's periodic duties: the commit log's fsync of what no ack waits
+        for (a slave's appends past its last group commit), then consume queues and
+        checkpoint."""
         if self.now % FLUSH_MS == 0:
             store.commitlog.flush()
         if self.now % CHECKPOINT_MS == 0:
@@ -827,6 +854,8 @@ class ControllerWorld:
                 self._on_master_frame(self.members[conn.master_id], conn, frame_kind, payload)
             else:
                 self._on_slave_frame(self.members[conn.slave_id], conn, frame_kind, payload)
+        elif kind == "slave_flushed":
+            self._slave_flushed(*args)
         elif kind == "restart_member":
             self._start_member(self.members[args[0]])
         elif kind == "restart_peer":

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hamq.broker.ha.service import MasterLink, SlaveLink
@@ -47,6 +48,7 @@ HEARTBEAT_MS = 100  # slave ack heartbeat (ha_send_heartbeat_interval_ms)
 HOUSEKEEPING_MS = 500  # master closes a silent session (ha_housekeeping_interval_ms)
 RECONNECT_MS = 50  # slave waits this long before a new session
 FLUSH_MS = 200  # async flush interval (flush_interval_commitlog_ms)
+FSYNC_MS_MAX = 5  # a slave's group-commit fsync completes 1..this many ms after it starts
 CHECKPOINT_MS = 400  # consume queues + checkpoint (flush_interval_consume_queue_ms)
 WINDOW_BYTES = 64 * 1024
 BATCH_BYTES = 16 * 1024
@@ -151,6 +153,9 @@ class MasterSlaveWorld:
         self.fixed_body = self.later_rng.random() < 0.3
         # a slave dies inside a cut, an append, a flush or a checkpoint, at a disk step
         self.mid_crash_rng = random.Random(seed ^ 0xC4A5)
+        # fsync latencies of the slaves' group commits: a stream of their own, so they do
+        # not move the rest of a seed's schedule
+        self.fsync_rng = random.Random(seed ^ 0xF5C)
         self.mid_crash_probability = self.mid_crash_rng.choice([0.0, 0.005, 0.02])
         # some seeds send records larger than the window, which reach a slave in pieces
         self.large_rng = random.Random(seed ^ 0xB16)
@@ -386,8 +391,34 @@ class MasterSlaveWorld:
         except ProcessCrash:
             self._crash_slave(s)
             return
+        self._ack(s, conn)
+        self._wait_flushed(s)
+
+    def _ack(self, s: _Slave, conn: _Conn) -> None:
         s.acked_end = max(s.acked_end, s.link.ack_offset)
         self._over(conn, True, "ack", s.link.ack())
+
+    def _wait_flushed(self, s: _Slave) -> None:
+        """``HASlave._wait_flushed`` under sync flush: the group commit's fsync of the log
+        as written now completes a little later; the slave acks then (its acks vouch for
+        fsynced records only)."""
+        if s.link.flush_target() is not None:
+            job = s.store.commitlog.detach_flush()
+            self._at(self.fsync_rng.randint(1, FSYNC_MS_MAX), "slave_flushed", s, s.link, job)
+
+    def _slave_flushed(self, s: _Slave, link: SlaveLink, job: Callable[[], int]) -> None:
+        """``HASlave._flushed``: ack what the fsync made durable, then wait again."""
+        if s.link is not link:
+            return  # crashed before the fsync completed
+        if self.now < s.hung_until:  # stopped: its fsync thread completes when it runs
+            self._at(s.hung_until - self.now, "slave_flushed", s, link, job)
+            return
+        if not self._survives(s, job):
+            return
+        link.flushed()
+        if s.conn is not None and link.attached:
+            self._ack(s, s.conn)
+            self._wait_flushed(s)
 
     def _attached(self, s: _Slave) -> None:
         if s.link.last_cut is not None:
@@ -418,7 +449,7 @@ class MasterSlaveWorld:
             if s.conn is None and self.now >= s.reconnect_at and self.master.up(self.now):
                 self._connect(s)
             elif s.conn is not None and s.link.attached and self.now % HEARTBEAT_MS == 0:
-                self._over(s.conn, True, "ack", s.link.ack())
+                self._ack(s, s.conn)
         self._check_attached()
         if self.now < self.faults_until:
             self._inject_faults()
@@ -488,6 +519,8 @@ class MasterSlaveWorld:
             conn, kind, payload = ev.args
             if conn.live:
                 self._on_slave_frame(conn, kind, payload)
+        elif ev.kind == "slave_flushed":
+            self._slave_flushed(*ev.args)
         elif ev.kind == "resume":
             self._resume(ev.args[0])
         elif ev.kind == "restart":

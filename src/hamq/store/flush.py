@@ -39,6 +39,7 @@ class FlushService:
         self._wake = asyncio.Event()
         self._sync_flush: asyncio.Task | None = None  # group commit (sync flush)
         self._duties: list[PeriodicTask] = []
+        store.after_cut.append(self._release_cut)
 
     def wait_flushed(self, offset: int, callback: FlushCallback) -> None:
         """Call ``callback(True)`` once the log is durable up to ``offset`` (sync flush)."""
@@ -47,6 +48,15 @@ class FlushService:
             return
         self._waiters.append((offset, monotonic_s() + self.timeout_s, callback))
         self._wake.set()
+
+    def _release_cut(self) -> None:
+        """A slave's log was cut (it attached to a master that lacks its tail): waiters
+        past the new end wait for bytes that are gone, and would hold every later waiter
+        behind them until they time out. They end as not durable."""
+        end = self.store.commitlog.max_offset
+        waiters = self._waiters
+        while waiters and waiters[-1][0] > end:
+            waiters.pop()[2](False)
 
     def start(self) -> None:
         cfg = self.store.config

@@ -70,11 +70,16 @@ from hamq.replication.slave import (
     parse_request,
 )
 from hamq.replication.sync_state_set import SyncStateSet
+from hamq.store.flush import FlushService
 from hamq.store.message_store import UNCAPPED, MessageStore
 
 log = logging.getLogger(__name__)
 
 _WAITER_SWEEP_S = 0.02
+# A moved confirm offset no transfer carries is shipped this long after (an empty
+# transfer, once for every move within it): one-at-a-time sends carry it in their next
+# transfer instead of costing every slave one more frame per send.
+CONFIRM_SHIP_DELAY_S = 0.01
 _HEADER_PEEK_BYTES = RECORD_HEADER_BYTES + MAX_TOPIC_LENGTH
 SLAVE_RECONNECT_DELAY_S = 0.5
 
@@ -267,18 +272,50 @@ class SlaveLink:
         # has not reached yet, oldest first.
         self._master_epochs: tuple[EpochEntry, ...] = ()
         self._epochs_ahead: list[EpochEntry] = []
+        # Under sync flush an ack vouches for fsynced records only: the master counts it as
+        # this member holding them (all-ack, quorum, the SyncStateSet), so they must survive
+        # a power loss here too. Under async flush it vouches for written records (they
+        # survive a crash of the process, not a power loss of the whole group).
+        self.durable_acks = store.config.flush_disk_type == "sync"
+        self.flush_waiting = False  # a wait for an fsync is pending (one at a time)
 
     @property
     def ack_offset(self) -> int:
-        return self.store.commitlog.max_offset
+        """Whole records held: written (async flush) or fsynced (sync flush). The master
+        compares it with a send's end offset, so a durable point inside a record would only
+        count for the records wholly below it."""
+        commitlog = self.store.commitlog
+        if self.durable_acks:
+            return min(commitlog.max_offset, commitlog.flushed_offset)
+        return commitlog.max_offset
 
     def ack(self) -> dict:
-        """An HA_ACK's fields: the whole records written (what quorum counts) and the bytes
-        received, a partial last record included (what the master's window counts)."""
+        """An HA_ACK's fields: the whole records held (what quorum counts) and the bytes
+        received, a partial last record included (what the master's window counts: it is
+        never held back by an fsync)."""
         return {"ack_offset": self.ack_offset, "received_offset": self.store.replica_offset}
 
+    def flush_target(self) -> int | None:
+        """Under sync flush, the log end to wait for an fsync of before acknowledging it
+        again; None when nothing waits for one or a wait is already pending (group commit:
+        what arrives meanwhile goes with the next fsync, never one fsync per record). The
+        shell calls ``flushed`` when that fsync completes, then acks."""
+        end = self.store.commitlog.max_offset
+        if not self.durable_acks or self.flush_waiting or self.ack_offset >= end:
+            return None
+        self.flush_waiting = True
+        return end
+
+    def flushed(self) -> None:
+        """The fsync ``flush_target`` asked for completed (or gave up): ack, then ask again."""
+        self.flush_waiting = False
+
     def begin(self) -> dict:
-        """The first handshake request of a new session."""
+        """The first handshake request of a new session. Under sync flush the log is
+        fsynced first (once per session): from the attach on, the master counts this member
+        as holding its log up to where the two agree."""
+        if self.durable_acks:
+            self.store.commitlog.flush()
         self.attached = False
         self._master_epochs, self._epochs_ahead = (), []
         self._handshake = SlaveHandshake(self.records)
@@ -330,7 +367,10 @@ class SlaveLink:
         if not self.attached:
             raise HamqError("log bytes arrived before the handshake attached")
         arrived = self.store.append_replicated(offset, data)
-        if self._epochs_ahead and self._epochs_ahead[0].start_offset <= self.ack_offset:
+        if (
+            self._epochs_ahead
+            and self._epochs_ahead[0].start_offset <= self.store.commitlog.max_offset
+        ):
             self._follow_epochs()
         return arrived
 
@@ -338,7 +378,7 @@ class SlaveLink:
         """Record the master's epochs whose start this log has reached: it matches the
         master's up to there, so it holds that epoch's history (a promoted slave then
         answers the consistent-point question correctly)."""
-        end = self.ack_offset
+        end = self.store.commitlog.max_offset
         while self._epochs_ahead and self._epochs_ahead[0].start_offset <= end:
             entry = self._epochs_ahead.pop(0)
             self.store.epochs.append(entry.epoch, entry.start_offset)
@@ -407,6 +447,7 @@ class HAMaster:
         self._conns: dict[Connection, int] = {}  # attached sessions -> broker id
         self._deposed_logged = False
         self._confirm_shipped: dict[Connection, int] = {}  # controller mode
+        self._confirm_timer: asyncio.TimerHandle | None = None  # see CONFIRM_SHIP_DELAY_S
         self._housekeeping = PeriodicTask(
             "HA waiter and session sweep", _WAITER_SWEEP_S, self._sweep
         )
@@ -505,13 +546,25 @@ class HAMaster:
         cap = UNCAPPED if least is None else least
         if cap != self.store.read_cap:
             self.store.set_read_cap(cap)
-            for conn in list(self._conns):
-                self._ship_confirm(conn)
+            if self._conns:
+                self._ship_confirm_later()
+
+    def _ship_confirm_later(self) -> None:
+        if self._confirm_timer is None:
+            self._confirm_timer = asyncio.get_running_loop().call_later(
+                CONFIRM_SHIP_DELAY_S, self._ship_confirms
+            )
+
+    def _ship_confirms(self) -> None:
+        self._confirm_timer = None
+        for conn in list(self._conns):
+            self._ship_confirm(conn)
 
     def _ship_confirm(self, conn: Connection) -> None:
-        """Tell a slave the confirm offset when it moved and no data will carry it (an
-        empty transfer), so reads there are capped as here. With bytes in flight its
-        ack pumps again, and what is shipped then carries the newest one."""
+        """Tell a slave the confirm offset when it moved and no data carried it (an empty
+        transfer), so reads there are capped as here. With bytes in flight its ack pumps
+        again, and either what is shipped then carries the newest one or it comes back
+        here."""
         progress = self.core.slaves.get(conn)
         if progress is None or conn.is_closed or progress.sent_offset > progress.received_offset:
             return
@@ -530,6 +583,9 @@ class HAMaster:
     async def stop(self) -> None:
         """Close every slave's session and answer the sends still waiting for acks."""
         await self._housekeeping.stop()
+        if self._confirm_timer is not None:
+            self._confirm_timer.cancel()
+            self._confirm_timer = None
         _run(self.core.fail_all())
         await self.server.close()
 
@@ -641,8 +697,8 @@ class HAMaster:
                 if self.controller_mode:
                     ext["confirm"] = self._confirm_shipped[conn] = self.confirm_offset
                 conn.oneway(RequestCode.HA_TRANSFER, ext, data)
-            if self.controller_mode:
-                self._ship_confirm(conn)
+            if self.controller_mode and self._confirm_shipped.get(conn) != self.confirm_offset:
+                self._ship_confirm_later()
         except HamqError as err:
             log.warning("closing the session of slave %s: %s", conn.peer, err.message)
             conn.close()
@@ -696,14 +752,21 @@ class HASlave:
         store: MessageStore,
         members: MemberGroup,
         on_arrival: Callable[[list[tuple[str, int]]], None],
+        flush: FlushService | None = None,
     ) -> None:
         self.config = config
         self.store = store
         self.members = members
         self.on_arrival = on_arrival
         self.link = SlaveLink(store, config.broker_id)
+        if self.link.durable_acks and flush is None:
+            raise ValueError(
+                "a slave under sync flush acks fsynced records: it needs the FlushService"
+            )
+        self.flush = flush
         self.state = HAConnectionState.READY
         self.master_addr: str | None = None
+        self._conn: Connection | None = None  # the session with the master, while one is open
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -745,8 +808,25 @@ class HASlave:
             conn.close()
             return None
         self.on_arrival(arrived)
-        conn.oneway(RequestCode.HA_ACK, self.link.ack())
+        conn.oneway(RequestCode.HA_ACK, self.link.ack())  # the window moves at once
+        self._wait_flushed()
         return None
+
+    def _wait_flushed(self) -> None:
+        """Under sync flush: ack again once the flush service's next group commit covers
+        what arrived (one wait at a time; transfers keep arriving meanwhile)."""
+        target = self.link.flush_target()
+        if target is not None and self.flush is not None:
+            self.flush.wait_flushed(target, self._flushed)
+
+    def _flushed(self, ok: bool) -> None:
+        self.link.flushed()
+        conn = self._conn
+        if conn is None or conn.is_closed or not self.link.attached:
+            return
+        conn.oneway(RequestCode.HA_ACK, self.link.ack())
+        if ok:  # (not after a timeout or the service's stop: the next transfer asks again)
+            self._wait_flushed()
 
     def after_batch(self) -> None:
         pass
@@ -775,6 +855,7 @@ class HASlave:
 
     async def _session(self, addr: str) -> None:
         conn = await connect(addr, self)
+        self._conn = conn
         try:
             self.state = HAConnectionState.HANDSHAKE
             self.master_addr = addr
@@ -788,6 +869,7 @@ class HASlave:
                 except TimeoutError:
                     pass
         finally:
+            self._conn = None
             conn.close()
 
     def _ask(self, conn: Connection, ext: dict) -> None:
@@ -812,8 +894,11 @@ class HASlave:
             self._ask(conn, following)
         else:
             self.state = HAConnectionState.TRANSFER
-            log.info("attached to master %s at offset %d", conn.peer, self.link.ack_offset)
+            log.info(
+                "attached to master %s at offset %d", conn.peer, self.store.commitlog.max_offset
+            )
             conn.oneway(RequestCode.HA_ACK, self.link.ack())
+            self._wait_flushed()  # a log the cut left partly unfsynced
 
     def status(self) -> dict:
         return {
