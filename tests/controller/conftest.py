@@ -44,7 +44,9 @@ def _add_members(state: ControllerState, ids: range) -> None:
         request = ApplyBrokerIdRequest(CLUSTER, GROUP, broker_id, address, f"{address};{broker_id}")
         _commit(state, decide_apply_broker_id(state, request, now_ms=1000 + broker_id))
         # its registration at the same address changes nothing replicated
-        register = RegisterBrokerRequest(CLUSTER, GROUP, broker_id, address)
+        register = RegisterBrokerRequest(
+            CLUSTER, GROUP, broker_id, address, request.register_check_code
+        )
         assert decide_register_broker(state, register, now_ms=2000 + broker_id) is None
 
 

@@ -109,7 +109,7 @@ def _addr(broker_id: int) -> str:
 
 def _join(cluster: Cluster, broker_id: int) -> None:
     cluster.commit(ApplyBrokerIdRequest(*KEY, broker_id, _addr(broker_id), f"code-{broker_id}"))
-    cluster.commit(RegisterBrokerRequest(*KEY, broker_id, _addr(broker_id)))
+    cluster.commit(RegisterBrokerRequest(*KEY, broker_id, _addr(broker_id), f"code-{broker_id}"))
     cluster.beat(broker_id)
 
 
@@ -370,8 +370,12 @@ def test_registering_again_at_the_same_address_adds_no_raft_entry():
     (stranger,) = cluster.submit(leader, RegisterBrokerRequest(*KEY, 9, _addr(9)))
     assert isinstance(stranger, ControllerError)
     assert 9 not in cluster.cores[leader].liveness.live_info(KEY)  # nothing kept for it
-    moved = RegisterBrokerRequest(*KEY, 1, "127.0.0.1:20901")
-    outcome = cluster.commit(moved)  # an address change is replicated
+    # an address change needs the member's register check code, and is replicated
+    (hijack,) = cluster.submit(leader, RegisterBrokerRequest(*KEY, 1, "127.0.0.1:1", "guess"))
+    assert isinstance(hijack, ControllerError)
+    assert hijack.code is ControllerCode.CONTROLLER_BROKER_ID_INVALID
+    moved = RegisterBrokerRequest(*KEY, 1, "127.0.0.1:20901", "code-1")
+    outcome = cluster.commit(moved)
     assert outcome.event is not None
     cluster.run(100)
     assert all(

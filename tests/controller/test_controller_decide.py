@@ -13,7 +13,7 @@ from hamq.controller.decide import (
 )
 from hamq.controller.elect import BrokerLiveInfo
 from hamq.controller.errors import ControllerCode, ControllerError
-from hamq.controller.events import ElectMaster
+from hamq.controller.events import ApplyBrokerId, ElectMaster
 from hamq.controller.requests import (
     AlterSyncStateSetRequest,
     ApplyBrokerIdRequest,
@@ -45,9 +45,13 @@ def _timeout_elect(state, alive, live_info=None, unclean=False):
 
 def test_first_broker_id_is_one_and_ids_are_owned_by_their_check_code(commit):
     state = ControllerState()
-    wrong_first = ApplyBrokerIdRequest(CLUSTER, GROUP, 2, "a:1", "a:1;x")
-    assert _code(decide_apply_broker_id(state, wrong_first, 0)) is Code.CONTROLLER_BROKER_ID_INVALID
     assert state.next_broker_id(KEY) == 1
+    # a group not known takes any id: members apply theirs again when the controller
+    # lost its state (nothing to compare their codes with)
+    again_after_loss = ApplyBrokerIdRequest(CLUSTER, GROUP, 2, "b:2", "b:2;z")
+    assert decide_apply_broker_id(state, again_after_loss, 0) == ApplyBrokerId(
+        CLUSTER, GROUP, 2, "b:2", "b:2;z", 0
+    )
     commit(
         state,
         decide_apply_broker_id(state, ApplyBrokerIdRequest(CLUSTER, GROUP, 1, "a:1", "a:1;x"), 5),
@@ -62,10 +66,20 @@ def test_first_broker_id_is_one_and_ids_are_owned_by_their_check_code(commit):
 
 def test_register_updates_the_address_of_a_known_member_only(group_of_three, commit):
     state = group_of_three
+    code = state.groups[KEY].members[2].register_check_code
+    # anyone may send a registration: moving a member's id needs its register check code
+    for guess in ("", "127.0.0.1:1;2", code + "x"):
+        hijack = RegisterBrokerRequest(CLUSTER, GROUP, 2, "127.0.0.1:1", guess)
+        assert _code(decide_register_broker(state, hijack, 9)) is Code.CONTROLLER_BROKER_ID_INVALID
     commit(
-        state, decide_register_broker(state, RegisterBrokerRequest(CLUSTER, GROUP, 2, "new:2"), 9)
+        state,
+        decide_register_broker(state, RegisterBrokerRequest(CLUSTER, GROUP, 2, "new:2", code), 9),
     )
     assert state.groups[KEY].members[2].address == "new:2"
+    # at the recorded address a registration changes nothing, code or not
+    assert (
+        decide_register_broker(state, RegisterBrokerRequest(CLUSTER, GROUP, 2, "new:2"), 9) is None
+    )
     stranger = RegisterBrokerRequest(CLUSTER, GROUP, 7, "x:7")
     assert (
         _code(decide_register_broker(state, stranger, 9))
@@ -98,6 +112,26 @@ def test_first_election_takes_the_alive_member_with_the_most_data(three_members)
     # a dead member's data does not hold the election up
     live = {1: BrokerLiveInfo(0, 100), 3: BrokerLiveInfo(0, 900)}
     assert _first_election(three_members, 1, live, alive={1}).new_master_id == 1
+
+
+def test_a_group_created_again_first_elects_past_every_epoch_its_members_report(
+    three_members, commit
+):
+    """A controller that lost its state creates the group again at epoch 0 while its
+    members hold later epochs: the first election counts past the highest one reported
+    (a member must never see an epoch go backwards, nor two masters share one), and
+    every later election is the next epoch."""
+    state = three_members
+    live = {1: BrokerLiveInfo(7, 900), 2: BrokerLiveInfo(9, 400), 3: BrokerLiveInfo(-1, -1)}
+    first = _first_election(state, 1, live)
+    assert (first.new_master_id, first.new_master_epoch) == (2, 10)
+    commit(state, first)
+    assert (state.groups[KEY].master_id, state.groups[KEY].master_epoch) == (2, 10)
+    # a second first election decided alongside it is refused when applied
+    assert not apply_event(state, ElectMaster(CLUSTER, GROUP, 1, 10, False))
+    # later elections are the next epoch, whatever members report
+    later = _timeout_elect(state, {1, 3}, {1: BrokerLiveInfo(50, 0), 3: BrokerLiveInfo(50, 0)})
+    assert later == ElectMaster(CLUSTER, GROUP, None, 11, False)
 
 
 def test_first_election_of_an_empty_group_takes_the_requester_at_once(three_members):

@@ -80,7 +80,7 @@ def _decide(state: ControllerState, op: tuple, now_ms: int):
         )
         if isinstance(decision, ControllerError):
             return decision
-        return [decision, RegisterBrokerRequest(CLUSTER, GROUP, broker_id, address)]
+        return [decision, RegisterBrokerRequest(CLUSTER, GROUP, broker_id, address, str(broker_id))]
     if kind == "elect":
         _, trigger, broker_id, alive, live, unclean = op
         infos = {i: BrokerLiveInfo(*v) for i, v in live.items()}
@@ -114,8 +114,12 @@ def _check_step(before: BrokerGroup | None, after: BrokerGroup | None, op: tuple
     assert after.master_epoch >= before.master_epoch
     if after.sync_state_set != before.sync_state_set:
         assert after.sync_state_set_epoch > before.sync_state_set_epoch
-    if isinstance(event, ElectMaster):
+    if isinstance(event, ElectMaster) and before.elected:
         assert after.master_epoch == before.master_epoch + 1
+    elif isinstance(event, ElectMaster):  # a first election counts past reported epochs
+        reported = [v[0] for i, v in op[4].items() if i in before.members]
+        assert after.master_epoch == max([before.master_epoch, *reported]) + 1
+    if isinstance(event, ElectMaster):
         if event.new_master_id is not None and not event.unclean and before.elected:
             assert event.new_master_id in before.sync_state_set & op[3]
     if op[0] == "alter" and isinstance(event, AlterSyncStateSet):

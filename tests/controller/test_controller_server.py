@@ -94,13 +94,13 @@ async def _group_of_two(client: ControllerClient) -> ReplicaInfo:
     """Members 1 and 2 registered, 1 elected on its registration, the set grown to both."""
     assert await client.get_next_broker_id(CLUSTER, GROUP) == 1
     await client.apply_broker_id(CLUSTER, GROUP, 1, M1, "check-1")
-    first = await client.register_broker(CLUSTER, GROUP, 1, M1, 0, 0)
+    first = await client.register_broker(CLUSTER, GROUP, 1, M1, 0, 0, "check-1")
     assert first.master_id is None and first.members == ((1, M1),)
     elected = await client.elect_master(CLUSTER, GROUP, 1, trigger="register")
     assert (elected.master_id, elected.master_addr, elected.master_epoch) == (1, M1, 1)
     assert await client.get_next_broker_id(CLUSTER, GROUP) == 2
     await client.apply_broker_id(CLUSTER, GROUP, 2, M2, "check-2")
-    await client.register_broker(CLUSTER, GROUP, 2, M2, 1, 0)
+    await client.register_broker(CLUSTER, GROUP, 2, M2, 1, 0, "check-2")
     await _beat(client)
     assert await client.alter_sync_state_set(CLUSTER, GROUP, 1, 1, [1, 2], 1) == (
         frozenset({1, 2}),

@@ -15,6 +15,7 @@ from hamq.controller.requests import (
     CleanBrokerDataRequest,
     ElectMasterRequest,
     ElectTrigger,
+    RegisterBrokerRequest,
 )
 from hamq.controller.state import BrokerGroup, BrokerMember
 from hamq.errors import (
@@ -83,9 +84,15 @@ def test_requests_round_trip():
     assert wire.apply_broker_id_request(_wire(wire.apply_broker_id_ext(apply))) == apply
     beat = BrokerHeartbeat(*KEY, 2, "127.0.0.1:10911", 3, 1000, 900)
     assert wire.broker_heartbeat(_wire(wire.broker_heartbeat_ext(beat))) == beat
-    register = wire.broker_heartbeat_ext(beat, with_confirm_offset=False)
+    register = wire.register_broker_ext(beat, "127.0.0.1:10911;abc")
     assert "confirm_offset" not in register
-    assert wire.broker_heartbeat(_wire(register), with_confirm_offset=False).confirm_offset == 0
+    who, request = wire.register_broker_request(_wire(register))
+    assert who.confirm_offset == 0 and (who.epoch, who.max_offset) == (3, 1000)
+    assert request == RegisterBrokerRequest(*KEY, 2, "127.0.0.1:10911", "127.0.0.1:10911;abc")
+    # a registration carries the register check code an address change needs
+    del register["register_check_code"]
+    with pytest.raises(InvalidArgument, match="register_check_code"):
+        wire.register_broker_request(_wire(register))
     for elect in (
         ElectMasterRequest(*KEY, ElectTrigger.ADMIN, 2),
         ElectMasterRequest(*KEY, ElectTrigger.REGISTER, None),

@@ -33,9 +33,13 @@ and follows its answer.
   election with trigger "restart": the controller elects the set member with the most
   data, always in a new epoch (Kafka's and RocketMQ's rule).
 - While master, every ``check_sync_state_set_period_ms`` it asks the HA master for an
-  expand or shrink of the SyncStateSet and proposes it with its epochs; the controller
-  refuses a stale one (fenced), after which the member re-reads its replica info: it may
-  have been deposed.
+  expand or shrink of the SyncStateSet and proposes it with the epochs the HA master
+  holds; the controller refuses a stale one (fenced), after which the member re-reads its
+  replica info: it may have been deposed. A master whose HA side found that it lost
+  records of its own epoch which a slave holds asks for a "restart" election instead.
+- A controller that does not know the member (its state was lost) gets the member's id
+  applied again with its register check code and a registration; the group's first
+  election then counts past the epochs its members report.
 """
 
 from __future__ import annotations
@@ -79,6 +83,12 @@ STALE_MASTER_CODES = (
     ResponseCode.CONTROLLER_FENCED_MASTER_EPOCH,
     ResponseCode.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH,
     ResponseCode.CONTROLLER_INVALID_MASTER,
+)
+# A poll or registration refused with these: the controller does not know the group or
+# this member (it lost its state): the member applies its id again and registers.
+NOT_KNOWN_CODES = (
+    ResponseCode.CONTROLLER_BROKER_METADATA_NOT_EXIST,
+    ResponseCode.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
 )
 
 
@@ -220,22 +230,20 @@ class ReplicasManager:
     # -- the controller's answers ------------------------------------------------------------
     async def refresh(self) -> None:
         """Poll the group's replica info (register, until a registration was answered)
-        and take it; read once more after taking this member's address back."""
-        for _ in range(2):
+        and take it; read once more after taking this member's address back. A controller
+        that does not know this member (it lost its state) gets its id applied again and
+        a registration; the group it created again has no master, and its first election
+        counts past the epochs the members report (``decide._first_epoch``), so this
+        member asks for it even though that answer's epochs are older than it knows."""
+        recreated = False
+        for _ in range(3):
             try:
-                if self._registered:
-                    info = await self.client.get_replica_info(*self.group)
-                else:
-                    info = await self.client.register_broker(
-                        *self.group,
-                        self.role.broker_id,
-                        self.config.listen,
-                        self.store.epochs.last_epoch(),
-                        self.store.commitlog.max_offset,
-                    )
-                    self._registered = True
-                    await self._heartbeat()  # an election takes only members heard from
+                info = await self._poll_or_register()
             except HamqError as err:
+                if err.code in NOT_KNOWN_CODES and not recreated and await self._reclaim_id():
+                    log.warning("the controller did not know %s: id applied again", self.group)
+                    recreated, self._registered = True, False
+                    continue
                 what = "registration" if not self._registered else "replica info poll"
                 self._failed(what, err)
                 return
@@ -243,6 +251,24 @@ class ReplicasManager:
             if not (self._listed_elsewhere(info) and await self._reclaim_id()):
                 break
         await self._take(info)
+        if recreated and info.master_id is None and self.info is not info:
+            await self._elect()
+
+    async def _poll_or_register(self) -> ReplicaInfo:
+        if self._registered:
+            return await self.client.get_replica_info(*self.group)
+        meta = self.metadata.load(*self.group)
+        info = await self.client.register_broker(
+            *self.group,
+            self.role.broker_id,
+            self.config.listen,
+            self.store.epochs.last_epoch(),
+            self.store.commitlog.max_offset,
+            "" if meta is None else meta.register_check_code,
+        )
+        self._registered = True
+        await self._heartbeat()  # an election takes only members heard from
+        return info
 
     def handle_role_changed(self, conn: Connection, frame: Frame) -> list | None:
         """NOTIFY_BROKER_ROLE_CHANGED (one-way, from anyone): a hint to re-read the replica
@@ -308,10 +334,10 @@ class ReplicasManager:
         return listed is not None and listed != self.config.listen
 
     async def _reclaim_id(self) -> bool:
-        """Our broker id is listed at another address: CONTROLLER_REGISTER_BROKER carries
-        no register check code, so anyone can move it. Applying the id again with our
-        code (which only this member holds) takes the address back (True); a refusal
-        means the id was given to another member after this one was cleaned away."""
+        """Our broker id is listed at another address (a controller that forgot it, or
+        an older run of this member elsewhere): applying the id again with our register
+        check code (which only this member holds) takes it back (True); a refusal means
+        the id was given to another member after this one was cleaned away."""
         meta = self.metadata.load(*self.group)
         if meta is None:
             return False
@@ -422,23 +448,41 @@ class ReplicasManager:
 
     async def _check_sync_state_set(self) -> None:
         """Master only: propose the HA master's expand or shrink; take what the controller
-        applied, or re-read the replica info when fenced."""
+        applied, or re-read the replica info when fenced. The alter carries the epochs the
+        HA master holds, not ``self.info``'s: ``_take`` records a newer info before the
+        role change applies it, and a proposal made from the old set must be fenced, not
+        applied as a change of the new one. A refusal for another reason (a joining
+        member not alive, unknown) drops what only the proposal added from all-ack.
+
+        A master that lost records of its own epoch which a slave holds has stopped
+        acknowledging (``HAMaster``): it asks for the election a restarted master asks for
+        (trigger "restart"), whose rules fit this case exactly: only the current master at
+        its epoch may ask, every alive set member must have reported since, the largest
+        (epoch, max offset) wins (the slave holding the lost records), and the epoch moves
+        on even when this member wins again (no other candidate alive). An admin election
+        excluding itself would need a new rule and could pick a member with less data."""
         info = self.info
         if not self.role.is_master or info is None or info.master_id != self.role.broker_id:
             return
+        core = self.ha_master.core
+        if core.lost_records:
+            log.error(
+                "this master lost records of epoch %d a slave holds: asking for an election",
+                core.epoch,
+            )
+            await self._elect(ElectTrigger.MASTER_RESTART, core.epoch)
+            return
+        held = core.sync_state_set
         proposal = self.ha_master.sync_state_set_change(monotonic_ms())
-        if proposal is None or proposal == info.sync_state_set:
+        if held is None or proposal is None or proposal == held.applied:
             return
         try:
             new_set, epoch = await self.client.alter_sync_state_set(
-                *self.group,
-                info.master_id,
-                info.master_epoch,
-                proposal,
-                info.sync_state_set_epoch,
+                *self.group, info.master_id, core.epoch, proposal, held.epoch
             )
         except ControllerRefused as err:
             if err.code not in STALE_MASTER_CODES:
+                self.ha_master.sync_state_set_refused()
                 raise
             log.warning("SyncStateSet change refused (%s); re-reading the role", err.message)
             await self.refresh()

@@ -145,11 +145,14 @@ class ControllerClient:
         broker_addr: str,
         epoch: int,
         max_offset: int,
+        register_check_code: str,
     ) -> wire.ReplicaInfo:
+        """``register_check_code``: the one ``broker_id`` was applied with (an address
+        change is refused without it)."""
         who = BrokerHeartbeat(cluster_name, broker_name, broker_id, broker_addr, epoch, max_offset)
         frame = await self.request(
             RequestCode.CONTROLLER_REGISTER_BROKER,
-            wire.broker_heartbeat_ext(who, with_confirm_offset=False),
+            wire.register_broker_ext(who, register_check_code),
         )
         return wire.ReplicaInfo.from_ext(frame.ext)
 

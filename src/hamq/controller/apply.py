@@ -59,7 +59,12 @@ def _apply_to_group(group: BrokerGroup, event: Event) -> BrokerGroup | None:
         member = replace(old, address=event.address, register_time_ms=event.register_time_ms)
         return replace(group, members={**group.members, event.broker_id: member})
     if isinstance(event, ElectMaster):
-        if event.new_master_epoch != group.master_epoch + 1:
+        # A group's first election may start past its members' reported epochs
+        # (``decide._first_epoch``); every later one is exactly the next epoch.
+        if not (
+            event.new_master_epoch == group.master_epoch + 1
+            or (not group.elected and event.new_master_epoch > group.master_epoch)
+        ):
             return None
         if event.new_master_id is None:
             # Nobody could take over: the master is gone but the set is kept, so a member of

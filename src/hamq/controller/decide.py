@@ -51,15 +51,9 @@ def decide_apply_broker_id(
         request.register_check_code,
         now_ms,
     )
-    if group is None:
-        if request.broker_id == FIRST_BROKER_CONTROLLER_ID:
-            return event
-        return ControllerError(
-            Code.CONTROLLER_BROKER_ID_INVALID,
-            f"group {request.broker_name} has no members yet; the first id is "
-            f"{FIRST_BROKER_CONTROLLER_ID}, not {request.broker_id}",
-        )
-    member = group.members.get(request.broker_id)
+    # Any id of a group not known: its members apply their ids again, each with its own
+    # code, when the controller lost its state (its data directory wiped).
+    member = None if group is None else group.members.get(request.broker_id)
     if request.broker_id >= FIRST_BROKER_CONTROLLER_ID and (
         member is None or member.register_check_code == request.register_check_code
     ):
@@ -76,12 +70,21 @@ def decide_register_broker(
     """Record a known member's new address; None when its address is the one recorded:
     nothing replicated changes, so the answer comes from the state without a Raft entry
     (members register at every start and after refused restart elections, and the log is
-    never compacted). ``register_time_ms`` goes with an address change, for display only."""
+    never compacted). An address change needs the member's register check code: without
+    it anyone could point the master's id at its own address and the group would follow.
+    ``register_time_ms`` goes with an address change, for display only."""
     group = state.groups.get((request.cluster_name, request.broker_name))
     if group is None or request.broker_id not in group.members:
         return _not_registered(request.cluster_name, request.broker_name)
-    if group.members[request.broker_id].address == request.address:
+    member = group.members[request.broker_id]
+    if member.address == request.address:
         return None
+    if member.register_check_code != request.register_check_code:
+        return ControllerError(
+            Code.CONTROLLER_BROKER_ID_INVALID,
+            f"broker id {request.broker_id} of {request.broker_name} is registered at "
+            f"{member.address}; moving it to {request.address} needs its register check code",
+        )
     return RegisterBroker(
         request.cluster_name, request.broker_name, request.broker_id, request.address, now_ms
     )
@@ -128,7 +131,7 @@ def decide_elect_master(
             request.cluster_name,
             request.broker_name,
             result.broker_id,
-            group.master_epoch + 1,
+            (_first_epoch(group, live_info) if first else group.master_epoch) + 1,
             unclean=result.unclean,
         )
     if request.trigger is ElectTrigger.MASTER_TIMEOUT and group.master_id is not None:
@@ -140,6 +143,16 @@ def decide_elect_master(
         f"no alive member of {request.broker_name} can be master"
         + ("" if preferred is None else f" (preferred {preferred} is not a candidate)"),
     )
+
+
+def _first_epoch(group: BrokerGroup, live_info: Mapping[int, BrokerLiveInfo]) -> int:
+    """Where a group's first election counts from: past every epoch its members report
+    holding. A controller that lost its state (data directory wiped) creates the group
+    again at epoch 0 while the members' epoch files and roles hold later epochs: counting
+    from 0 would make members see an epoch go backwards (they refuse it) and could name a
+    second master of an epoch that already had one."""
+    reported = (info.epoch for i, info in live_info.items() if i in group.members)
+    return max([group.master_epoch, *reported])
 
 
 def _best_or_none(

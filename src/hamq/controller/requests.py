@@ -19,12 +19,15 @@ class ApplyBrokerIdRequest:
 
 @dataclass(frozen=True)
 class RegisterBrokerRequest:
-    """A member with an id registers (at start, or from a new address)."""
+    """A member with an id registers (at start, or from a new address). Moving the id to
+    another address needs the register check code its id was applied with, which only that
+    member holds; "" (none) can only confirm the recorded address."""
 
     cluster_name: str
     broker_name: str
     broker_id: int
     address: str
+    register_check_code: str = ""
 
 
 class ElectTrigger(Enum):

@@ -17,7 +17,6 @@ from typing import Any
 from hamq.clock import monotonic_ms
 from hamq.controller.core import Applied, Outcome, Request
 from hamq.controller.errors import ControllerCode, ControllerError
-from hamq.controller.requests import RegisterBrokerRequest
 from hamq.controller_server.driver import ControllerDriver
 from hamq.controller_server.elections import ElectionStats
 from hamq.errors import RequestCodeNotSupported
@@ -165,11 +164,8 @@ class ControllerProcessor:
         self._submit(conn, frame, wire.apply_broker_id_request(frame.ext), _empty)
 
     def _register_broker(self, conn: Connection, frame: Frame) -> None:
-        who = wire.broker_heartbeat(frame.ext, with_confirm_offset=False)
+        who, request = wire.register_broker_request(frame.ext)
         self.core.heartbeat(who, monotonic_ms())  # registering is a sign of life too
-        request = RegisterBrokerRequest(
-            who.cluster_name, who.broker_name, who.broker_id, who.address
-        )
         self._submit(conn, frame, request, _replica_info)
 
     def _elect_master(self, conn: Connection, frame: Frame) -> None:

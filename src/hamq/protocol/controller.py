@@ -21,6 +21,7 @@ from hamq.controller.requests import (
     CleanBrokerDataRequest,
     ElectMasterRequest,
     ElectTrigger,
+    RegisterBrokerRequest,
 )
 from hamq.controller.state import BrokerGroup, GroupKey
 from hamq.errors import InvalidArgument
@@ -198,8 +199,8 @@ def apply_broker_id_ext(request: ApplyBrokerIdRequest) -> Ext:
 def broker_heartbeat(
     ext: Mapping[str, Any], *, with_confirm_offset: bool = True
 ) -> BrokerHeartbeat:
-    """CONTROLLER_BROKER_HEARTBEAT, and (without a confirm offset) CONTROLLER_REGISTER_BROKER:
-    both say who the member is and how far its log goes."""
+    """CONTROLLER_BROKER_HEARTBEAT, and (without a confirm offset) the report part of
+    CONTROLLER_REGISTER_BROKER: both say who the member is and how far its log goes."""
     cluster_name, broker_name = group_key(ext)
     return BrokerHeartbeat(
         cluster_name,
@@ -224,6 +225,25 @@ def broker_heartbeat_ext(heartbeat: BrokerHeartbeat, *, with_confirm_offset: boo
     if with_confirm_offset:
         ext["confirm_offset"] = heartbeat.confirm_offset
     return ext
+
+
+def register_broker_request(
+    ext: Mapping[str, Any],
+) -> tuple[BrokerHeartbeat, RegisterBrokerRequest]:
+    """CONTROLLER_REGISTER_BROKER: who the member is and how far its log goes (recorded as
+    a heartbeat), and the registration with its register check code."""
+    who = broker_heartbeat(ext, with_confirm_offset=False)
+    code = _text(ext, "register_check_code")
+    return who, RegisterBrokerRequest(
+        who.cluster_name, who.broker_name, who.broker_id, who.address, code
+    )
+
+
+def register_broker_ext(who: BrokerHeartbeat, register_check_code: str) -> Ext:
+    return {
+        **broker_heartbeat_ext(who, with_confirm_offset=False),
+        "register_check_code": register_check_code,
+    }
 
 
 def elect_master_request(ext: Mapping[str, Any]) -> ElectMasterRequest:
