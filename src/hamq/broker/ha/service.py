@@ -767,6 +767,7 @@ class HASlave:
         self.state = HAConnectionState.READY
         self.master_addr: str | None = None
         self._conn: Connection | None = None  # the session with the master, while one is open
+        self._ack_due: Connection | None = None  # transfers arrived in this read
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -808,9 +809,16 @@ class HASlave:
             conn.close()
             return None
         self.on_arrival(arrived)
-        conn.oneway(RequestCode.HA_ACK, self.link.ack())  # the window moves at once
-        self._wait_flushed()
+        self._ack_due = conn
         return None
+
+    def after_batch(self) -> None:
+        """One ack per read of the master's stream, however many transfers it held: the
+        window moves at once; under sync flush the records count after their fsync."""
+        conn, self._ack_due = self._ack_due, None
+        if conn is not None and not conn.is_closed:
+            conn.oneway(RequestCode.HA_ACK, self.link.ack())
+            self._wait_flushed()
 
     def _wait_flushed(self) -> None:
         """Under sync flush: ack again once the flush service's next group commit covers
@@ -827,9 +835,6 @@ class HASlave:
         conn.oneway(RequestCode.HA_ACK, self.link.ack())
         if ok:  # (not after a timeout or the service's stop: the next transfer asks again)
             self._wait_flushed()
-
-    def after_batch(self) -> None:
-        pass
 
     async def _run(self) -> None:
         while self.state is not HAConnectionState.SHUTDOWN:
