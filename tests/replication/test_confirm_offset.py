@@ -232,12 +232,11 @@ def test_a_held_pull_waits_for_the_confirm_offset_then_wakes_as_it_rises(tmp_pat
                 {"topic": "T", "queue_id": 0, "queue_offset": 0, "suspend_timeout_ms": 10_000},
                 timeout_s=10,
             )
-            await asyncio.sleep(0.2)  # the pull is held: nothing to read
+            await until(lambda: ("T", 0) in pull._held, 5, "the pull held")
             ends = put(store, 2)
             pull.message_arrived("T", 0)
             pull.serve_arrivals()
-            await asyncio.sleep(0.2)
-            assert not held.done()  # arrived, but not confirmed: still held
+            assert ("T", 0) in pull._held  # arrived, but not confirmed: still held
             store.set_read_cap(ends[0])
             answer = await asyncio.wait_for(held, 5)
             assert answer.code == ResponseCode.SUCCESS

@@ -154,9 +154,6 @@ class ReplicaInfo:
             _members(ext.get("members")),
         )
 
-    def member_addr(self, broker_id: int) -> str | None:
-        return dict(self.members).get(broker_id)
-
 
 def _members(value: object) -> tuple[tuple[int, str], ...]:
     if not isinstance(value, list) or len(value) > MAX_BROKER_ID:

@@ -19,7 +19,10 @@ The seed's rules, per slave (RocketMQ ``HAConnection`` / ``AutoSwitchHAService``
   offset. It is checked on every ack, as RocketMQ's ``maybeExpandInSyncStateSet`` does,
   because under a steady stream of sends the two are equal only between writes;
 - shrink: a member leaves when it is disconnected or ``now - lastCaughtUpTimeMs`` exceeds
-  ``ha_max_time_slave_not_catchup_ms``.
+  ``ha_max_time_slave_not_catchup_ms``. Leaving at the disconnect (the seed waits out the
+  timeout) chooses availability over keeping the set: all-ack sends stop waiting for a
+  member that cannot ack. It is safe because a shrink counts only once the controller
+  applied it, so the member stays electable and counted until then.
 
 Time comes in as ``now_ms``; nothing here touches a socket, a clock or a file.
 """
@@ -161,7 +164,7 @@ class SyncStateSet:
         for broker_id in self._effective | self.slaves.keys():
             slave = self.slaves.get(broker_id)
             if broker_id == self.master_id or slave is None or not slave.connected:
-                continue
+                continue  # a disconnected member leaves at once (module docstring: why)
             if slave.ack_offset >= master_max_offset:
                 # holds everything now: an idle master ships nothing, and its last
                 # transfer's time must not make a slave that has it all look behind
