@@ -66,7 +66,7 @@ from hamq.controller.requests import BrokerHeartbeat, ElectTrigger
 from hamq.errors import ControllerRefused, HamqError
 from hamq.net.connection import Connection, response_pieces
 from hamq.net.counts import COUNTS
-from hamq.net.tasks import PeriodicTask
+from hamq.net.tasks import PeriodicTask, cancel_all
 from hamq.protocol.codes import ResponseCode
 from hamq.protocol.controller import ReplicaInfo, role_changed
 from hamq.protocol.frame import Frame
@@ -222,9 +222,7 @@ class ReplicasManager:
 
     async def stop(self) -> None:
         await asyncio.gather(*(task.stop() for task in self._rounds))
-        if self._reread is not None:
-            self._reread.cancel()
-            await asyncio.gather(self._reread, return_exceptions=True)
+        await cancel_all([self._reread])
         await self.client.close()
 
     # -- the controller's answers ------------------------------------------------------------
