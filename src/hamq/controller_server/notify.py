@@ -13,7 +13,7 @@ from hamq.controller.core import GroupChanged
 from hamq.controller.events import AlterSyncStateSet, ElectMaster
 from hamq.errors import HamqError
 from hamq.net.pool import ConnectionPool
-from hamq.net.tasks import spawn
+from hamq.net.tasks import cancel_all, spawn
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.controller import ReplicaInfo, role_changed_ext
 
@@ -46,7 +46,5 @@ class RoleNotifier:
         conn.oneway(RequestCode.NOTIFY_BROKER_ROLE_CHANGED, ext)
 
     async def close(self) -> None:
-        for task in list(self._sending):
-            task.cancel()
-        await asyncio.gather(*self._sending, return_exceptions=True)
+        await cancel_all(list(self._sending))
         await self.pool.close()

@@ -119,6 +119,7 @@ class ControllerProcessor:
             "applied_index": node.applied_index,
             "elections": self.elections.elections,
             "unclean_elections": self.elections.unclean_elections,
+            "failed_elections": self.elections.failed_elections,
         }
         return response_pieces(frame, ext=ext)
 
