@@ -32,6 +32,7 @@ from hamq.cli.dev_controller import wait_whole
 from hamq.client.controller import ControllerClient
 from hamq.clock import monotonic_s
 from hamq.errors import HamqError
+from hamq.net.tasks import cancel_all
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import unpack_body
 
@@ -277,9 +278,7 @@ async def measure(cluster: DevCluster, kills: int, size: int, senders: int, topi
         missing, mismatched = await _read_back(namesrv, stream)
     finally:
         stream.stopping = True
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_all(tasks)
         await stream.producer.close()
         await admin.close()
         await controller.close()
