@@ -43,8 +43,6 @@ MIN_ATTEMPT_TIMEOUT_S = 0.2
 # A heartbeat skips a peer that does not accept a connection this fast (it is sent every
 # controller_heartbeat_interval_ms, a few hundred ms).
 HEARTBEAT_CONNECT_TIMEOUT_S = 0.5
-# The loop is bounded by the deadline and by a count: every peer (and a hint) once per
-# round, a round per pause that fits in the timeout, whatever the peers answer.
 
 
 class ControllerClient:
@@ -77,6 +75,8 @@ class ControllerClient:
         last: HamqError = ConnectionLost(f"no controller peer of {self.addrs} answered")
         target = self.leader
         unhinted = 0  # attempts since the last hint or pause
+        # Bounded by the deadline and by a count: every peer (and a hint) once per round,
+        # a round per pause that fits in the timeout, whatever the peers answer.
         rounds = math.ceil(self.timeout_s / ROUND_PAUSE_S) + 1
         for _ in range(2 * len(self.addrs) * rounds):
             remaining = deadline - monotonic_s()
@@ -156,15 +156,11 @@ class ControllerClient:
         )
         return wire.ReplicaInfo.from_ext(frame.ext)
 
-    async def heartbeat(self, heartbeat: BrokerHeartbeat | dict[str, Any]) -> None:
+    async def heartbeat(self, heartbeat: BrokerHeartbeat) -> None:
         """To every peer (each records it; only the leader acts on timeouts), oneway: a
         hung peer must not delay the heartbeats the others wait for. A peer that cannot
         be reached is skipped; the next heartbeat tries it again."""
-        ext = (
-            wire.broker_heartbeat_ext(heartbeat)
-            if isinstance(heartbeat, BrokerHeartbeat)
-            else heartbeat
-        )
+        ext = wire.broker_heartbeat_ext(heartbeat)
 
         async def one(addr: str) -> None:
             try:
