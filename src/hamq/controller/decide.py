@@ -319,8 +319,9 @@ def decide_clean_broker_data(
 ) -> CleanBrokerData | ControllerError:
     """Forget members that are dead (unless ``clean_living_broker``); never the master
     alone, nor a living master with its whole group: forgotten, it would go on
-    acknowledging with no election left to fence it, and a group created again under its
-    name starts its epochs below the ones its members hold."""
+    acknowledging with no election left to fence it. A group cleaned whole leaves its
+    last master epoch in ``retired_epochs`` (``apply.py``), so one created again under its
+    name continues above it."""
     group = state.groups.get((request.cluster_name, request.broker_name))
     if group is None:
         return ControllerError(
