@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hamq.controller.errors import ControllerCode
 from hamq.controller.requests import (
     AlterSyncStateSetRequest,
     ApplyBrokerIdRequest,
@@ -34,6 +35,13 @@ KEY = ("DefaultCluster", "broker-a")
 def _wire(ext: dict) -> dict:
     """What the peer receives: the ext through msgpack, as the frame header carries it."""
     return msgpack.unpackb(msgpack.packb(ext), raw=False, strict_map_key=True)
+
+
+def test_the_core_refusal_codes_are_the_wire_codes():
+    """The sans-IO core names its refusals without importing the protocol; the processor
+    sends ``ControllerCode`` values as response codes, so the two tables must agree."""
+    wire_codes = {c.name: c.value for c in ResponseCode if c.name.startswith("CONTROLLER_")}
+    assert {c.name: c.value for c in ControllerCode} == wire_codes
 
 
 def test_replica_info_of_a_group_round_trips():
