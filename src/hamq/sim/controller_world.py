@@ -8,7 +8,7 @@ three members and its clients, on the production code of every part.
   master the ``MasterReplication`` core with its ``SyncStateSet`` and all-ack waiters through
   ``MasterLink``, as slave ``SlaveLink``: the handshake with its epoch rounds, the cut to the
   consistent point, the appends (what ``broker/ha/service.py`` drives over TCP). They
-  heartbeat to every controller peer, learn their role from the leader's notifications
+  heartbeat to every controller peer, re-read their role when the leader notifies them
   and by polling, run the SyncStateSet expand / shrink and acknowledge under
   ``all_ack_in_sync_state_set``. The few steps that live in the asyncio shells
   (``HAMaster.start_epoch`` / read cap / confirm shipping, ``HASlave.start``,
@@ -435,7 +435,7 @@ class ControllerWorld:
 
     def _learn(self, member: _Member, group: BrokerGroup) -> None:
         """A member's role follows the controller's state, never an older epoch (what
-        ``ReplicasManager._take`` does with every ReplicaInfo, notified or polled)."""
+        ``ReplicasManager._take`` does with every ReplicaInfo it reads)."""
         if group.master_epoch < member.epoch:
             return
         member.epoch = group.master_epoch

@@ -459,8 +459,9 @@ class HAMaster:
     def start_epoch(self, epoch: int, broker_id: int | None = None) -> None:
         """Lead master epoch ``epoch`` as member ``broker_id`` (default: the configured
         id): the epoch file gets (epoch, log end), fsynced, before this returns, so before
-        any send of the epoch is acknowledged. The same epoch again (a restarted master
-        the controller kept) continues it; an older one raises ``EpochOrderError``.
+        any send of the epoch is acknowledged. The same epoch again continues it (only a
+        process that began it: a restarted member never continues an epoch, see
+        ``ReplicasManager``); an older one raises ``EpochOrderError``.
         Sessions of the older epoch close (their slaves handshake again and learn it);
         the SyncStateSet starts as this member alone until ``set_sync_state_set``."""
         last = self.store.epochs.last_epoch()
