@@ -421,8 +421,12 @@ class HAMaster:
     - ``set_sync_state_set(ids, epoch)`` with what the controller applied;
     - ``sync_state_set_change(now_ms)`` every ``check_sync_state_set_period_ms``: a set to
       propose to the controller (CONTROLLER_ALTER_SYNC_STATE_SET), or None;
-    - ``confirm_offset`` for its heartbeat; pull reads it through ``MessageStore.read_cap``;
-    - ``learn_epoch(epoch)`` when it hears of a newer master epoch (it is deposed).
+    - ``sync_state_set_refused()`` when the controller refused a proposal for a reason
+      other than a stale epoch;
+    - ``confirm_offset`` for its heartbeat; pull reads it through ``MessageStore.read_cap``.
+
+    A newer master epoch deposes it through a slave's handshake (``MasterLink``); the
+    broker learning one from the controller turns this member into a slave instead.
     """
 
     def __init__(self, config: BrokerConfig, store: MessageStore, members: MemberGroup) -> None:
@@ -477,17 +481,6 @@ class HAMaster:
             self._update_read_cap()
         for conn in list(self._conns):
             conn.close()
-
-    def learn_epoch(self, epoch: int) -> None:
-        """Another member leads master ``epoch`` (the controller said so): if it is newer
-        than ours, this master is deposed: waiting sends fail, new ones are refused."""
-        failed = self.core.learn_epoch(epoch)
-        if self.core.deposed:
-            self._deposed(
-                f"master epoch {epoch} has begun; this member led epoch {self.core.epoch}: "
-                "it acknowledges no more sends",
-                failed,
-            )
 
     def _deposed(self, why: str, failed: list[tuple[AckCallback, ReplicaStatus]]) -> None:
         if failed or not self._deposed_logged:  # once, and whenever sends fail by it
