@@ -118,6 +118,14 @@ class BrokerConfig(StoreConfig, ServerConfig):
     check_sync_state_set_period_ms: int = 1000  # checkSyncStateSetPeriod: expand / shrink
     ha_max_time_slave_not_catchup_ms: int = 15_000  # haMaxTimeSlaveNotCatchup
     all_ack_in_sync_state_set: bool = False  # allAckInSyncStateSet: zero loss
+    # -- slave acting master (seed 004, RIP-32; master-slave mode) ------------------------
+    enable_slave_acting_master: bool = False  # enableSlaveActingMaster: with no master, the
+    #   alive member with the smallest broker id serves master-only operations read-only
+    enable_remote_escape: bool = False  # enableRemoteEscape: escape to another process's master
+    lock_in_strict_mode: bool = False  # lockInStrictMode: a queue lock needs a majority
+    skip_pre_online: bool = False  # skipPreOnline: a returning master registers at once
+    consumer_offset_update_version_step: int = 500  # consumerOffsetUpdateVersionStep
+    delay_offset_update_version_step: int = 200  # delayOffsetUpdateVersionStep
 
     def __post_init__(self) -> None:
         check.check_types(self)
@@ -176,6 +184,8 @@ class NamesrvConfig(ControllerSettings, ServerConfig):
     #   0.5 KiB each), past which a registration that would add more is SYSTEM_BUSY
     metrics_listen: str = ""  # HOST:PORT of /metrics, "" = off
     enable_controller_in_namesrv: bool = False  # enableControllerInNamesrv (recommended)
+    support_acting_master: bool = False  # supportActingMaster: route a masterless group's
+    #   smallest-id alive member as brokerId 0, read-only (seed 004)
 
     def __post_init__(self) -> None:
         check.check_types(self)

@@ -113,6 +113,8 @@ BROKER_RANGES = {
     "max_held_pops_per_connection": POSITIVE,
     "revive_interval_ms": POSITIVE,
     "rebalance_lock_max_live_time_ms": POSITIVE,
+    "consumer_offset_update_version_step": POSITIVE,
+    "delay_offset_update_version_step": POSITIVE,
     "controller_heartbeat_interval_ms": POSITIVE,
     "sync_broker_metadata_period_ms": POSITIVE,
     "check_sync_state_set_period_ms": POSITIVE,
@@ -409,6 +411,16 @@ def check_broker(config: BrokerConfig) -> None:
     _greater(config, "ha_housekeeping_interval_ms", "ha_send_heartbeat_interval_ms")
     if config.broker_not_active_timeout_ms:  # or the name server drops us between heartbeats
         _greater(config, "broker_not_active_timeout_ms", "broker_heartbeat_interval_ms")
+    # an elected master (Raft leader, controller's choice) replaces a lost one: no slave acts
+    if config.enable_slave_acting_master and (
+        config.enable_controller_mode or config.replication_mode != "master-slave"
+    ):
+        raise bad(
+            "enable_slave_acting_master",
+            True,
+            "needs replication_mode 'master-slave' without enable_controller_mode "
+            "(DLedger and the controller elect a new master instead)",
+        )
     if config.enable_controller_mode:
         if config.replication_mode != "master-slave":
             raise bad(

@@ -11,6 +11,8 @@ class Counts:
         "bytes_in",
         "connections_refused",
         "connections_timed_out",
+        "escaped_local",
+        "escaped_remote",
         "internal_errors",
         "messages_in",
         "pull_requests",
@@ -25,6 +27,9 @@ class Counts:
         self.connections_refused = 0  # over max_connections(_per_address)
         self.connections_timed_out = 0  # idle, or a frame not finished in time
         self.records_skipped = 0  # stored records a background service could not read
+        # messages an acting master put into another group's master (seed 004's escape):
+        # into one in this process (a broker container), or over the network
+        self.escaped_local = self.escaped_remote = 0
 
 
 COUNTS = Counts()

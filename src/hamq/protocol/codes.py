@@ -43,6 +43,10 @@ class RequestCode(IntEnum):
     GET_BROKER_MEMBER_GROUP = 901
     BROKER_HEARTBEAT = 904
     NOTIFY_MIN_BROKER_ID_CHANGE = 905  # name server -> members: the group's membership changed
+    ADD_BROKER = 902  # to a broker container: host one more member
+    REMOVE_BROKER = 903  # to a broker container: stop and drop a member
+    EXCHANGE_BROKER_HA_INFO = 910  # pre-online: a returning master announces itself to a slave
+    GET_POP_CHECKPOINT = 911  # pre-online: a member's pop state, to merge by DataVersion
     # controller mode (seed 001), RocketMQ 5's numbers
     CONTROLLER_ALTER_SYNC_STATE_SET = 1001
     CONTROLLER_ELECT_MASTER = 1002
