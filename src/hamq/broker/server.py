@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+from collections.abc import Callable, Iterable
 from wsgiref.simple_server import WSGIServer
 
 from hamq.broker.client_processor import ClientProcessor
@@ -16,6 +17,7 @@ from hamq.broker.ha.service import HAMaster, HASlave
 from hamq.broker.ha.slave_sync import SlaveSynchronize
 from hamq.broker.held_back import HeldBackPut
 from hamq.broker.locks import RebalanceLockManager
+from hamq.broker.namesrv_requests import NamesrvRequests
 from hamq.broker.pop.service import PopService
 from hamq.broker.processor import BrokerProcessor
 from hamq.broker.pull import PullProcessor
@@ -49,29 +51,25 @@ log = logging.getLogger(__name__)
 CLIENT_SCAN_INTERVAL_S = 10.0  # RocketMQ ClientHousekeepingService period
 
 
-class _NamesrvRequests:
-    """Requests a name server sends back on the broker's connection to it."""
-
-    def __init__(self, members: MemberGroup) -> None:
-        self.members = members
-
-    def handle(self, conn: Connection, frame: Frame) -> list | None:
-        if frame.code == RequestCode.NOTIFY_MIN_BROKER_ID_CHANGE:
-            return self.members.handle_notification(conn, frame)
-        raise RequestCodeNotSupported(
-            f"broker does not take request code {frame.code} from a name server"
-        )
-
-    def after_batch(self) -> None:
-        pass
-
-
 class Broker:
     """One member of a broker group: the store, the request processors, replication (HA or
-    DLedger) and the services that follow the member's role (``broker/role.py``)."""
+    DLedger) and the services that follow the member's role (``broker/role.py``).
 
-    def __init__(self, config: BrokerConfig) -> None:
+    A ``BrokerContainer`` (``broker/container.py``) hosting several members in one process
+    passes them one shared ``pool`` (one connection to each name server; the reverse
+    notifications are told apart by broker name, ``broker/namesrv_requests.py``) and
+    ``siblings``, the other members it hosts (local escape puts into a sibling master).
+    Without them the member owns its pool and has no siblings."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        *,
+        pool: ConnectionPool | None = None,
+        siblings: Callable[[], Iterable[Broker]] | None = None,
+    ) -> None:
         self.config = config
+        self.siblings: Callable[[], Iterable[Broker]] = siblings or _no_siblings
         self.started_ms = wall_ms()
         self.dledger_mode = config.replication_mode == "dledger"
         # A DLedger or controller-mode member starts as a slave (following no master in
@@ -89,10 +87,11 @@ class Broker:
         self.store_lock = StoreDirLock(config.store_dir)  # before recovery writes anything
         self.store = MessageStore(config)
         self.flush = FlushService(self.store)
-        self.pool = ConnectionPool()
+        self._owns_pool = pool is None  # a container's shared pool outlives its members
+        self.pool = ConnectionPool() if pool is None else pool
         self.members = MemberGroup(config, self.pool)
         self.members.on_change.append(self._follow_master)
-        self.pool.handler = _NamesrvRequests(self.members)
+        NamesrvRequests.of(self.pool).add(self.members)
         self.registration = NamesrvRegistration(config, self.store.topics, self.pool, self.role)
         self.topics = TopicService(
             self.store,
@@ -412,7 +411,14 @@ class Broker:
         self.store_lock.release()
         if self.metrics is not None:
             self.metrics.shutdown()
-        await self.pool.close()
+        NamesrvRequests.of(self.pool).remove(self.members)
+        if self._owns_pool:
+            await self.pool.close()
+
+
+def _no_siblings() -> tuple[Broker, ...]:
+    """A broker process of its own hosts no other member."""
+    return ()
 
 
 def _nothing() -> None:
