@@ -8,7 +8,15 @@ A registration's ``data_version.state_version`` is the epoch an authority gave t
 the Raft term in DLedger mode, 0 in master-slave mode (its epoch is a local count that a
 restart resets). A name server lets a newer master take brokerId 0 from a live holder at
 once and refuses an older one (``namesrv/routes.py``), so the routes follow an election
-within a heartbeat and a deposed master cannot hold them."""
+within a heartbeat and a deposed master cannot hold them.
+
+Every registration says whether this member may act as master while its group has none
+(``enable_acting_master``, seed 004): a name server that supports it then routes the
+group's smallest-id slave as a read-only brokerId 0.
+
+A member may start ``isolated`` (seed 004's ``isIsolated``: a returning master's pre-online,
+``broker/pre_online.py``): it then neither registers nor heartbeats, so no client routes to
+it, until ``go_online()``, which registers at once."""
 
 from __future__ import annotations
 
@@ -44,6 +52,7 @@ class NamesrvRegistration:
         self.pool = pool
         self.role = role  # the id registered follows it: 0 while this member is the master
         self._authority = config.enable_controller_mode or config.replication_mode == "dledger"
+        self.isolated = False  # unseen by the name servers until go_online() (pre-online)
         # Controller mode: a name server refused this member as master (a newer epoch holds
         # brokerId 0, it has been deposed): re-read the role now, not at the next poll.
         self.on_master_refused: Callable[[], Awaitable[None]] | None = None
@@ -91,6 +100,11 @@ class NamesrvRegistration:
         for task in self._rounds:
             task.start()
 
+    async def go_online(self) -> None:
+        """End isolation: register with every name server now (heartbeats follow)."""
+        self.isolated = False
+        await self._register_all()
+
     @property
     def state_version(self) -> int:
         return self.role.epoch if self._authority else 0
@@ -98,6 +112,8 @@ class NamesrvRegistration:
     async def stop(self) -> None:
         await asyncio.gather(*(task.stop() for task in self._rounds))
         await cancel_all([self._rereading])
+        if self.isolated:
+            return  # never registered
         await asyncio.gather(
             *(
                 self._call(addr, RequestCode.UNREGISTER_BROKER, self.identity)
@@ -110,6 +126,8 @@ class NamesrvRegistration:
         await asyncio.gather(*(self._register(addr) for addr in self.config.namesrv))
 
     async def _heartbeat(self, addr: str) -> None:
+        if self.isolated:
+            return
         if self._accepted.get(addr) != self.state_version:
             await self._register(addr)
             return
@@ -118,6 +136,8 @@ class NamesrvRegistration:
             await self._register(addr)
 
     async def _register(self, addr: str) -> None:
+        if self.isolated:
+            return
         state_version = self.state_version  # as registered, though the role moves on
         ext = dict(self.identity, ha_addr=self.config.ha_address)
         if self.config.broker_not_active_timeout_ms:
@@ -133,6 +153,7 @@ class NamesrvRegistration:
                     for name, t in self.topics.topics.items()
                 },
                 "data_version": dict(asdict(self.topics.data_version), state_version=state_version),
+                "enable_acting_master": self.config.enable_slave_acting_master,
             }
         )
         code = await self._call(addr, RequestCode.REGISTER_BROKER, ext, body)

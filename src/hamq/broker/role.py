@@ -29,6 +29,27 @@ slave -> master
   4. last, the member re-registers as brokerId 0, so clients route to it only once it is
      ready.
 
+Acting master (seed 004, master-slave mode only): while a group has no master, its slave
+with the smallest broker id acts as a read-only master (``broker/acting_master.py`` decides).
+``set_acting_master`` runs under the same lock as a change:
+
+start acting (a slave only)
+  1. the flag goes up first (``is_acting_master``), so the acting services, which read it,
+     put what they write through the escape bridge into another group's master and never
+     into this member's log;
+  2. the acting services start in order: delay delivery, transaction check-back, pop revive
+     (the master's service objects, registered under "acting_*" names). The slave's own
+     services (HA client, slave sync) keep running: the log still only grows by HA.
+
+stop acting
+  1. the acting services stop, in the reverse of their start order, while the flag is still
+     up (what they put until they stopped still escapes);
+  2. the flag goes down.
+
+Every ``change()`` ends acting first (steps above), whatever it then does: a member that
+becomes master starts the same services under their master names, and one that stays a
+slave is told again by the next member-group sync whether it should act.
+
 Which services follow the role is the broker's choice (``Broker.__init__``): in DLedger
 mode Raft replicates the log, so there is no HA master or client, slave sync copies no
 topics, and the broker-internal writers (delay delivery, check-back, pop revive) do not run
@@ -86,6 +107,8 @@ class RoleServices:
 
     master: list[RoleService] = field(default_factory=list)
     slave: list[RoleService] = field(default_factory=list)
+    # run on top of the slave's while it acts as master (module docstring)
+    acting: list[RoleService] = field(default_factory=list)
     after_change: list[Callable[[], None]] = field(default_factory=list)
     # given the new master epoch before the role flips (controller mode: the epoch file);
     # one that raises stops the change: the member stays a slave
@@ -101,6 +124,8 @@ class RoleState:
         self.broker_id = broker_id  # this member's own id: registered while a slave
         self.master_addr = master_addr  # the group's master (this member's own while master)
         self.changes = 0  # completed role changes
+        self.acting_master = False  # a slave serving master-only work (seed 004)
+        self.acting_changes = 0  # times acting began or ended
         self.services = RoleServices()
         self.running: set[str] = set()
         self.errors: dict[str, str] = {}  # service -> its last failed start or stop
@@ -109,6 +134,10 @@ class RoleState:
     @property
     def is_master(self) -> bool:
         return self.role is BrokerRole.MASTER
+
+    @property
+    def is_acting_master(self) -> bool:
+        return self.acting_master
 
     @property
     def registered_id(self) -> int:
@@ -123,6 +152,7 @@ class RoleState:
     async def stop(self) -> None:
         """Stop every role service still running (the broker's stop)."""
         async with self._lock:
+            await self._end_acting()
             await self._stop_all(exclude=[])
 
     async def change(
@@ -134,6 +164,7 @@ class RoleState:
         new master takes ``epoch`` when an authority gives one (the Raft term in DLedger
         mode, the controller's master epoch), else its epoch + 1; a slave takes it too."""
         async with self._lock:
+            await self._end_acting()
             if epoch is not None and epoch < self.epoch:
                 log.warning(
                     "refused a change to %s from epoch %d: this member knows epoch %d",
@@ -166,6 +197,29 @@ class RoleState:
             self.changes += 1
             log.info("now %s (epoch %d), running %s", role.value, self.epoch, sorted(self.running))
             return True
+
+    async def set_acting_master(self, acting: bool) -> bool:
+        """Begin or end acting as master (module docstring); False if nothing changed: the
+        member already did (or did not) act, or it is not a slave (only a slave acts)."""
+        async with self._lock:
+            if acting == self.acting_master or (acting and self.role is not BrokerRole.SLAVE):
+                return False
+            if acting:
+                self.acting_master = True
+                await self._start_all(self.services.acting)
+                self.acting_changes += 1
+                log.info("acting as master: running %s", sorted(self.running))
+                return True
+            return await self._end_acting()
+
+    async def _end_acting(self) -> bool:
+        if not self.acting_master:
+            return False
+        await self._stop_all(exclude=self.services.master + self.services.slave)
+        self.acting_master = False
+        self.acting_changes += 1
+        log.info("no longer acting as master: running %s", sorted(self.running))
+        return True
 
     async def _same_role(self, master_addr: str | None, epoch: int | None) -> None:
         """No change of role: a slave takes the master (the controller's, None included,
@@ -216,7 +270,7 @@ class RoleState:
         """Stop the running services not in ``exclude``, in the reverse of their start
         order."""
         keep = {service.name for service in exclude}
-        for service in reversed(self.services.master + self.services.slave):
+        for service in reversed(self.services.master + self.services.slave + self.services.acting):
             if (
                 service.name in self.running
                 and service.name not in keep

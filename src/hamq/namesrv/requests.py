@@ -42,6 +42,8 @@ class Registration:
     timeout_ms: int  # 0: the name server's default
     topic_configs: dict[str, dict[str, int]]
     data_version: dict[str, int]
+    # the member may act as master while its group has none (seed 004); absent: False
+    enable_acting_master: bool = False
 
 
 def member(ext: dict[str, Any]) -> Member:
@@ -63,6 +65,11 @@ def registration(frame: Frame) -> Registration:
     body = unpack_body(frame.body) or {}
     if not isinstance(body, dict):
         raise InvalidArgument("register body must be a map")
+    acting = body.get("enable_acting_master", False)
+    if not isinstance(acting, bool):
+        raise InvalidArgument(
+            f"register body 'enable_acting_master' must be true or false, not {acting!r}"
+        )
     return Registration(
         cluster_name,
         who,
@@ -70,6 +77,7 @@ def registration(frame: Frame) -> Registration:
         timeout_ms,
         topic_configs(body.get("topic_configs") or {}),
         data_version(body.get("data_version") or {}),
+        acting,
     )
 
 

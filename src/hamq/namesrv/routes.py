@@ -1,14 +1,26 @@
 """The route registry (RocketMQ's RouteInfoManager): who is alive, which groups serve which
 topics. Pure state driven by calls that carry the current time, so it is testable without
-sockets or clocks."""
+sockets or clocks.
+
+Acting master (seed 004, ``support_acting_master``): a group without a master whose
+smallest-id member registered with ``enable_acting_master`` is routed with that member as
+brokerId 0 (removed from its own id) and every queue of the group read-only, as RocketMQ's
+``pickupTopicRouteData`` does, so unchanged clients send it their master-only requests
+(offset queries, locks, END_TRANSACTION) and producers leave its queues alone. That
+member (the "prime slave") also defines the group's queues while there is no master, as
+the master's registration does otherwise, so a name server that restarted during the
+outage still routes the group. The substitution is computed per route request: it ends
+with the first registration of a master. Member-group answers (GET_BROKER_MEMBER_GROUP)
+are never substituted: the members themselves need the truth to decide who acts."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from hamq.errors import NoPermission, SystemBusy
-from hamq.store.metadata import PERM_READ_WRITE
+from hamq.store.metadata import PERM_READ_WRITE, PERM_WRITE
 
 # RocketMQ's TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC: brokers that auto-create topics
 # register it, and producers of unknown topics route through it.
@@ -28,6 +40,7 @@ class BrokerLiveInfo:
     timeout_ms: int
     data_version: dict[str, int] = field(default_factory=dict)
     ha_addr: str = ""
+    enable_acting_master: bool = False
 
 
 @dataclass(frozen=True)
@@ -40,9 +53,13 @@ class QueueData:
 
 class RouteInfoManager:
     def __init__(
-        self, broker_not_active_timeout_ms: int, max_route_entries: int = 1_000_000
+        self,
+        broker_not_active_timeout_ms: int,
+        max_route_entries: int = 1_000_000,
+        support_acting_master: bool = False,
     ) -> None:
         self.default_timeout_ms = broker_not_active_timeout_ms
+        self.support_acting_master = support_acting_master
         # Registrations cost memory until they expire (up to 10 min, the broker's choice):
         # a flood of forged groups and topics is bounded by this many members and routes.
         self.max_route_entries = max_route_entries
@@ -68,6 +85,7 @@ class RouteInfoManager:
         now_ms: int,
         timeout_ms: int | None = None,
         ha_addr: str = "",
+        enable_acting_master: bool = False,
     ) -> bool:
         """Returns whether the group's membership changed (members are then notified).
         ``NoPermission`` if it conflicts with a live member, ``SystemBusy`` if it would
@@ -75,7 +93,19 @@ class RouteInfoManager:
         self._check_conflict(
             cluster_name, broker_name, broker_id, addr, _state_version(data_version), now_ms
         )
-        self._check_room(broker_name, broker_id, addr, topic_configs)
+        # the master's topic configs define the group's queues; with no master, the prime
+        # slave's do, without the write permission (RocketMQ's isPrimeSlave)
+        defines_queues = broker_id == MASTER_ID or (
+            self.support_acting_master
+            and enable_acting_master
+            and self._is_prime_slave(broker_name, broker_id, addr)
+        )
+        if broker_id != MASTER_ID and defines_queues:
+            topic_configs = {
+                topic: dict(cfg, perm=cfg["perm"] & ~PERM_WRITE)
+                for topic, cfg in topic_configs.items()
+            }
+        self._check_room(broker_name, addr, topic_configs if defines_queues else None)
         before = dict(self.broker_addr_table.get(broker_name, {}))
         self.cluster_addr_table.setdefault(cluster_name, set()).add(broker_name)
         members = self.broker_addr_table.setdefault(broker_name, {})
@@ -98,8 +128,9 @@ class RouteInfoManager:
             timeout_ms or self.default_timeout_ms,
             data_version,
             ha_addr,
+            enable_acting_master,
         )
-        if broker_id == MASTER_ID:  # the master's topic configs define the group's queues
+        if defines_queues:
             self._replace_topics_of(broker_name, topic_configs)
         return members != before
 
@@ -150,24 +181,41 @@ class RouteInfoManager:
             members = self.broker_addr_table.get(name)
             if not members:
                 continue
+            addrs, perm = dict(members), qd.perm
+            acting = self.acting_master_of(name)
+            if acting is not None:  # routed as a read-only master (module docstring)
+                addrs[MASTER_ID] = addrs.pop(acting)
+                perm &= ~PERM_WRITE
             queue_datas.append(
                 {
                     "broker_name": name,
                     "read_queue_nums": qd.read_queue_nums,
                     "write_queue_nums": qd.write_queue_nums,
-                    "perm": qd.perm,
+                    "perm": perm,
                 }
             )
             broker_datas.append(
                 {
                     "cluster": self.broker_cluster.get(name, ""),
                     "broker_name": name,
-                    "broker_addrs": dict(members),
+                    "broker_addrs": addrs,
                 }
             )
         if not queue_datas:
             return None
         return {"topic": topic, "queue_datas": queue_datas, "broker_datas": broker_datas}
+
+    def acting_master_of(self, broker_name: str) -> int | None:
+        """The broker id of the member routed as the group's read-only master, or None:
+        only with ``support_acting_master``, and when that member enabled it."""
+        if not self.support_acting_master:
+            return None
+        members = self.broker_addr_table.get(broker_name, {})
+        acting = acting_master_id(members)
+        if acting is None:
+            return None
+        info = self.live.get(members[acting])
+        return acting if info is not None and info.enable_acting_master else None
 
     def get_broker_member_group(self, cluster_name: str, broker_name: str) -> dict[str, Any]:
         members = self.broker_addr_table.get(broker_name, {})
@@ -271,11 +319,20 @@ class RouteInfoManager:
                 f"member {holder}; refused for {addr}"
             )
 
+    def _is_prime_slave(self, broker_name: str, broker_id: int, addr: str) -> bool:
+        """Would this member, once registered, have the smallest id of a masterless group?"""
+        others = [i for i, a in self.broker_addr_table.get(broker_name, {}).items() if a != addr]
+        return MASTER_ID not in others and all(broker_id < i for i in others)
+
     def _check_room(
-        self, broker_name: str, broker_id: int, addr: str, topic_configs: dict[str, dict[str, int]]
+        self,
+        broker_name: str,
+        addr: str,
+        topic_configs: dict[str, dict[str, int]] | None,
     ) -> None:
+        """``topic_configs``: those that will define the group's queues, None if these do not."""
         grow = addr not in self.live
-        if broker_id == MASTER_ID:
+        if topic_configs is not None:
             grow += len(topic_configs) - len(self.topics_of.get(broker_name, ()))
         if grow > 0 and len(self.live) + self.route_count + grow > self.max_route_entries:
             raise SystemBusy(
@@ -316,6 +373,17 @@ class RouteInfoManager:
         topics = self.topics_of.pop(broker_name, set())
         self.route_count -= len(topics)
         self._drop_topics_of(broker_name, topics)
+
+
+def acting_master_id(broker_ids: Iterable[int]) -> int | None:
+    """Seed 004's choice of a group's acting master: with no master (brokerId 0) among
+    the members, the smallest broker id; None when there is a master or no member. The
+    brokers decide with the same rule (``broker/acting_master.py``), from the same member
+    group, so the member routed as brokerId 0 is the one serving master-only work."""
+    ids = list(broker_ids)
+    if not ids or MASTER_ID in ids:
+        return None
+    return min(ids)
 
 
 def _state_version(data_version: dict[str, int]) -> int:

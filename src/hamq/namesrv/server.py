@@ -31,7 +31,9 @@ class NamesrvProcessor:
     def __init__(self, config: NamesrvConfig) -> None:
         self.config = config
         self.routes = RouteInfoManager(
-            config.broker_not_active_timeout_ms, config.max_route_entries
+            config.broker_not_active_timeout_ms,
+            config.max_route_entries,
+            config.support_acting_master,
         )
         # The connection each broker last registered or heartbeated on: the way back to it
         # for reverse notifications (as RocketMQ uses the broker's channel).
@@ -74,6 +76,7 @@ class NamesrvProcessor:
                 monotonic_ms(),
                 reg.timeout_ms,
                 reg.ha_addr,
+                reg.enable_acting_master,
             )
         except NoPermission as err:
             log.warning("registration from %s refused: %s", conn.peer, err.message)
@@ -117,8 +120,9 @@ class NamesrvProcessor:
 
     def notify_member_group(self, cluster_name: str, broker_name: str) -> None:
         """Reverse notification: tell every live member of a group its new membership, so
-        quorum writes degrade (seed 000) and slaves follow a new master without waiting
-        for their next poll."""
+        quorum writes degrade (seed 000), slaves follow a new master without waiting
+        for their next poll, and the smallest-id slave starts or stops acting as master
+        (seed 004) when the master leaves or returns."""
         group = self.routes.get_broker_member_group(cluster_name, broker_name)
         body = pack_body(group)
         for addr in group["broker_addrs"].values():

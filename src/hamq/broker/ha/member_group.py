@@ -72,6 +72,9 @@ class MemberGroup:
         self.ha_addrs: dict[int, str] = {}
         self.synced = False
         self.on_change: list[Callable[[], None]] = []
+        # after every periodic sync, changed or not (the acting-master decision also
+        # depends on time: a returning master's hold)
+        self.on_synced: list[Callable[[], None]] = []
         self.controlled = config.enable_controller_mode
         self.controller_master: str | None = None  # controller mode: the master's address
         # controller mode: (master address, HA address) last seen in the name servers' answers
@@ -156,6 +159,8 @@ class MemberGroup:
             else:
                 self._take(addr, group)
         self._reconcile()
+        for callback in self.on_synced:
+            callback()
 
     async def _ask(self, addr: str) -> dict | None:
         c = self.config
