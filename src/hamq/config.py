@@ -193,6 +193,36 @@ class NamesrvConfig(ControllerSettings, ServerConfig):
         check.check_namesrv(self)
 
 
+@dataclass(frozen=True)
+class ContainerConfig(ServerConfig):
+    """A ``BrokerContainer`` (``broker/container.py``): several broker members of different
+    groups in one process. Each member keeps its own config file (its own listen, HA and
+    store addresses); the container gives every member its ``namesrv``, as RocketMQ's
+    BrokerContainer sets each inner broker's namesrvAddr from its own."""
+
+    listen: str = "127.0.0.1:10811"  # the container's own port: ADD_BROKER / REMOVE_BROKER
+    namesrv: tuple[str, ...] = ("127.0.0.1:9876",)  # namesrvAddr, shared by every member
+    brokers: tuple[str, ...] = ()  # brokerConfigPaths: member config files, started in
+    #   order; relative paths are relative to this file's directory
+    metrics_listen: str = ""  # HOST:PORT of /metrics for the whole process, "" = off;
+    #   members' gauges carry broker_name and broker_id labels (members set none of their own)
+
+    def __post_init__(self) -> None:
+        check.check_types(self)
+        check.check_server(self)
+        check.address("listen", self.listen)
+        if self.metrics_listen:
+            check.address("metrics_listen", self.metrics_listen)
+        if not self.namesrv:
+            raise check.bad("namesrv", self.namesrv, "must name at least one name server")
+        for addr in self.namesrv:
+            check.address("namesrv", addr)
+        for path in self.brokers:
+            check.path("brokers", path)
+        if len(set(self.brokers)) != len(self.brokers):
+            raise check.bad("brokers", self.brokers, "lists a member config file twice")
+
+
 def load_config(cls: type[T], path: str | Path | None = None, **overrides: Any) -> T:
     """Read ``path`` (TOML) into ``cls``; ``overrides`` (non-None values) win."""
     values: dict[str, Any] = {}

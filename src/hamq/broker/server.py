@@ -352,21 +352,7 @@ class Broker:
         await self.server.start(self.config.listen)
         self.metrics = serve_metrics(self.config.metrics_listen)
         if self.metrics is not None:
-            log_ = self.store.commitlog
-            gauge("hamq_commitlog_max_offset", "Commit log end (bytes)", lambda: log_.max_offset)
-            gauge(
-                "hamq_commitlog_flushed_offset",
-                "Commit log fsynced up to (bytes)",
-                lambda: log_.flushed_offset,
-            )
-            gauge(
-                "hamq_connections", "Open client connections", lambda: len(self.server.connections)
-            )
-            gauge(
-                "hamq_alive_replicas",
-                "Members of this group the name server holds alive",
-                lambda: self.members.alive_replicas,
-            )
+            self.add_gauges()
         if self.dledger is not None:
             await self.dledger.start()
         self.flush.start()
@@ -386,6 +372,26 @@ class Broker:
             self.role.broker_id,
             self.config.listen,
         )
+
+    def add_gauges(self, labels: dict[str, str] | None = None) -> None:
+        """This member's gauges; a broker container labels each member's series and serves
+        them on its one /metrics."""
+        log_ = self.store.commitlog
+        for name, documentation, read in (
+            ("hamq_commitlog_max_offset", "Commit log end (bytes)", lambda: log_.max_offset),
+            (
+                "hamq_commitlog_flushed_offset",
+                "Commit log fsynced up to (bytes)",
+                lambda: log_.flushed_offset,
+            ),
+            ("hamq_connections", "Open client connections", lambda: len(self.server.connections)),
+            (
+                "hamq_alive_replicas",
+                "Members of this group the name server holds alive",
+                lambda: self.members.alive_replicas,
+            ),
+        ):
+            gauge(name, documentation, read, labels)
 
     def _scan_clients(self) -> None:
         self.clients.scan_expired(monotonic_ms())

@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import AsyncIterator
 
 import click
 
 from hamq.aio import AsyncAdmin
-from hamq.cli.common import emit, json_option, namesrv_option, run_async
+from hamq.cli.common import BadConfig, emit, json_option, namesrv_option, run_async
 from hamq.client.admin import AsyncControllerAdmin, controller_list
+from hamq.config import BrokerConfig, load_config
 from hamq.config_check import address
-from hamq.errors import ConfigError, ControllerRefused
+from hamq.errors import ConfigError, ControllerRefused, HamqError
+from hamq.net.connection import connect
+from hamq.protocol.codes import RequestCode, ResponseCode
+from hamq.protocol.frame import pack_body, unpack_body
 
 # A standalone controller's default listen address (ControllerConfig.listen).
 DEFAULT_CONTROLLER = "127.0.0.1:9878"
+# A member's start: recovery, name-server registration, its first member-group sync.
+CONTAINER_CHANGE_TIMEOUT_S = 60.0
 
 
 @click.group()
@@ -255,3 +262,87 @@ def _metadata_text(meta: dict) -> str:
         for peer_id, addr in sorted(meta["peers"])
     ]
     return "\n".join([head, *rows])
+
+
+@admin.group("container")
+def container_admin() -> None:
+    """Add and remove the members of a broker container (``hamq container``)."""
+
+
+def _container_addr(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        address("--container", value)
+    except ConfigError as err:
+        raise click.BadParameter(err.message) from None
+    return value
+
+
+container_option = click.option(
+    "--container",
+    "container_addr",
+    required=True,
+    callback=_container_addr,
+    help="The container's listen address (HOST:PORT).",
+)
+
+
+async def _container_request(addr: str, code: int, ext: dict, body: bytes = b"") -> dict:
+    """One request to a container's port; the answer lists its members after the change."""
+    conn = await connect(addr)
+    try:
+        frame = await conn.request(code, ext, body, timeout_s=CONTAINER_CHANGE_TIMEOUT_S)
+    finally:
+        conn.close()
+    if frame.code != ResponseCode.SUCCESS:
+        raise HamqError.for_code(frame.code, frame.remark)
+    return unpack_body(frame.body) or {}
+
+
+def _members_text(members: dict) -> str:
+    return "\n".join(
+        f"{m['broker_name']:<16} id {m['broker_id']:<3} {m['role']:<7} {m['listen']}"
+        for m in members["members"]
+    )
+
+
+@container_admin.command("add-broker")
+@container_option
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The new member's broker config file (its namesrv is the container's).",
+)
+@json_option
+@run_async
+async def add_broker(container_addr: str, config_path: str, as_json: bool) -> None:
+    """Start a broker member in a running container (ADD_BROKER)."""
+    try:
+        config = load_config(BrokerConfig, config_path)
+    except ConfigError as err:
+        raise BadConfig(err.message) from None
+    body = pack_body(dataclasses.asdict(config))
+    members = await _container_request(
+        container_addr, RequestCode.ADD_BROKER, {"config_path": config_path}, body
+    )
+    emit(members, as_json, _members_text)
+
+
+@container_admin.command("remove-broker")
+@container_option
+@click.option("--broker-name", "-b", required=True, help="The member's brokerName.")
+@click.option("--broker-id", "-i", required=True, type=int, help="The member's brokerId.")
+@json_option
+@run_async
+async def remove_broker(
+    container_addr: str, broker_name: str, broker_id: int, as_json: bool
+) -> None:
+    """Stop a container's member, as a broker process stops on SIGTERM (REMOVE_BROKER)."""
+    members = await _container_request(
+        container_addr,
+        RequestCode.REMOVE_BROKER,
+        {"broker_name": broker_name, "broker_id": broker_id},
+    )
+    emit(members, as_json, _members_text)

@@ -6,7 +6,7 @@ import click
 
 from hamq.cli.admin import admin
 from hamq.cli.bench import bench
-from hamq.cli.servers import broker, controller, dev, namesrv
+from hamq.cli.servers import broker, container, controller, dev, namesrv
 from hamq.cli.tools import cluster, consume, produce, topic
 
 
@@ -16,7 +16,19 @@ def cli() -> None:
     """hamq: a highly available, replicated message queue."""
 
 
-for command in (namesrv, controller, broker, dev, topic, produce, consume, cluster, bench, admin):
+for command in (
+    namesrv,
+    controller,
+    broker,
+    container,
+    dev,
+    topic,
+    produce,
+    consume,
+    cluster,
+    bench,
+    admin,
+):
     cli.add_command(command)
 
 

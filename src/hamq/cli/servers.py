@@ -1,4 +1,4 @@
-"""``hamq namesrv``, ``hamq controller``, ``hamq broker`` and ``hamq dev``."""
+"""``hamq namesrv``, ``hamq controller``, ``hamq broker``, ``hamq container`` and ``hamq dev``."""
 
 from __future__ import annotations
 
@@ -13,14 +13,22 @@ from pathlib import Path
 
 import click
 
+from hamq.broker.container import load_members, serve_container
 from hamq.broker.server import serve_broker
 from hamq.cli.common import BadConfig, setup_logging
 from hamq.cli.dev_controller import ControllerLayout, controller_ready
 from hamq.client.sync import Admin
 from hamq.clock import monotonic_s
-from hamq.config import BrokerConfig, ControllerConfig, NamesrvConfig, dump_toml, load_config
+from hamq.config import (
+    BrokerConfig,
+    ContainerConfig,
+    ControllerConfig,
+    NamesrvConfig,
+    dump_toml,
+    load_config,
+)
 from hamq.controller_server.service import serve_controller
-from hamq.errors import ConfigError
+from hamq.errors import ConfigError, HamqError
 from hamq.namesrv.server import serve_namesrv
 from hamq.net.server import run_until_signalled
 from hamq.preflight import can_create, check_can_start
@@ -94,6 +102,28 @@ def broker(config_path: str) -> None:
     setup_logging()
     config = _load_to_serve(BrokerConfig, config_path)
     run_until_signalled(lambda stop: serve_broker(config, stop))
+
+
+@click.command()
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="TOML file with container settings (listen, namesrv, brokers = member config files).",
+)
+def container(config_path: str) -> None:
+    """Run a broker container: broker members of different groups in one process."""
+    setup_logging()
+    config = _load(ContainerConfig, config_path)
+    try:
+        members = load_members(config, config_path)
+        run_until_signalled(lambda stop: serve_container(config, members, stop))
+    except ConfigError as err:
+        raise BadConfig(err.message) from None
+    except HamqError as err:  # a member that did not start: the others were stopped
+        raise click.ClickException(err.message) from None
 
 
 @click.command()

@@ -34,27 +34,56 @@ _COUNTER_HELP = {
     "connections_refused": "Connections closed at once: over max_connections(_per_address)",
     "connections_timed_out": "Connections closed idle or with a frame unfinished in time",
     "records_skipped": "Stored records a background service could not read (logged, skipped)",
+    "escaped_local": "Messages an acting master put into a master in this process (seed 004)",
+    "escaped_remote": "Messages an acting master put into another process's master (seed 004)",
 }
+
+
+# A gauge's series by its labels, as sorted (name, value) pairs: () for a process's only
+# server; ``broker_name`` and ``broker_id`` for each member of a broker container, whose
+# members share one process and one /metrics (``broker/container.py``).
+Labels = tuple[tuple[str, str], ...]
 
 
 class _HamqCollector(Collector):
     def __init__(self) -> None:
-        self.gauges: dict[str, tuple[str, Callable[[], float]]] = {}
+        self.gauges: dict[str, tuple[str, dict[Labels, Callable[[], float]]]] = {}
 
     def collect(self) -> Iterator:
         for name, help_text in _COUNTER_HELP.items():
             yield CounterMetricFamily(f"hamq_{name}", help_text, value=getattr(COUNTS, name))
-        for name, (help_text, read) in self.gauges.items():
-            yield GaugeMetricFamily(name, help_text, value=read())
+        # copies: the event loop adds and removes gauges while a scrape thread reads them
+        for name, (help_text, series) in list(self.gauges.items()):
+            family = GaugeMetricFamily(name, help_text)
+            for labels, read in list(series.items()):
+                family.add_sample(name, dict(labels), read())
+            yield family
 
 
 _COLLECTOR = _HamqCollector()
 REGISTRY.register(_COLLECTOR)
 
 
-def gauge(name: str, documentation: str, read: Callable[[], float]) -> None:
-    """A gauge read at scrape time (no work between scrapes)."""
-    _COLLECTOR.gauges[name] = (documentation, read)
+def gauge(
+    name: str,
+    documentation: str,
+    read: Callable[[], float],
+    labels: dict[str, str] | None = None,
+) -> None:
+    """A gauge read at scrape time (no work between scrapes); ``labels`` tell apart the
+    series of several servers in one process."""
+    _COLLECTOR.gauges.setdefault(name, (documentation, {}))[1][
+        tuple(sorted((labels or {}).items()))
+    ] = read
+
+
+def remove_gauges(labels: dict[str, str]) -> None:
+    """Drop every series with these labels (a container member that stopped)."""
+    key = tuple(sorted(labels.items()))
+    for name, (_, series) in list(_COLLECTOR.gauges.items()):
+        series.pop(key, None)
+        if not series:
+            _COLLECTOR.gauges.pop(name, None)
 
 
 MAX_SCRAPES = 8

@@ -1,0 +1,259 @@
+"""A ``BrokerContainer``: several broker members, of different groups, in one process (seed
+004's picture for local escape: the master of one group beside a slave of another, so an
+acting slave puts its due delay messages into a master in its own process).
+
+What the members share: the event loop, one ``ConnectionPool`` (one connection to each
+name server; the name servers' reverse notifications are told apart by broker name,
+``broker/namesrv_requests.py``), ``namesrv`` (the container's), and one /metrics whose
+member gauges carry ``broker_name`` and ``broker_id`` labels. Each member keeps its own
+listen (and HA) address, store directory and services: clients, name servers and the
+other members address a broker by HOST:PORT, and RocketMQ's requests do not all name the
+broker, so one listener keyed by broker name would need a field every request lacks (and
+RocketMQ's BrokerContainer also gives each inner broker its own port). The container's
+own ``listen`` serves ADD_BROKER and REMOVE_BROKER only.
+
+Members are added and removed at runtime, one request at a time. A member that cannot
+start (a bad config, a port in use, another member with its name and id) is refused with
+a clear error and the container serves on; removing a member stops it as its own process
+would on SIGTERM (deregistered, flushed, store unlocked).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import json
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+from hamq.broker.server import Broker
+from hamq.config import BrokerConfig, ContainerConfig, from_dict, load_config
+from hamq.config_check import bad
+from hamq.errors import BrokerSystemError, ConfigError, HamqError, InvalidArgument
+from hamq.net.connection import Connection, error_pieces, response_pieces
+from hamq.net.metrics import remove_gauges, serve_metrics
+from hamq.net.pool import ConnectionPool
+from hamq.net.server import Server
+from hamq.preflight import check_can_start
+from hamq.protocol.codes import RequestCode
+from hamq.protocol.frame import Frame, pack_body, require_int, require_name, unpack_body
+
+log = logging.getLogger(__name__)
+
+MemberKey = tuple[str, int]  # (broker name, broker id): a member's identity
+
+
+def member_config(
+    values: BrokerConfig | dict[str, Any], source: str, container: ContainerConfig
+) -> BrokerConfig:
+    """A member's config as the container runs it: its own settings, the container's
+    ``namesrv``, and no ``metrics_listen`` of its own (the container's /metrics shows every
+    member; a member's own server would show the whole process's registry again)."""
+    config = values if isinstance(values, BrokerConfig) else from_dict(BrokerConfig, values, source)
+    if config.metrics_listen:
+        raise ConfigError(
+            f"{source}: metrics_listen = {config.metrics_listen!r}: must be empty for a "
+            "container member (the container's metrics_listen serves every member)"
+        )
+    return dataclasses.replace(config, namesrv=container.namesrv)
+
+
+def load_members(config: ContainerConfig, path: str | Path | None) -> list[BrokerConfig]:
+    """The members a container file lists, each checked; relative paths are read from the
+    container file's directory."""
+    base = Path(path).parent if path is not None else Path()
+    members: list[BrokerConfig] = []
+    for member in config.brokers:
+        source = str(base / member)
+        loaded = member_config(load_config(BrokerConfig, source), source, config)
+        refuse_duplicate(loaded, members)
+        members.append(loaded)
+    return members
+
+
+def refuse_duplicate(config: BrokerConfig, members: Iterable[BrokerConfig]) -> None:
+    """One member per (broker name, broker id) and per store directory in a container (the
+    second would fail later and less clearly: its store lock, or its name servers' routes)."""
+    for other in members:
+        if (other.broker_name, other.broker_id) == (config.broker_name, config.broker_id):
+            raise ConfigError(
+                f"broker {config.broker_name} id {config.broker_id} is already a member of "
+                "this container"
+            )
+        if other.store_dir == config.store_dir:
+            raise ConfigError(
+                f"store_dir = {config.store_dir!r} is already the store of member "
+                f"{other.broker_name} id {other.broker_id}"
+            )
+
+
+class BrokerContainer:
+    def __init__(self, config: ContainerConfig) -> None:
+        self.config = config
+        self.pool = ConnectionPool()
+        self.brokers: dict[MemberKey, Broker] = {}
+        self.server = Server(_ContainerProcessor(self), config)
+        self.metrics: WSGIServer | None = None
+        self._changing = asyncio.Lock()  # one add or remove at a time
+
+    async def start(self, members: list[BrokerConfig]) -> None:
+        """Serve, then start the configured members in order; if one cannot start, the
+        started ones stop again and the error is raised (the operator asked for all)."""
+        try:
+            await self.server.start(self.config.listen)
+        except OSError as exc:
+            raise bad(
+                "listen", self.config.listen, f"cannot listen there: {exc.strerror}"
+            ) from None
+        self.metrics = serve_metrics(self.config.metrics_listen)
+        try:
+            for member in members:
+                await self.add(member)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def add(self, config: BrokerConfig) -> Broker:
+        async with self._changing:
+            key = (config.broker_name, config.broker_id)
+            refuse_duplicate(config, (broker.config for broker in self.brokers.values()))
+            check_can_start(config)  # ports free, store creatable: ConfigError, nothing opened
+            broker = Broker(config, pool=self.pool, siblings=functools.partial(self._siblings, key))
+            try:
+                await broker.start()
+            except Exception as exc:  # noqa: BLE001 - any failure is the admin's answer
+                await _stop_quietly(broker)
+                message = exc.message if isinstance(exc, HamqError) else repr(exc)
+                raise BrokerSystemError(
+                    f"broker {config.broker_name} id {config.broker_id} did not start: {message}"
+                ) from None
+            self.brokers[key] = broker
+            if self.metrics is not None:
+                broker.add_gauges(_labels(key))
+            log.info("container: member %s/%d started on %s", *key, config.listen)
+            return broker
+
+    async def remove(self, broker_name: str, broker_id: int) -> None:
+        async with self._changing:
+            key = (broker_name, broker_id)
+            broker = self.brokers.pop(key, None)
+            if broker is None:
+                raise InvalidArgument(
+                    f"broker {broker_name} id {broker_id} is not a member of this container "
+                    f"(members: {', '.join(f'{n}/{i}' for n, i in self.brokers) or 'none'})"
+                )
+            remove_gauges(_labels(key))
+            await broker.stop()
+            log.info("container: member %s/%d stopped", *key)
+
+    def _siblings(self, key: MemberKey) -> list[Broker]:
+        """The members beside ``key``'s (local escape looks for a master among them)."""
+        return [broker for other, broker in self.brokers.items() if other != key]
+
+    def members_info(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "broker_name": name,
+                "broker_id": broker_id,
+                "listen": broker.config.listen,
+                "role": "master" if broker.role.is_master else "slave",
+            }
+            for (name, broker_id), broker in self.brokers.items()
+        ]
+
+    async def stop(self) -> None:
+        """Every member stops (latest first), then the container's port and the shared
+        connections."""
+        for name, broker_id in reversed(list(self.brokers)):
+            try:
+                await self.remove(name, broker_id)
+            except Exception:  # logged: the others still stop
+                log.exception("container: member %s/%d did not stop cleanly", name, broker_id)
+        await self.server.close()
+        if self.metrics is not None:
+            self.metrics.shutdown()
+        await self.pool.close()
+
+
+def _labels(key: MemberKey) -> dict[str, str]:
+    return {"broker_name": key[0], "broker_id": str(key[1])}
+
+
+async def _stop_quietly(broker: Broker) -> None:
+    """Undo a member's failed start as far as it got (its store lock above all); the start's
+    own error is the one to report."""
+    try:
+        await broker.stop()
+    except Exception:  # logged: the start's error is what the caller sees
+        log.exception("container: stopping a member that failed to start")
+
+
+class _ContainerProcessor:
+    """ADD_BROKER (body: the member's settings) and REMOVE_BROKER (broker_name, broker_id)
+    on the container's port. A member starts and stops in the background; the answer,
+    with the members after the change, goes out when that is done."""
+
+    def __init__(self, container: BrokerContainer) -> None:
+        self.container = container
+        self._tasks: set[asyncio.Task] = set()
+
+    def handle(self, conn: Connection, frame: Frame) -> list | None:
+        if frame.code == RequestCode.ADD_BROKER:
+            source = str(frame.ext.get("config_path") or "ADD_BROKER body")
+            values = unpack_body(frame.body)
+            if not isinstance(values, dict):
+                raise InvalidArgument("ADD_BROKER body must be a map of broker settings")
+            config = member_config(values, source, self.container.config)
+            change = self.container.add(config)
+        elif frame.code == RequestCode.REMOVE_BROKER:
+            change = self.container.remove(
+                require_name(frame.ext, "broker_name"), require_int(frame.ext, "broker_id")
+            )
+        else:
+            raise InvalidArgument(
+                f"a broker container serves ADD_BROKER and REMOVE_BROKER only, not {frame.code}"
+            )
+        task = asyncio.ensure_future(self._answer(conn, frame, change))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return None
+
+    async def _answer(self, conn: Connection, frame: Frame, change: Any) -> None:
+        try:
+            await change
+        except Exception as exc:  # noqa: BLE001 - every failure is the admin's answer
+            err = exc if isinstance(exc, HamqError) else BrokerSystemError(repr(exc))
+            log.warning("container: %s", err.message)
+            conn.reply(error_pieces(frame, err))
+            return
+        body = pack_body({"members": self.container.members_info()})
+        conn.reply(response_pieces(frame, body=body))
+
+    def after_batch(self) -> None:
+        pass
+
+
+async def serve_container(
+    config: ContainerConfig, members: list[BrokerConfig], stop: asyncio.Event
+) -> None:
+    container = BrokerContainer(config)
+    await container.start(members)
+    print(
+        json.dumps(
+            {
+                "event": "ready",
+                "role": "container",
+                "listen": config.listen,
+                "brokers": container.members_info(),
+                "pid": os.getpid(),
+            }
+        ),
+        flush=True,
+    )
+    await stop.wait()
+    await container.stop()

@@ -1,0 +1,189 @@
+"""``hamq container``: broker members of different groups in one process (seed 004's
+BrokerContainer), added and removed at runtime with ``hamq admin container``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import hamq
+from hamq import Message
+from hamq.client.consumer import PullStatus
+from hamq.config import dump_toml
+from harness import Cluster, Proc
+from helpers import accepts, free_port, pid_alive, scrape_metrics, wait_for
+
+
+def write_container(c: Cluster, name: str, members: list[Path], **settings) -> Path:
+    cfg = c.root / f"{name}.toml"
+    values = {
+        "listen": f"127.0.0.1:{free_port()}",
+        "namesrv": c.namesrv_addrs,
+        "brokers": [str(m) for m in members],
+        **settings,
+    }
+    cfg.write_text(dump_toml(values))
+    return cfg
+
+
+def start_container(c: Cluster, name: str, members: list[Path], **settings) -> tuple[Proc, str]:
+    cfg = write_container(c, name, members, **settings)
+    proc = Proc(name, ["container", "-c", str(cfg)], c.root / f"{name}.log").start()
+    c.procs[name] = proc
+    return proc, c.broker_addr(name)  # the container file's listen
+
+
+def produce_and_consume(namesrv: str, topic: str, count: int = 20) -> set[str]:
+    """Every message sent is pulled back; returns the broker names that stored them."""
+    sent = {f"m{i}".encode() for i in range(count)}
+    with hamq.Producer(namesrv) as producer:
+        brokers = {producer.send(Message(topic, body)).queue.broker_name for body in sent}
+    got = set()
+    with hamq.PullConsumer("g-container", namesrv) as consumer:
+        for mq in consumer.fetch_message_queues(topic):
+            offset = consumer.min_offset(mq)
+            while (result := consumer.pull(mq, offset, 100)).status is PullStatus.FOUND:
+                got |= {m.body for m in result.messages}
+                offset = result.next_begin_offset
+    assert got == sent
+    return brokers
+
+
+def member_names(namesrv: str) -> dict[str, dict[int, str]]:
+    with hamq.Admin(namesrv) as admin:
+        table = admin.cluster_info()["broker_addr_table"]
+    return {name: {int(i): a for i, a in e["broker_addrs"].items()} for name, e in table.items()}
+
+
+@pytest.fixture
+def namesrv_cluster(cluster_factory) -> Cluster:
+    c = cluster_factory()
+    c.start_namesrv(scan_not_active_broker_interval_ms=500, broker_not_active_timeout_ms=3000)
+    return c
+
+
+def test_container_serves_two_groups_with_labelled_metrics_and_stops_them_all(namesrv_cluster):
+    c = namesrv_cluster
+    a = c.write_broker_config("a", broker_name="broker-a")
+    b = c.write_broker_config("b", broker_name="broker-b")
+    metrics = f"127.0.0.1:{free_port()}"
+    proc, _ = start_container(c, "container", [a, b], metrics_listen=metrics)
+    wait_for(lambda: set(member_names(c.namesrv)) == {"broker-a", "broker-b"}, 15, "both groups")
+    with hamq.Admin(c.namesrv) as admin:
+        admin.create_topic("Hosted", 2)
+        info = [admin.broker_runtime_info(c.broker_addr(n)) for n in ("a", "b")]
+    assert {i["pid"] for i in info} == {proc.pid}  # one process serves both
+    assert produce_and_consume(c.namesrv, "Hosted") == {"broker-a", "broker-b"}
+
+    # one /metrics, one series per member (no gauge of one overwriting the other's)
+    m = scrape_metrics(metrics)
+    for name in ("broker-a", "broker-b"):
+        assert m[f'hamq_commitlog_max_offset{{broker_id="0",broker_name="{name}"}}'] > 0
+    assert m["hamq_messages_in_total"] == 20  # process-wide: both members' sends
+
+    proc.stop()
+    assert proc.popen.returncode == 0
+    assert not pid_alive(proc.pid)
+    assert not any(accepts(c.broker_addr(n)) for n in ("a", "b", "container"))
+    wait_for(lambda: not member_names(c.namesrv), 10, "both members deregistered")
+
+
+def test_add_and_remove_brokers_at_runtime(namesrv_cluster, hamq_cli):
+    c = namesrv_cluster
+    a = c.write_broker_config("a", broker_name="broker-a")
+    proc, container = start_container(c, "container", [a])
+    b = c.write_broker_config(
+        "b", broker_name="broker-b", namesrv="127.0.0.1:1"
+    )  # the container's wins
+
+    added = hamq_cli(
+        "admin", "container", "add-broker", "--container", container, "-c", str(b), "--json"
+    )
+    assert added.returncode == 0, added.stderr
+    members = json.loads(added.stdout)["members"]
+    assert {(m["broker_name"], m["broker_id"]) for m in members} == {
+        ("broker-a", 0),
+        ("broker-b", 0),
+    }
+    wait_for(lambda: "broker-b" in member_names(c.namesrv), 15, "broker-b registered")
+    with hamq.Admin(c.namesrv) as admin:
+        admin.create_topic("Added", 2)
+    assert produce_and_consume(c.namesrv, "Added") == {"broker-a", "broker-b"}
+
+    again = hamq_cli("admin", "container", "add-broker", "--container", container, "-c", str(b))
+    assert again.returncode == 1
+    assert "broker broker-b id 0 is already a member of this container" in again.stderr
+
+    unknown = hamq_cli(
+        "admin", "container", "remove-broker", "--container", container, "-b", "broker-c", "-i", "0"
+    )
+    assert unknown.returncode == 1
+    assert "broker broker-c id 0 is not a member of this container" in unknown.stderr
+
+    removed = hamq_cli(
+        "admin", "container", "remove-broker", "--container", container,
+        "--broker-name", "broker-b", "--broker-id", "0", "--json",
+    )  # fmt: skip
+    assert removed.returncode == 0, removed.stderr
+    assert [m["broker_name"] for m in json.loads(removed.stdout)["members"]] == ["broker-a"]
+    assert not accepts(c.broker_addr("b"))  # stopped as its own process would be
+    wait_for(lambda: "broker-b" not in member_names(c.namesrv), 10, "broker-b deregistered")
+    assert proc.alive()
+    assert produce_and_consume(c.namesrv, "Added") == {"broker-a"}
+
+    # its store was let go: the member comes back with what it stored
+    back = hamq_cli("admin", "container", "add-broker", "--container", container, "-c", str(b))
+    assert back.returncode == 0, back.stderr
+
+
+def test_a_member_that_cannot_start_leaves_the_container_serving(namesrv_cluster, hamq_cli):
+    c = namesrv_cluster
+    a = c.write_broker_config("a", broker_name="broker-a")
+    proc, container = start_container(c, "container", [a])
+    taken = c.write_broker_config("taken", broker_name="broker-b", listen=c.broker_addr("a"))
+    refused = hamq_cli(
+        "admin", "container", "add-broker", "--container", container, "-c", str(taken)
+    )
+    assert refused.returncode == 1
+    assert f"listen = '{c.broker_addr('a')}': cannot listen there" in refused.stderr
+    metered = c.write_broker_config("metered", broker_name="broker-b", metrics_listen="127.0.0.1:1")
+    refused = hamq_cli(
+        "admin", "container", "add-broker", "--container", container, "-c", str(metered)
+    )
+    assert refused.returncode == 1
+    assert "metrics_listen = '127.0.0.1:1': must be empty for a container member" in refused.stderr
+    assert proc.alive()
+    with hamq.Admin(c.namesrv) as admin:
+        admin.create_topic("StillServed", 1)
+    assert produce_and_consume(c.namesrv, "StillServed") == {"broker-a"}
+
+
+@pytest.mark.parametrize(
+    ("members", "settings", "expected"),
+    [
+        ([], {"brokres": ["x.toml"]}, "unknown key 'brokres' (did you mean 'brokers'?)"),
+        ([], {"namesrv": []}, "namesrv = []: must name at least one name server"),
+        (["a", "a2"], {}, "broker broker-a id 0 is already a member of this container"),
+        (["a", "same_store"], {}, "is already the store of member broker-a id 0"),
+        (["missing"], {}, "cannot read config file"),
+    ],
+)
+def test_bad_container_config_is_refused_clearly(
+    namesrv_cluster, hamq_cli, members, settings, expected
+):
+    c = namesrv_cluster
+    configs = {
+        "a": c.write_broker_config("a"),
+        "a2": c.write_broker_config("a2"),
+        "same_store": c.write_broker_config(
+            "same_store", broker_name="broker-b", store_dir=str(c.root / "a")
+        ),
+        "missing": c.root / "missing.toml",
+    }
+    cfg = write_container(c, "container", [configs[m] for m in members], **settings)
+    result = hamq_cli("container", "-c", str(cfg), timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
