@@ -4,6 +4,11 @@ BrokerContainer), added and removed at runtime with ``hamq admin container``."""
 from __future__ import annotations
 
 import json
+import os
+import select
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +18,7 @@ from hamq import Message
 from hamq.client.consumer import PullStatus
 from hamq.config import dump_toml
 from harness import Cluster, Proc
-from helpers import accepts, free_port, pid_alive, scrape_metrics, wait_for
+from helpers import accepts, free_port, free_port_base, pid_alive, scrape_metrics, wait_for
 
 
 def write_container(c: Cluster, name: str, members: list[Path], **settings) -> Path:
@@ -187,3 +192,58 @@ def test_bad_container_config_is_refused_clearly(
     assert result.returncode == 2, result.stderr
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# hamq dev --mode container's ports, from --port-base: name server, containers, members (+HA)
+DEV_PORT_OFFSETS = [0, 1001, 1002, *(1035 + 10 * i + ha for i in range(4) for ha in (0, 1))]
+DEV_READY_TIMEOUT_S = 90.0
+
+
+@pytest.fixture
+def dev_containers(tmp_path):
+    """``hamq dev --mode container`` running; yields (Popen, ready dict); every process it
+    started is killed by PID at the end."""
+    base = free_port_base(DEV_PORT_OFFSETS)
+    args = ["dev", "--mode", "container", "--data", str(tmp_path / "dev"), "--port-base", str(base)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hamq.cli.main", *args],
+        stdout=subprocess.PIPE,
+        stderr=open(tmp_path / "dev.stderr", "wb"),  # noqa: SIM115 (the child holds it)
+        start_new_session=True,
+    )
+    ready: dict = {}
+    try:
+        readable, _, _ = select.select([proc.stdout], [], [], DEV_READY_TIMEOUT_S)
+        assert readable, "hamq dev printed nothing in time"
+        ready = json.loads(proc.stdout.readline())
+        yield proc, ready
+    finally:
+        pids = [ready.get("namesrv_pid"), *(c["pid"] for c in ready.get("containers", []))]
+        for pid in [proc.pid, *filter(None, pids)]:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def test_dev_mode_container_hosts_two_groups_crosswise(dev_containers):
+    proc, ready = dev_containers
+    assert ready["event"] == "ready" and ready["mode"] == "container"
+    hosts = {c["name"]: c["brokers"] for c in ready["containers"]}
+    assert hosts == {
+        "container-1": ["broker-a-0", "broker-b-1"],
+        "container-2": ["broker-b-0", "broker-a-1"],
+    }
+    pid_of = {c["name"]: c["pid"] for c in ready["containers"]}
+    by_name = {b["name"]: b for b in ready["brokers"]}
+    assert by_name["broker-a-0"]["pid"] == by_name["broker-b-1"]["pid"] == pid_of["container-1"]
+    assert by_name["broker-b-0"]["pid"] == by_name["broker-a-1"]["pid"] == pid_of["container-2"]
+    groups = member_names(ready["namesrv"])
+    assert {n: sorted(ids) for n, ids in groups.items()} == {"broker-a": [0, 1], "broker-b": [0, 1]}
+    with hamq.Admin(ready["namesrv"]) as admin:
+        admin.create_topic("DevHosted", 2)
+    assert produce_and_consume(ready["namesrv"], "DevHosted") == {"broker-a", "broker-b"}
+
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    for pid in [ready["namesrv_pid"], *pid_of.values()]:
+        wait_for(lambda pid=pid: not pid_alive(pid), 10, f"pid {pid} exited")

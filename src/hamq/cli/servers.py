@@ -15,6 +15,7 @@ import click
 
 from hamq.broker.container import load_members, serve_container
 from hamq.broker.server import serve_broker
+from hamq.cli import dev_container
 from hamq.cli.common import BadConfig, setup_logging
 from hamq.cli.dev_controller import ControllerLayout, controller_ready
 from hamq.client.sync import Admin
@@ -143,11 +144,12 @@ def container(config_path: str) -> None:
 )
 @click.option(
     "--mode",
-    type=click.Choice(["single", "master-slave", "dledger", "controller"]),
+    type=click.Choice(["single", "master-slave", "dledger", "controller", "container"]),
     default="single",
     show_default=True,
-    help="One broker; one group of a master and slaves; one DLedger (Raft) group; or one "
-    "group whose master the controller elects.",
+    help="One broker; one group of a master and slaves; one DLedger (Raft) group; one "
+    "group whose master the controller elects; or two groups of a master and a slave "
+    "hosted crosswise by two broker containers, with slave acting master.",
 )
 @click.option(
     "--controllers",
@@ -216,12 +218,16 @@ def dev(
     controllers: int,
     embedded: bool,
 ) -> None:
-    """Run a local cluster (name servers, controllers and one broker group) as child
-    processes."""
+    """Run a local cluster (name servers, controllers, broker groups, broker containers) as
+    child processes."""
     if mode == "single" and replicas != 1:
         raise click.BadParameter("--replicas needs --mode master-slave", param_hint="--replicas")
     if embedded and mode != "controller":
         raise click.BadParameter("--embedded needs --mode controller", param_hint="--embedded")
+    if mode == "container" and replicas != 1:
+        raise click.BadParameter(
+            "--mode container runs two groups of a master and a slave", param_hint="--replicas"
+        )
     root = Path(data_dir).resolve()
     layout = ControllerLayout.of(port_base, controllers, embedded) if mode == "controller" else None
     namesrv_addrs = layout.addrs if layout and layout.embedded else [f"127.0.0.1:{port_base}"]
@@ -230,20 +236,28 @@ def dev(
     raft_peers = [
         f"{i}@127.0.0.1:{port_base + 1035 + 10 * (i - 1) + 2}" for i in range(1, replicas + 1)
     ]
-    for broker_id in range(replicas):
-        name = f"broker-a-{broker_id + 1 if mode == 'dledger' else broker_id}"
+    hosted = mode == "container"
+    groups = dev_container.GROUPS if hosted else ("broker-a",)
+    group_size = dev_container.GROUP_SIZE if hosted else replicas
+    for index, (broker_name, broker_id) in enumerate(
+        (g, i) for g in groups for i in range(group_size)
+    ):
+        name = f"{broker_name}-{broker_id + 1 if mode == 'dledger' else broker_id}"
         settings = {
             "cluster_name": "DevCluster",
-            "broker_name": "broker-a",
+            "broker_name": broker_name,
             "broker_id": broker_id,
             "broker_role": "slave"
             if broker_id
-            else (broker_role or ("sync_master" if mode == "master-slave" else "async_master")),
-            "listen": f"127.0.0.1:{port_base + 1035 + 10 * broker_id}",
+            else (
+                broker_role
+                or ("sync_master" if mode in ("master-slave", "container") else "async_master")
+            ),
+            "listen": f"127.0.0.1:{port_base + 1035 + 10 * index}",
             "namesrv": namesrv_addrs,
             "store_dir": str(root / name),
             "flush_disk_type": flush_disk_type,
-            "total_replicas": replicas if total_replicas is None else total_replicas,
+            "total_replicas": group_size if total_replicas is None else total_replicas,
             "in_sync_replicas": in_sync_replicas,
             "min_in_sync_replicas": min_in_sync_replicas,
             "enable_auto_in_sync_replicas": auto_degrade,
@@ -259,15 +273,25 @@ def dev(
             )
         if layout:
             settings.update(layout.broker_settings())
+        if hosted:  # a masterless group's slave serves master-only work (seed 004)
+            settings["enable_slave_acting_master"] = True
         _load(BrokerConfig, None, **settings)  # a bad flag combination fails here, clearly
         members[name] = settings
-    servers = _server_configs(root, namesrv_addrs, layout)  # name: (command, settings)
+    # name: (command, settings)
+    servers = _server_configs(root, namesrv_addrs, layout, acting=hosted)
+    containers = dev_container.container_settings(port_base, root, namesrv_addrs) if hosted else {}
+    for settings in containers.values():
+        _load(ContainerConfig, None, **settings)
     try:
         can_create("--data", data_dir)
     except ConfigError as err:
         raise BadConfig(f"options: {err.message}") from None
     root.mkdir(parents=True, exist_ok=True)  # only once every config is known to be good
-    for name, settings in [*members.items(), *((n, s) for n, (_, s) in servers.items())]:
+    for name, settings in [
+        *members.items(),
+        *((n, s) for n, (_, s) in servers.items()),
+        *containers.items(),
+    ]:
         (root / f"{name}.toml").write_text(dump_toml(settings))
     children: list[subprocess.Popen] = []
     stopping = False
@@ -285,12 +309,21 @@ def dev(
             children.append(proc)
             _wait_ready(proc, name)
             pids[settings["listen"]] = proc.pid
-        brokers = []
-        for name, m in members.items():
-            proc = _spawn(["broker", "-c", str(root / f"{name}.toml")], root, name)
+        # a container runs its members: each member's pid is its container's
+        for name, settings in containers.items():
+            proc = _spawn(["container", "-c", str(root / f"{name}.toml")], root, name)
             children.append(proc)
             _wait_ready(proc, name)
-            pids[m["listen"]] = proc.pid
+            pids[settings["listen"]] = proc.pid
+            for path in settings["brokers"]:
+                pids[members[Path(path).stem]["listen"]] = proc.pid
+        brokers = []
+        for name, m in members.items():
+            if not hosted:
+                proc = _spawn(["broker", "-c", str(root / f"{name}.toml")], root, name)
+                children.append(proc)
+                _wait_ready(proc, name)
+                pids[m["listen"]] = proc.pid
             brokers.append(
                 {
                     "name": name,
@@ -298,11 +331,12 @@ def dev(
                     "broker_id": m["broker_id"],
                     "role": "dledger" if mode == "dledger" else m["broker_role"],
                     "address": m["listen"],
-                    "pid": proc.pid,
+                    "pid": pids[m["listen"]],
                 }
             )
-        if mode == "dledger":  # ready means a leader was elected and routes point to it
-            _wait_for_master(namesrv_addr, "broker-a")
+        if mode in ("dledger", "container"):  # ready means routes point to every master
+            for broker_name in groups:
+                _wait_for_master(namesrv_addr, broker_name)
         ready = {
             "event": "ready",
             "mode": mode,
@@ -313,12 +347,29 @@ def dev(
         }
         if layout:  # ready means the group is whole: roles and epochs come from the controller
             ready.update(controller_ready(layout, namesrv_addr, replicas, brokers, pids))
+        if hosted:
+            ready["containers"] = [
+                {
+                    "name": name,
+                    "address": settings["listen"],
+                    "pid": pids[settings["listen"]],
+                    "brokers": [Path(path).stem for path in settings["brokers"]],
+                }
+                for name, settings in containers.items()
+            ]
         click.echo(json.dumps(ready))
         click.echo(
             f"hamq dev: connect with --namesrv {namesrv_addr} "
             f"(or export HAMQ_NAMESRV='{namesrv_addr}'); logs in {root}; Ctrl-C stops",
             err=True,
         )
+        for name, settings in containers.items():
+            click.echo(
+                f"hamq dev: {name} at {settings['listen']} hosts "
+                f"{', '.join(Path(p).stem for p in settings['brokers'])}; hamq admin container "
+                f"remove-broker --container {settings['listen']} -b NAME -i ID stops one",
+                err=True,
+            )
         if layout:
             click.echo(
                 f"hamq dev: hamq admin sync-state-set -b broker-a --controller "
@@ -341,13 +392,16 @@ def dev(
 
 
 def _server_configs(
-    root: Path, namesrv_addrs: list[str], layout: ControllerLayout | None
+    root: Path, namesrv_addrs: list[str], layout: ControllerLayout | None, acting: bool
 ) -> dict[str, tuple[str, dict]]:
-    """Every server but the brokers, in start order: name -> (command, settings), each
-    settings checked here so a bad flag combination fails before anything starts."""
+    """Every server but the brokers and containers, in start order: name -> (command,
+    settings), each settings checked here so a bad flag combination fails before anything
+    starts. ``acting``: the name server routes a masterless group's slave as its master."""
     servers: dict[str, tuple[str, dict]] = {}
     if not (layout and layout.embedded):
         servers["namesrv"] = ("namesrv", {"listen": namesrv_addrs[0]})
+        if acting:
+            servers["namesrv"][1]["support_acting_master"] = True
     if layout:
         command = "namesrv" if layout.embedded else "controller"
         for peer_id in layout.peers:
