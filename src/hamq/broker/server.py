@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable, Iterable
 from wsgiref.simple_server import WSGIServer
 
+from hamq.broker.acting_master import ActingMasterWatch
 from hamq.broker.client_processor import ClientProcessor
 from hamq.broker.clients import ClientManager
 from hamq.broker.dledger.driver import DLedgerCommitLog
@@ -217,6 +218,8 @@ class Broker:
             sync_topics=not self.dledger_mode,
         )
         self.role.services = self._role_services()
+        # with no master in the group, its smallest-id slave acts as one (seed 004)
+        self.acting = ActingMasterWatch(config, self.role, self.members)
 
         self.server = Server(self.processor, config)
         self.server.on_connection_closed.append(self.clients.connection_closed)
@@ -236,20 +239,22 @@ class Broker:
         after_change = [self.registration.request_register]
         if self.ha_master is None or self.ha_slave is None:
             return RoleServices(master=[], slave=[slave_sync], after_change=after_change)
+        secondary = [  # seed 004's secondary-message services: the master's, also acting
+            ("delay_delivery", self.schedule.start_delivery, self.schedule.stop_delivery),
+            ("transaction_check", self.transaction_check.start, self.transaction_check.stop),
+            ("pop_revive", self.pop.start, self.pop.stop),
+        ]
         return RoleServices(
             # controller mode: the epoch file records the controller's epoch first
             before_master=[self.replicas.start_epoch] if self.replicas else [],
             master=[
                 RoleService("ha_master", self.ha_master.start, self._stop_ha_master),
-                RoleService(
-                    "delay_delivery", self.schedule.start_delivery, self.schedule.stop_delivery
-                ),
-                RoleService(
-                    "transaction_check", self.transaction_check.start, self.transaction_check.stop
-                ),
-                RoleService("pop_revive", self.pop.start, self.pop.stop),
+                *(RoleService(name, start, stop) for name, start, stop in secondary),
             ],
             slave=[RoleService("ha_client", self.ha_slave.start, self._stop_ha_client), slave_sync],
+            # a slave acting as master (broker/acting_master.py) runs them too; what they
+            # write escapes into another group's master
+            acting=[RoleService(f"acting_{name}", start, stop) for name, start, stop in secondary],
             after_change=after_change,
         )
 
@@ -340,6 +345,7 @@ class Broker:
             "alive_replicas": self.members.alive_replicas,
             "ha": self._ha_status(),
             "controller": None if self.replicas is None else self.replicas.info_dict(),
+            "acting_master": self.acting.info(),
         }
 
     def _ha_status(self) -> dict:
@@ -364,6 +370,7 @@ class Broker:
         self.members.start()
         self._housekeeping.start()
         await self.role.start()
+        self.acting.start()
         if self.replicas is not None:
             await self.replicas.start()
         log.info(
@@ -409,6 +416,7 @@ class Broker:
             await self.dledger.stop()
         # each change runs to its end, then everything stops
         await asyncio.gather(*self._role_changes, return_exceptions=True)
+        await self.acting.stop()
         await self.role.stop()
         await self.schedule.stop()
         await self._stop_serving()  # done already if the HA master stopped

@@ -44,6 +44,17 @@ class AsyncAdmin:
                 masters[name] = addrs[MASTER_ID]
         return masters
 
+    async def read_addrs(self) -> dict[str, str]:
+        """Broker group name -> the member to read its state from: the master, or with
+        none the smallest-id member (RocketMQ's ``selectBrokerAddr``; the acting master of
+        seed 004 when the group enabled it)."""
+        info = await self.cluster_info()
+        return {
+            name: addrs[min(addrs)]
+            for name, entry in info["broker_addr_table"].items()
+            if (addrs := {int(k): v for k, v in entry["broker_addrs"].items()})
+        }
+
     async def create_topic(
         self,
         topic: str,
@@ -152,7 +163,7 @@ class AsyncAdmin:
         """Per queue the group has committed on: the broker's max offset, the group's
         offset and the lag between them (RocketMQ's ``consumerProgress``)."""
         rows = []
-        for broker_name, addr in sorted((await self.master_addrs()).items()):
+        for broker_name, addr in sorted((await self.read_addrs()).items()):
             frame = await self.core.invoke(addr, RequestCode.GET_ALL_CONSUMER_OFFSET)
             for key, queues in sorted((unpack_body(frame.body) or {}).items()):
                 topic, _, owner = key.partition("@")
