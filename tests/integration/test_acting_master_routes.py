@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 import hamq
 from hamq import Message, SendStatus
 from hamq.client.consumer import PullStatus
@@ -21,24 +23,21 @@ NS_TIMEOUT_MS = 3000
 TOPIC = "ActingT"
 SENT = 40  # messages into broker-a before its master dies
 WAIT_S = 30.0
-ACTING = {
-    "enable_slave_acting_master": True,
-    "skip_pre_online": True,
-    "sync_broker_member_group_period_ms": 200,
-}
+ACTING = {"enable_slave_acting_master": True, "skip_pre_online": True}
 
 
-def start_cluster(cluster_factory):
+def start_cluster(cluster_factory, sync_period_ms: int):
     c = cluster_factory()
+    acting = dict(ACTING, sync_broker_member_group_period_ms=sync_period_ms)
     c.start_namesrv(
         scan_not_active_broker_interval_ms=500,
         broker_not_active_timeout_ms=NS_TIMEOUT_MS,
         support_acting_master=True,
     )
-    c.start_broker("master", broker_role="sync_master", total_replicas=3, **ACTING)
+    c.start_broker("master", broker_role="sync_master", total_replicas=3, **acting)
     for i in (1, 2):
-        c.start_broker(f"slave{i}", broker_id=i, broker_role="slave", total_replicas=3, **ACTING)
-    c.start_broker("b-master", broker_name="broker-b", **ACTING)
+        c.start_broker(f"slave{i}", broker_id=i, broker_role="slave", total_replicas=3, **acting)
+    c.start_broker("b-master", broker_name="broker-b", **acting)
     return c
 
 
@@ -54,10 +53,13 @@ def acting(admin: hamq.Admin, addr: str) -> bool:
     return admin.broker_runtime_info(addr)["acting_master"]["acting"]
 
 
+# 200 ms: the members' own member-group sync and the name server's reverse notification
+# both drive acting; 10 min: no sync after the first, the notification alone does
+@pytest.mark.parametrize("sync_period_ms", [200, 600_000], ids=["sync", "notification-only"])
 def test_killed_master_is_replaced_by_the_smallest_slave_until_it_returns(
-    cluster_factory, hamq_cli
+    cluster_factory, hamq_cli, sync_period_ms
 ):
-    c = start_cluster(cluster_factory)
+    c = start_cluster(cluster_factory, sync_period_ms)
     master, s1, s2, b0 = (c.broker_addr(n) for n in ("master", "slave1", "slave2", "b-master"))
     with hamq.Admin(c.namesrv) as admin:
         admin.create_topic(TOPIC, 2)
