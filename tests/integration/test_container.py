@@ -95,6 +95,29 @@ def test_container_serves_two_groups_with_labelled_metrics_and_stops_them_all(na
     wait_for(lambda: not member_names(c.namesrv), 10, "both members deregistered")
 
 
+def test_name_server_notifications_reach_the_member_of_their_group(namesrv_cluster):
+    """The members share one connection to the name server; its reverse notifications
+    (NOTIFY_MIN_BROKER_ID_CHANGE) go to the member of the group they name. Polls are an
+    hour apart here, so only a notification can tell a master its slave came and went."""
+    c = namesrv_cluster
+    no_polls = {"sync_broker_member_group_period_ms": 3_600_000}
+    a = c.write_broker_config("a", broker_name="broker-a", **no_polls)
+    b = c.write_broker_config("b", broker_name="broker-b", **no_polls)
+    start_container(c, "container", [a, b])
+
+    def alive_replicas() -> dict[str, int]:
+        with hamq.Admin(c.namesrv) as admin:
+            return {n: admin.broker_runtime_info(c.broker_addr(n))["alive_replicas"] for n in "ab"}
+
+    wait_for(lambda: alive_replicas() == {"a": 1, "b": 1}, 10, "each master alone")
+    slave = c.start_broker(
+        "a-slave", broker_name="broker-a", broker_id=1, broker_role="slave", **no_polls
+    )
+    wait_for(lambda: alive_replicas() == {"a": 2, "b": 1}, 10, "broker-a told of its slave")
+    slave.stop()
+    wait_for(lambda: alive_replicas() == {"a": 1, "b": 1}, 10, "broker-a told it left")
+
+
 def test_add_and_remove_brokers_at_runtime(namesrv_cluster, hamq_cli):
     c = namesrv_cluster
     a = c.write_broker_config("a", broker_name="broker-a")
