@@ -25,6 +25,7 @@ class Proc:
     args: list[str]
     log_path: Path
     popen: subprocess.Popen | None = None
+    ready: dict = field(default_factory=dict)  # the ready line it printed last
 
     @property
     def pid(self) -> int:
@@ -47,7 +48,8 @@ class Proc:
                 line = self.popen.stdout.readline()
                 if not line:
                     break
-                if json.loads(line).get("event") == "ready":
+                self.ready = json.loads(line)
+                if self.ready.get("event") == "ready":
                     return self
             elif self.popen.poll() is not None:
                 break

@@ -74,7 +74,17 @@ def test_container_serves_two_groups_with_labelled_metrics_and_stops_them_all(na
     a = c.write_broker_config("a", broker_name="broker-a")
     b = c.write_broker_config("b", broker_name="broker-b")
     metrics = f"127.0.0.1:{free_port()}"
-    proc, _ = start_container(c, "container", [a, b], metrics_listen=metrics)
+    proc, container = start_container(c, "container", [a, b], metrics_listen=metrics)
+    assert proc.ready == {
+        "event": "ready",
+        "role": "container",
+        "listen": container,
+        "pid": proc.pid,
+        "brokers": [
+            {"broker_name": n, "broker_id": 0, "listen": c.broker_addr(f), "role": "master"}
+            for n, f in (("broker-a", "a"), ("broker-b", "b"))
+        ],
+    }
     wait_for(lambda: set(member_names(c.namesrv)) == {"broker-a", "broker-b"}, 15, "both groups")
     with hamq.Admin(c.namesrv) as admin:
         admin.create_topic("Hosted", 2)
