@@ -6,6 +6,7 @@ member (pre-online) sends neither REGISTER_BROKER nor BROKER_HEARTBEAT until
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -39,36 +40,44 @@ class Recording(NamesrvProcessor):
         return super().handle(conn, frame)
 
 
+@contextlib.asynccontextmanager
+async def isolated_member(tmp_path):
+    """A recording name server on a loopback port and an isolated slave registering with
+    it (heartbeats every HEARTBEAT_MS), both closed at the end."""
+    ns_addr = f"127.0.0.1:{free_port()}"
+    processor = Recording(NamesrvConfig(listen=ns_addr, support_acting_master=True))
+    server = Server(processor)
+    await server.start(ns_addr)
+    config = BrokerConfig(
+        broker_name="broker-a",
+        broker_id=1,
+        broker_role="slave",
+        listen=f"127.0.0.1:{free_port()}",
+        namesrv=(ns_addr,),
+        enable_slave_acting_master=True,
+        broker_heartbeat_interval_ms=HEARTBEAT_MS,
+    )
+    reg = NamesrvRegistration(
+        config, TopicConfigManager(tmp_path, 0), ConnectionPool(), RoleState(BrokerRole.SLAVE, 1)
+    )
+    reg.isolated = True
+    try:
+        yield processor, reg
+    finally:
+        await reg.pool.close()
+        await server.close()
+
+
 def test_isolated_member_is_unseen_until_it_goes_online(tmp_path):
     async def scenario() -> None:
-        ns_addr = f"127.0.0.1:{free_port()}"
-        processor = Recording(NamesrvConfig(listen=ns_addr, support_acting_master=True))
-        server = Server(processor)
-        await server.start(ns_addr)
-        config = BrokerConfig(
-            broker_name="broker-a",
-            broker_id=1,
-            broker_role="slave",
-            listen=f"127.0.0.1:{free_port()}",
-            namesrv=(ns_addr,),
-            enable_slave_acting_master=True,
-            broker_heartbeat_interval_ms=HEARTBEAT_MS,
-        )
-        reg = NamesrvRegistration(
-            config,
-            TopicConfigManager(tmp_path, 0),
-            ConnectionPool(),
-            RoleState(BrokerRole.SLAVE, 1),
-        )
-        reg.isolated = True
-        try:
+        async with isolated_member(tmp_path) as (processor, reg):
             await reg.start()
             # ten heartbeat periods: not one request reaches the name server
             await asyncio.sleep(10 * HEARTBEAT_MS / 1000)
             assert processor.codes == [] and processor.routes.live == {}
             await reg.go_online()
             assert processor.codes == [RequestCode.REGISTER_BROKER]  # at once
-            assert processor.routes.live[config.listen].enable_acting_master
+            assert processor.routes.live[reg.config.listen].enable_acting_master
             await until(
                 lambda: RequestCode.BROKER_HEARTBEAT in processor.codes,
                 WAIT_S,
@@ -76,34 +85,16 @@ def test_isolated_member_is_unseen_until_it_goes_online(tmp_path):
             )
             await reg.stop()
             assert processor.routes.live == {}  # unregistered at its stop
-        finally:
-            await reg.pool.close()
-            await server.close()
 
     asyncio.run(asyncio.wait_for(scenario(), WAIT_S * 2))
 
 
 def test_an_isolated_member_that_stops_sends_nothing(tmp_path):
     async def scenario() -> None:
-        ns_addr = f"127.0.0.1:{free_port()}"
-        processor = Recording(NamesrvConfig(listen=ns_addr))
-        server = Server(processor)
-        await server.start(ns_addr)
-        config = BrokerConfig(namesrv=(ns_addr,), listen=f"127.0.0.1:{free_port()}")
-        reg = NamesrvRegistration(
-            config,
-            TopicConfigManager(tmp_path, 0),
-            ConnectionPool(),
-            RoleState(BrokerRole.MASTER, 0),
-        )
-        reg.isolated = True
-        try:
+        async with isolated_member(tmp_path) as (processor, reg):
             await reg.start()
             await reg.stop()
             assert processor.codes == []
-        finally:
-            await reg.pool.close()
-            await server.close()
 
     asyncio.run(asyncio.wait_for(scenario(), WAIT_S))
 

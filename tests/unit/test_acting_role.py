@@ -46,6 +46,17 @@ def run(coro) -> None:
     asyncio.run(asyncio.wait_for(coro, WAIT_S))
 
 
+async def started(role_: BrokerRole = BrokerRole.SLAVE, acting: bool = False):
+    """A member started in ``role_`` (acting if asked), its calls so far taken."""
+    role = RoleState(role_, 1, "127.0.0.1:1")
+    calls = Calls(role)
+    await role.start()
+    if acting:
+        assert await role.set_acting_master(True)
+    calls.take()
+    return role, calls
+
+
 START = [("start", n, True) for n in ACTING]
 STOP = [("stop", n, True) for n in reversed(ACTING)]  # the flag drops after they stopped
 
@@ -74,10 +85,7 @@ def test_a_slave_flips_into_and_out_of_acting_repeatedly():
 
 def test_only_a_slave_acts():
     async def scenario() -> None:
-        role = RoleState(BrokerRole.MASTER, 1, "127.0.0.1:1")
-        calls = Calls(role)
-        await role.start()
-        calls.take()
+        role, calls = await started(BrokerRole.MASTER)
         assert not await role.set_acting_master(True)
         assert calls.take() == [] and not role.is_acting_master
 
@@ -86,11 +94,7 @@ def test_only_a_slave_acts():
 
 def test_a_change_of_role_ends_acting_first():
     async def scenario() -> None:
-        role = RoleState(BrokerRole.SLAVE, 1, "127.0.0.1:1")
-        calls = Calls(role)
-        await role.start()
-        await role.set_acting_master(True)
-        calls.take()
+        role, calls = await started(acting=True)
         assert await role.change(BrokerRole.MASTER, "127.0.0.1:2")
         # acting services stop (reverse), then the slave's, then the master's start: the
         # delay delivery never runs twice at once under its two names
@@ -115,10 +119,7 @@ def test_concurrent_flips_and_changes_are_serialised():
     never run beside the master's, and each start is matched by a stop."""
 
     async def scenario() -> None:
-        role = RoleState(BrokerRole.SLAVE, 1, "127.0.0.1:1")
-        calls = Calls(role)
-        await role.start()
-        calls.take()
+        role, calls = await started()
         await asyncio.gather(
             role.set_acting_master(True),
             role.change(BrokerRole.MASTER, "127.0.0.1:2"),
@@ -136,9 +137,7 @@ def test_concurrent_flips_and_changes_are_serialised():
 
 def test_a_failing_acting_service_is_reported_and_the_others_run():
     async def scenario() -> None:
-        role = RoleState(BrokerRole.SLAVE, 1, "127.0.0.1:1")
-        calls = Calls(role)
-        await role.start()
+        role, calls = await started()
         calls.fail.add(("acting_transaction_check", "start"))
         assert await role.set_acting_master(True)
         assert role.running == set(SLAVE) | {"acting_delay_delivery", "acting_pop_revive"}
@@ -154,11 +153,7 @@ def test_a_failing_acting_service_is_reported_and_the_others_run():
 
 def test_stop_ends_acting():
     async def scenario() -> None:
-        role = RoleState(BrokerRole.SLAVE, 1, "127.0.0.1:1")
-        calls = Calls(role)
-        await role.start()
-        await role.set_acting_master(True)
-        calls.take()
+        role, calls = await started(acting=True)
         await role.stop()
         assert calls.take() == STOP + [("stop", n, False) for n in reversed(SLAVE)]
         assert not role.is_acting_master and role.running == set()
