@@ -10,7 +10,14 @@ from collections.abc import AsyncIterator
 import click
 
 from hamq.aio import AsyncAdmin
-from hamq.cli.common import BadConfig, emit, json_option, namesrv_option, run_async
+from hamq.cli.common import (
+    BadConfig,
+    config_file_option,
+    emit,
+    json_option,
+    namesrv_option,
+    run_async,
+)
 from hamq.client.admin import AsyncControllerAdmin, controller_list
 from hamq.config import BrokerConfig, load_config
 from hamq.config_check import address
@@ -307,14 +314,7 @@ def _members_text(members: dict) -> str:
 
 @container_admin.command("add-broker")
 @container_option
-@click.option(
-    "-c",
-    "--config",
-    "config_path",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="The new member's broker config file (its namesrv is the container's).",
-)
+@config_file_option("The new member's broker config file (its namesrv is the container's).")
 @json_option
 @run_async
 async def add_broker(container_addr: str, config_path: str, as_json: bool) -> None:

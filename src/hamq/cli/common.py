@@ -29,6 +29,18 @@ namesrv_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
 
+def config_file_option(help_text: str) -> Callable:
+    """A required ``-c/--config FILE``."""
+    return click.option(
+        "-c",
+        "--config",
+        "config_path",
+        required=True,
+        type=click.Path(dir_okay=False),
+        help=help_text,
+    )
+
+
 def setup_logging(level: str = "INFO") -> None:
     logging.basicConfig(
         level=os.environ.get("HAMQ_LOG_LEVEL", level),

@@ -16,7 +16,7 @@ import click
 from hamq.broker.container import load_members, serve_container
 from hamq.broker.server import serve_broker
 from hamq.cli import dev_container
-from hamq.cli.common import BadConfig, setup_logging
+from hamq.cli.common import BadConfig, config_file_option, setup_logging
 from hamq.cli.dev_controller import ControllerLayout, controller_ready
 from hamq.client.sync import Admin
 from hamq.clock import monotonic_s
@@ -90,14 +90,7 @@ def controller(config_path: str | None, listen: str | None, data_dir: str | None
 
 
 @click.command()
-@click.option(
-    "-c",
-    "--config",
-    "config_path",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="TOML file with broker settings (cluster_name, broker_name, listen, ...).",
-)
+@config_file_option("TOML file with broker settings (cluster_name, broker_name, listen, ...).")
 def broker(config_path: str) -> None:
     """Run one broker member."""
     setup_logging()
@@ -106,13 +99,8 @@ def broker(config_path: str) -> None:
 
 
 @click.command()
-@click.option(
-    "-c",
-    "--config",
-    "config_path",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="TOML file with container settings (listen, namesrv, brokers = member config files).",
+@config_file_option(
+    "TOML file with container settings (listen, namesrv, brokers = member config files)."
 )
 def container(config_path: str) -> None:
     """Run a broker container: broker members of different groups in one process."""
