@@ -11,6 +11,16 @@ import time
 
 import hamq
 
+# Periods of a few seconds at most, so takeovers and lock lapses happen within a test.
+FAST_ORDERLY = {
+    "heartbeat_interval_s": 1.0,
+    "rebalance_interval_s": 1.0,
+    "lock_renew_interval_s": 1.0,
+    "lock_max_live_s": 2.5,
+    "persist_offset_interval_s": 0.5,
+    "pull_suspend_ms": 500,
+}
+
 
 def main() -> None:
     namesrv, group, topic, out_path, run_s = sys.argv[1:6]
@@ -28,15 +38,7 @@ def main() -> None:
         )
 
     consumer = hamq.PushConsumer(
-        group,
-        namesrv,
-        consume_from_where=consume_from_where,
-        heartbeat_interval_s=1.0,
-        rebalance_interval_s=1.0,
-        lock_renew_interval_s=1.0,
-        lock_max_live_s=2.5,
-        persist_offset_interval_s=0.5,
-        pull_suspend_ms=500,
+        group, namesrv, consume_from_where=consume_from_where, **FAST_ORDERLY
     )
     consumer.subscribe(topic, "*")
     consumer.register_message_listener(listener, orderly=orderly)

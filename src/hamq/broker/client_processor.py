@@ -4,22 +4,34 @@ UNLOCK_BATCH_MQ: the requests through which clients tell the broker who they are
 A clustering consumer's heartbeat creates its group's retry topic on a master (RocketMQ's
 ``createTopicInSendMessageBackMethod`` in ClientManageProcessor.heartBeat): every broker
 group the consumer reads from can then take a retry copy the client re-sends itself when
-the group it consumed from cannot take it back (``client/retry.py``)."""
+the group it consumed from cannot take it back (``client/retry.py``).
+
+Locks are served by any member, a slave acting as master too (seed 004: ordered consumers
+lock through it while the master is away). In strict mode (``lock_quorum``) a lock or
+unlock is answered once the other members have answered it too."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Coroutine
+
 from hamq.broker.clients import ClientManager, parse_heartbeat
-from hamq.broker.locks import RebalanceLockManager
+from hamq.broker.lock_quorum import ONLY_THIS_BROKER, LockQuorum
+from hamq.broker.locks import QueueKey, RebalanceLockManager
 from hamq.broker.send_back import RETRY_QUEUE_NUMS
 from hamq.broker.topics import TopicService
 from hamq.clock import monotonic_ms
-from hamq.errors import InvalidArgument
-from hamq.net.connection import Connection, response_pieces
+from hamq.errors import HamqError, InvalidArgument
+from hamq.net.connection import Connection, error_pieces, response_pieces
+from hamq.net.counts import COUNTS
+from hamq.net.tasks import spawn
 from hamq.protocol.frame import Frame, pack_body, require, require_name, unpack_body
 from hamq.protocol.limits import MAX_LOCK_BATCH_QUEUES
 from hamq.protocol.properties import RETRY_GROUP_TOPIC_PREFIX
 from hamq.store.message_store import MessageStore
 from hamq.store.metadata import PERM_READ_WRITE
+
+log = logging.getLogger(__name__)
 
 
 class ClientProcessor:
@@ -29,11 +41,13 @@ class ClientProcessor:
         topics: TopicService,
         clients: ClientManager,
         locks: RebalanceLockManager,
+        quorum: LockQuorum | None = None,
     ) -> None:
         self.store = store
         self.topics = topics
         self.clients = clients
         self.locks = locks
+        self.quorum = quorum  # strict mode (lock_in_strict_mode) only
 
     def heart_beat(self, conn: Connection, frame: Frame) -> list | None:
         heartbeat = parse_heartbeat(unpack_body(frame.body))
@@ -56,8 +70,9 @@ class ClientProcessor:
         ids = self.clients.consumer_ids(require(frame.ext, "group"))
         return response_pieces(frame, body=pack_body(ids))
 
-    def lock_batch_mq(self, conn: Connection, frame: Frame) -> list:
+    def lock_batch_mq(self, conn: Connection, frame: Frame) -> list | None:
         group, client_id, queues = self._lock_args(frame)
+        quorum = self._quorum_for(frame)
         if not self.clients.is_registered(client_id):
             # A lock belongs to a client the broker knows (and forgets when it goes away).
             raise InvalidArgument(
@@ -69,7 +84,14 @@ class ClientProcessor:
         held = self.locks.try_lock_batch(
             group, [q for q in queues if self._exists(*q)], client_id, monotonic_ms()
         )
-        return response_pieces(frame, body=pack_body([list(k) for k in held]))
+        if quorum is None:
+            return _held_pieces(frame, held)
+
+        async def by_quorum() -> list:
+            return _held_pieces(frame, await quorum.lock(group, client_id, queues, held))
+
+        _answer_later(conn, frame, by_quorum())
+        return None
 
     def _exists(self, topic: str, queue_id: int) -> bool:
         config = self.store.topics.get(topic)
@@ -77,8 +99,24 @@ class ClientProcessor:
 
     def unlock_batch_mq(self, conn: Connection, frame: Frame) -> list | None:
         group, client_id, queues = self._lock_args(frame)
+        quorum = self._quorum_for(frame)
         self.locks.unlock_batch(group, queues, client_id)
-        return None if frame.is_oneway else response_pieces(frame)
+        if quorum is None:
+            return None if frame.is_oneway else response_pieces(frame)
+
+        async def everywhere() -> list:
+            await quorum.unlock(group, client_id, frame.body)
+            return response_pieces(frame)
+
+        _answer_later(conn, frame, everywhere())
+        return None
+
+    def _quorum_for(self, frame: Frame) -> LockQuorum | None:
+        """Strict mode, unless the request came forwarded by another member (it is never
+        forwarded again) or a client asked for this member's lock alone (``lock_quorum``)."""
+        if ONLY_THIS_BROKER in frame.ext and require(frame.ext, ONLY_THIS_BROKER, bool):
+            return None
+        return self.quorum
 
     @staticmethod
     def _lock_args(frame: Frame) -> tuple[str, str, list[tuple[str, int]]]:
@@ -95,3 +133,25 @@ class ClientProcessor:
                 f"{MAX_LOCK_BATCH_QUEUES}"
             )
         return group, client_id, [(t, q) for t, q in body]
+
+
+def _answer_later(conn: Connection, frame: Frame, answer: Coroutine[object, object, list]) -> None:
+    """Answer once the other members answered (a one-way request: not at all)."""
+
+    async def run() -> None:
+        try:
+            pieces = await answer
+        except HamqError as err:
+            pieces = error_pieces(frame, err)
+        except Exception as exc:  # a bug must not leave the client waiting for nothing
+            COUNTS.internal_errors += 1
+            log.exception("lock quorum failed on %r", frame)
+            pieces = error_pieces(frame, HamqError(f"internal error: {exc!r}"))
+        if not frame.is_oneway:
+            conn.reply(pieces)
+
+    spawn(run())
+
+
+def _held_pieces(frame: Frame, held: list[QueueKey]) -> list:
+    return response_pieces(frame, body=pack_body([list(k) for k in held]))

@@ -11,6 +11,8 @@ through the batch in hand, reconnecting meanwhile. Only an unlock or the lapse f
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 REBALANCE_LOCK_MAX_LIVE_TIME_MS = 60_000  # rocketmq.broker.rebalance.lockMaxLiveTime
@@ -73,3 +75,36 @@ class RebalanceLockManager:
         if entry is None or now_ms - entry.last_update_ms > self.max_live_time_ms:
             return None
         return entry.client_id
+
+    def owners(self, now_ms: int) -> dict[str, dict[str, str]]:
+        """Group -> "topic:queue_id" -> client holding it, live locks only: who holds a
+        queue on this member, for operators (and tests) comparing the members of a group."""
+        out: dict[str, dict[str, str]] = {}
+        for group, table in self._locks.items():
+            live = {
+                f"{topic}:{queue_id}": e.client_id
+                for (topic, queue_id), e in table.items()
+                if now_ms - e.last_update_ms <= self.max_live_time_ms
+            }
+            if live:
+                out[group] = live
+        return out
+
+
+def lock_quorum(total_replicas: int, alive_replicas: int) -> int:
+    """Members that must grant a queue in strict mode: a majority of the group. The
+    configured size counts (RocketMQ's ``totalReplicas / 2 + 1``), raised by the members the
+    name servers hold alive, never lowered by them: two majorities of the same group share
+    a member, which holds the lock for one client only; a majority of whoever is alive
+    would not (two members alive on each side of a partition would each be a majority)."""
+    return max(total_replicas, alive_replicas) // 2 + 1
+
+
+def granted_by_quorum(
+    queues: list[QueueKey], grants: Iterable[Iterable[QueueKey]], quorum: int
+) -> list[QueueKey]:
+    """The queues (in request order) that at least ``quorum`` of the members' grants hold."""
+    votes: Counter[QueueKey] = Counter()
+    for held in grants:
+        votes.update(set(held))
+    return [key for key in queues if votes[key] >= quorum]

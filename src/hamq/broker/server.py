@@ -17,6 +17,7 @@ from hamq.broker.ha.member_group import MASTER_ID, MemberGroup
 from hamq.broker.ha.service import HAMaster, HASlave
 from hamq.broker.ha.slave_sync import SlaveSynchronize
 from hamq.broker.held_back import HeldBackPut
+from hamq.broker.lock_quorum import LockQuorum
 from hamq.broker.locks import RebalanceLockManager
 from hamq.broker.namesrv_requests import NamesrvRequests
 from hamq.broker.pop.service import PopService
@@ -165,7 +166,15 @@ class Broker:
             self.topics,
             send,
             self.pull,
-            ClientProcessor(self.store, self.topics, self.clients, self.locks),
+            ClientProcessor(
+                self.store,
+                self.topics,
+                self.clients,
+                self.locks,
+                LockQuorum(config, self.members, self.pool, self.locks)
+                if config.lock_in_strict_mode
+                else None,
+            ),
             runtime_info=self.runtime_info,
             on_written=on_written,
         )
@@ -346,6 +355,7 @@ class Broker:
             "ha": self._ha_status(),
             "controller": None if self.replicas is None else self.replicas.info_dict(),
             "acting_master": self.acting.info(),
+            "queue_locks": self.locks.owners(monotonic_ms()),
         }
 
     def _ha_status(self) -> dict:
