@@ -21,6 +21,12 @@ from hamq.aio import (
     AsyncPushConsumer,
     ConsumeConcurrentlyStatus,
 )
+from hamq.cli.acting_bench import (
+    DEFAULT_NOT_ACTIVE_MS,
+    DEFAULT_SCAN_MS,
+    acting_text,
+    run_acting_bench,
+)
 from hamq.cli.common import emit, namesrv_option, run_async
 from hamq.cli.failover import failover_text, run_failover
 from hamq.client.consumer import PullStatus
@@ -430,3 +436,46 @@ async def bench_failover(as_json: bool, **params: Any) -> None:
     own `hamq dev --mode controller`): time to the first send the new master acknowledges,
     and every acknowledged message read back."""
     emit(await run_failover(**params), as_json, failover_text)
+
+
+@bench.command("acting-master")
+@click.option(
+    "--escape-backlog",
+    default=100_000,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Delay messages of the dead master due together, escaped to the other master.",
+)
+@click.option(
+    "--port-base", default=30876, show_default=True, help="Name server port; brokers above it."
+)
+@click.option(
+    "--data",
+    "data_dir",
+    help="Where the servers keep data and logs (default: a temp dir, removed after a clean run).",
+)
+@click.option(
+    "--max-seconds",
+    default=300.0,
+    show_default=True,
+    help="Stop waiting for any measurement after this long (before and after the kill).",
+)
+@click.option(
+    "--broker-not-active-timeout-ms",
+    default=DEFAULT_NOT_ACTIVE_MS,
+    show_default=True,
+    help="The name server's brokerNotActiveTimeoutMillis: when a silent master is dead.",
+)
+@click.option(
+    "--scan-not-active-broker-interval-ms",
+    default=DEFAULT_SCAN_MS,
+    show_default=True,
+    help="The name server's scanNotActiveBrokerInterval.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@run_async
+async def bench_acting_master(as_json: bool, **params: Any) -> None:
+    """kill -9 a master-slave group's master with slave acting master on (its own name
+    server and two groups): time to the acting master in routes, its first queue lock and
+    its first escaped delay message, and the escape throughput of a due backlog."""
+    emit(await run_acting_bench(**params), as_json, acting_text)
