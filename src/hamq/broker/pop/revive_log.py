@@ -6,7 +6,10 @@ sync flush, the same group-commit fsync) as everything else of the event-loop tu
 answered ack survives ``kill -9``. On start the pop state is loaded from the checkpoint
 file (the state as of a revive-log offset) and the records after that offset are replayed.
 Every record carries the broker name (seed 004: a member scanning a revive log offsets only
-its own group's CK/ACK records).
+its own group's CK/ACK records). An acting master (seed 004) never appends to its own log:
+its records are escaped into one chosen master's revive log under its own broker name, and
+a CK it escapes names its receipt id itself (``c``), as the id cannot be the offset of a
+record in a log the acting master does not write; ACKs name the CK they cancel by that id.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 import msgpack
 
+from hamq.errors import InvalidArgument
 from hamq.protocol.limits import MAX_PULL_BYTES
 from hamq.protocol.message import decode_records, encode_message
 from hamq.store.disk import atomic_write
@@ -45,7 +49,9 @@ AckEntry = tuple[str, int, int, int]
 @dataclass(frozen=True)
 class ReviveRecord:
     revive_offset: int
+    ck: int  # the receipt id of a CK: its revive offset, or the one an acting master chose
     kind: str
+    broker_name: str
     group: str
     topic: str  # CK only
     deadline_ms: int  # CK only
@@ -68,22 +74,25 @@ class ReviveLog:
     def append_ck(
         self, group: str, topic: str, deadline_ms: int, entries: list[CkEntry]
     ) -> PutResult:
-        return self._append(
-            {
-                "k": KIND_CK,
-                "b": self.broker_name,
-                "g": group,
-                "t": topic,
-                "d": deadline_ms,
-                "e": entries,
-            }
-        )
+        return self._append(ck_record(self.broker_name, group, topic, deadline_ms, entries))
 
     def append_ack(self, group: str, entries: list[AckEntry]) -> PutResult:
-        return self._append({"k": KIND_ACK, "b": self.broker_name, "g": group, "e": entries})
+        return self._append(ack_record(self.broker_name, group, entries))
 
-    def _append(self, record: dict[str, Any]) -> PutResult:
-        payload = encode_message(msgpack.packb(record, use_bin_type=True))
+    def append_escaped(self, record: bytes) -> PutResult:
+        """A record an acting master of another group escaped here (seed 004). One under
+        this broker's own name is refused: it would change this broker's pop state."""
+        raw = decode_record(0, record, None)
+        if raw is None:
+            raise InvalidArgument("escaped revive record is not a CK or ACK record")
+        if raw.broker_name == self.broker_name:
+            raise InvalidArgument(
+                f"escaped revive record names this broker ({self.broker_name}): refused"
+            )
+        return self._append(record)
+
+    def _append(self, record: bytes) -> PutResult:
+        payload = encode_message(record)
         return self.store.put_batch(
             REVIVE_LOG_TOPIC,
             REVIVE_QUEUE_ID,
@@ -93,8 +102,10 @@ class ReviveLog:
             self.store.clock_ms(),
         )
 
-    def replay(self, start: int) -> Iterator[ReviveRecord]:
-        """This broker's records from revive offset ``start`` to the end."""
+    def replay(self, start: int, broker_name: str | None = None) -> Iterator[ReviveRecord]:
+        """The records of ``broker_name`` (this broker's by default; a chosen master reads
+        an acting master's escaped ones by its name) from revive offset ``start`` on."""
+        name = self.broker_name if broker_name is None else broker_name
         offset = max(start, self.store.min_offset(REVIVE_LOG_TOPIC, REVIVE_QUEUE_ID))
         while True:
             result = self.store.get_messages(
@@ -103,22 +114,10 @@ class ReviveLog:
             if result.status is not GetStatus.FOUND:
                 return
             for revive_offset, body in decode_records(result.records, offset, _offset_body):
-                record = self._decode(revive_offset, body)
+                record = decode_record(revive_offset, body, name)
                 if record is not None:
                     yield record
             offset = result.next_begin_offset
-
-    def _decode(self, revive_offset: int, body: bytes) -> ReviveRecord | None:
-        try:
-            raw = msgpack.unpackb(body, raw=False)
-            if raw["b"] != self.broker_name:
-                return None
-            return ReviveRecord(
-                revive_offset, raw["k"], raw["g"], raw.get("t", ""), raw.get("d", 0), raw["e"]
-            )
-        except (ValueError, KeyError, TypeError) as exc:
-            log.error("skipping unreadable revive log record at %d: %s", revive_offset, exc)
-            return None
 
     # -- revive checkpoint: the pop state as of a revive-log offset -----------------------
     def load_checkpoint(self) -> dict:
@@ -137,6 +136,65 @@ class ReviveLog:
     def write_checkpoint(self, snapshot: bytes) -> None:
         with self._checkpoint_lock:
             atomic_write(self.store.disk, self.checkpoint_path, snapshot)
+
+
+def ck_record(
+    broker_name: str,
+    group: str,
+    topic: str,
+    deadline_ms: int,
+    entries: list[CkEntry],
+    ck: int | None = None,
+) -> bytes:
+    """A CK record (a message body); ``ck`` is given by an acting master (module
+    docstring)."""
+    record = {"k": KIND_CK, "b": broker_name, "g": group, "t": topic, "d": deadline_ms}
+    if ck is not None:
+        record["c"] = ck
+    return msgpack.packb({**record, "e": entries}, use_bin_type=True)
+
+
+def ack_record(broker_name: str, group: str, entries: list[AckEntry]) -> bytes:
+    return msgpack.packb(
+        {"k": KIND_ACK, "b": broker_name, "g": group, "e": entries}, use_bin_type=True
+    )
+
+
+def decode_record(revive_offset: int, body: bytes, broker_name: str | None) -> ReviveRecord | None:
+    """The record at ``revive_offset`` if it is one of ``broker_name``'s (any broker's if
+    None); None for another broker's or an unreadable one (logged)."""
+    try:
+        raw = msgpack.unpackb(body, raw=False)
+        if not isinstance(raw, dict):
+            raise ValueError(f"not a map: {raw!r:.200}")
+        if broker_name is not None and raw["b"] != broker_name:
+            return None
+        record = ReviveRecord(
+            revive_offset,
+            raw.get("c", revive_offset),
+            raw["k"],
+            raw["b"],
+            raw["g"],
+            raw.get("t", ""),
+            raw.get("d", 0),
+            raw["e"],
+        )
+        if record.kind not in (KIND_CK, KIND_ACK) or not all(
+            isinstance(v, t)
+            for v, t in (
+                (record.ck, int),
+                (record.broker_name, str),
+                (record.group, str),
+                (record.topic, str),
+                (record.deadline_ms, int),
+                (record.entries, list),
+            )
+        ):
+            raise ValueError(f"not a CK or ACK record: {raw!r:.200}")
+        return record
+    except (ValueError, KeyError, TypeError) as exc:
+        log.error("skipping unreadable revive log record at %d: %s", revive_offset, exc)
+        return None
 
 
 def _offset_body(

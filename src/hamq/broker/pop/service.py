@@ -17,6 +17,20 @@ Popped messages are answered from the store as raw records (like a pull) togethe
 record run, the offsets handed out and their reconsume times; the receipt handle is
 (queue, offset, ck) where ck is the revive-log offset of the checkpoint that handed the
 message out.
+
+Acting master (seed 004): a slave acting for a group with no master serves pops, acks and
+invisible-time changes from its store, with the state it rebuilt from the replicated revive
+log, and redelivers in place as a master does; its CK and ACK records go through the escape
+bridge into one chosen master (``escaped.py``), never into its own log. It sends nothing to
+the DLQ (that would be a write of its own): a message past ``max_reconsume_times`` is
+redelivered until the master returns, which dead-letters it at its next expiry.
+
+GET_POP_CHECKPOINT (pre-online): a member answers its pop state with a ``DataVersion``;
+the returning master takes it if newer (``merge_checkpoint``), so what was popped and not
+acked during the outage is redelivered by it, and what was acked is not. The version's
+``state_version`` is the wall clock when this member last began acting (the merged one on a
+master), ``counter`` the changes since: a member that acted after the master last took a
+state is newer, and otherwise the master, which saw every change the slaves saw, is.
 """
 
 from __future__ import annotations
@@ -26,26 +40,38 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
-from hamq.broker.pop.revive_log import KIND_CK, REVIVE_LOG_TOPIC, AckEntry, CkEntry, ReviveLog
+from hamq.broker.escape import EscapeBridge
+from hamq.broker.pop.escaped import EscapedReviveLog, EscapePut, ReviveEscape
+from hamq.broker.pop.ledger import StateKey, apply_record
+from hamq.broker.pop.revive_log import (
+    KIND_CK,
+    REVIVE_LOG_TOPIC,
+    AckEntry,
+    CkEntry,
+    ReviveLog,
+    ack_record,
+    ck_record,
+)
 from hamq.broker.pop.state import AckResult, PopQueueState
 from hamq.broker.role import RoleState
 from hamq.broker.send_back import copy_properties, put_dead_letter
 from hamq.broker.stored_message import read_message
 from hamq.broker.topics import TopicService
-from hamq.clock import monotonic_ms
+from hamq.clock import monotonic_ms, wall_ms
 from hamq.config import BrokerConfig
 from hamq.errors import HamqError, InvalidArgument, NoPermission
 from hamq.net.connection import Connection, error_pieces, response_pieces
 from hamq.net.tasks import PeriodicTask
 from hamq.protocol.codes import RequestCode, ResponseCode
-from hamq.protocol.frame import Frame, require, unpack_body
+from hamq.protocol.frame import Frame, pack_body, require, unpack_body
 from hamq.protocol.limits import MAX_PULL_BYTES
 from hamq.protocol.properties import DEFAULT_MAX_RECONSUME_TIMES
 from hamq.store.flush import FlushService
 from hamq.store.message_store import GetStatus, MessageStore, PutResult
-from hamq.store.metadata import PERM_READ
+from hamq.store.metadata import PERM_READ, DataVersion
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +85,6 @@ MAX_INVISIBLE_TIME_MS = 12 * 3600_000  # RocketMQ proxy's maxInvisibleTimeMills
 HOLD_SWEEP_INTERVAL_S = 0.05  # held pops re-check for expired invisibility this often
 INIT_MODE_MIN = "min"  # RocketMQ ConsumeInitMode.MIN: a new group starts at
 INIT_MODE_MAX = "max"  # the queue's first message (MIN) or its end (MAX)
-
-StateKey = tuple[str, str, int]  # group, topic, queue id
 
 
 @dataclass
@@ -84,11 +108,24 @@ class PopService:
         *,
         on_written: Callable[[], None],
         on_put: Callable[[str, int], None],
+        escape: EscapeBridge | EscapePut | None = None,
     ) -> None:
         self.store = store
         self.topics = topics
         self.flush = flush
         self.revive = ReviveLog(store, config.broker_name)
+        self.broker_name = config.broker_name
+        # an acting master's CK/ACK records (no escape bridge: this member never acts)
+        self.escaped = (
+            EscapedReviveLog(
+                ReviveEscape(escape).put if isinstance(escape, EscapeBridge) else escape,
+                Path(config.store_dir),
+                store.disk,
+            )
+            if escape is not None
+            else None
+        )
+        self.data_version = DataVersion()
         self.max_wait_ms = config.long_polling_max_wait_ms
         self.inflight_threshold = config.pop_inflight_message_threshold
         self.role = role
@@ -116,7 +153,7 @@ class PopService:
                 _DUTY_ERRORS,
             ),
         ]
-        self._checkpointed_at = -1  # revive offset of the last checkpoint written
+        self._checkpointed_at = (-1, -1)  # (revive offset, version counter) last written
         # Each queue's state as last encoded for a checkpoint, with the state object and
         # its version then: a checkpoint re-encodes only the queues that changed.
         self._encoded: dict[StateKey, tuple[PopQueueState, int, list]] = {}
@@ -135,7 +172,19 @@ class PopService:
             RequestCode.ACK_MESSAGE: self.ack,
             RequestCode.BATCH_ACK_MESSAGE: self.batch_ack,
             RequestCode.CHANGE_MESSAGE_INVISIBLETIME: self.change_invisible_time,
+            RequestCode.GET_POP_CHECKPOINT: self.get_pop_checkpoint,
+            RequestCode.POP_ESCAPED_REVIVE: self.take_escaped,
         }
+
+    @property
+    def serving(self) -> bool:
+        """Pops and acks are taken on a master and on a slave acting as one."""
+        return self.role.is_master or self.acting
+
+    @property
+    def acting(self) -> bool:
+        """Acting as master, with somewhere to escape to (else pops stay refused)."""
+        return self.escaped is not None and self.role.is_acting_master
 
     # -- lifecycle ------------------------------------------------------------------------
     def _recover(self) -> None:
@@ -146,15 +195,15 @@ class PopService:
         checkpoint = self.revive.load_checkpoint()
         for group, topic, queue_id, data in checkpoint.get("queues", []):
             self.states[(group, topic, queue_id)] = PopQueueState.from_wire(data)
+        self.data_version = DataVersion(**checkpoint.get("data_version", {}))
         replayed = 0
         for record in self.revive.replay(checkpoint.get("revive_offset", 0)):
-            if record.kind == KIND_CK:
-                for queue_id, offsets, times in record.entries:
-                    state = self._state_for_replay(record.group, record.topic, queue_id, offsets)
-                    state.check_out(offsets, times, record.deadline_ms, record.revive_offset)
-            else:
-                self._apply_acks(record.group, record.entries)
+            apply_record(self.states, record, self._start_offset)
+            if record.kind != KIND_CK:
+                self._commit_offsets(record.group, record.entries)
             replayed += 1
+        if replayed:
+            self._changed(replayed)
         self._state_at = self.revive.end_offset  # the state holds every record below
         if replayed:
             log.info(
@@ -171,7 +220,7 @@ class PopService:
         from the revive log and the clamped consumer offsets."""
         if self.revive.load_checkpoint().get("revive_offset", 0) > self.revive.end_offset:
             self.revive.write_checkpoint(b"{}")
-            self._checkpointed_at = -1
+            self._checkpointed_at = (-1, -1)
         self._state_at = -1
 
     def _ensure_revive_topic(self) -> None:
@@ -180,17 +229,23 @@ class PopService:
             self.topics.create(REVIVE_LOG_TOPIC, 1, 1, PERM_READ, notify=False)
 
     def start(self) -> None:
-        """Master only (pop revive): the state follows the revive log from here on. On a
-        member that was a slave the log grew with its master's records: rebuilt first."""
+        """Master or acting master (pop revive): the state follows the revive log from here
+        on. On a member that was a slave the log grew with its master's records: rebuilt
+        first. An acting period is a new state version (module docstring)."""
         self._ensure_revive_topic()
         if self.revive.end_offset != self._state_at:
             self._recover()
+        if self.acting:
+            self.data_version = DataVersion(wall_ms(), 0, wall_ms())
+            self.escaped.start()
         for duty in self._duties:
             duty.start()
 
     async def stop(self) -> None:
         for duty in self._duties:
             await duty.stop()
+        if self.escaped is not None:
+            await self.escaped.stop()
         held, self.held = self.held, {}
         self._held_by_conn.clear()
         self._held_by_queue.clear()
@@ -207,9 +262,18 @@ class PopService:
         changed since the last checkpoint are encoded here; the encoded lists are never
         changed afterwards, so the JSON is written in a worker thread."""
         end = self.revive.end_offset
-        if end == self._checkpointed_at:
+        if (end, self.data_version.counter) == self._checkpointed_at:
             return None
-        self._checkpointed_at = end
+        self._checkpointed_at = (end, self.data_version.counter)
+        return {
+            "revive_offset": end,
+            "data_version": asdict(self.data_version),
+            "queues": self._encode_queues(),
+        }
+
+    def _encode_queues(self) -> list[list]:
+        """Every queue's state as ``[group, topic, queue id, wire]``, re-encoding only the
+        queues changed since the last call."""
         encoded = {}
         for key, state in self.states.items():
             cached = self._encoded.get(key)
@@ -217,10 +281,7 @@ class PopService:
                 cached = (state, state.version, state.to_wire())
             encoded[key] = cached
         self._encoded = encoded
-        return {
-            "revive_offset": end,
-            "queues": [[g, t, q, wire] for (g, t, q), (_, _, wire) in encoded.items()],
-        }
+        return [[g, t, q, wire] for (g, t, q), (_, _, wire) in encoded.items()]
 
     def _write_checkpoint(self, snapshot: dict) -> None:
         self.revive.write_checkpoint(json.dumps(snapshot).encode())
@@ -244,22 +305,21 @@ class PopService:
             state = self.states[key] = PopQueueState(offset)
         return state
 
-    def _state_for_replay(
-        self, group: str, topic: str, queue_id: int, offsets: list[int]
-    ) -> PopQueueState:
-        key = (group, topic, queue_id)
-        state = self.states.get(key)
-        if state is None:
-            # First pop of this queue since the checkpoint: it started at the committed
-            # offset, or (none persisted yet) at the first offset it handed out.
-            offset = self.store.offsets.query(group, topic, queue_id)
-            state = self.states[key] = PopQueueState(min(offsets) if offset is None else offset)
-        return state
+    def _start_offset(self, group: str, topic: str, queue_id: int, offsets: list[int]) -> int:
+        """A queue's first CK since the checkpoint: it started at the committed offset, or
+        (none persisted yet) at the first offset it handed out."""
+        offset = self.store.offsets.query(group, topic, queue_id)
+        return min(offsets) if offset is None else offset
+
+    def _changed(self, count: int = 1) -> None:
+        self.data_version = DataVersion(
+            self.data_version.state_version, self.data_version.counter + count, wall_ms()
+        )
 
     # -- POP_MESSAGE ----------------------------------------------------------------------
     def pop(self, conn: Connection, frame: Frame) -> list | None:
         ext = frame.ext
-        if not self.role.is_master:
+        if not self.serving:
             raise NoPermission("this broker is a slave: pop from the group's master")
         group = require(ext, "group")
         topic = require(ext, "topic")
@@ -375,18 +435,29 @@ class PopService:
                     return None
                 return response_pieces(frame, ResponseCode.PULL_NOT_FOUND)
             deadline = now + ext["invisible_time_ms"]
-            ck = self.revive.append_ck(group, topic, deadline, entries).base_queue_offset
+            ck = self._write_ck(group, topic, deadline, entries)
         except (HamqError, OSError):
             for state in taken:
                 state.restore_deadlines()
             raise
         for qid, offsets, times in entries:
             self.states[(group, topic, qid)].check_out(offsets, times, deadline, ck)
+        self._changed()
         return response_pieces(
             frame,
             ext={"ck": ck, "pop_time_ms": now, "deadline_ms": deadline, "chunks": chunks},
             body=b"".join(bodies),
         )
+
+    def _write_ck(self, group: str, topic: str, deadline_ms: int, entries: list[CkEntry]) -> int:
+        """Record a CK; returns its receipt id. An acting master's escapes and the answer
+        does not wait for it: a CK that never gets there only lets the messages be handed
+        out again sooner by whoever serves the group next (at least once still holds)."""
+        if not self.acting:
+            return self.revive.append_ck(group, topic, deadline_ms, entries).base_queue_offset
+        ck = self.escaped.next_ck(self.store.clock_ms())
+        self.escaped.submit(ck_record(self.broker_name, group, topic, deadline_ms, entries, ck))
+        return ck
 
     def _dead_letter(
         self,
@@ -398,9 +469,10 @@ class PopService:
         max_reconsume_times: int,
     ) -> list[tuple[int, int]]:
         """Due redeliveries past ``max_reconsume_times`` go to the group's DLQ and are
-        acked (an ACK record, so a restart agrees); returns the others."""
+        acked (an ACK record, so a restart agrees); returns the others. An acting master
+        writes no DLQ copy: all are redelivered (module docstring)."""
         redeliver = [d for d in due if d[1] <= max_reconsume_times]
-        if len(redeliver) == len(due):
+        if len(redeliver) == len(due) or self.acting:
             return due
         acks: list[AckEntry] = []
         for offset, times in due:
@@ -420,6 +492,7 @@ class PopService:
         self.revive.append_ack(group, acks)
         for _, _, offset, ck in acks:
             state.ack(offset, ck)
+        self._changed()
         self._commit_offsets(group, acks)
         log.info(
             "%s:%d: %d messages of group %s past %d redeliveries sent to its DLQ",
@@ -598,9 +671,12 @@ class PopService:
         stale, put = self._ack(group, entries)
         return self._answer_durable(conn, frame, put, {"stale": stale})
 
-    def _ack(self, group: str, entries: list) -> tuple[list[int], PutResult | None]:
-        """Apply acks; returns the indexes of stale ones and the ACK record written."""
-        if not self.role.is_master:
+    def _ack(
+        self, group: str, entries: list
+    ) -> tuple[list[int], PutResult | asyncio.Future | None]:
+        """Apply acks; returns the indexes of stale ones and the ACK record written (on an
+        acting master, a future done once it is escaped)."""
+        if not self.serving:
             raise NoPermission("this broker is a slave: ack on the group's master")
         stale: list[int] = []
         accepted: list[AckEntry] = []
@@ -616,16 +692,13 @@ class PopService:
             return stale, None
         if self.held:
             self._acked_topics.update(topic for topic, _, _, _ in accepted)
+        self._changed()
         self._commit_offsets(group, accepted)
+        if self.acting:
+            return stale, self.escaped.submit(
+                ack_record(self.broker_name, group, accepted), wait=True
+            )
         return stale, self.revive.append_ack(group, accepted)
-
-    def _apply_acks(self, group: str, entries: list) -> None:
-        """Replay of an ACK record."""
-        for topic, qid, offset, ck in entries:
-            state = self.states.get((group, topic, qid))
-            if state is not None:
-                state.ack(offset, ck)
-        self._commit_offsets(group, entries)
 
     def _commit_offsets(self, group: str, entries: list) -> None:
         """The group's consumer offset of each touched queue follows its acked prefix."""
@@ -636,9 +709,17 @@ class PopService:
                 self.store.offsets.commit(group, key[1], key[2], state.consume_offset, now)
 
     def _answer_durable(
-        self, conn: Connection, frame: Frame, put: PutResult | None, answer: dict
+        self,
+        conn: Connection,
+        frame: Frame,
+        put: PutResult | asyncio.Future | None,
+        answer: dict,
     ) -> list | None:
-        """Answer at once, or under sync flush once the ACK record is on disk."""
+        """Answer at once, or under sync flush once the ACK record is on disk, or on an
+        acting master once it is in the chosen master."""
+        if isinstance(put, asyncio.Future):
+            put.add_done_callback(lambda _: conn.reply(response_pieces(frame, ext=answer)))
+            return None
         if put is None or not self.flush.sync:
             return response_pieces(frame, ext=answer)
 
@@ -660,7 +741,7 @@ class PopService:
     # -- CHANGE_MESSAGE_INVISIBLETIME -------------------------------------------------------
     def change_invisible_time(self, conn: Connection, frame: Frame) -> list:
         ext = frame.ext
-        if not self.role.is_master:
+        if not self.serving:
             raise NoPermission("this broker is a slave: change invisible time on the master")
         group, topic = require(ext, "group"), require(ext, "topic")
         qid, offset = require(ext, "queue_id", int), require(ext, "offset", int)
@@ -676,8 +757,56 @@ class PopService:
                 f"receipt handle of {topic}:{qid} offset {offset} is stale or the message was acked"
             )
         deadline = self.store.clock_ms() + invisible_ms
-        ck = self.revive.append_ck(
-            group, topic, deadline, [(qid, [offset], [entry[1]])]
-        ).base_queue_offset
+        ck = self._write_ck(group, topic, deadline, [(qid, [offset], [entry[1]])])
         state.check_out([offset], [entry[1]], deadline, ck)
+        self._changed()
         return response_pieces(frame, ext={"ck": ck, "deadline_ms": deadline})
+
+    # -- POP_ESCAPED_REVIVE: an acting master's CK/ACK record, into this master's log ------
+    def take_escaped(self, conn: Connection, frame: Frame) -> list | None:
+        return self._answer_durable(conn, frame, self.store_escaped(frame.body), {})
+
+    def store_escaped(self, record: bytes) -> PutResult:
+        """Append an acting master's record (``escaped.py``) to this master's revive log;
+        records under this broker's own name are refused (``ReviveLog.append_escaped``)."""
+        if not self.role.is_master:
+            raise NoPermission("this broker is not a master: escape pop records to a master")
+        return self.revive.append_escaped(record)
+
+    # -- GET_POP_CHECKPOINT (pre-online) ------------------------------------------------
+    def get_pop_checkpoint(self, conn: Connection, frame: Frame) -> list:
+        """This member's pop state and its DataVersion (module docstring)."""
+        state = {"data_version": asdict(self.data_version), "queues": self._encode_queues()}
+        return response_pieces(frame, body=pack_body(state))
+
+    def merge_checkpoint(self, body: bytes) -> bool:
+        """Take another member's pop state (a GET_POP_CHECKPOINT answer) if its DataVersion
+        is newer than this member's; True if taken. Its acked prefixes become the groups'
+        consumer offsets, and a checkpoint at this member's revive log end keeps it over a
+        restart (the records below were this member's older state)."""
+        raw = unpack_body(body)
+        try:
+            version = DataVersion(**raw["data_version"])
+            states = {
+                (group, topic, queue_id): PopQueueState.from_wire(wire)
+                for group, topic, queue_id, wire in raw["queues"]
+            }
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidArgument(f"pop checkpoint unreadable: {exc!r}") from None
+        if _newness(version) <= _newness(self.data_version):
+            return False
+        self.states = states
+        self._encoded.clear()
+        self.data_version = version
+        now = self.store.clock_ms()
+        for (group, topic, queue_id), state in states.items():
+            self.store.offsets.commit(group, topic, queue_id, state.consume_offset, now)
+        self._state_at = self.revive.end_offset
+        self._checkpointed_at = (-1, -1)
+        self._write_checkpoint(self._snapshot())
+        log.info("pop state taken from another member: %d queues, version %s", len(states), version)
+        return True
+
+
+def _newness(version: DataVersion) -> tuple[int, int]:
+    return version.state_version, version.counter

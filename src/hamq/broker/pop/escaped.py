@@ -1,0 +1,160 @@
+"""The acting master's revive log (seed 004). An acting master never appends to its own
+commit log (that would fork the group's log), so its CK and ACK records are escaped, in
+the order they were made, into the revive log of ONE chosen master of another group, under
+this member's broker name: there a CK and the ACK that cancels it meet in one log, and
+that master's own pop state ignores both (records of another broker name).
+
+The chosen master is the one the first put went to; it is recorded in the store directory
+(``pop_escape_target.json``) so every later put of this member, across restarts and acting
+periods, goes to the same one. A put that fails (the target unreachable) leaves the record
+at the head of the queue, retried every ``RETRY_INTERVAL_S``: the order is kept and nothing
+is dropped while acting lasts.
+
+A CK escaped here cannot be named by its offset in a log this member does not write, so it
+names its receipt id itself: ``ESCAPED_CK_BASE`` plus the wall clock in 1/1024 ms, kept
+increasing, so it never equals the revive offset of a CK of the group's own log (a stale
+receipt handle from before the outage never acks a redelivery) and a restarted acting
+member does not reuse one (unless its wall clock went back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from hamq.broker.escape import STORED_CODES, EscapeBridge
+from hamq.client.admin import AsyncAdmin
+from hamq.errors import HamqError, ServiceNotAvailable
+from hamq.net.counts import COUNTS
+from hamq.net.tasks import PeriodicTask
+from hamq.protocol.codes import RequestCode
+from hamq.store.disk import Disk, atomic_write
+
+log = logging.getLogger(__name__)
+
+ESCAPED_CK_BASE = 1 << 62
+CK_PER_MS = 1024
+TARGET_FILE = "pop_escape_target.json"
+RETRY_INTERVAL_S = 0.5
+STOP_DRAIN_S = 2.0  # a last try at what is pending when acting ends
+
+# (record, the chosen master or None) -> the broker name it was stored by
+EscapePut = Callable[[bytes, str | None], Awaitable[str]]
+
+
+class ReviveEscape:
+    """Puts one record into a master of another group of the cluster: one in this process
+    first (local escape), else over the network when ``enable_remote_escape``, as the
+    escape bridge does. Not through the bridge's send: the revive log is a system topic,
+    which a send never writes (a client could forge acks there); the master takes the
+    record with POP_ESCAPED_REVIVE, which refuses records under its own broker name, so
+    whatever arrives there can never change its own pop state. With no master chosen yet,
+    the first of the cluster's other masters by name is taken."""
+
+    def __init__(self, bridge: EscapeBridge) -> None:
+        self.bridge = bridge
+        self._admin = AsyncAdmin(core=bridge.core)
+
+    async def put(self, record: bytes, target: str | None) -> str:
+        config = self.bridge.config
+        for broker in self.bridge.siblings():
+            other = broker.config
+            if (
+                other.cluster_name == config.cluster_name
+                and other.broker_name != config.broker_name
+                and target in (None, other.broker_name)
+                and broker.role.is_master
+            ):
+                broker.pop.store_escaped(record)
+                broker.processor.after_batch()  # written and shipped now, as after a request
+                COUNTS.escaped_local += 1
+                return other.broker_name
+        if not config.enable_remote_escape:
+            raise ServiceNotAvailable(
+                f"no master of {target or 'another group'} in this process and "
+                "enable_remote_escape is false: pop records kept and tried again"
+            )
+        masters = await self._admin.master_addrs(config.cluster_name)
+        names = [target] if target else sorted(n for n in masters if n != config.broker_name)
+        for name in names:
+            if name in masters:
+                await self.bridge.core.invoke(
+                    masters[name], RequestCode.POP_ESCAPED_REVIVE, body=record, ok=STORED_CODES
+                )
+                COUNTS.escaped_remote += 1
+                return name
+        raise ServiceNotAvailable(f"no master of {target or 'another group'} in the cluster")
+
+
+class EscapedReviveLog:
+    def __init__(self, put: EscapePut, store_dir: Path, disk: Disk) -> None:
+        self.put = put
+        self.disk = disk
+        self.target_path = store_dir / TARGET_FILE
+        self.target = self._load_target()
+        self.pending: deque[tuple[bytes, asyncio.Future | None]] = deque()
+        self.escaped = 0  # records put since the process started
+        self._last_ck = 0
+        self._drainer = PeriodicTask(
+            "escaped revive log", RETRY_INTERVAL_S, self._drain, (HamqError, OSError)
+        )
+
+    def next_ck(self, now_ms: int) -> int:
+        self._last_ck = max(self._last_ck + 1, ESCAPED_CK_BASE + now_ms * CK_PER_MS)
+        return self._last_ck
+
+    def submit(self, record: bytes, *, wait: bool = False) -> asyncio.Future | None:
+        """Queue a record; with ``wait``, a future done once it is in the chosen master."""
+        future = asyncio.get_running_loop().create_future() if wait else None
+        self.pending.append((record, future))
+        self._drainer.wake()
+        return future
+
+    def start(self) -> None:
+        self._drainer.start()
+
+    async def stop(self) -> None:
+        """Stop escaping. What is still pending is tried once more, briefly; an ACK that
+        still did not get there is answered all the same: it is in this member's pop state,
+        which the returning master takes (GET_POP_CHECKPOINT) before it serves pops."""
+        await self._drainer.stop()
+        try:
+            await asyncio.wait_for(self._drain(), STOP_DRAIN_S)
+        except (HamqError, OSError, TimeoutError) as exc:
+            log.warning(
+                "%d revive records not escaped when acting ended: %s", len(self.pending), exc
+            )
+        for _, future in self.pending:
+            if future is not None and not future.done():
+                future.set_result(None)
+        self.pending.clear()
+
+    async def _drain(self) -> None:
+        while self.pending:
+            record, future = self.pending[0]
+            broker_name = await self.put(record, self.target)
+            if self.target is None:
+                self._record_target(broker_name)
+            self.pending.popleft()
+            self.escaped += 1
+            if future is not None and not future.done():
+                future.set_result(None)
+
+    def _load_target(self) -> str | None:
+        try:
+            target = json.loads(self.disk.read_bytes(self.target_path))["broker_name"]
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("%s unreadable (%s): a new target is chosen", self.target_path, exc)
+            return None
+        return target if isinstance(target, str) else None
+
+    def _record_target(self, broker_name: str) -> None:
+        atomic_write(self.disk, self.target_path, json.dumps({"broker_name": broker_name}).encode())
+        self.target = broker_name
+        log.info("pop CK/ACK records of this acting master escape into %s", broker_name)
