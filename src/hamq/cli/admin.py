@@ -273,7 +273,7 @@ def _metadata_text(meta: dict) -> str:
 
 @admin.group("container")
 def container_admin() -> None:
-    """Add and remove the members of a broker container (``hamq container``)."""
+    """Add and remove the members of a broker container (hamq container)."""
 
 
 def _container_addr(ctx: click.Context, param: click.Parameter, value: str) -> str:
