@@ -70,13 +70,13 @@ def test_delay_offsets_persist_and_merge_by_max(tmp_path):
     other = DelayOffsetManager(tmp_path / "other", 1)
     other.set_delay_offset(1, 3, 1)
     other.set_delay_offset(2, 7, 1)
-    other.merge(reloaded.table(), 12)
+    other.merge(reloaded.table(), reloaded.data_version)
     assert (other.delay_offset(1), other.delay_offset(2), other.timer) == (5, 7, timer)
     version = other.data_version
-    other.merge(reloaded.table(), 13)
-    assert other.data_version == version  # nothing new: no version step
+    other.merge(reloaded.table(), reloaded.data_version)
+    assert other.data_version == version  # nothing new: the same version
     reloaded.set_timer(TimerProgress(read_ms=8000), 14)
-    other.merge(reloaded.table(), 15)
+    other.merge(reloaded.table(), reloaded.data_version)
     assert other.timer == timer  # the timer cursor never moves back
 
 

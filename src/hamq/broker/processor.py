@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict
 
 from hamq.broker.client_processor import ClientProcessor
 from hamq.broker.pull import PullProcessor
@@ -152,7 +153,13 @@ class BrokerProcessor:
         return response_pieces(frame, body=pack_body(body))
 
     def _get_all_consumer_offset(self, conn: Connection, frame: Frame) -> list:
-        return response_pieces(frame, body=pack_body(self.store.offsets.table()))
+        """The offset table; its DataVersion in ``ext`` (pre-online and slave sync compare it)."""
+        offsets = self.store.offsets
+        return response_pieces(
+            frame,
+            ext={"data_version": asdict(offsets.data_version)},
+            body=pack_body(offsets.table()),
+        )
 
     def _get_runtime_info(self, conn: Connection, frame: Frame) -> list:
         return response_pieces(frame, body=pack_body(self.runtime_info()))

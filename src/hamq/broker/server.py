@@ -13,6 +13,7 @@ from hamq.broker.acting_master import ActingMasterWatch
 from hamq.broker.client_processor import ClientProcessor
 from hamq.broker.clients import ClientManager
 from hamq.broker.dledger.driver import DLedgerCommitLog
+from hamq.broker.ha.exchange import BrokerHaInfoExchange
 from hamq.broker.ha.member_group import MASTER_ID, MemberGroup
 from hamq.broker.ha.service import HAMaster, HASlave
 from hamq.broker.ha.slave_sync import SlaveSynchronize
@@ -21,6 +22,7 @@ from hamq.broker.lock_quorum import LockQuorum
 from hamq.broker.locks import RebalanceLockManager
 from hamq.broker.namesrv_requests import NamesrvRequests
 from hamq.broker.pop.service import PopService
+from hamq.broker.pre_online import PreOnline, needs_pre_online
 from hamq.broker.processor import BrokerProcessor
 from hamq.broker.pull import PullProcessor
 from hamq.broker.registration import NamesrvRegistration
@@ -42,7 +44,7 @@ from hamq.net.counts import COUNTS
 from hamq.net.metrics import gauge, serve_metrics
 from hamq.net.pool import ConnectionPool
 from hamq.net.server import Server
-from hamq.net.tasks import PeriodicTask
+from hamq.net.tasks import PeriodicTask, cancel_all
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import Frame
 from hamq.store.flush import FlushService
@@ -88,6 +90,7 @@ class Broker:
         # -- the store, the group, the name servers -------------------------------------
         self.store_lock = StoreDirLock(config.store_dir)  # before recovery writes anything
         self.store = MessageStore(config)
+        self.store.offsets.version_step = config.consumer_offset_update_version_step
         self.flush = FlushService(self.store)
         self._owns_pool = pool is None  # a container's shared pool outlives its members
         self.pool = ConnectionPool() if pool is None else pool
@@ -147,6 +150,7 @@ class Broker:
             after_put=lambda: self.processor.after_batch(),
             flush_interval_ms=config.flush_delay_offset_interval_ms,
         )
+        self.schedule.progress.version_step = config.delay_offset_update_version_step
         self.transactions = TransactionalMessageService(
             self.store, self.flush, self.role, on_put=self.pull.message_arrived
         )
@@ -226,9 +230,34 @@ class Broker:
             # DLedger: topics come only from the log
             sync_topics=not self.dledger_mode,
         )
+        # a returning master takes its slaves' newer metadata before it registers (seed 004)
+        self.pre_online = (
+            PreOnline(
+                config,
+                self.pool,
+                self.registration,
+                self.ha_master,
+                self.store,
+                self.schedule.progress,
+                self.pop.merge_checkpoint,
+            )
+            if needs_pre_online(config) and self.ha_master is not None
+            else None
+        )
+        self._starting: asyncio.Task | None = None  # the role's start, behind pre-online
         self.role.services = self._role_services()
         # with no master in the group, its smallest-id slave acts as one (seed 004)
         self.acting = ActingMasterWatch(config, self.role, self.members)
+        if self.ha_slave is not None:  # a returning master announces itself (pre-online)
+            exchange = BrokerHaInfoExchange(
+                config,
+                self.role,
+                self.members,
+                self.ha_slave,
+                self.store,
+                self.acting.master_returning,
+            )
+            self.processor.register({RequestCode.EXCHANGE_BROKER_HA_INFO: exchange.handle})
 
         self.server = Server(self.processor, config)
         self.server.on_connection_closed.append(self.clients.connection_closed)
@@ -258,6 +287,13 @@ class Broker:
             before_master=[self.replicas.start_epoch] if self.replicas else [],
             master=[
                 RoleService("ha_master", self.ha_master.start, self._stop_ha_master),
+                # pre-online: the services after it start once the master is online
+                *(
+                    # (nothing to stop: a pre-online under way ends with the broker's stop)
+                    [RoleService("pre_online", self.pre_online.run, lambda: None)]
+                    if self.pre_online
+                    else []
+                ),
                 *(RoleService(name, start, stop) for name, start, stop in secondary),
             ],
             slave=[RoleService("ha_client", self.ha_slave.start, self._stop_ha_client), slave_sync],
@@ -354,6 +390,7 @@ class Broker:
             "alive_replicas": self.members.alive_replicas,
             "ha": self._ha_status(),
             "controller": None if self.replicas is None else self.replicas.info_dict(),
+            "pre_online": None if self.pre_online is None else self.pre_online.info(),
             "acting_master": self.acting.info(),
             "queue_locks": self.locks.owners(monotonic_ms()),
         }
@@ -379,7 +416,11 @@ class Broker:
         await self.members.sync_once()  # a slave needs its master's address
         self.members.start()
         self._housekeeping.start()
-        await self.role.start()
+        if self.pre_online is None:
+            await self.role.start()
+        else:  # isolated: serves its slaves' HA while pre-online runs, then the rest starts
+            self._starting = asyncio.create_task(self.role.start())
+            self._starting.add_done_callback(self._role_change_done)
         self.acting.start()
         if self.replicas is not None:
             await self.replicas.start()
@@ -417,6 +458,7 @@ class Broker:
     async def stop(self) -> None:
         """Clean shutdown: stop serving, flush and checkpoint, deregister."""
         self._shutting_down = True
+        await cancel_all([self._starting])  # a pre-online under way ends here
         if self.replicas is not None:  # no role change from the controller from here on
             await self.replicas.stop()
         await self._housekeeping.stop()

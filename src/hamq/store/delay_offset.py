@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hamq.store.disk import OS_DISK, Disk
-from hamq.store.metadata import DataVersion, VersionedTable, clamp_offsets
+from hamq.store.metadata import DataVersion, ProgressTable, clamp_offsets
 
 _DELAY = "delay_offsets"
 _TIMER = "timer"
@@ -37,15 +37,11 @@ class TimerProgress:
     log_id: str = ""
 
 
-class DelayOffsetManager:
+class DelayOffsetManager(ProgressTable):
     def __init__(self, directory: Path, now_ms: int, *, disk: Disk = OS_DISK) -> None:
-        self._t = VersionedTable(directory / "delay_offsets.json", now_ms, disk=disk)
+        super().__init__(directory / "delay_offsets.json", now_ms, disk=disk)
         self._t.table.setdefault(_DELAY, {})
         self._t.table.setdefault(_TIMER, asdict(TimerProgress()))
-
-    @property
-    def data_version(self) -> DataVersion:
-        return self._t.data_version
 
     def delay_offset(self, level: int) -> int:
         return self._t.table[_DELAY].get(str(level), 0)
@@ -68,12 +64,10 @@ class DelayOffsetManager:
             self._t.table[_TIMER] = asdict(progress)
             self._t.touch(now_ms)
 
-    def table(self) -> dict:
-        return self._t.table
-
-    def merge(self, table: dict, now_ms: int) -> None:
-        """Take another replica's progress, never moving an offset or the timer cursor
-        backwards."""
+    def merge(self, table: dict, version: DataVersion) -> None:
+        """Take another member's progress (its table at ``version``), never moving an
+        offset or the timer cursor backwards: this table is then at least as new as that
+        one. Not counted as a change of this member's own."""
         before = (dict(self._t.table[_DELAY]), self._t.table[_TIMER])
         mine = self._t.table[_DELAY]
         for level, offset in table.get(_DELAY, {}).items():
@@ -83,15 +77,5 @@ class DelayOffsetManager:
         if isinstance(theirs, dict) and theirs.get("read_ms", 0) >= self.timer.read_ms:
             self._t.table[_TIMER] = asdict(TimerProgress(**theirs))
         if (self._t.table[_DELAY], self._t.table[_TIMER]) != before:
-            self._t.touch(now_ms)
-
-    def snapshot(self) -> bytes | None:
-        return self._t.snapshot()
-
-    def write(self, snapshot: bytes) -> None:
-        self._t.write(snapshot)
-
-    def persist(self) -> None:
-        snapshot = self.snapshot()
-        if snapshot is not None:
-            self.write(snapshot)
+            self._t.dirty = True
+        self._t.adopt(version)

@@ -1,8 +1,13 @@
 """Versioned metadata tables (topics, consumer offsets), persisted crash-safely.
 
-Every change steps the table's ``DataVersion`` (RocketMQ: a state version fixed at start
-plus a counter and a timestamp); peers compare versions to decide who is newer (pre-online
-sync in seed 004). Files are JSON written through write-then-rename.
+Changes step the table's ``DataVersion`` (RocketMQ: a state version plus a counter and a
+timestamp, compared in that order); peers compare versions to decide who is newer (a
+returning master's pre-online, seed 004: ``broker/pre_online.py``). Consumer offsets and
+delay progress change with every commit, so their version steps only every
+``consumer_offset_update_version_step`` / ``delay_offset_update_version_step`` changes (as
+RocketMQ 5 does), and their state version is 0 on every member (RocketMQ's state machine
+version in master-slave mode) so two members' versions compare by counter. Files are JSON
+written through write-then-rename.
 """
 
 from __future__ import annotations
@@ -12,10 +17,11 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from hamq.errors import InvalidArgument
 from hamq.store.disk import OS_DISK, Disk, atomic_write
 
 log = logging.getLogger(__name__)
@@ -33,6 +39,24 @@ class DataVersion:
 
     def next(self, now_ms: int) -> DataVersion:
         return DataVersion(self.state_version, self.counter + 1, now_ms)
+
+    @classmethod
+    def from_wire(cls, raw: object) -> DataVersion:
+        """A version another member sent (a response's ``data_version``); a member that
+        sends none predates versions and counts as the oldest. ``InvalidArgument`` if it
+        is not a version."""
+        if raw is None:
+            return cls()
+        if (
+            not isinstance(raw, dict)
+            or set(raw) != set(cls.__dataclass_fields__)
+            or any(type(value) is not int for value in raw.values())
+        ):
+            raise InvalidArgument(
+                "data_version must map state_version, counter and timestamp_ms to "
+                f"integers, not {raw!r:.200}"
+            )
+        return cls(**raw)
 
 
 @dataclass(frozen=True)
@@ -56,11 +80,25 @@ class VersionedTable:
     by a periodic write that started before it), and a failed write leaves the table due
     for the next persist."""
 
-    def __init__(self, path: Path, now_ms: int, *, disk: Disk = OS_DISK) -> None:
+    def __init__(
+        self,
+        path: Path,
+        now_ms: int,
+        *,
+        disk: Disk = OS_DISK,
+        version_step: int = 1,
+        state_version: int | None = None,
+    ) -> None:
+        """``version_step``: changes per DataVersion step; ``state_version``: fixed for the
+        table (None: the creation time, a table no other member's is compared with)."""
         self.path = path
         self.disk = disk
         self.table: dict[str, Any] = {}
-        self.data_version = DataVersion(now_ms, 0, now_ms)
+        self.data_version = DataVersion(
+            now_ms if state_version is None else state_version, 0, now_ms
+        )
+        self.version_step = version_step
+        self._changes = 0  # since the start (RocketMQ's versionChangeCounter, not persisted)
         self.dirty = False
         self._taken = 0  # snapshots taken
         self._written = 0  # number of the newest snapshot on disk
@@ -70,6 +108,8 @@ class VersionedTable:
                 raw = json.loads(disk.read_bytes(path))
                 self.table = raw["table"]
                 self.data_version = DataVersion(**raw["data_version"])
+                if state_version is not None:
+                    self.data_version = replace(self.data_version, state_version=state_version)
             except (ValueError, KeyError, TypeError) as exc:
                 # Written by rename, so a broken file means outside damage: keep a copy.
                 broken = path.with_suffix(".corrupt")
@@ -77,8 +117,17 @@ class VersionedTable:
                 log.error("metadata %s unreadable (%s); moved to %s", path, exc, broken)
 
     def touch(self, now_ms: int) -> None:
-        self.data_version = self.data_version.next(now_ms)
+        """A change made here: due to be persisted, and counted toward the next step."""
+        self._changes += 1
+        if self._changes % self.version_step == 0:
+            self.data_version = self.data_version.next(now_ms)
         self.dirty = True
+
+    def adopt(self, version: DataVersion) -> None:
+        """Another member's table was merged in: this one is now at least as new as it."""
+        if version > self.data_version:
+            self.data_version = version
+            self.dirty = True
 
     def persist(self) -> None:
         snapshot = self.snapshot()
@@ -151,53 +200,28 @@ def clamp_offsets(offsets: dict[str, int], end_of: Callable[[int], int]) -> bool
     return moved
 
 
-class ConsumerOffsetManager:
-    """Committed offsets by ``topic@group`` then queue id; persisted periodically and at
-    shutdown (RocketMQ: flushConsumerOffsetInterval), as losing the last seconds of commits
-    only means redelivery."""
+class ProgressTable:
+    """A table of progress that members compare by DataVersion (consumer offsets, delay
+    progress): its version steps every ``version_step`` changes (settable: the broker's
+    config names the step) and its state version is 0 (module docstring)."""
 
-    def __init__(self, directory: Path, now_ms: int, *, disk: Disk = OS_DISK) -> None:
-        self._t = VersionedTable(directory / "consumer_offsets.json", now_ms, disk=disk)
+    def __init__(self, path: Path, now_ms: int, *, disk: Disk = OS_DISK) -> None:
+        self._t = VersionedTable(path, now_ms, disk=disk, state_version=0)
 
     @property
     def data_version(self) -> DataVersion:
         return self._t.data_version
 
-    def commit(self, group: str, topic: str, queue_id: int, offset: int, now_ms: int) -> None:
-        self._t.table.setdefault(f"{topic}@{group}", {})[str(queue_id)] = offset
-        self._t.touch(now_ms)
+    @property
+    def version_step(self) -> int:
+        return self._t.version_step
 
-    def query(self, group: str, topic: str, queue_id: int) -> int | None:
-        return self._t.table.get(f"{topic}@{group}", {}).get(str(queue_id))
+    @version_step.setter
+    def version_step(self, changes: int) -> None:
+        self._t.version_step = changes
 
-    def table(self) -> dict[str, dict[str, int]]:
+    def table(self) -> dict[str, Any]:
         return self._t.table
-
-    def clamp(self, max_offset: Callable[[str, int], int], now_ms: int) -> None:
-        """Move every offset past its queue's ``max_offset(topic, queue_id)`` back to it."""
-        changed = False
-        for key, queues in self._t.table.items():
-            changed |= clamp_offsets(queues, functools.partial(max_offset, key.split("@", 1)[0]))
-        if changed:
-            self._t.touch(now_ms)
-
-    def merge(self, table: dict[str, dict[str, int]], now_ms: int) -> None:
-        """Take offsets from another replica, never moving one backwards (a consumer may
-        have committed on this replica while the other was away)."""
-        changed = False
-        for key, queues in table.items():
-            mine = self._t.table.setdefault(key, {})
-            for queue_id, offset in queues.items():
-                if offset > mine.get(queue_id, -1):
-                    mine[queue_id] = offset
-                    changed = True
-        if changed:
-            self._t.touch(now_ms)
-
-    def delete_topic(self, topic: str, now_ms: int) -> None:
-        for key in [k for k in self._t.table if k.split("@", 1)[0] == topic]:
-            del self._t.table[key]
-        self._t.touch(now_ms)
 
     def persist(self) -> None:
         self._t.persist()
@@ -207,3 +231,45 @@ class ConsumerOffsetManager:
 
     def write(self, snapshot: TableSnapshot) -> None:
         self._t.write(snapshot)
+
+
+class ConsumerOffsetManager(ProgressTable):
+    """Committed offsets by ``topic@group`` then queue id; persisted periodically and at
+    shutdown (RocketMQ: flushConsumerOffsetInterval), as losing the last seconds of commits
+    only means redelivery."""
+
+    def __init__(self, directory: Path, now_ms: int, *, disk: Disk = OS_DISK) -> None:
+        super().__init__(directory / "consumer_offsets.json", now_ms, disk=disk)
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int, now_ms: int) -> None:
+        self._t.table.setdefault(f"{topic}@{group}", {})[str(queue_id)] = offset
+        self._t.touch(now_ms)
+
+    def query(self, group: str, topic: str, queue_id: int) -> int | None:
+        return self._t.table.get(f"{topic}@{group}", {}).get(str(queue_id))
+
+    def clamp(self, max_offset: Callable[[str, int], int], now_ms: int) -> None:
+        """Move every offset past its queue's ``max_offset(topic, queue_id)`` back to it."""
+        changed = False
+        for key, queues in self._t.table.items():
+            changed |= clamp_offsets(queues, functools.partial(max_offset, key.split("@", 1)[0]))
+        if changed:
+            self._t.touch(now_ms)
+
+    def merge(self, table: dict[str, dict[str, int]], version: DataVersion) -> None:
+        """Take offsets from another member whose table is at ``version``, never moving
+        one backwards (a consumer may have committed here while the other was away, and
+        no operation moves an offset back on purpose): this table is then at least as new
+        as that one. Not counted as a change of this member's own."""
+        for key, queues in table.items():
+            mine = self._t.table.setdefault(key, {})
+            for queue_id, offset in queues.items():
+                if offset > mine.get(queue_id, -1):
+                    mine[queue_id] = offset
+                    self._t.dirty = True
+        self._t.adopt(version)
+
+    def delete_topic(self, topic: str, now_ms: int) -> None:
+        for key in [k for k in self._t.table if k.split("@", 1)[0] == topic]:
+            del self._t.table[key]
+        self._t.touch(now_ms)

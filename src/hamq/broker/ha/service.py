@@ -532,6 +532,12 @@ class HAMaster:
     def deposed(self) -> bool:
         return self.core.deposed
 
+    @property
+    def attached_broker_ids(self) -> set[int]:
+        """The slaves whose handshake completed (they receive the log): pre-online waits
+        for them."""
+        return set(self._conns.values())
+
     def _update_read_cap(self) -> None:
         sss = self.core.sync_state_set
         if sss is None:
@@ -763,6 +769,27 @@ class HASlave:
         self._conn: Connection | None = None  # the session with the master, while one is open
         self._ack_due: Connection | None = None  # transfers arrived in this read
         self._task: asyncio.Task | None = None
+        # a returning master's HA address and until when (monotonic ms) it is followed
+        # while the name servers know no master (``follow_announced``)
+        self._announced: tuple[str, int] | None = None
+
+    def follow_announced(self, ha_addr: str, hold_ms: int) -> None:
+        """A returning master announced itself (EXCHANGE_BROKER_HA_INFO, pre-online): it
+        is isolated, so the name servers do not know it yet. Follow it for ``hold_ms``
+        while they know no master; a master they know always comes first."""
+        self._announced = (ha_addr, monotonic_ms() + hold_ms)
+
+    @property
+    def master_ha_addr(self) -> str | None:
+        """The master to follow: the name servers', else one that announced itself."""
+        known = self.members.master_ha_addr
+        if known is not None or self._announced is None:
+            return known
+        addr, until_ms = self._announced
+        if monotonic_ms() >= until_ms:
+            self._announced = None
+            return None
+        return addr
 
     def start(self) -> None:
         """Follow the master (again, after a stop: a member that became a slave)."""
@@ -832,7 +859,7 @@ class HASlave:
 
     async def _run(self) -> None:
         while self.state is not HAConnectionState.SHUTDOWN:
-            addr = self.members.master_ha_addr
+            addr = self.master_ha_addr
             if addr is None:
                 self.state = HAConnectionState.READY
                 await asyncio.sleep(SLAVE_RECONNECT_DELAY_S)
@@ -860,7 +887,7 @@ class HASlave:
             self.master_addr = addr
             self._ask(conn, self.link.begin())
             interval_s = self.config.ha_send_heartbeat_interval_ms / 1000
-            while not conn.is_closed and self.members.master_ha_addr == addr:
+            while not conn.is_closed and self.master_ha_addr == addr:
                 if self.state is HAConnectionState.TRANSFER:
                     conn.oneway(RequestCode.HA_ACK, self.link.ack())
                 try:

@@ -2,6 +2,12 @@
 and delay offsets every ``slave_sync_interval_ms``, so it can serve reads (and resume
 consumers at their committed offsets) when the master is gone.
 
+Nothing newer here is overwritten by an older master's copy (seed 004: this member may have
+acted as master): offsets and delay progress are merged, never moving back, and keep the
+newer DataVersion. The topic table is replaced whole, as it must carry deletions, and that
+cannot lose anything newer: topics change only on a master (a slave, acting or not,
+refuses topic changes), and the master persists each change before answering it.
+
 A DLedger member takes no topics this way: topics (and their deletion) are Raft commands,
 applied only from the log in log order; a table copied from a leader ahead of it would
 make it skip a delete it later applies, and its queues would then differ from the others'."""
@@ -19,7 +25,7 @@ from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import unpack_body
 from hamq.store.delay_offset import DelayOffsetManager
 from hamq.store.message_store import MessageStore
-from hamq.store.metadata import TopicConfig
+from hamq.store.metadata import DataVersion, TopicConfig
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +85,22 @@ class SlaveSynchronize:
                     for name, cfg in (unpack_body(topics.body) or {}).items()
                 }
             )
-        if offsets.code == 0:
-            self.store.offsets.merge(unpack_body(offsets.body) or {}, self.store.clock_ms())
-        if delay.code == 0:
-            self.delay_offsets.merge(unpack_body(delay.body) or {}, self.store.clock_ms())
+        # Offsets and delay progress are merged, never overwritten: an offset never moves
+        # back, so a master that returned without pre-online (skip_pre_online, or a slave
+        # it could not wait for) cannot undo what consumers committed on this member while
+        # it acted as master; the version taken is the newer of the two.
+        try:
+            if offsets.code == 0:
+                self.store.offsets.merge(
+                    unpack_body(offsets.body) or {},
+                    DataVersion.from_wire(offsets.ext.get("data_version")),
+                )
+            if delay.code == 0:
+                self.delay_offsets.merge(
+                    unpack_body(delay.body) or {},
+                    DataVersion.from_wire(delay.ext.get("data_version")),
+                )
+        except HamqError as err:
+            log.warning("slave sync from %s: bad metadata: %s", master, err.message)
+            return False
         return True

@@ -23,6 +23,7 @@ import asyncio
 import logging
 import zlib
 from collections.abc import Callable
+from dataclasses import asdict
 
 from hamq.broker.durable import when_durable
 from hamq.broker.schedule.timer_message import DELIVER_BATCH, DELIVER_RETRY_MS, TimerMessageService
@@ -160,9 +161,14 @@ class ScheduleMessageService:
         )
 
     def get_all_delay_offset(self, conn: Connection, frame: Frame) -> list:
-        """GET_ALL_DELAY_OFFSET: the progress table, for a slave's SlaveSynchronize."""
+        """GET_ALL_DELAY_OFFSET: the progress table, for a slave's SlaveSynchronize and a
+        returning master's pre-online; its DataVersion in ``ext``."""
         self.timers.save_progress()
-        return response_pieces(frame, body=pack_body(self.progress.table()))
+        return response_pieces(
+            frame,
+            ext={"data_version": asdict(self.progress.data_version)},
+            body=pack_body(self.progress.table()),
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
