@@ -141,15 +141,20 @@ class BrokerContainer:
     async def remove(self, broker_name: str, broker_id: int) -> None:
         async with self._changing:
             key = (broker_name, broker_id)
-            broker = self.brokers.pop(key, None)
-            if broker is None:
+            if key not in self.brokers:
                 raise InvalidArgument(
                     f"broker {broker_name} id {broker_id} is not a member of this container "
                     f"(members: {', '.join(f'{n}/{i}' for n, i in self.brokers) or 'none'})"
                 )
-            remove_gauges(_labels(key))
-            await broker.stop()
-            log.info("container: member %s/%d stopped", *key)
+            await self._stop_member(key)
+
+    async def _stop_member(self, key: MemberKey) -> None:
+        """Out of the members first (no sibling escapes into a stopping master), then
+        stopped as a broker process stops on SIGTERM."""
+        broker = self.brokers.pop(key)
+        remove_gauges(_labels(key))
+        await broker.stop()
+        log.info("container: member %s/%d stopped", *key)
 
     def _siblings(self, key: MemberKey) -> list[Broker]:
         """The members beside ``key``'s (local escape looks for a master among them)."""
@@ -167,14 +172,15 @@ class BrokerContainer:
         ]
 
     async def stop(self) -> None:
-        """Every member stops (latest first), then the container's port and the shared
-        connections."""
-        for name, broker_id in reversed(list(self.brokers)):
-            try:
-                await self.remove(name, broker_id)
-            except Exception:  # logged: the others still stop
-                log.exception("container: member %s/%d did not stop cleanly", name, broker_id)
+        """No more requests, then every member stops (latest first; a member being added
+        finishes starting first), then the shared connections."""
         await self.server.close()
+        async with self._changing:
+            for key in reversed(list(self.brokers)):
+                try:
+                    await self._stop_member(key)
+                except Exception:  # logged: the others still stop
+                    log.exception("container: member %s/%d did not stop cleanly", *key)
         if self.metrics is not None:
             self.metrics.shutdown()
         await self.pool.close()
