@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from hamq.broker.escape import EscapeBridge
 from hamq.broker.role import BrokerRole, RoleState
 from hamq.broker.schedule.service import ScheduleMessageService
 from hamq.broker.schedule.timer_wheel import WINDOW
@@ -30,10 +31,12 @@ class Broker:
     """The store and the schedule service as the broker wires them, on ``clock``."""
 
     def __init__(self, root, clock: list[int]) -> None:
-        self.store = MessageStore(BrokerConfig(store_dir=str(root)), lambda: clock[0])
+        config = BrokerConfig(store_dir=str(root))
+        self.store = MessageStore(config, lambda: clock[0])
+        role = RoleState(BrokerRole.MASTER, 0)
         topics = TopicService(
             self.store,
-            RoleState(BrokerRole.MASTER, 0),
+            role,
             default_queue_nums=1,
             auto_create=False,
             on_change=lambda: None,
@@ -43,6 +46,8 @@ class Broker:
         self.schedule = ScheduleMessageService(
             self.store,
             FlushService(self.store),
+            role,
+            EscapeBridge(config),
             on_put=lambda topic, queue_id: None,
             after_put=self.store.commit,
             flush_interval_ms=10**6,

@@ -13,6 +13,7 @@ from hamq.broker.acting_master import ActingMasterWatch
 from hamq.broker.client_processor import ClientProcessor
 from hamq.broker.clients import ClientManager
 from hamq.broker.dledger.driver import DLedgerCommitLog
+from hamq.broker.escape import EscapeBridge
 from hamq.broker.ha.exchange import BrokerHaInfoExchange
 from hamq.broker.ha.member_group import MASTER_ID, MemberGroup
 from hamq.broker.ha.service import HAMaster, HASlave
@@ -143,18 +144,22 @@ class Broker:
 
         # -- request processors -----------------------------------------------------------
         self.pull = PullProcessor(self.store, self.topics, config.long_polling_max_wait_ms)
+        # where an acting master's delay, transaction and pop writes go (seed 004)
+        self.escape = EscapeBridge(config, self.siblings)
         self.schedule = ScheduleMessageService(
             self.store,
             self.flush,
+            self.role,
+            self.escape,
             on_put=self.pull.message_arrived,
             after_put=lambda: self.processor.after_batch(),
             flush_interval_ms=config.flush_delay_offset_interval_ms,
         )
         self.schedule.progress.version_step = config.delay_offset_update_version_step
         self.transactions = TransactionalMessageService(
-            self.store, self.flush, self.role, on_put=self.pull.message_arrived
+            self.store, self.flush, self.role, self.escape, on_put=self.pull.message_arrived
         )
-        send = SendProcessor(
+        self.send = send = SendProcessor(
             self.store,
             self.topics,
             self.flush,
@@ -478,6 +483,7 @@ class Broker:
         if self.metrics is not None:
             self.metrics.shutdown()
         NamesrvRequests.of(self.pool).remove(self.members)
+        await self.escape.close()
         if self._owns_pool:
             await self.pool.close()
 

@@ -15,6 +15,15 @@ loss never leaves progress past a delivery the log lost; in memory, delivery goe
 what was written. The timer log is fsynced before a progress that counts on it is written,
 and its segments are deleted only once a written progress is past them. Slaves never
 deliver (their log is the master's copy).
+
+An acting master (seed 004: a slave standing in for its dead master) delivers the same
+way over the replicated schedule queues, so messages not yet due when the master died
+are delivered as they fall due, but it never appends to its own commit log: due messages
+are escaped into another group's master (``broker/escape.py``), grouped by topic into
+batches, one batch in flight at a time (so progress moves in order), and progress moves
+once the target acknowledged the batch. A failed escape is tried again every
+``DELIVER_RETRY_MS`` with the same messages; nothing moves meanwhile. The progress lives on
+the acting master as metadata (persisted as on a master; pre-online takes it back).
 """
 
 from __future__ import annotations
@@ -22,16 +31,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict
 
 from hamq.broker.durable import when_durable
+from hamq.broker.escape import EscapeBridge
+from hamq.broker.role import RoleState
 from hamq.broker.schedule.timer_message import DELIVER_BATCH, DELIVER_RETRY_MS, TimerMessageService
 from hamq.broker.stored_message import StoredMessage, read_messages
 from hamq.errors import HamqError, MessageIllegal
 from hamq.net.connection import Connection, response_pieces
 from hamq.net.tasks import PeriodicTask
 from hamq.protocol.frame import Frame, pack_body
+from hamq.protocol.limits import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES
 from hamq.protocol.message import encode_message, encode_properties
 from hamq.protocol.properties import (
     DELAY_LEVELS_MS,
@@ -77,6 +90,8 @@ class ScheduleMessageService:
         self,
         store: MessageStore,
         flush: FlushService,
+        role: RoleState,
+        escape: EscapeBridge,
         *,
         on_put: Callable[[str, int], None],
         after_put: Callable[[], None],
@@ -84,6 +99,13 @@ class ScheduleMessageService:
     ) -> None:
         self.store = store
         self.flush = flush
+        self.role = role  # a master stores due messages; an acting master escapes them
+        self.escape = escape
+        # acting: due messages read, not yet handed to the escape worker (topic, message)
+        self._outbox: list[tuple[str, bytes]] = []
+        # acting: batches to escape in order, each with what runs once it is acknowledged
+        self._escapes: deque[tuple[list[tuple[str, bytes]], Callable[[], None]]] = deque()
+        self._escaper: asyncio.Task | None = None
         self.on_put = on_put  # wakes pulls held on a real queue
         self.after_put = after_put  # writes the log and ships it, as after a request
         self.progress = DelayOffsetManager(store.root, store.clock_ms(), disk=store.disk)
@@ -194,6 +216,7 @@ class ScheduleMessageService:
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
+        await self._stop_escaping()
         if self._written_end:
             durable = asyncio.get_running_loop().create_future()
             when_durable(
@@ -268,6 +291,10 @@ class ScheduleMessageService:
             if delivered:
                 self.after_put()  # delivery moves on only once the write succeeded
                 self._next[level] = offset
+                if self._outbox:  # acting: one escape batch per level in flight
+                    rearm = next_due
+                    self._when_durable(end, lambda: self._level_durable(level, offset, rearm))
+                    return
                 self._when_durable(end, lambda: self._level_durable(level, offset))
         except HamqError as err:  # disk full: progress stays, so redelivery (at least once)
             log.error("delivering delay level %d failed: %s", level, err.message)
@@ -277,7 +304,14 @@ class ScheduleMessageService:
 
     def _when_durable(self, end: int, then: Callable[[], None]) -> None:
         """Run ``then`` once the deliveries written up to ``end`` are durable; a sync
-        flush that timed out is waited for again (the progress must not move before)."""
+        flush that timed out is waited for again (the progress must not move before).
+        Acting: once the messages escaped since the last call are acknowledged."""
+        if self._outbox:
+            self._escapes.append((self._outbox, then))
+            self._outbox = []
+            if self._escaper is None:
+                self._escaper = asyncio.get_running_loop().create_task(self._escape_all())
+            return
         self._written_end = max(self._written_end, end)
 
         def flushed(ok: bool) -> None:
@@ -288,13 +322,75 @@ class ScheduleMessageService:
 
         when_durable(self.flush, end, flushed)
 
-    def _level_durable(self, level: int, offset: int) -> None:
+    def _level_durable(self, level: int, offset: int, rearm: int | None = None) -> None:
+        """Delivered up to ``offset``; an acting master's level is armed again here at
+        ``rearm`` (its next due time), once its escape batch is acknowledged."""
         if offset > self.progress.delay_offset(level):  # waits retried after a timeout
             self.progress.set_delay_offset(level, offset, self.store.clock_ms())
+        if rearm is not None and self._running:
+            self._arm(level - 1, rearm, self._deliver_level)
+
+    # -- escape (acting master) ------------------------------------------------------------
+    async def _escape_all(self) -> None:
+        """Escape the queued batches in order; a batch that fails is tried again (its
+        delivery and progress wait) until it is acknowledged or delivery stops."""
+        try:
+            while self._escapes:
+                batch, then = self._escapes[0]
+                failures = 0
+                while batch:
+                    try:
+                        await self._escape_topic(batch)
+                    except HamqError as err:
+                        if not failures:
+                            log.warning(
+                                "escaping %d due message(s) failed, trying again every %d ms: %s",
+                                len(batch),
+                                DELIVER_RETRY_MS,
+                                err.message,
+                            )
+                        failures += 1
+                        await asyncio.sleep(DELIVER_RETRY_MS / 1000)
+                self._escapes.popleft()
+                then()
+        finally:
+            self._escaper = None
+
+    async def _escape_topic(self, batch: list[tuple[str, bytes]]) -> None:
+        """Escape the first topic's messages of ``batch`` (in payloads of at most
+        MAX_BATCH_MESSAGES and MAX_BATCH_BYTES) and take each acknowledged payload's
+        messages off it, so a retry puts only what is left."""
+        topic = batch[0][0]
+        picked: list[int] = []
+        size = 0
+        for i, (t, message) in enumerate(batch):
+            if t != topic:
+                continue
+            if picked and (
+                len(picked) == MAX_BATCH_MESSAGES or size + len(message) > MAX_BATCH_BYTES
+            ):
+                break
+            picked.append(i)
+            size += len(message)
+        payload = b"".join(batch[i][1] for i in picked)
+        await self.escape.put(topic, payload, count=len(picked))
+        for i in reversed(picked):
+            del batch[i]
+
+    async def _stop_escaping(self) -> None:
+        """Drop batches not acknowledged: their progress never moved, so whoever delivers
+        next (the master back, or this member acting again) delivers them."""
+        self._outbox = []
+        self._escapes.clear()
+        if self._escaper is not None:
+            self._escaper.cancel()
+            await asyncio.gather(self._escaper, return_exceptions=True)
+            self._escaper = None
 
     def _deliver(self, msg: StoredMessage) -> int:
         """Store ``msg`` in its real queue; returns the commit-log end of the copy (0 if
-        its topic is gone and it was dropped)."""
+        its topic is gone and it was dropped). A member that is not master (an acting
+        one) keeps it for escape instead and returns 0."""
         properties = dict(msg.properties)
         topic = properties.pop(PROPERTY_REAL_TOPIC)
         queue_id = int(properties.pop(PROPERTY_REAL_QUEUE_ID))
@@ -304,8 +400,11 @@ class ScheduleMessageService:
         if config is None:
             log.warning("dropping a scheduled message for topic %r, which no longer exists", topic)
             return 0
-        queue_id %= config.write_queue_nums
         payload = encode_message(msg.body, encode_properties(properties))
+        if not self.role.is_master:
+            self._outbox.append((topic, payload))
+            return 0
+        queue_id %= config.write_queue_nums
         put = self.store.put_batch(
             topic, queue_id, payload, 1, zlib.crc32(payload), msg.born_timestamp_ms
         )

@@ -12,6 +12,10 @@ half message of a group with no live producer waits until one heartbeats (or unt
 retention removes it). A round looks at ``MAX_CHECKS_PER_ROUND`` half messages and the
 next one continues after them, so many waiting halves never starve the younger ones.
 
+On an acting master (seed 004) the same checks run over the replicated half messages;
+the decisions they lead to are taken as ``TransactionalMessageService`` takes an acting
+master's (escaped, kept as metadata).
+
 Check counts are kept in memory: after a restart counting starts again, which only means
 more checks (RocketMQ keeps them by re-storing the half message).
 """
@@ -36,7 +40,6 @@ from hamq.protocol.properties import (
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
 )
-from hamq.protocol.transaction import TransactionState
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +88,7 @@ class TransactionalMessageCheckService:
 
     async def stop(self) -> None:
         await self._rounds.stop()
+        self.transactions.stop_deciding()
 
     def check(self) -> None:
         store = self.transactions.store
@@ -135,9 +139,8 @@ class TransactionalMessageCheckService:
         checks = self._checks.get(offset, 0)
         if checks >= self.check_max:
             log.info("half message %d undecided after %d checks: rolled back", offset, checks)
-            self.transactions.decide(msg, TransactionState.ROLLBACK_MESSAGE)
             self._checks.pop(offset, None)
-            return True
+            return self.transactions.roll_back(msg)
         self._checks[offset] = checks + 1
         topic = properties.pop(PROPERTY_REAL_TOPIC)
         properties.pop(PROPERTY_REAL_QUEUE_ID)

@@ -12,6 +12,13 @@ again. On start the op log is read back, so a restart keeps every decision;
 ``TransactionalMessageCheckService`` asks producers about the half messages still
 undecided.
 
+An acting master (seed 004: a slave standing in for its dead master) decides too, but
+never appends to its own commit log: a committed message is escaped into another group's
+master (``broker/escape.py``), and the decision, which has no op record, is kept in
+``TransactionDecisions`` (``decisions.py``), fsynced before END_TRANSACTION is answered. The
+escape comes first: a crash between the two commits again on the next decision (at least
+once), never loses a commit. Decisions are read back on every start, with the op log.
+
 A half message with ``TRAN_BATCH = n`` carries a whole encoded batch as its body (hamq's
 extension for the Spark sink): committing it stores the ``n`` messages as one record, so a
 transactional write costs one half and one commit per batch, not per message.
@@ -19,15 +26,18 @@ transactional write costs one half and one commit per batch, not per message.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import zlib
 from collections.abc import Callable, Iterator
 
 from hamq.broker.durable import answer_when_durable
+from hamq.broker.escape import EscapeBridge
 from hamq.broker.role import RoleState
 from hamq.broker.stored_message import StoredMessage, read_message, read_messages
-from hamq.errors import InvalidArgument, NoPermission, QueryNotFound
-from hamq.net.connection import Connection
+from hamq.broker.transaction.decisions import TransactionDecisions
+from hamq.errors import BrokerSystemError, HamqError, InvalidArgument, NoPermission, QueryNotFound
+from hamq.net.connection import Connection, error_pieces, response_pieces
 from hamq.protocol.frame import Frame, require, require_int, require_name
 from hamq.protocol.message import encode_message, encode_properties, validate_batch
 from hamq.protocol.properties import (
@@ -57,10 +67,15 @@ class TransactionalMessageService:
         store: MessageStore,
         flush: FlushService,
         role: RoleState,
+        escape: EscapeBridge,
         *,
         on_put: Callable[[str, int], None],
     ) -> None:
         self.store = store
+        self.escape = escape  # an acting master's commits go to another group's master
+        self.decisions = TransactionDecisions(store.root, store.clock_ms(), disk=store.disk)
+        # acting: decisions being taken (escape, then the decision written), by half offset
+        self._deciding: dict[int, asyncio.Future[None]] = {}
         self.flush = flush
         self.max_message_bytes = store.config.max_message_size
         self.on_put = on_put  # wakes pulls held on a real queue
@@ -81,6 +96,7 @@ class TransactionalMessageService:
             for op in batch:
                 self._mark_decided(int(op.body))
             offset = batch[-1].queue_offset + 1
+        self._read_acting_decisions()
         log.info(
             "transactions: %d half messages, all decided below %d",
             self.store.max_offset(HALF_TOPIC, HALF_QUEUE_ID),
@@ -121,7 +137,7 @@ class TransactionalMessageService:
         """Offsets of undecided half messages from ``start`` that are still retained,
         oldest first."""
         self._settle()
-        staged = {half for half, _, _ in self._staged}
+        staged = {half for half, _, _ in self._staged} | self._deciding.keys()
         start = max(start, self.decided_below, self.store.min_offset(HALF_TOPIC, HALF_QUEUE_ID))
         end = self.store.max_offset(HALF_TOPIC, HALF_QUEUE_ID)
         return (o for o in range(start, end) if o not in self._decided and o not in staged)
@@ -134,7 +150,7 @@ class TransactionalMessageService:
 
     # -- END_TRANSACTION -----------------------------------------------------------------
     def end_transaction(self, conn: Connection, frame: Frame) -> list | None:
-        if not self.role.is_master:
+        if not self.role.is_master and not self.role.is_acting_master:
             raise NoPermission("this broker is a slave: end transactions on the group's master")
         ext = frame.ext
         half_offset = require_int(ext, "tran_state_table_offset")
@@ -162,6 +178,8 @@ class TransactionalMessageService:
                     f"{msg.properties.get(PROPERTY_PRODUCER_GROUP)!r}, not "
                     f"{group!r}"
                 )
+            if not self.role.is_master:
+                return _answer_when_done(conn, frame, self.decide_acting(msg, state))
             op = self.decide(msg, state)
         if frame.is_oneway:
             return None
@@ -173,21 +191,10 @@ class TransactionalMessageService:
         """Commit (re-store in the real queue) or roll back, and log the decision; returns
         the op record, the last append of the decision."""
         if state is TransactionState.COMMIT_MESSAGE:
-            properties = dict(msg.properties)
-            topic = properties.pop(PROPERTY_REAL_TOPIC)
-            queue_id = int(properties.pop(PROPERTY_REAL_QUEUE_ID))
-            properties.pop(PROPERTY_TRANSACTION_PREPARED, None)
-            config = self.store.topics.get(topic)
-            if config is None:
-                log.warning("committed transaction message for missing topic %r dropped", topic)
-            else:
-                queue_id %= config.write_queue_nums
-                if PROPERTY_TRANSACTION_BATCH in properties:
-                    self._put_payload(
-                        topic, queue_id, msg.body, _batch_count(properties), msg.born_timestamp_ms
-                    )
-                else:
-                    self._put(topic, queue_id, properties, msg.body, msg.born_timestamp_ms)
+            real = self._committed_message(msg)
+            if real is not None:
+                topic, queue_id, payload, count = real
+                self._put_payload(topic, queue_id, payload, count, msg.born_timestamp_ms)
                 self.on_put(topic, queue_id)
         self._settle()  # before the op queue can grow again: see _settle
         op = self._put(
@@ -195,6 +202,75 @@ class TransactionalMessageService:
         )
         self._staged.append((msg.queue_offset, op.base_queue_offset, op.end_offset))
         return op
+
+    def roll_back(self, msg: StoredMessage) -> bool:
+        """Check-back gave up on ``msg``: roll it back; True if that wrote to the log."""
+        if self.role.is_master:
+            self.decide(msg, TransactionState.ROLLBACK_MESSAGE)
+            return True
+        self.decide_acting(msg, TransactionState.ROLLBACK_MESSAGE).add_done_callback(_log_failure)
+        return False
+
+    def decide_acting(self, msg: StoredMessage, state: TransactionState) -> asyncio.Future[None]:
+        """Acting master: commit (escape the real message) or roll back, then write the
+        decision; one decision per half message at a time (a repeated END_TRANSACTION
+        waits for the one under way)."""
+        half = msg.queue_offset
+        pending = self._deciding.get(half)
+        if pending is None:
+            pending = asyncio.ensure_future(self._decide_acting(msg, state))
+            self._deciding[half] = pending
+            pending.add_done_callback(lambda _: self._deciding.pop(half, None))
+        return pending
+
+    async def _decide_acting(self, msg: StoredMessage, state: TransactionState) -> None:
+        if state is TransactionState.COMMIT_MESSAGE:
+            real = self._committed_message(msg)
+            if real is not None:
+                topic, _, payload, count = real
+                await self.escape.put(topic, payload, count=count, born_ts=msg.born_timestamp_ms)
+        snapshot = self.decisions.record(
+            msg.queue_offset, msg.physical_offset, self.store.clock_ms()
+        )
+        try:
+            await asyncio.to_thread(self.decisions.write, snapshot)
+        except OSError as err:
+            raise BrokerSystemError(f"writing the transaction decision failed: {err}") from err
+        self._mark_decided(msg.queue_offset)
+
+    def stop_deciding(self) -> None:
+        """Acting ends: decisions under way are dropped (not written, so asked again)."""
+        for pending in list(self._deciding.values()):
+            pending.cancel()
+
+    def _read_acting_decisions(self) -> None:
+        """Take the decisions kept as metadata (this member acting, before) whose half
+        message is still the one decided; forget the others."""
+        keep = {}
+        for half, physical in self.decisions.decided().items():
+            if half < self.decided_below or half in self._decided:
+                continue  # the op log has it
+            msg = read_message(self.store, HALF_TOPIC, HALF_QUEUE_ID, half)
+            if msg is not None and msg.physical_offset == physical:
+                keep[half] = physical
+                self._mark_decided(half)
+        self.decisions.forget(keep, self.store.clock_ms())
+
+    def _committed_message(self, msg: StoredMessage) -> tuple[str, int, bytes, int] | None:
+        """(topic, queue id, payload, count) a commit of ``msg`` stores; None if its
+        topic is gone (dropped, as RocketMQ does)."""
+        properties = dict(msg.properties)
+        topic = properties.pop(PROPERTY_REAL_TOPIC)
+        queue_id = int(properties.pop(PROPERTY_REAL_QUEUE_ID))
+        properties.pop(PROPERTY_TRANSACTION_PREPARED, None)
+        config = self.store.topics.get(topic)
+        if config is None:
+            log.warning("committed transaction message for missing topic %r dropped", topic)
+            return None
+        if PROPERTY_TRANSACTION_BATCH in properties:
+            return topic, queue_id % config.write_queue_nums, msg.body, _batch_count(properties)
+        payload = encode_message(msg.body, encode_properties(properties))
+        return topic, queue_id % config.write_queue_nums, payload, 1
 
     def _settle(self) -> None:
         """Staged decisions whose op record was written become decided; those whose op
@@ -248,6 +324,33 @@ class TransactionalMessageService:
         return self.store.put_batch(
             topic, queue_id, payload, count, zlib.crc32(payload), born_timestamp_ms
         )
+
+
+def _answer_when_done(conn: Connection, frame: Frame, decision: asyncio.Future[None]) -> None:
+    """Answer END_TRANSACTION once an acting master's decision is taken (or failed)."""
+    if frame.is_oneway:
+        decision.add_done_callback(_log_failure)
+        return
+
+    def done(future: asyncio.Future[None]) -> None:
+        err = None if future.cancelled() else future.exception()
+        if future.cancelled():
+            err = BrokerSystemError("the decision was dropped: this broker stopped acting")
+        if err is None:
+            conn.reply(response_pieces(frame))
+        else:
+            conn.reply(
+                error_pieces(
+                    frame, err if isinstance(err, HamqError) else BrokerSystemError(str(err))
+                )
+            )
+
+    decision.add_done_callback(done)
+
+
+def _log_failure(future: asyncio.Future[None]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("transaction decision not taken (asked again later): %s", future.exception())
 
 
 def _batch_count(properties: dict[str, str]) -> int:
