@@ -43,6 +43,7 @@ from hamq.broker.registration import NamesrvRegistration
 from hamq.clock import monotonic_ms
 from hamq.config import BrokerConfig
 from hamq.errors import HamqError
+from hamq.net.counts import COUNTS
 from hamq.net.pool import ConnectionPool
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, unpack_body
@@ -130,6 +131,21 @@ class PreOnline:
         services start after it). Cancelled by the broker's stop."""
         if not self.state.isolated:
             return  # online already: this master's services restart, nothing to take
+        try:
+            await self._rounds()
+        except Exception:  # a bug must not keep the group's master isolated for good
+            COUNTS.internal_errors += 1
+            log.exception("pre-online failed; going online without it")
+        await self.registration.go_online()
+        self.state.isolated = False
+        log.info(
+            "pre-online done after %d rounds: took %s, skipped %s; registered",
+            self.state.rounds,
+            self.state.done,
+            self.state.skipped,
+        )
+
+    async def _rounds(self) -> None:
         give_up_ms = monotonic_ms() + int(GIVE_UP_S * 1000)
         while True:
             self.state.rounds += 1
@@ -149,14 +165,6 @@ class PreOnline:
                 )
                 break
             await asyncio.sleep(ROUND_INTERVAL_S)
-        await self.registration.go_online()
-        self.state.isolated = False
-        log.info(
-            "pre-online done after %d rounds: took %s, skipped %s; registered",
-            self.state.rounds,
-            self.state.done,
-            self.state.skipped,
-        )
 
     def info(self) -> dict[str, Any]:
         s = self.state
