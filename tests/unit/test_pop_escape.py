@@ -8,7 +8,10 @@ from __future__ import annotations
 import asyncio
 import zlib
 
+import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hamq.broker.pop.escaped import ESCAPED_CK_BASE, EscapedReviveLog
 from hamq.broker.pop.ledger import apply_record
@@ -259,4 +262,70 @@ def test_a_master_refuses_escaped_records_under_its_own_name_or_unreadable(tmp_p
             service.store_escaped(record)
     assert service.revive.end_offset == end
     assert inflight(service) == [0, 1]
+    store.close()
+
+
+VALUES = st.recursive(
+    st.one_of(
+        st.integers(-(2**63), 2**64 - 1), st.text(max_size=8), st.none(), st.binary(max_size=8)
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.sampled_from("kbgtdec"), inner)
+    ),
+    max_leaves=12,
+)
+
+
+def test_any_escaped_body_is_stored_or_refused_with_a_clear_error(tmp_path):
+    """Whatever a client sends as POP_ESCAPED_REVIVE: stored if it is a well-formed record of
+    another broker, else InvalidArgument and nothing stored; the master's state unchanged."""
+    store, service = open_member(tmp_path, "broker-b", RoleState(BrokerRole.MASTER, 0))
+    produce(store, 2)
+    pop(service, 2)
+    before = service.states[("g", TOPIC, 0)].to_wire()
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.one_of(st.binary(max_size=48), VALUES.map(msgpack.packb)))
+    def check(body: bytes) -> None:
+        end = service.revive.end_offset
+        try:
+            service.store_escaped(body)
+        except InvalidArgument:
+            assert service.revive.end_offset == end
+
+    check()
+    store.commit()
+    assert service.states[("g", TOPIC, 0)].to_wire() == before
+    store.close()
+
+
+def test_any_pop_checkpoint_body_is_merged_or_refused_with_a_clear_error(tmp_path):
+    store, service = open_member(tmp_path, "broker-a", RoleState(BrokerRole.MASTER, 0))
+    produce(store, 2)
+    pop(service, 2)
+    queue = st.lists(VALUES, min_size=4, max_size=4)
+    checkpoint = st.fixed_dictionaries(
+        {
+            "data_version": st.one_of(
+                VALUES,
+                st.fixed_dictionaries(
+                    {"state_version": VALUES, "counter": VALUES, "timestamp_ms": VALUES}
+                ),
+            ),
+            "queues": st.lists(st.tuples(VALUES, VALUES, VALUES, queue).map(list), max_size=2),
+        }
+    )
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.one_of(st.binary(max_size=48), checkpoint.map(msgpack.packb)))
+    def check(body: bytes) -> None:
+        try:
+            taken = service.merge_checkpoint(body)
+        except InvalidArgument:
+            return
+        if taken:  # a well-formed newer state: every field an integer where it must be
+            for state in service.states.values():
+                state.check()
+
+    check()
     store.close()

@@ -82,9 +82,10 @@ class ReviveLog:
     def append_escaped(self, record: bytes) -> PutResult:
         """A record an acting master of another group escaped here (seed 004). One under
         this broker's own name is refused: it would change this broker's pop state."""
-        raw = decode_record(0, record, None)
-        if raw is None:
-            raise InvalidArgument("escaped revive record is not a CK or ACK record")
+        try:
+            raw = parse_record(0, record)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InvalidArgument(f"escaped revive record unreadable: {exc!r:.200}") from None
         if raw.broker_name == self.broker_name:
             raise InvalidArgument(
                 f"escaped revive record names this broker ({self.broker_name}): refused"
@@ -160,41 +161,45 @@ def ack_record(broker_name: str, group: str, entries: list[AckEntry]) -> bytes:
     )
 
 
-def decode_record(revive_offset: int, body: bytes, broker_name: str | None) -> ReviveRecord | None:
-    """The record at ``revive_offset`` if it is one of ``broker_name``'s (any broker's if
-    None); None for another broker's or an unreadable one (logged)."""
+def decode_record(revive_offset: int, body: bytes, broker_name: str) -> ReviveRecord | None:
+    """The record at ``revive_offset`` if it is one of ``broker_name``'s; None for another
+    broker's or an unreadable one (logged)."""
     try:
-        raw = msgpack.unpackb(body, raw=False)
-        if not isinstance(raw, dict):
-            raise ValueError(f"not a map: {raw!r:.200}")
-        if broker_name is not None and raw["b"] != broker_name:
-            return None
-        record = ReviveRecord(
-            revive_offset,
-            raw.get("c", revive_offset),
-            raw["k"],
-            raw["b"],
-            raw["g"],
-            raw.get("t", ""),
-            raw.get("d", 0),
-            raw["e"],
-        )
-        if record.kind not in (KIND_CK, KIND_ACK) or not all(
-            isinstance(v, t)
-            for v, t in (
-                (record.ck, int),
-                (record.broker_name, str),
-                (record.group, str),
-                (record.topic, str),
-                (record.deadline_ms, int),
-                (record.entries, list),
-            )
-        ):
-            raise ValueError(f"not a CK or ACK record: {raw!r:.200}")
-        return record
+        record = parse_record(revive_offset, body)
     except (ValueError, KeyError, TypeError) as exc:
         log.error("skipping unreadable revive log record at %d: %s", revive_offset, exc)
         return None
+    return record if record.broker_name == broker_name else None
+
+
+def parse_record(revive_offset: int, body: bytes) -> ReviveRecord:
+    """Raises ValueError, KeyError or TypeError for what is not a CK or ACK record."""
+    raw = msgpack.unpackb(body, raw=False)
+    if not isinstance(raw, dict):
+        raise ValueError(f"not a map: {raw!r:.200}")
+    record = ReviveRecord(
+        revive_offset,
+        raw.get("c", revive_offset),
+        raw["k"],
+        raw["b"],
+        raw["g"],
+        raw.get("t", ""),
+        raw.get("d", 0),
+        raw["e"],
+    )
+    if record.kind not in (KIND_CK, KIND_ACK) or not all(
+        isinstance(v, t)
+        for v, t in (
+            (record.ck, int),
+            (record.broker_name, str),
+            (record.group, str),
+            (record.topic, str),
+            (record.deadline_ms, int),
+            (record.entries, list),
+        )
+    ):
+        raise ValueError(f"not a CK or ACK record: {raw!r:.200}")
+    return record
 
 
 def _offset_body(

@@ -40,7 +40,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 
 from hamq.broker.escape import EscapeBridge
@@ -791,7 +791,13 @@ class PopService:
                 (group, topic, queue_id): PopQueueState.from_wire(wire)
                 for group, topic, queue_id, wire in raw["queues"]
             }
-        except (KeyError, TypeError, ValueError) as exc:
+            for (group, topic, _), state in states.items():
+                state.check()
+                if not (isinstance(group, str) and isinstance(topic, str)):
+                    raise ValueError(f"group and topic must be names: {group!r}, {topic!r}")
+            if not all(type(v) is int for v in astuple(version)):
+                raise ValueError(f"data_version must hold integers: {version}")
+        except (LookupError, TypeError, ValueError) as exc:
             raise InvalidArgument(f"pop checkpoint unreadable: {exc!r}") from None
         if _newness(version) <= _newness(self.data_version):
             return False

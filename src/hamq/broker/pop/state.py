@@ -202,6 +202,15 @@ class PopQueueState:
             [[s, e] for s, e in self.acked.ranges()],
         ]
 
+    def check(self) -> None:
+        """Raises ValueError unless every offset, deadline and count is an integer (a state
+        read from another member, GET_POP_CHECKPOINT)."""
+        values = [self.consume_offset, self.pop_offset, *self.acked.starts, *self.acked.ends]
+        for offset, entry in self.inflight.items():
+            values += [offset, *entry]
+        if not all(type(v) is int for v in values):
+            raise ValueError("pop queue state holds a value that is not an integer")
+
     @staticmethod
     def from_wire(data: list) -> PopQueueState:
         consume_offset, pop_offset, inflight, acked = data
