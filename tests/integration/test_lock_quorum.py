@@ -212,6 +212,27 @@ def test_only_this_broker_from_a_client_wins_no_quorum(strict_group):
     assert _owners(c, "m") == _all("client-a")  # the refused request changed nothing
 
 
+def test_a_member_alone_locks_for_nobody_and_keeps_a_renewal_that_fell_short(strict_group):
+    """Strict mode puts order before availability: with both slaves gone the master alone
+    is no majority, so nothing is locked; A's renewal that fell short is not released
+    there (A may still be in the batch in hand), so B is kept off until it lapses."""
+    c, a, b = strict_group
+    m = c.broker_addr("m")
+    for member in MEMBERS:
+        a.join(c.broker_addr(member))
+    b.join(m)
+    assert a.lock(m) == QUEUE_IDS
+    c.procs["s1"].kill9()
+    c.procs["s2"].kill9()
+    wait_for(lambda: _alive_replicas(c, "m") == 1, SETTLE_S, "the master to see its slaves gone")
+    assert a.lock(m) == set()
+    assert _owners(c, "m") == _all("client-a")
+    assert b.lock(m) == set()
+    wait_for(lambda: _owners(c, "m") == {}, SETTLE_S, "A's lock to lapse")
+    assert b.lock(m) == set()  # and B's own grant, short too, is released again
+    assert _owners(c, "m") == {}
+
+
 def test_default_mode_lets_two_consumers_hold_a_queue_when_the_master_returns(
     cluster_factory, raw_conn
 ):

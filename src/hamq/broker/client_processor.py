@@ -81,14 +81,15 @@ class ClientProcessor:
             )
         # Queues of topics this broker does not have are not locked (not held in the
         # answer), as if another client held them: nothing is kept for a name.
-        held = self.locks.try_lock_batch(
-            group, [q for q in queues if self._exists(*q)], client_id, monotonic_ms()
-        )
+        existing = [q for q in queues if self._exists(*q)]
+        now = monotonic_ms()
         if quorum is None:
-            return _held_pieces(frame, held)
+            return _held_pieces(frame, self.locks.try_lock_batch(group, existing, client_id, now))
+        renewed = {q for q in existing if self.locks.owner(group, q, now) == client_id}
+        held = self.locks.try_lock_batch(group, existing, client_id, now)
 
         async def by_quorum() -> list:
-            return _held_pieces(frame, await quorum.lock(group, client_id, queues, held))
+            return _held_pieces(frame, await quorum.lock(group, client_id, queues, held, renewed))
 
         _answer_later(conn, frame, by_quorum())
         return None

@@ -11,10 +11,13 @@ member, and a member holds a queue for one client at a time, so two clients neve
 reach one. Unlocks are forwarded the same way. Forwarded requests carry the mark, so they
 are never forwarded again.
 
-Queues that did not reach the quorum are released where they were granted (RocketMQ lets
-them lapse): two clients that each won some members would otherwise both be refused until
-the lease ran out; released, the next try of either wins. The client was answered "not
-held", so it does not consume the queue meanwhile.
+Queues that did not reach the quorum are released on this member when this request took
+them here: two clients that each won some members would otherwise both be refused until
+the lease ran out; released, the next try of either wins. A renewal that fell short is not
+released, nor are the other members' grants (their answers do not say which were
+renewals): they lapse, as all of them do in RocketMQ. A client whose renewal failed is told
+"not held" but may still be running the batch in hand; a lock kept until it lapses keeps
+the next client off that queue meanwhile.
 
 A client may set ``only_this_broker`` itself: that member then locks only locally and says
 so, as in non-strict mode. That gains it nothing against other clients: it holds the queue
@@ -65,57 +68,37 @@ class LockQuorum:
         return sorted({addr for addr in self.members.broker_addrs.values() if addr != own})
 
     async def lock(
-        self, group: str, client_id: str, queues: list[QueueKey], held_here: list[QueueKey]
+        self,
+        group: str,
+        client_id: str,
+        queues: list[QueueKey],
+        held_here: list[QueueKey],
+        renewed_here: set[QueueKey],
     ) -> list[QueueKey]:
         """The queues a majority of the group granted ``client_id``; ``held_here`` is what
-        this member granted it."""
+        this member granted it, ``renewed_here`` what of that it held here already."""
         quorum = self.quorum
         if quorum <= 1:
             return held_here
-        peers = self.peers()
         body = pack_body([list(q) for q in queues])
         answers = await asyncio.gather(
             *(
                 self._forward(addr, RequestCode.LOCK_BATCH_MQ, group, client_id, body)
-                for addr in peers
+                for addr in self.peers()
             )
         )
-        grants = [_held(answer) for answer in answers]
-        held = granted_by_quorum(queues, [held_here, *grants], quorum)
-        short = set(queues) - set(held)
-        if short:
+        held = granted_by_quorum(queues, [held_here, *map(_held, answers)], quorum)
+        taken_short = set(held_here).difference(held, renewed_here)
+        if taken_short:
             log.info(
-                "lock of %d queue(s) of group %s for %s short of a quorum of %d: released",
-                len(short),
+                "%d queue(s) of group %s taken for %s here fell short of a quorum of %d: released",
+                len(taken_short),
                 group,
                 client_id,
                 quorum,
             )
-            await self._release(group, client_id, short, held_here, dict(zip(peers, grants)))
+            self.locks.unlock_batch(group, list(taken_short), client_id)
         return held
-
-    async def _release(
-        self,
-        group: str,
-        client_id: str,
-        short: set[QueueKey],
-        held_here: list[QueueKey],
-        grants: dict[str, list[QueueKey]],
-    ) -> None:
-        self.locks.unlock_batch(group, [q for q in held_here if q in short], client_id)
-        await asyncio.gather(
-            *(
-                self._forward(
-                    addr,
-                    RequestCode.UNLOCK_BATCH_MQ,
-                    group,
-                    client_id,
-                    pack_body([list(q) for q in granted if q in short]),
-                )
-                for addr, granted in grants.items()
-                if short.intersection(granted)
-            )
-        )
 
     async def unlock(self, group: str, client_id: str, body: bytes) -> None:
         """Forward an unlock (already done here) to the other members."""
