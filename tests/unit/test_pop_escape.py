@@ -163,7 +163,7 @@ def test_an_acting_master_pops_and_acks_through_the_escape_and_never_writes_its_
     log_end = store.commitlog.max_offset
 
     async def act() -> tuple[dict, dict]:
-        service.start()
+        await service.start()
         while store.clock_ms() < now + 150:  # the master's invisible time runs out
             await asyncio.sleep(0.05)
         again = pop(service, 8)  # the four due ones first, in place, then the rest
@@ -210,7 +210,7 @@ def test_the_returning_master_takes_the_acting_members_pop_state_and_replays_no_
     acting_role.acting_master = True
 
     async def act() -> None:
-        acting.start()
+        await acting.start()
         handles = pop(acting, 4, invisible_ms=100)
         await acting._ack("g", [[TOPIC, 0, o, handles[o]] for o in (0, 1)])[1]
         await acting.stop()

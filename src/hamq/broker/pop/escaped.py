@@ -27,11 +27,18 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from hamq.broker.escape import STORED_CODES, EscapeBridge
+from hamq.broker.pop.revive_log import (
+    KIND_CK,
+    REVIVE_LOG_TOPIC,
+    REVIVE_QUEUE_ID,
+    ReviveRecord,
+    records_in,
+)
 from hamq.client.admin import AsyncAdmin
 from hamq.errors import HamqError, ServiceNotAvailable
 from hamq.net.counts import COUNTS
 from hamq.net.tasks import PeriodicTask
-from hamq.protocol.codes import RequestCode
+from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.store.disk import Disk, atomic_write
 
 log = logging.getLogger(__name__)
@@ -41,6 +48,15 @@ CK_PER_MS = 1024
 TARGET_FILE = "pop_escape_target.json"
 RETRY_INTERVAL_S = 0.5
 STOP_DRAIN_S = 2.0  # a last try at what is pending when acting ends
+READER_GROUP = "rmq_sys_pop_escape_reader"  # names the pulls; commits no offset
+PULL_BATCH = 1024  # revive records per pull while reading another master's revive log
+MAX_PULLS = 100_000  # bounds one read of a revive log
+PULL_ANSWERS = (
+    ResponseCode.SUCCESS,
+    ResponseCode.PULL_NOT_FOUND,
+    ResponseCode.PULL_OFFSET_MOVED,
+    ResponseCode.PULL_RETRY_IMMEDIATELY,
+)
 
 # (record, the chosen master or None) -> the broker name it was stored by
 EscapePut = Callable[[bytes, str | None], Awaitable[str]]
@@ -88,6 +104,56 @@ class ReviveEscape:
                 COUNTS.escaped_remote += 1
                 return name
         raise ServiceNotAvailable(f"no master of {target or 'another group'} in the cluster")
+
+    async def records_of(self, broker_name: str) -> list[ReviveRecord]:
+        """The records escaped under ``broker_name`` into the cluster's other masters, one
+        master's after another's, ordered by their first CK (each acting period's records
+        are in one master). A member that begins acting replays them after its own revive
+        log: an acting member that died took its pop state's changes there only."""
+        config = self.bridge.config
+        logs: dict[str, list[ReviveRecord]] = {}
+        for broker in self.bridge.siblings():
+            other = broker.config
+            if (
+                other.cluster_name == config.cluster_name
+                and other.broker_name != config.broker_name
+                and broker.role.is_master
+            ):
+                logs[other.broker_name] = list(broker.pop.revive.replay(0, broker_name))
+        if config.enable_remote_escape:
+            masters = await self._admin.master_addrs(config.cluster_name)
+            for name, addr in masters.items():
+                if name != config.broker_name and name not in logs:
+                    logs[name] = await self._pull(addr, broker_name)
+        ordered = sorted(
+            (records for records in logs.values() if records),
+            key=lambda records: min((r.ck for r in records if r.kind == KIND_CK), default=0),
+        )
+        return [record for records in ordered for record in records]
+
+    async def _pull(self, addr: str, broker_name: str) -> list[ReviveRecord]:
+        found: list[ReviveRecord] = []
+        offset = 0
+        for _ in range(MAX_PULLS):
+            ext = {
+                "topic": REVIVE_LOG_TOPIC,
+                "queue_id": REVIVE_QUEUE_ID,
+                "queue_offset": offset,
+                "max_msgs": PULL_BATCH,
+                "suspend_timeout_ms": 0,
+                "group": READER_GROUP,
+            }
+            frame = await self.bridge.core.invoke(
+                addr, RequestCode.PULL_MESSAGE, ext, ok=PULL_ANSWERS
+            )
+            if frame.code == ResponseCode.PULL_OFFSET_MOVED:
+                offset = frame.ext["next_begin_offset"]
+                continue
+            if frame.code != ResponseCode.SUCCESS:
+                return found
+            found += records_in(frame.body, offset, broker_name)
+            offset = frame.ext["next_begin_offset"]
+        raise ServiceNotAvailable(f"revive log of {addr} longer than {MAX_PULLS} pulls")
 
 
 class EscapedReviveLog:

@@ -114,10 +114,7 @@ class ReviveLog:
             )
             if result.status is not GetStatus.FOUND:
                 return
-            for revive_offset, body in decode_records(result.records, offset, _offset_body):
-                record = decode_record(revive_offset, body, name)
-                if record is not None:
-                    yield record
+            yield from records_in(result.records, offset, name)
             offset = result.next_begin_offset
 
     # -- revive checkpoint: the pop state as of a revive-log offset -----------------------
@@ -159,6 +156,16 @@ def ack_record(broker_name: str, group: str, entries: list[AckEntry]) -> bytes:
     return msgpack.packb(
         {"k": KIND_ACK, "b": broker_name, "g": group, "e": entries}, use_bin_type=True
     )
+
+
+def records_in(data: bytes, start: int, broker_name: str) -> list[ReviveRecord]:
+    """``broker_name``'s records in raw revive log records read from queue offset ``start``."""
+    found = []
+    for revive_offset, body in decode_records(data, start, _offset_body):
+        record = decode_record(revive_offset, body, broker_name)
+        if record is not None:
+            found.append(record)
+    return found
 
 
 def decode_record(revive_offset: int, body: bytes, broker_name: str) -> ReviveRecord | None:

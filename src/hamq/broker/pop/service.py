@@ -82,6 +82,7 @@ MAX_POP_MESSAGES = 1024  # messages one pop may hand out
 MAX_BATCH_ACK_ENTRIES = 4096  # acks one BATCH_ACK_MESSAGE may carry
 MIN_INVISIBLE_TIME_MS = 100  # shorter would redeliver before a client could ack
 MAX_INVISIBLE_TIME_MS = 12 * 3600_000  # RocketMQ proxy's maxInvisibleTimeMills
+ESCAPED_READ_TIMEOUT_S = 5.0  # reading what earlier acting members escaped, at acting start
 HOLD_SWEEP_INTERVAL_S = 0.05  # held pops re-check for expired invisibility this often
 INIT_MODE_MIN = "min"  # RocketMQ ConsumeInitMode.MIN: a new group starts at
 INIT_MODE_MAX = "max"  # the queue's first message (MIN) or its end (MAX)
@@ -115,10 +116,12 @@ class PopService:
         self.flush = flush
         self.revive = ReviveLog(store, config.broker_name)
         self.broker_name = config.broker_name
-        # an acting master's CK/ACK records (no escape bridge: this member never acts)
+        # an acting master's CK/ACK records (no escape: this member never acts), and where
+        # it reads what an earlier acting member of its group escaped
+        self._escape_source = ReviveEscape(escape) if isinstance(escape, EscapeBridge) else None
         self.escaped = (
             EscapedReviveLog(
-                ReviveEscape(escape).put if isinstance(escape, EscapeBridge) else escape,
+                self._escape_source.put if self._escape_source is not None else escape,
                 Path(config.store_dir),
                 store.disk,
             )
@@ -228,18 +231,44 @@ class PopService:
         if self.role.is_master and self.store.topics.get(REVIVE_LOG_TOPIC) is None:
             self.topics.create(REVIVE_LOG_TOPIC, 1, 1, PERM_READ, notify=False)
 
-    def start(self) -> None:
+    async def start(self) -> None:
         """Master or acting master (pop revive): the state follows the revive log from here
         on. On a member that was a slave the log grew with its master's records: rebuilt
-        first. An acting period is a new state version (module docstring)."""
+        first; an acting member then takes what earlier acting members escaped. An acting
+        period is a new state version (module docstring)."""
         self._ensure_revive_topic()
         if self.revive.end_offset != self._state_at:
             self._recover()
         if self.acting:
+            await self._take_escaped_records()
             self.data_version = DataVersion(wall_ms(), 0, wall_ms())
             self.escaped.start()
         for duty in self._duties:
             duty.start()
+
+    async def _take_escaped_records(self) -> None:
+        """Replay, after this member's own revive log, the records acting members of this
+        group escaped (under its broker name) into the cluster's other masters: an acting
+        member that died took the pops and acks of its period there only. Records applied
+        again converge (in order, a CK re-hands-out only what is not acked, an ACK of an
+        older receipt is stale). Bounded in time; without them the member serves anyway
+        (at least once holds: some messages come again, none is lost)."""
+        if self._escape_source is None:
+            return
+        try:
+            records = await asyncio.wait_for(
+                self._escape_source.records_of(self.broker_name), ESCAPED_READ_TIMEOUT_S
+            )
+        except (HamqError, OSError, TimeoutError) as exc:
+            log.warning("pop records escaped by earlier acting members not read: %s", exc)
+            return
+        for record in records:
+            apply_record(self.states, record, self._start_offset)
+            if record.kind != KIND_CK:
+                self._commit_offsets(record.group, record.entries)
+        if records:
+            self._changed(len(records))
+            log.info("pop state: %d records escaped by acting members replayed", len(records))
 
     async def stop(self) -> None:
         for duty in self._duties:
