@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hamq.broker.pop import escaped as escaped_module
 from hamq.broker.pop.escaped import ESCAPED_CK_BASE, EscapedReviveLog
 from hamq.broker.pop.ledger import apply_record
 from hamq.broker.pop.revive_log import ReviveLog, ack_record, ck_record
@@ -329,3 +330,32 @@ def test_any_pop_checkpoint_body_is_merged_or_refused_with_a_clear_error(tmp_pat
 
     check()
     store.close()
+
+
+def test_pops_and_acks_are_refused_while_the_chosen_master_does_not_take_records(
+    tmp_path, monkeypatch
+):
+    """The recorded master is gone: records wait (retried), and past MAX_PENDING pops and
+    acks are refused, handing nothing out, so memory stays bounded."""
+    monkeypatch.setattr(escaped_module, "MAX_PENDING", 2)
+    b_store, b = open_member(tmp_path / "b", "broker-b", RoleState(BrokerRole.MASTER, 0))
+    role = RoleState(BrokerRole.MASTER, 0)
+    store, service = open_member(tmp_path / "a", "broker-a", role, LocalEscape(b).put)
+    produce(store, 4)
+    role.role = BrokerRole.SLAVE
+    role.acting_master = True
+    service.escaped.target = "broker-gone"
+
+    async def act() -> None:
+        await service.start()
+        handles = {**pop(service, 1), **pop(service, 1)}  # two CKs wait
+        with pytest.raises(ServiceNotAvailable):
+            pop(service, 1)
+        with pytest.raises(ServiceNotAvailable):
+            service._ack("g", [[TOPIC, 0, o, ck] for o, ck in handles.items()])
+        assert inflight(service) == [0, 1]
+        await service.stop()
+
+    asyncio.run(act())
+    store.close()
+    b_store.close()

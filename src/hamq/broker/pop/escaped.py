@@ -48,6 +48,9 @@ CK_PER_MS = 1024
 TARGET_FILE = "pop_escape_target.json"
 RETRY_INTERVAL_S = 0.5
 STOP_DRAIN_S = 2.0  # a last try at what is pending when acting ends
+# Records waiting for the chosen master past which pops and acks are refused (it is down):
+# memory stays bounded, and a refused pop hands nothing out.
+MAX_PENDING = 10_000
 READER_GROUP = "rmq_sys_pop_escape_reader"  # names the pulls; commits no offset
 PULL_BATCH = 1024  # revive records per pull while reading another master's revive log
 MAX_PULLS = 100_000  # bounds one read of a revive log
@@ -172,6 +175,13 @@ class EscapedReviveLog:
     def next_ck(self, now_ms: int) -> int:
         self._last_ck = max(self._last_ck + 1, ESCAPED_CK_BASE + now_ms * CK_PER_MS)
         return self._last_ck
+
+    def check_room(self) -> None:
+        if len(self.pending) >= MAX_PENDING:
+            raise ServiceNotAvailable(
+                f"{len(self.pending)} pop records wait for {self.target or 'a master'} to take "
+                "them: pops and acks refused until it does"
+            )
 
     def submit(self, record: bytes, *, wait: bool = False) -> asyncio.Future | None:
         """Queue a record; with ``wait``, a future done once it is in the chosen master."""

@@ -484,6 +484,7 @@ class PopService:
         out again sooner by whoever serves the group next (at least once still holds)."""
         if not self.acting:
             return self.revive.append_ck(group, topic, deadline_ms, entries).base_queue_offset
+        self.escaped.check_room()
         ck = self.escaped.next_ck(self.store.clock_ms())
         self.escaped.submit(ck_record(self.broker_name, group, topic, deadline_ms, entries, ck))
         return ck
@@ -707,6 +708,8 @@ class PopService:
         acting master, a future done once it is escaped)."""
         if not self.serving:
             raise NoPermission("this broker is a slave: ack on the group's master")
+        if self.acting:
+            self.escaped.check_room()
         stale: list[int] = []
         accepted: list[AckEntry] = []
         states = self.states
