@@ -65,6 +65,9 @@ class ActingCluster:
                     **settings,
                 )
         self.admin = hamq.Admin(self.c.namesrv)
+        wait_for(  # a topic is created on the masters registered by then
+            lambda: set(MEMBERS) <= set(self.admin.master_addrs()), 20, "both masters registered"
+        )
         for group, members in MEMBERS.items():
             wait_for(lambda m=members: self._slaves_transferring(m), 30, f"{group}'s slaves")
         for topic, queues in topics.items():
