@@ -20,8 +20,8 @@ message out.
 
 Acting master (seed 004): a slave acting for a group with no master serves pops, acks and
 invisible-time changes from its store, with the state it rebuilt from the replicated revive
-log, and redelivers in place as a master does; its CK and ACK records go through the escape
-bridge into one chosen master (``escaped.py``), never into its own log. It sends nothing to
+log, and redelivers in place as a master does; its CK and ACK records go into one chosen
+master of another group (``escaped.py``), never into its own log. It sends nothing to
 the DLQ (that would be a write of its own): a message past ``max_reconsume_times`` is
 redelivered until the master returns, which dead-letters it at its next expiry.
 
