@@ -40,7 +40,7 @@ from hamq.broker.escape import EscapeBridge
 from hamq.broker.role import RoleState
 from hamq.broker.schedule.timer_message import DELIVER_BATCH, DELIVER_RETRY_MS, TimerMessageService
 from hamq.broker.stored_message import StoredMessage, read_messages
-from hamq.errors import HamqError, MessageIllegal
+from hamq.errors import HamqError, MessageIllegal, ServiceNotAvailable
 from hamq.net.connection import Connection, response_pieces
 from hamq.net.tasks import PeriodicTask
 from hamq.protocol.frame import Frame, pack_body
@@ -402,6 +402,9 @@ class ScheduleMessageService:
             return 0
         payload = encode_message(msg.body, encode_properties(properties))
         if not self.role.is_master:
+            if not self.role.is_acting_master:
+                # a master deposed a moment before its delivery stops: it writes nowhere
+                raise ServiceNotAvailable("this member is no longer master: delivery stops")
             self._outbox.append((topic, payload))
             return 0
         queue_id %= config.write_queue_nums
