@@ -16,9 +16,21 @@ import pytest
 import hamq
 from hamq import Message
 from hamq.client.consumer import PullStatus
+from hamq.client.message import MessageQueue
 from hamq.config import dump_toml
 from harness import Cluster, Proc
 from helpers import accepts, free_port, free_port_base, pid_alive, scrape_metrics, wait_for
+
+sys.path.insert(0, str(Path(__file__).parent))  # sibling test modules, as tests/chaos does
+from test_escape import (
+    ACTING,
+    DELAY_LEVEL,
+    DELAY_TOPIC,
+    WAIT_S,
+    commitlog_end,
+    master_of,
+    read_group,
+)
 
 
 def write_container(c: Cluster, name: str, members: list[Path], **settings) -> Path:
@@ -62,6 +74,14 @@ def member_names(namesrv: str) -> dict[str, dict[int, str]]:
     return {name: {int(i): a for i, a in e["broker_addrs"].items()} for name, e in table.items()}
 
 
+def create_topic(namesrv: str, topic: str, queues: int, groups: set[str]) -> None:
+    """``topic`` on every master once each group's master is registered (a master
+    registers once its pre-online is done, which may be after its ready line)."""
+    with hamq.Admin(namesrv) as admin:
+        wait_for(lambda: groups <= set(admin.master_addrs()), WAIT_S, f"masters of {groups}")
+        admin.create_topic(topic, queues)
+
+
 @pytest.fixture
 def namesrv_cluster(cluster_factory) -> Cluster:
     c = cluster_factory()
@@ -85,9 +105,8 @@ def test_container_serves_two_groups_with_labelled_metrics_and_stops_them_all(na
             for n, f in (("broker-a", "a"), ("broker-b", "b"))
         ],
     }
-    wait_for(lambda: set(member_names(c.namesrv)) == {"broker-a", "broker-b"}, 15, "both groups")
+    create_topic(c.namesrv, "Hosted", 2, {"broker-a", "broker-b"})
     with hamq.Admin(c.namesrv) as admin:
-        admin.create_topic("Hosted", 2)
         info = [admin.broker_runtime_info(c.broker_addr(n)) for n in ("a", "b")]
     assert {i["pid"] for i in info} == {proc.pid}  # one process serves both
     assert produce_and_consume(c.namesrv, "Hosted") == {"broker-a", "broker-b"}
@@ -145,9 +164,7 @@ def test_add_and_remove_brokers_at_runtime(namesrv_cluster, hamq_cli):
         ("broker-a", 0),
         ("broker-b", 0),
     }
-    wait_for(lambda: "broker-b" in member_names(c.namesrv), 15, "broker-b registered")
-    with hamq.Admin(c.namesrv) as admin:
-        admin.create_topic("Added", 2)
+    create_topic(c.namesrv, "Added", 2, {"broker-a", "broker-b"})
     assert produce_and_consume(c.namesrv, "Added") == {"broker-a", "broker-b"}
 
     again = hamq_cli("admin", "container", "add-broker", "--container", container, "-c", str(b))
@@ -193,8 +210,7 @@ def test_a_member_that_cannot_start_leaves_the_container_serving(namesrv_cluster
     assert refused.returncode == 1
     assert "metrics_listen = '127.0.0.1:1': must be empty for a container member" in refused.stderr
     assert proc.alive()
-    with hamq.Admin(c.namesrv) as admin:
-        admin.create_topic("StillServed", 1)
+    create_topic(c.namesrv, "StillServed", 1, {"broker-a"})
     assert produce_and_consume(c.namesrv, "StillServed") == {"broker-a"}
 
 
@@ -272,11 +288,93 @@ def test_dev_mode_container_hosts_two_groups_crosswise(dev_containers):
     assert by_name["broker-b-0"]["pid"] == by_name["broker-a-1"]["pid"] == pid_of["container-2"]
     groups = member_names(ready["namesrv"])
     assert {n: sorted(ids) for n, ids in groups.items()} == {"broker-a": [0, 1], "broker-b": [0, 1]}
-    with hamq.Admin(ready["namesrv"]) as admin:
-        admin.create_topic("DevHosted", 2)
+    create_topic(ready["namesrv"], "DevHosted", 2, {"broker-a", "broker-b"})
     assert produce_and_consume(ready["namesrv"], "DevHosted") == {"broker-a", "broker-b"}
 
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
     for pid in [ready["namesrv_pid"], *pid_of.values()]:
         wait_for(lambda pid=pid: not pid_alive(pid), 10, f"pid {pid} exited")
+
+
+@pytest.mark.parametrize(
+    ("layout", "how"),
+    [
+        # seed 004's picture: broker-a's slave shares a process with broker-b's master
+        ({"c1": ["a-master", "b-slave"], "c2": ["b-master", "a-slave"]}, "locally"),
+        # the masters together, the slaves together: nothing to escape into beside it
+        ({"c1": ["a-master", "b-master"], "c2": ["a-slave", "b-slave"]}, "remotely"),
+    ],
+)
+def test_acting_master_escapes_into_a_master_in_its_own_process_first(
+    cluster_factory, hamq_cli, layout, how
+):
+    """broker-a's master is removed from its container: its slave acts, and the delay
+    message waiting in broker-a falls due and goes to broker-b's master, through the
+    master beside it when there is one (local escape), else over the network."""
+    c = cluster_factory()
+    c.start_namesrv(
+        scan_not_active_broker_interval_ms=300,
+        broker_not_active_timeout_ms=2000,
+        support_acting_master=True,
+    )
+    roles = {"master": ("sync_master", 0), "slave": ("slave", 1)}
+    configs = {}
+    for name in ("a-master", "a-slave", "b-master", "b-slave"):
+        group, role = name.split("-")
+        configs[name] = c.write_broker_config(
+            name,
+            broker_name=f"broker-{group}",
+            broker_role=roles[role][0],
+            broker_id=roles[role][1],
+            total_replicas=2,
+            enable_remote_escape=how == "remotely",
+            **ACTING,
+        )
+    metrics = f"127.0.0.1:{free_port()}"
+    start_container(c, "c1", [configs[n] for n in layout["c1"]])
+    start_container(c, "c2", [configs[n] for n in layout["c2"]], metrics_listen=metrics)
+    create_topic(c.namesrv, DELAY_TOPIC, 1, {"broker-a", "broker-b"})
+    with hamq.Admin(c.namesrv) as admin:
+        wait_for(
+            lambda: (
+                master_of(admin, DELAY_TOPIC, "broker-a")
+                and master_of(admin, DELAY_TOPIC, "broker-b")
+            ),
+            WAIT_S,
+            "the topic routed on both groups",
+        )
+        with hamq.Producer(c.namesrv) as producer:
+            producer.send(
+                Message(DELAY_TOPIC, b"late", keys="delayed", delay_level=DELAY_LEVEL),
+                MessageQueue(DELAY_TOPIC, "broker-a", 0),
+            )
+        slave = c.broker_addr("a-slave")
+        wait_for(
+            lambda: (
+                commitlog_end(c.namesrv, slave)
+                == commitlog_end(c.namesrv, c.broker_addr("a-master"))
+            ),
+            WAIT_S,
+            "broker-a's slave caught up",
+        )
+        removed = hamq_cli(
+            "admin", "container", "remove-broker", "--container", c.broker_addr("c1"),
+            "-b", "broker-a", "-i", "0",
+        )  # fmt: skip
+        assert removed.returncode == 0, removed.stderr
+        wait_for(
+            lambda: admin.broker_runtime_info(slave)["acting_master"]["acting"],
+            WAIT_S,
+            "broker-a's slave acting",
+        )
+        log_end = commitlog_end(c.namesrv, slave)
+
+    # due during the outage: delivered once, into broker-b's master
+    assert read_group(c.namesrv, DELAY_TOPIC, "broker-b", 1, WAIT_S) == ["delayed"]
+    assert read_group(c.namesrv, DELAY_TOPIC, "broker-b", 2, 2.0) == ["delayed"]
+    samples = scrape_metrics(metrics)  # container 2's process: the acting master's
+    local, remote = samples["hamq_escaped_local_total"], samples["hamq_escaped_remote_total"]
+    assert (local, remote) == ((1, 0) if how == "locally" else (0, 1))
+    assert f"escaped 1 message(s) {how} into broker-b's master" in (c.root / "c2.log").read_text()
+    assert commitlog_end(c.namesrv, slave) == log_end  # the acting master never appends
