@@ -1,9 +1,10 @@
 """Secondary-message escape (seed 004) on real processes: groups broker-a and broker-b, each
 a master and a slave, slave acting master on. broker-a's master is killed with kill -9 (by
-PID) while a delay message sent to it waits and two of its half messages are undecided.
+PID) while a delay message sent to it waits and three of its half messages are undecided.
 With remote escape, the acting master (broker-a's slave) delivers the delay message once,
-as it falls due, into broker-b's master, commits one half there on END_TRANSACTION and
-rolls the other back, and never appends to its own commit log. Without remote escape (and
+as it falls due, into broker-b's master, commits one half there on END_TRANSACTION, rolls
+one back, commits the third when its check-back reaches a producer, and never appends to
+its own commit log. Without remote escape (and
 no master in its process) nothing is delivered or decided meanwhile, and the returning
 master delivers the delay message itself: nothing lost."""
 
@@ -24,6 +25,8 @@ from helpers import free_port, scrape_metrics, wait_for
 DELAY_TOPIC = "EscapeDelay"
 TX_TOPIC = "EscapeTx"
 TX_GROUP = "pg-escape"
+# halves in broker-a: decided by END_TRANSACTION to the acting master, or by its check-back
+HALF_ROLES = ("commit", "rollback", "checked")
 DELAY_LEVEL = 3  # 10 s: due well after the acting master took over
 WAIT_S = 40.0
 ACTING = {
@@ -31,6 +34,8 @@ ACTING = {
     "skip_pre_online": True,
     "sync_broker_member_group_period_ms": 300,
     "slave_sync_interval_ms": 500,
+    "transaction_check_interval_ms": 300,
+    "transaction_timeout_ms": 1000,
 }
 
 
@@ -79,26 +84,28 @@ def read_group(namesrv: str, topic: str, group: str, want: int, wait_s: float) -
                 return keys
 
 
-async def send_halves(namesrv: str) -> dict[str, int]:
-    """Half messages left undecided (UNKNOW), until two are in broker-a: key -> half offset."""
+async def send_halves(namesrv: str) -> dict[str, tuple[str, int]]:
+    """Half messages left undecided (UNKNOW) until one per role is in broker-a: role -> (its
+    key, its half offset). Keys are unique: the halves in broker-b are never decided."""
     producer = AsyncTransactionProducer(
         namesrv,
         TX_GROUP,
         lambda msg, arg: TransactionState.UNKNOW,
         lambda msg: TransactionState.UNKNOW,
     )
-    halves: dict[str, int] = {}
+    halves: dict[str, tuple[str, int]] = {}
     try:
-        for i in range(20):
-            key = ("commit", "rollback")[len(halves)]
+        for i in range(30):
+            role = HALF_ROLES[len(halves)]
+            key = f"{role}-{i}"
             sent = await producer.send_message_in_transaction(
                 Message(TX_TOPIC, f"body-{key}".encode(), keys=key)
             )
             if sent.send_result.queue.broker_name == "broker-a":
-                halves[key] = sent.send_result.queue_offset
-                if len(halves) == 2:
+                halves[role] = (key, sent.send_result.queue_offset)
+                if len(halves) == len(HALF_ROLES):
                     return halves
-            assert i < 19, "no two halves went to broker-a"
+            assert i < 29, "not enough halves went to broker-a"
     finally:
         await producer.close()
     return halves
@@ -177,34 +184,48 @@ def test_acting_master_escapes_delay_and_transaction_messages_into_the_other_mas
     slave, delayed, halves = prepare(c)
     log_end = commitlog_end(c.namesrv, slave)
 
-    asyncio.run(end_transaction(c.namesrv, halves["commit"], TransactionState.COMMIT_MESSAGE))
-    asyncio.run(end_transaction(c.namesrv, halves["rollback"], TransactionState.ROLLBACK_MESSAGE))
+    (commit, commit_offset), (_, rollback_offset), (checked, _) = (
+        halves[role] for role in HALF_ROLES
+    )
+    asyncio.run(end_transaction(c.namesrv, commit_offset, TransactionState.COMMIT_MESSAGE))
+    asyncio.run(end_transaction(c.namesrv, rollback_offset, TransactionState.ROLLBACK_MESSAGE))
     # the committed message is read from broker-b's master, the rolled-back one never
-    assert read_group(c.namesrv, TX_TOPIC, "broker-b", 1, WAIT_S) == ["commit"]
+    assert read_group(c.namesrv, TX_TOPIC, "broker-b", 1, WAIT_S) == [commit]
     # the delay message, due during the outage, is delivered once, through broker-b
     assert read_group(c.namesrv, DELAY_TOPIC, "broker-b", 1, WAIT_S) == [delayed]
     assert read_group(c.namesrv, DELAY_TOPIC, "broker-b", 2, 3.0) == [delayed]
-    assert read_group(c.namesrv, TX_TOPIC, "broker-b", 2, 1.0) == ["commit"]
+    assert read_group(c.namesrv, TX_TOPIC, "broker-b", 2, 1.0) == [commit]
+
+    # a producer of the group comes: the acting master checks back the last half with it,
+    # and the commit it answers goes the same way
+    def check(msg: Message) -> TransactionState:
+        return TransactionState.COMMIT_MESSAGE if msg.keys == checked else TransactionState.UNKNOW
+
+    with hamq.TransactionProducer(
+        c.namesrv, TX_GROUP, lambda m, a: TransactionState.UNKNOW, check, heartbeat_interval_s=0.3
+    ):
+        assert read_group(c.namesrv, TX_TOPIC, "broker-b", 2, WAIT_S) == [commit, checked]
 
     samples = scrape_metrics(metrics)
-    assert samples["hamq_escaped_remote_total"] == 2
+    assert samples["hamq_escaped_remote_total"] == 3
     assert samples["hamq_escaped_local_total"] == 0
     # the acting master never wrote its own commit log
     assert commitlog_end(c.namesrv, slave) == log_end
     # an END_TRANSACTION repeated after the decision changes nothing
-    asyncio.run(end_transaction(c.namesrv, halves["commit"], TransactionState.COMMIT_MESSAGE))
-    assert read_group(c.namesrv, TX_TOPIC, "broker-b", 2, 1.0) == ["commit"]
-    assert scrape_metrics(metrics)["hamq_escaped_remote_total"] == 2
+    asyncio.run(end_transaction(c.namesrv, commit_offset, TransactionState.COMMIT_MESSAGE))
+    assert read_group(c.namesrv, TX_TOPIC, "broker-b", 3, 1.0) == [commit, checked]
+    assert scrape_metrics(metrics)["hamq_escaped_remote_total"] == 3
 
 
 def test_without_remote_escape_messages_wait_for_the_master(cluster_factory):
     c, metrics = start_groups(cluster_factory, remote_escape=False)
     slave, delayed, halves = prepare(c)
     log_end = commitlog_end(c.namesrv, slave)
+    commit, commit_offset = halves["commit"]
 
     # nowhere to escape to: the commit is refused (the producer is asked again later)
     try:
-        asyncio.run(end_transaction(c.namesrv, halves["commit"], TransactionState.COMMIT_MESSAGE))
+        asyncio.run(end_transaction(c.namesrv, commit_offset, TransactionState.COMMIT_MESSAGE))
     except HamqError as err:
         assert "enable_remote_escape" in err.message
     else:
@@ -224,6 +245,6 @@ def test_without_remote_escape_messages_wait_for_the_master(cluster_factory):
         )
     assert read_group(c.namesrv, DELAY_TOPIC, "broker-a", 1, WAIT_S) == [delayed]
     assert read_group(c.namesrv, DELAY_TOPIC, "broker-a", 2, 2.0) == [delayed]
-    asyncio.run(end_transaction(c.namesrv, halves["commit"], TransactionState.COMMIT_MESSAGE))
-    assert read_group(c.namesrv, TX_TOPIC, "broker-a", 1, WAIT_S) == ["commit"]
+    asyncio.run(end_transaction(c.namesrv, commit_offset, TransactionState.COMMIT_MESSAGE))
+    assert read_group(c.namesrv, TX_TOPIC, "broker-a", 1, WAIT_S) == [commit]
     assert read_group(c.namesrv, TX_TOPIC, "broker-b", 1, 1.0) == []

@@ -197,10 +197,12 @@ class AsyncTransactionProducer:
 
     async def _heartbeat_round(self) -> None:
         """Refresh the cluster's masters from the name server (as often as routes), then
-        heartbeat to all of them; a name server that does not answer keeps the list."""
+        heartbeat to all of them; a name server that does not answer keeps the list. A
+        group without a master counts its smallest-id member, which checks back on the
+        group's half messages when it acts as master (seed 004)."""
         if monotonic_s() - self._masters_fetched_at >= ROUTE_REFRESH_INTERVAL_S:
             try:
-                self._masters.update((await self._admin.master_addrs()).values())
+                self._masters.update((await self._admin.read_addrs()).values())
                 self._masters_fetched_at = monotonic_s()
             except HamqError as err:
                 log.warning(
