@@ -68,7 +68,12 @@ class Servers:
         (self.root / f"{name}.toml").write_text(dump_toml(settings))
         self.procs[name] = _spawn([command, "-c", str(self.root / f"{name}.toml")], self.root, name)
         self.addrs[name] = settings["listen"]
-        _ready_line(self.procs[name], name, READY_TIMEOUT_S)
+        try:
+            _ready_line(self.procs[name], name, READY_TIMEOUT_S)
+        except HamqError as err:  # the reason is the log's last line (a port in use, ...)
+            lines = (self.root / f"{name}.log").read_text().strip().splitlines()
+            last = lines[-1] if lines else "its log is empty"
+            raise HamqError(f"{err.message}: {last}") from None
 
     def start_all(self, namesrv_settings: dict) -> None:
         namesrv = f"127.0.0.1:{self.port_base}"

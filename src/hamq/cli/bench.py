@@ -447,7 +447,10 @@ async def bench_failover(as_json: bool, **params: Any) -> None:
     help="Delay messages of the dead master due together, escaped to the other master.",
 )
 @click.option(
-    "--port-base", default=30876, show_default=True, help="Name server port; brokers above it."
+    "--port-base",
+    default=27876,  # below the usual ephemeral ports (32768 and up)
+    show_default=True,
+    help="Name server port; brokers at +10, +20, +30 (HA one above each).",
 )
 @click.option(
     "--data",
