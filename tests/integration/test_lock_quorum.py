@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from itertools import count, pairwise
 from pathlib import Path
 
@@ -137,6 +138,29 @@ def _alive_replicas(c, member: str) -> int:
         return admin.broker_runtime_info(c.broker_addr(member))["alive_replicas"]
 
 
+@contextmanager
+def renewing(locker: Locker, addr: str):
+    """``locker`` renews its queues through ``addr`` every RENEW_S in a thread of its own,
+    as a consumer does while the test restarts members and waits; each renewal must hold
+    them all. The caller does not use ``locker`` meanwhile."""
+    stop = threading.Event()
+    answers: list[set[int]] = []
+
+    def loop() -> None:
+        while not stop.is_set():
+            answers.append(locker.lock(addr))
+            stop.wait(RENEW_S)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(RENEW_S + 10)
+    assert answers and all(held == QUEUE_IDS for held in answers), answers
+
+
 @pytest.fixture
 def strict_group(cluster_factory, raw_conn):
     """A strict-mode group and the two consumers A and B."""
@@ -161,7 +185,8 @@ def test_strict_mode_never_lets_two_consumers_hold_a_queue(strict_group):
     # (b) the master is killed; A renews through the acting master for two leases while B
     # asks every member left each time: a majority never forms for B
     c.procs["m"].kill9()
-    wait_for(lambda: _alive_replicas(c, "s1") == 2, SETTLE_S, "s1 to see the master gone")
+    with renewing(a, s1):
+        wait_for(lambda: _alive_replicas(c, "s1") == 2, SETTLE_S, "s1 to see the master gone")
     deadline = time.monotonic() + 2 * LEASE_MS / 1000
     while time.monotonic() < deadline:
         assert a.lock(s1) == QUEUE_IDS
@@ -173,14 +198,14 @@ def test_strict_mode_never_lets_two_consumers_hold_a_queue(strict_group):
 
     # (c) the master returns with no locks; B, whose route already points at it, is
     # granted there alone, short of a quorum: refused, and released on the master again
-    c.procs["m"].start()
-    wait_for(lambda: _alive_replicas(c, "s1") == 3, SETTLE_S, "s1 to see the master back")
-    wait_for(lambda: _alive_replicas(c, "m") == 3, SETTLE_S, "the master to see its group")
-    b.join(m)
+    with renewing(a, s1):  # A's route still names the acting master
+        c.procs["m"].start()
+        wait_for(lambda: _alive_replicas(c, "s1") == 3, SETTLE_S, "s1 to see the master back")
+        wait_for(lambda: _alive_replicas(c, "m") == 3, SETTLE_S, "the master to see its group")
+        b.join(m)
+        assert b.lock(m) == set()
+        assert _owners(c, "m") == {}
     a.join(m)
-    assert b.lock(m) == set()
-    assert _owners(c, "m") == {}
-    assert a.lock(s1) == QUEUE_IDS  # A's route still names the acting master: renewed
     assert a.lock(m) == QUEUE_IDS  # and through the master once its route moved
     for x in MEMBERS:
         assert _owners(c, x) == _all("client-a"), x
@@ -224,8 +249,12 @@ def test_a_member_alone_locks_for_nobody_and_keeps_a_renewal_that_fell_short(str
     assert a.lock(m) == QUEUE_IDS
     c.procs["s1"].kill9()
     c.procs["s2"].kill9()
-    wait_for(lambda: _alive_replicas(c, "m") == 1, SETTLE_S, "the master to see its slaves gone")
-    assert a.lock(m) == set()
+
+    def renewed_alone() -> bool:
+        held = a.lock(m)  # A keeps renewing (short each time) while the slaves drop out
+        return _alive_replicas(c, "m") == 1 and held == set()
+
+    wait_for(renewed_alone, SETTLE_S, "the master to see its slaves gone")
     assert _owners(c, "m") == _all("client-a")
     assert b.lock(m) == set()
     wait_for(lambda: _owners(c, "m") == {}, SETTLE_S, "A's lock to lapse")
@@ -250,14 +279,13 @@ def test_default_mode_lets_two_consumers_hold_a_queue_when_the_master_returns(
     assert _owners(c, "s1") == {}  # nothing is forwarded
     c.procs["m"].kill9()
     wait_for(lambda: _alive_replicas(c, "s1") == 2, SETTLE_S, "s1 to see the master gone")
-    assert a.lock(s1) == QUEUE_IDS  # through the acting master
-    c.procs["m"].start()
-    wait_for(lambda: _alive_replicas(c, "m") == 3, SETTLE_S, "the master to see its group")
-    b.join(m)
-    assert b.lock(m) == QUEUE_IDS
-    assert _owners(c, "s1") == _all("client-a")
-    assert _owners(c, "m") == _all("client-b")  # the double hold
-    assert a.lock(s1) == QUEUE_IDS  # and A keeps renewing where its route points
+    with renewing(a, s1):  # through the acting master, where A's route points
+        c.procs["m"].start()
+        wait_for(lambda: _alive_replicas(c, "m") == 3, SETTLE_S, "the master to see its group")
+        b.join(m)
+        assert b.lock(m) == QUEUE_IDS
+        assert _owners(c, "s1") == _all("client-a")
+        assert _owners(c, "m") == _all("client-b")  # the double hold
 
 
 def test_ordered_consumption_continues_past_the_lease_through_the_acting_master(strict_group):
