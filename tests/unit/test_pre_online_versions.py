@@ -84,3 +84,16 @@ def test_data_version_from_the_wire():
     for bad in ("x", {"counter": 1}, {"state_version": 0, "counter": "1", "timestamp_ms": 0}):
         with pytest.raises(InvalidArgument):
             DataVersion.from_wire(bad)
+
+
+def test_a_table_never_changed_is_the_oldest(tmp_path):
+    """A master killed before it persisted its offsets starts with an empty table: it must
+    not look newer than a member that has them (an initial timestamp of its start did)."""
+    (tmp_path / "master").mkdir()
+    fresh = offsets(tmp_path, "master", 500)
+    assert fresh.data_version == DataVersion(0, 0, 0)
+    member = DelayOffsetManager(tmp_path / "member", 5)
+    assert member.data_version == DataVersion(0, 0, 0)
+    # fewer commits than a step on the acting member: its version is unchanged too
+    assert merge_if_not_older(fresh, {"T@g": {"0": 30}}, DataVersion(0, 0, 0))
+    assert fresh.query("g", "T", 0) == 30

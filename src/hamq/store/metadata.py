@@ -89,13 +89,17 @@ class VersionedTable:
         version_step: int = 1,
         state_version: int | None = None,
     ) -> None:
-        """``version_step``: changes per DataVersion step; ``state_version``: fixed for the
-        table (None: the creation time, a table no other member's is compared with)."""
+        """``version_step``: changes per DataVersion step; ``state_version``: fixed for a
+        table compared with other members' (None: the creation time, for one that is not).
+        Such a table starts at (state_version, 0, 0): one never changed is older than any
+        other member's (a master that lost its file must not look newest)."""
         self.path = path
         self.disk = disk
         self.table: dict[str, Any] = {}
-        self.data_version = DataVersion(
-            now_ms if state_version is None else state_version, 0, now_ms
+        self.data_version = (
+            DataVersion(now_ms, 0, now_ms)
+            if state_version is None
+            else DataVersion(state_version, 0, 0)
         )
         self.version_step = version_step
         self._changes = 0  # since the start (RocketMQ's versionChangeCounter, not persisted)
