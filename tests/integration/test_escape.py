@@ -39,22 +39,20 @@ ACTING = {
 }
 
 
-def start_groups(cluster_factory, remote_escape: bool):
+def start_groups(cluster_factory, remote_escape: bool, pre_online: bool = False):
     c = cluster_factory()
     c.start_namesrv(
         scan_not_active_broker_interval_ms=300,
         broker_not_active_timeout_ms=2000,
         support_acting_master=True,
     )
-    escape = {"enable_remote_escape": remote_escape}
-    c.start_broker("a-master", broker_role="sync_master", total_replicas=2, **ACTING, **escape)
+    escape = {**ACTING, "enable_remote_escape": remote_escape, "skip_pre_online": not pre_online}
+    c.start_broker("a-master", broker_role="sync_master", total_replicas=2, **escape)
     metrics = f"127.0.0.1:{free_port()}"
-    c.start_broker(
-        "a-slave", broker_id=1, broker_role="slave", metrics_listen=metrics, **ACTING, **escape
-    )
+    c.start_broker("a-slave", broker_id=1, broker_role="slave", metrics_listen=metrics, **escape)
     for name, role, broker_id in (("b-master", "async_master", 0), ("b-slave", "slave", 1)):
         c.start_broker(
-            name, broker_name="broker-b", broker_id=broker_id, broker_role=role, **ACTING, **escape
+            name, broker_name="broker-b", broker_id=broker_id, broker_role=role, **escape
         )
     return c, metrics
 
@@ -248,3 +246,38 @@ def test_without_remote_escape_messages_wait_for_the_master(cluster_factory):
     asyncio.run(end_transaction(c.namesrv, commit_offset, TransactionState.COMMIT_MESSAGE))
     assert read_group(c.namesrv, TX_TOPIC, "broker-a", 1, WAIT_S) == [commit]
     assert read_group(c.namesrv, TX_TOPIC, "broker-b", 1, 1.0) == []
+
+
+def test_returning_master_takes_the_acting_masters_decisions(cluster_factory):
+    """A half committed by the acting master has no op record in the group's log: the
+    returning master takes the decision at pre-online, so its check-back never asks about
+    that half again (a COMMIT answer would store the message a second time)."""
+    c, _ = start_groups(cluster_factory, remote_escape=True, pre_online=True)
+    _, _, halves = prepare(c)
+    (commit, commit_offset), (rollback, _) = halves["commit"], halves["rollback"]
+    asyncio.run(end_transaction(c.namesrv, commit_offset, TransactionState.COMMIT_MESSAGE))
+    assert read_group(c.namesrv, TX_TOPIC, "broker-b", 1, WAIT_S) == [commit]
+
+    c.procs["a-master"].start()
+    master = c.broker_addr("a-master")
+    with hamq.Admin(c.namesrv) as admin:
+        wait_for(
+            lambda: master_of(admin, TX_TOPIC, "broker-a") == master,
+            WAIT_S,
+            "broker-a's master back online after pre-online",
+        )
+        assert "transaction_decisions taken" in str(admin.broker_runtime_info(master)["pre_online"])
+    checked: list[str] = []
+
+    def check(msg: Message) -> TransactionState:
+        checked.append(msg.keys)
+        return TransactionState.COMMIT_MESSAGE if msg.keys == commit else TransactionState.UNKNOW
+
+    with hamq.TransactionProducer(
+        c.namesrv, TX_GROUP, lambda m, a: TransactionState.UNKNOW, check, heartbeat_interval_s=0.3
+    ):
+        # the master checks back its undecided halves, but not the one decided while acting
+        wait_for(lambda: rollback in checked, WAIT_S, "the master checking back")
+        assert commit not in checked
+    assert read_group(c.namesrv, TX_TOPIC, "broker-a", 1, 1.0) == []
+    assert read_group(c.namesrv, TX_TOPIC, "broker-b", 2, 1.0) == [commit]

@@ -115,6 +115,7 @@ class PreOnline:
         store: MessageStore,
         delay_offsets: DelayOffsetManager,
         merge_pop_checkpoint: Callable[[bytes], bool],
+        merge_transaction_decisions: Callable[[bytes], bool],
     ) -> None:
         self.config = config
         self.pool = pool
@@ -123,6 +124,7 @@ class PreOnline:
         self.store = store
         self.delay_offsets = delay_offsets
         self.merge_pop_checkpoint = merge_pop_checkpoint
+        self.merge_transaction_decisions = merge_transaction_decisions
         self.state = PreOnlineState()
         registration.isolated = True  # before its first registration
 
@@ -268,6 +270,8 @@ class PreOnline:
         pop = await self._request(addr, RequestCode.GET_POP_CHECKPOINT)
         if pop.code != ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
             _check(pop, "GET_POP_CHECKPOINT")
+        decisions = await self._request(addr, RequestCode.GET_TRANSACTION_DECISIONS)
+        _check(decisions, "GET_TRANSACTION_DECISIONS")
         taken = {
             "consumer_offsets": merge_if_not_older(
                 self.store.offsets,
@@ -281,6 +285,8 @@ class PreOnline:
             ),
             "pop_checkpoint": pop.code == ResponseCode.SUCCESS
             and self.merge_pop_checkpoint(pop.body),
+            # half messages the member decided while acting (no op record): not asked again
+            "transaction_decisions": self.merge_transaction_decisions(decisions.body),
         }
         # the member's log agrees with ours (its handshake cut it), so nothing taken points
         # past our queues; clamped anyway, as everywhere progress comes from elsewhere

@@ -195,6 +195,7 @@ class Broker:
                 RequestCode.CONSUMER_SEND_MSG_BACK: send_back.send_back,
                 RequestCode.GET_ALL_DELAY_OFFSET: self.schedule.get_all_delay_offset,
                 RequestCode.END_TRANSACTION: self.transactions.end_transaction,
+                RequestCode.GET_TRANSACTION_DECISIONS: self.transactions.get_decisions,
             }
         )
         self.transaction_check = TransactionalMessageCheckService(
@@ -208,6 +209,7 @@ class Broker:
             config,
             on_written=on_written,
             on_put=self.pull.message_arrived,
+            escape=self.escape,
         )
         self.processor.register(self.pop.handlers())
         self.pull.watch_arrivals(self.pop.held, self.pop.serve_arrivals)
@@ -245,6 +247,7 @@ class Broker:
                 self.store,
                 self.schedule.progress,
                 self.pop.merge_checkpoint,
+                self.transactions.merge_decisions,
             )
             if needs_pre_online(config) and self.ha_master is not None
             else None

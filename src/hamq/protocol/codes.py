@@ -47,6 +47,7 @@ class RequestCode(IntEnum):
     REMOVE_BROKER = 903  # to a broker container: stop and drop a member
     EXCHANGE_BROKER_HA_INFO = 910  # pre-online: a returning master announces itself to a slave
     GET_POP_CHECKPOINT = 911  # pre-online: a member's pop state, to merge by DataVersion
+    GET_TRANSACTION_DECISIONS = 913  # pre-online: half messages an acting member decided
     POP_ESCAPED_REVIVE = 912  # an acting master's pop CK/ACK record, into another group's master
     # controller mode (seed 001), RocketMQ 5's numbers
     CONTROLLER_ALTER_SYNC_STATE_SET = 1001

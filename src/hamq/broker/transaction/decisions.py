@@ -4,7 +4,9 @@ A master logs a decision as an op record in ``RMQ_SYS_TRANS_OP_HALF_TOPIC``; an 
 master may not append to its commit log (the group's log would fork), so it keeps its
 decisions here instead: half-queue offset -> the half message's commit-log offset, in a
 versioned table written (fsynced, by rename) before END_TRANSACTION is answered. Check-back
-then never asks about them again and a restart of the acting member keeps them.
+then never asks about them again and a restart of the acting member keeps them; a returning
+master takes them at pre-online (``merge``, GET_TRANSACTION_DECISIONS), so its check-back
+does not decide them a second time.
 
 The commit-log offset pins the decision to the very half message: a member whose log was
 cut and written again (a slave attaching to a master with a shorter log) may hold another
@@ -50,3 +52,15 @@ class TransactionDecisions:
             self._t.table[_DECIDED] = {str(half): physical for half, physical in keep.items()}
             self._t.touch(now_ms)
             self._t.persist()
+
+    def merge(self, decided: dict[int, int], now_ms: int) -> bool:
+        """Take another member's decisions (a decision is a fact: the union is kept),
+        durable at once; True if any was new."""
+        table = self._t.table[_DECIDED]
+        new = {str(half): physical for half, physical in decided.items() if str(half) not in table}
+        if not new:
+            return False
+        table.update(new)
+        self._t.touch(now_ms)
+        self._t.persist()
+        return True

@@ -38,7 +38,7 @@ from hamq.broker.stored_message import StoredMessage, read_message, read_message
 from hamq.broker.transaction.decisions import TransactionDecisions
 from hamq.errors import BrokerSystemError, HamqError, InvalidArgument, NoPermission, QueryNotFound
 from hamq.net.connection import Connection, error_pieces, response_pieces
-from hamq.protocol.frame import Frame, require, require_int, require_name
+from hamq.protocol.frame import Frame, pack_body, require, require_int, require_name, unpack_body
 from hamq.protocol.message import encode_message, encode_properties, validate_batch
 from hamq.protocol.properties import (
     PROPERTY_PRODUCER_GROUP,
@@ -237,6 +237,24 @@ class TransactionalMessageService:
         except OSError as err:
             raise BrokerSystemError(f"writing the transaction decision failed: {err}") from err
         self._mark_decided(msg.queue_offset)
+
+    def get_decisions(self, conn: Connection, frame: Frame) -> list:
+        """GET_TRANSACTION_DECISIONS: the decisions kept as metadata (half offset ->
+        commit-log offset), for a returning master's pre-online."""
+        body = {str(half): physical for half, physical in self.decisions.decided().items()}
+        return response_pieces(frame, body=pack_body(body))
+
+    def merge_decisions(self, body: bytes) -> bool:
+        """Pre-online: take a member's decisions (read back with the op log when the
+        transaction services start); True if any was new."""
+        table = unpack_body(body) or {}
+        try:
+            decided = {int(half): int(physical) for half, physical in table.items()}
+        except (AttributeError, TypeError, ValueError):
+            raise InvalidArgument(
+                "transaction decisions must map half offsets to commit-log offsets"
+            ) from None
+        return self.decisions.merge(decided, self.store.clock_ms())
 
     def stop_deciding(self) -> None:
         """Acting ends: decisions under way are dropped (not written, so asked again)."""
