@@ -215,5 +215,16 @@ class ActingCluster:
         self.admin.close()
 
 
+def receive_until(
+    consumer: hamq.SimpleConsumer, want: set[bytes], timeout_s: float, invisible_s: float
+) -> list:
+    """Pops until every body of ``want`` came (others may come too), or the time is up."""
+    got: list = []
+    deadline = time.monotonic() + timeout_s
+    while not want <= {m.body for m in got} and time.monotonic() < deadline:
+        got += consumer.receive(32, invisible_s)
+    return got
+
+
 def keys_by_group(messages: dict[str, list[hamq.MessageExt]]) -> dict[str, list[str]]:
     return {group: [m.keys for m in ms] for group, ms in messages.items()}
