@@ -9,8 +9,9 @@ kill, and (ii) probes: one timer message due every ``PROBE_STEP_MS`` from the ki
 then ``kill -9``s A's master and measures, from the kill: (a) the route naming A's slave
 brokerId 0, (b) the first LOCK_BATCH_MQ granting a queue of A, (c) the first probe stored in
 B's master (only an escape puts it there); and the escape throughput: backlog messages
-stored in B's master per second, from the first to the last, counted with GET_MAX_OFFSET on
-B. At the end B's backlog is read back and checked for missing and repeated messages.
+stored in B's master per second, counted with GET_MAX_OFFSET on B every ``POLL_S``, from the
+last look that found none to the look that found them all. At the end B's backlog is read
+back and checked for missing and repeated messages.
 Every process the bench started is stopped by its PID.
 """
 
@@ -176,8 +177,8 @@ async def _wait_replicated(admin: AsyncAdmin, master: str, slave: str, deadline:
 
 
 async def _first_lock(admin: AsyncAdmin, slave: str, deadline: float) -> float | None:
-    """(b): the first LOCK_BATCH_MQ answered with a queue of A held, asked of whatever the
-    route names A's master (the dead one until the name server notices)."""
+    """(b): the first LOCK_BATCH_MQ answered with a queue of A held, asked of A's slave
+    once the route names it A's master (a client locks only on the routed master)."""
     client_id = f"bench-acting-{wall_ms()}"
     heartbeat = pack_body(
         {
@@ -292,7 +293,7 @@ async def measure(servers: Servers, backlog: int, max_seconds: float) -> dict:
         probes = PROBE_SPAN_MS // PROBE_STEP_MS
         await _send_all(
             producer,
-            _timers(PROBE_TOPIC, lambda i: kill_ms + (i // QUEUES + 1) * PROBE_STEP_MS, probes),
+            _timers(PROBE_TOPIC, lambda i: kill_ms + (i + 1) * PROBE_STEP_MS, probes),
         )
         await _wait_replicated(admin, a_master, slave, deadline)
         servers.kill9("a0")
