@@ -117,3 +117,12 @@ def test_an_older_checkpoint_with_single_acked_offsets_loads_as_ranges():
     s = PopQueueState.from_wire([0, 5, [[0, 100, 0, 1]], [1, 2, 3, 4]])
     assert s.acked.ranges() == [(1, 5)]
     assert s.ack(0, 1) is AckResult.ACKED and s.consume_offset == 5
+
+
+def test_offsets_a_replayed_checkpoint_skips_over_are_due_at_once():
+    """A CK this state missed handed out 0..3; the next one it sees names 4..5: 0..3 may be
+    held unacked by someone, so they come back (at least once) instead of being skipped."""
+    s = PopQueueState(0)
+    s.check_out([4, 5], [0, 0], deadline_ms=100, ck=9)
+    assert s.pop_offset == 6
+    assert s.take_expired(now_ms=0, limit=10) == [(0, 1), (1, 1), (2, 1), (3, 1)]

@@ -20,6 +20,7 @@ member does not reuse one (unless its wall clock went back).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from collections import deque
@@ -35,7 +36,7 @@ from hamq.broker.pop.revive_log import (
     records_in,
 )
 from hamq.client.admin import AsyncAdmin
-from hamq.errors import HamqError, ServiceNotAvailable
+from hamq.errors import HamqError, NoPermission, ServiceNotAvailable
 from hamq.net.counts import COUNTS
 from hamq.net.tasks import PeriodicTask
 from hamq.protocol.codes import RequestCode, ResponseCode
@@ -108,6 +109,27 @@ class ReviveEscape:
                 return name
         raise ServiceNotAvailable(f"no master of {target or 'another group'} in the cluster")
 
+    async def confirm(self, record: bytes, broker_name: str) -> None:
+        """On the chosen master, before it stores a record that came over the network: a
+        member of ``broker_name``'s group, as the name servers know it in this cluster, must
+        be putting exactly this record now (POP_ESCAPED_CONFIRM). A request carries no
+        credentials: without this, a client could put a CK and an ACK under another group's
+        name, which that group's next acting member replays, taking for acked messages
+        nobody acked (lost). Raises NoPermission otherwise."""
+        entry = (await self._admin.cluster_info())["broker_addr_table"].get(broker_name)
+        if entry is None or entry["cluster"] != self.bridge.config.cluster_name:
+            raise NoPermission(f"{broker_name} is no group of this cluster: record refused")
+        digest = record_digest(record)
+        for addr in entry["broker_addrs"].values():
+            try:
+                await self.bridge.core.invoke(
+                    addr, RequestCode.POP_ESCAPED_CONFIRM, {"digest": digest}
+                )
+                return
+            except (HamqError, OSError):
+                continue
+        raise NoPermission(f"no member of {broker_name} is putting this record: refused")
+
     async def records_of(self, broker_name: str) -> list[ReviveRecord]:
         """The records escaped under ``broker_name`` into the cluster's other masters, one
         master's after another's, ordered by their first CK (each acting period's records
@@ -159,6 +181,10 @@ class ReviveEscape:
         raise ServiceNotAvailable(f"revive log of {addr} longer than {MAX_PULLS} pulls")
 
 
+def record_digest(record: bytes) -> str:
+    return hashlib.sha256(record).hexdigest()
+
+
 class EscapedReviveLog:
     def __init__(self, put: EscapePut, store_dir: Path, disk: Disk) -> None:
         self.put = put
@@ -189,6 +215,11 @@ class EscapedReviveLog:
         self.pending.append((record, future))
         self._drainer.wake()
         return future
+
+    def putting(self, digest: str) -> bool:
+        """Whether the record being put now (the head: one is in flight at a time) has this
+        digest: the chosen master asks before it stores it (``ReviveEscape.confirm``)."""
+        return bool(self.pending) and record_digest(self.pending[0][0]) == digest
 
     def start(self) -> None:
         self._drainer.start()

@@ -79,9 +79,9 @@ class ReviveLog:
     def append_ack(self, group: str, entries: list[AckEntry]) -> PutResult:
         return self._append(ack_record(self.broker_name, group, entries))
 
-    def append_escaped(self, record: bytes) -> PutResult:
-        """A record an acting master of another group escaped here (seed 004). One under
-        this broker's own name is refused: it would change this broker's pop state."""
+    def check_escaped(self, record: bytes) -> ReviveRecord:
+        """A record an acting master of another group escapes here (seed 004), parsed. One
+        under this broker's own name is refused: it would change this broker's pop state."""
         try:
             raw = parse_record(0, record)
         except (ValueError, KeyError, TypeError) as exc:
@@ -90,6 +90,10 @@ class ReviveLog:
             raise InvalidArgument(
                 f"escaped revive record names this broker ({self.broker_name}): refused"
             )
+        return raw
+
+    def append_escaped(self, record: bytes) -> PutResult:
+        self.check_escaped(record)
         return self._append(record)
 
     def _append(self, record: bytes) -> PutResult:

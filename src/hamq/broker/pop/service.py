@@ -64,7 +64,7 @@ from hamq.clock import monotonic_ms, wall_ms
 from hamq.config import BrokerConfig
 from hamq.errors import HamqError, InvalidArgument, NoPermission
 from hamq.net.connection import Connection, error_pieces, response_pieces
-from hamq.net.tasks import PeriodicTask
+from hamq.net.tasks import PeriodicTask, spawn
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, pack_body, require, unpack_body
 from hamq.protocol.limits import MAX_PULL_BYTES
@@ -177,6 +177,7 @@ class PopService:
             RequestCode.CHANGE_MESSAGE_INVISIBLETIME: self.change_invisible_time,
             RequestCode.GET_POP_CHECKPOINT: self.get_pop_checkpoint,
             RequestCode.POP_ESCAPED_REVIVE: self.take_escaped,
+            RequestCode.POP_ESCAPED_CONFIRM: self.confirm_escaped,
         }
 
     @property
@@ -795,8 +796,33 @@ class PopService:
         return response_pieces(frame, ext={"ck": ck, "deadline_ms": deadline})
 
     # -- POP_ESCAPED_REVIVE: an acting master's CK/ACK record, into this master's log ------
-    def take_escaped(self, conn: Connection, frame: Frame) -> list | None:
-        return self._answer_durable(conn, frame, self.store_escaped(frame.body), {})
+    def take_escaped(self, conn: Connection, frame: Frame) -> None:
+        """Stored once a member of the record's group confirms it is putting it (answered
+        from a task)."""
+        spawn(self._take_escaped(conn, frame))
+
+    async def _take_escaped(self, conn: Connection, frame: Frame) -> None:
+        try:
+            record = self.revive.check_escaped(frame.body)
+            if self._escape_source is None:
+                raise NoPermission("this broker cannot confirm escaped pop records")
+            await self._escape_source.confirm(frame.body, record.broker_name)
+            put = self.store_escaped(frame.body)
+        except HamqError as err:
+            conn.reply(error_pieces(frame, err))
+            return
+        self.store.commit()  # written and shipped now: this is no request's turn any more
+        self.on_written()
+        pieces = self._answer_durable(conn, frame, put, {})
+        if pieces is not None:
+            conn.reply(pieces)
+
+    def confirm_escaped(self, conn: Connection, frame: Frame) -> list:
+        """POP_ESCAPED_CONFIRM: SUCCESS only if this member is putting that record now."""
+        digest = require(frame.ext, "digest")
+        if self.escaped is None or not self.escaped.putting(digest):
+            raise NoPermission("this member is putting no pop record of that digest")
+        return response_pieces(frame)
 
     def store_escaped(self, record: bytes) -> PutResult:
         """Append an acting master's record (``escaped.py``) to this master's revive log;

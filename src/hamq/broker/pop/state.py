@@ -33,6 +33,12 @@ class AckResult(IntEnum):
     STALE = 2  # in flight under another receipt handle (redelivered since), or never popped
 
 
+# The receipt id of offsets a checkpoint skipped over: a replayed CK names offsets above the
+# state's pop offset when the CKs that handed out those in between never reached this member
+# (a slave that lagged behind the one that acted before it; a revive log cut by retention).
+# Someone may hold them unacked: they are due at once (at least once), never skipped for ever.
+UNKNOWN_CK = -1
+
 # Stale deadline-heap entries tolerated beyond the live ones before the heap is rebuilt.
 DEADLINE_SLACK = 1024
 
@@ -117,6 +123,9 @@ class PopQueueState:
         top = self.pop_offset
         for offset, times in zip(offsets, reconsume_times):
             if offset >= top:
+                for skipped in range(top, offset):  # handed out by a CK this state missed
+                    inflight[skipped] = (0, 0, UNKNOWN_CK)
+                    push(heap, (0, skipped, UNKNOWN_CK))
                 top = offset + 1
             elif offset < self.consume_offset or offset in self.acked:
                 continue  # acked meanwhile (possible when a replay starts mid-history)

@@ -1,0 +1,124 @@
+"""Break-it tests of pop while a group has no master (issue 15, seed 004), on real processes
+(the ActingCluster: group A master + 2 slaves, group B master + slave, remote escape).
+
+- A slave that lagged behind the other one (SIGSTOP) misses the master's last CKs; when it
+  acts after the first acting member died, it replays that member's escaped CKs of later
+  offsets over a state that never saw the master's: the messages the master handed out
+  and nobody acked must still come back (at least once), not be skipped for ever.
+- POP_ESCAPED_REVIVE forged by a client: records under A's broker name put into B's revive
+  log must not cancel a message A's consumers never acked."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from chaos.acting_cluster import ACTING, GROUP_A, ActingCluster
+from hamq import Message, MessageQueue
+from hamq.broker.pop.escaped import ESCAPED_CK_BASE
+from hamq.broker.pop.revive_log import ack_record, ck_record
+from hamq.errors import HamqError
+from hamq.protocol.codes import RequestCode
+from helpers import wait_for
+from integration.test_pop_acting import (
+    CONSUMER_GROUP,
+    TOPIC,
+    consumer_of,
+    escaped_records,
+    outage,
+    receive_until,
+    wait_acting,
+)
+
+MASTER_INVISIBLE_S = 20.0  # the master's pops stay in flight through both kills
+# A small HA window, so a frozen slave's socket buffers cannot hold what the master writes
+# after a filler: the frozen slave really misses the master's CK.
+HA_WINDOW = {"ha_window_bytes": 64 * 1024, "ha_transfer_batch_bytes": 32 * 1024}
+FILLER = [Message("PopActingFiller", b"f" * 100_000) for _ in range(3)]
+
+
+def test_a_lagging_slave_acting_second_redelivers_what_the_master_handed_out(cluster_factory):
+    """a2 is frozen while the master pops four messages (their CK reaches a1 only); the
+    master is killed, a1 acts and pops the next four, then a1 is killed and a2 acts. a2's
+    own log never had the master's CK, and a1's escaped CK names offsets 4..7: the first
+    four must come back from a2 all the same (nobody acked them)."""
+    ac = ActingCluster(cluster_factory, {TOPIC: 1, "PopActingFiller": 1}, **HA_WINDOW)
+    a2 = ac.c.procs["a2"]
+    try:
+        mq = MessageQueue(TOPIC, GROUP_A, 0)
+        with consumer_of(ac) as consumer:  # the group's offset exists on every member
+            assert consumer.receive(1, 1.0) == []
+        wait_for(lambda: ac.consumer_offset("a2", CONSUMER_GROUP, mq) == 0, 20, "a2 synced")
+        bodies = [b"lag%d" % i for i in range(8)]
+        ac.send_to(GROUP_A, [Message(TOPIC, b) for b in bodies])
+        ac.wait_replicated()
+        os.kill(a2.pid, signal.SIGSTOP)
+        try:
+            ac.send_to(GROUP_A, FILLER)
+            with consumer_of(ac) as consumer:
+                first = consumer.receive(4, MASTER_INVISIBLE_S)
+            assert {m.body for m in first} == set(bodies[:4])
+            end = ac.log_end("a0")
+            wait_for(lambda: ac.log_end(ACTING) >= end, 20, "a1 has the master's CK")
+            ac.c.procs["a0"].kill9()
+            master_end = end
+        finally:
+            os.kill(a2.pid, signal.SIGCONT)
+        wait_acting(ac, ACTING)
+        assert ac.log_end("a2") < master_end, "a2 got the master's CK: nothing to test"
+        with consumer_of(ac) as consumer:
+            second = consumer.receive(4, 2.0)
+        assert {m.body for m in second} == set(bodies[4:]), "a1 handed out the master's four"
+        wait_for(lambda: any(r.kind == "ck" for r in escaped_records(ac)), 20, "a1's CK in B's log")
+        ac.c.procs[ACTING].kill9()
+        wait_acting(ac, "a2")
+        with consumer_of(ac) as consumer:
+            again = receive_until(consumer, set(bodies), 40)
+        came = {m.body for m in again}
+        for popped_at, part in (("the master", set(bodies[:4])), ("a1", set(bodies[4:]))):
+            assert came >= part, f"popped at {popped_at}, never again: {part - came}"
+    finally:
+        ac.close()
+
+
+def test_a_forged_escaped_ack_does_not_cancel_a_pop_nobody_acked(cluster_factory):
+    """A client sends B's master a CK and an ACK under A's broker name naming the eight
+    messages a1 handed out (and nobody acked). B must refuse them (no member of A put them),
+    else the next acting member replays them and takes the eight for acked: lost."""
+    ac = ActingCluster(cluster_factory, {TOPIC: 1})
+    try:
+        bodies = outage(ac, b"forge")
+        with consumer_of(ac) as consumer:
+            got = receive_until(consumer, set(bodies), 20)
+        popped = {m.body: m for m in got}
+        assert set(popped) == set(bodies)
+        offsets = sorted(m.queue_offset for m in popped.values())
+        forged_ck = ESCAPED_CK_BASE + 12345
+        forged = [
+            ck_record(
+                GROUP_A,
+                CONSUMER_GROUP,
+                TOPIC,
+                int(time.time() * 1000) + 3600_000,
+                [(0, offsets, [0] * len(offsets))],
+                forged_ck,
+            ),
+            ack_record(GROUP_A, CONSUMER_GROUP, [(TOPIC, 0, o, forged_ck) for o in offsets]),
+        ]
+        refused = 0
+        for record in forged:
+            try:
+                ac.invoke(ac.addr("b0"), RequestCode.POP_ESCAPED_REVIVE, body=record)
+            except HamqError:
+                refused += 1
+        wait_for(lambda: escaped_records(ac), 20, "a1's CK in B's log")
+        ac.c.procs[ACTING].kill9()
+        wait_acting(ac, "a2")
+        with consumer_of(ac) as consumer:
+            again = receive_until(consumer, set(bodies), 30)
+        came = {m.body for m in again}
+        assert came == set(bodies), f"never acked, never delivered again: {set(bodies) - came}"
+        assert refused == len(forged), "B's master took records no member of A put"
+    finally:
+        ac.close()
