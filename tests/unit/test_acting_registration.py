@@ -13,7 +13,7 @@ import pytest
 from hamq.broker.registration import NamesrvRegistration
 from hamq.broker.role import BrokerRole, RoleState
 from hamq.config import BrokerConfig, NamesrvConfig
-from hamq.errors import InvalidArgument
+from hamq.errors import InvalidArgument, SystemBusy
 from hamq.namesrv.requests import registration
 from hamq.namesrv.server import NamesrvProcessor
 from hamq.net.connection import Connection
@@ -111,3 +111,62 @@ def test_a_bad_enable_acting_master_is_refused(value):
     with pytest.raises(InvalidArgument, match="enable_acting_master"):
         registration(Frame(RequestCode.REGISTER_BROKER, 1, ext=ext, body=body))
     assert not registration(Frame(RequestCode.REGISTER_BROKER, 1, ext=ext)).enable_acting_master
+
+
+class Silenced(Recording):
+    """A name server that can be made to refuse everything (as one the member cannot
+    reach, or that no longer holds it)."""
+
+    silent = False
+
+    def handle(self, conn: Connection, frame: Frame) -> list | None:
+        if self.silent:
+            raise SystemBusy("silenced by the test")
+        return super().handle(conn, frame)
+
+
+def test_a_master_whose_lease_lapsed_isolates_itself_until_it_goes_online(tmp_path):
+    """The lease ends with the liveness timeout the name server holds the master by (300
+    ms here, far below the 10 s default): then the master is isolated, told once, and
+    sends nothing until go_online, which starts a fresh lease."""
+    timeout_ms = 300
+
+    async def scenario() -> None:
+        ns_addr = f"127.0.0.1:{free_port()}"
+        processor = Silenced(NamesrvConfig(listen=ns_addr, broker_not_active_timeout_ms=timeout_ms))
+        server = Server(processor)
+        await server.start(ns_addr)
+        config = BrokerConfig(
+            listen=f"127.0.0.1:{free_port()}",
+            namesrv=(ns_addr,),
+            enable_slave_acting_master=True,
+            broker_heartbeat_interval_ms=HEARTBEAT_MS,
+        )
+        reg = NamesrvRegistration(
+            config,
+            TopicConfigManager(tmp_path, 0),
+            ConnectionPool(),
+            RoleState(BrokerRole.MASTER, 0),
+        )
+        told: list[bool] = []
+        reg.watch_lease(lambda: told.append(reg.lease_lapsed()))
+        try:
+            await reg.start()
+            await asyncio.sleep(3 * timeout_ms / 1000)  # heartbeats keep renewing it
+            assert not reg.lease_lapsed() and not told
+            processor.silent = True
+            await until(lambda: told, WAIT_S, "the lapse")
+            assert told == [True] and reg.isolated
+            processor.silent = False
+            processor.codes.clear()
+            await asyncio.sleep(10 * HEARTBEAT_MS / 1000)
+            assert processor.codes == [] and told == [True]  # isolated: nothing sent
+            await reg.go_online()
+            assert processor.codes == [RequestCode.REGISTER_BROKER]
+            assert not reg.lease_lapsed() and not reg.isolated
+        finally:
+            await reg.stop()
+            await reg.pool.close()
+            await server.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), WAIT_S * 2))

@@ -21,6 +21,10 @@ starts with ``enable_slave_acting_master`` (and not ``skip_pre_online``):
    each by DataVersion (``merge_if_not_older``; an offset never moves back);
 6. once every member did, goes online (registers) and the master's other services start.
 
+A master that never restarted but that the name servers may have dropped meanwhile (its
+process paused past their liveness timeout, or cut off from them: its registration lease
+lapsed) runs it again (``again``, ``Broker._take_group_back``): its slave may have acted.
+
 A member that fails a step is retried every ``ROUND_INTERVAL_S`` (the group is asked again
 each round, so a dead slave is no longer waited for once the name servers dropped it, after
 their ``broker_not_active_timeout_ms``). One that does not serve EXCHANGE_BROKER_HA_INFO
@@ -127,6 +131,13 @@ class PreOnline:
         self.merge_transaction_decisions = merge_transaction_decisions
         self.state = PreOnlineState()
         registration.isolated = True  # before its first registration
+
+    def again(self) -> None:
+        """The name servers may have dropped this master while it lived on (its lease
+        lapsed, ``broker/registration.py``): its next ``run`` takes the group back again,
+        from a fresh state, isolated meanwhile."""
+        self.registration.isolated = True
+        self.state = PreOnlineState()
 
     async def run(self) -> None:
         """Steps 2-6 of the module docstring; returns once online (the broker's master

@@ -16,7 +16,15 @@ group's smallest-id slave as a read-only brokerId 0.
 
 A member may start ``isolated`` (seed 004's ``isIsolated``: a returning master's pre-online,
 ``broker/pre_online.py``): it then neither registers nor heartbeats, so no client routes to
-it, until ``go_online()``, which registers at once."""
+it, until ``go_online()``, which registers at once.
+
+A master whose slaves may act for it keeps a lease (``watch_lease``): a name server that
+accepted a registration or heartbeat sent at time T keeps it until at least T plus its
+liveness timeout. Once that passed for every name server (this process was paused, its
+host partitioned from them), they may have dropped it and a slave may have acted: it goes
+isolated again and ``on_lease_lapsed`` runs pre-online again before it registers (it never
+restarted, so nothing else would take back what the acting slave moved on); until then
+its secondary-message services write nothing (``RoleState.master_lease_lapsed``)."""
 
 from __future__ import annotations
 
@@ -28,12 +36,13 @@ from dataclasses import asdict
 
 from hamq.broker.ha.member_group import MASTER_ID
 from hamq.broker.role import RoleState
-from hamq.config import BrokerConfig
+from hamq.clock import monotonic_ms
+from hamq.config import BrokerConfig, NamesrvConfig
 from hamq.errors import HamqError
 from hamq.net.pool import ConnectionPool
 from hamq.net.tasks import PeriodicTask, cancel_all
 from hamq.protocol.codes import RequestCode, ResponseCode
-from hamq.protocol.frame import pack_body
+from hamq.protocol.frame import Frame, pack_body
 from hamq.store.metadata import TopicConfigManager
 
 log = logging.getLogger(__name__)
@@ -64,6 +73,11 @@ class NamesrvRegistration:
         # again: either is registered with in full at the next heartbeat rather than in
         # register_broker_interval_ms.
         self._accepted: dict[str, int] = {}
+        # name server -> when the last registration or heartbeat it accepted was sent, and
+        # the liveness timeout it holds this member by (its answer to a registration)
+        self._accepted_at: dict[str, int] = {}
+        self._timeout_ms: dict[str, int] = {}
+        self.on_lease_lapsed: Callable[[], None] | None = None  # see watch_lease
         self._rounds = [
             PeriodicTask(
                 f"heartbeat to name server {addr}",
@@ -101,9 +115,46 @@ class NamesrvRegistration:
             task.start()
 
     async def go_online(self) -> None:
-        """End isolation: register with every name server now (heartbeats follow)."""
+        """End isolation: register with every name server now (heartbeats follow); a
+        lease starts afresh with the first one accepted."""
         self.isolated = False
+        self._accepted_at.clear()
         await self._register_all()
+
+    def watch_lease(self, on_lapsed: Callable[[], None]) -> None:
+        """Call ``on_lapsed`` (once per lapse) when the lease of the module docstring lapsed;
+        isolated from then on."""
+        self.on_lease_lapsed = on_lapsed
+
+    def lease_lapsed(self) -> bool:
+        """A watched master that registered once and that no name server is sure to hold
+        any more: each accepted its last registration or heartbeat from it longer ago
+        than the liveness timeout it holds it by."""
+        if self.on_lease_lapsed is None or not self._accepted_at or not self.role.is_master:
+            return False
+        now_ms = monotonic_ms()
+        default_ms = (
+            self.config.broker_not_active_timeout_ms or NamesrvConfig.broker_not_active_timeout_ms
+        )
+        return all(
+            now_ms - sent_ms > self._timeout_ms.get(addr, default_ms)
+            for addr, sent_ms in self._accepted_at.items()
+        )
+
+    def _held_back(self) -> bool:
+        """Isolated, or just found its lease lapsed (then isolated from here on)."""
+        if self.isolated:
+            return True
+        if not self.lease_lapsed() or self.on_lease_lapsed is None:
+            return False
+        log.error(
+            "no name server accepted this master for longer than its liveness timeout "
+            "(paused, or cut off from them): a slave may have acted meanwhile; isolated "
+            "until pre-online has taken the group back"
+        )
+        self.isolated = True
+        self.on_lease_lapsed()
+        return True
 
     @property
     def state_version(self) -> int:
@@ -126,17 +177,23 @@ class NamesrvRegistration:
         await asyncio.gather(*(self._register(addr) for addr in self.config.namesrv))
 
     async def _heartbeat(self, addr: str) -> None:
-        if self.isolated:
+        if self._held_back():
             return
         if self._accepted.get(addr) != self.state_version:
             await self._register(addr)
             return
-        code = await self._call(addr, RequestCode.BROKER_HEARTBEAT, self.identity)
-        if code == ResponseCode.BROKER_NOT_FOUND:  # name server restarted or expired us
-            await self._register(addr)
+        sent_ms = monotonic_ms()
+        answer = await self._call(addr, RequestCode.BROKER_HEARTBEAT, self.identity)
+        if answer is not None and answer.code == ResponseCode.SUCCESS:
+            self._renew(addr, sent_ms)
+        elif answer is not None and answer.code == ResponseCode.BROKER_NOT_FOUND:
+            await self._register(addr)  # name server restarted or expired us
+
+    def _renew(self, addr: str, sent_ms: int) -> None:
+        self._accepted_at[addr] = max(sent_ms, self._accepted_at.get(addr, sent_ms))
 
     async def _register(self, addr: str) -> None:
-        if self.isolated:
+        if self._held_back():
             return
         state_version = self.state_version  # as registered, though the role moves on
         ext = dict(self.identity, ha_addr=self.config.ha_address)
@@ -156,9 +213,15 @@ class NamesrvRegistration:
                 "enable_acting_master": self.config.enable_slave_acting_master,
             }
         )
-        code = await self._call(addr, RequestCode.REGISTER_BROKER, ext, body)
-        if code == ResponseCode.SUCCESS:
+        sent_ms = monotonic_ms()
+        answer = await self._call(addr, RequestCode.REGISTER_BROKER, ext, body)
+        code = None if answer is None else answer.code
+        if answer is not None and code == ResponseCode.SUCCESS:
             self._accepted[addr] = state_version
+            timeout_ms = answer.ext.get("heartbeat_timeout_ms")
+            if type(timeout_ms) is int:  # an older name server does not say
+                self._timeout_ms[addr] = timeout_ms
+            self._renew(addr, sent_ms)
         elif code == ResponseCode.NO_PERMISSION:
             self._accepted.pop(addr, None)
             if ext["broker_id"] == MASTER_ID:
@@ -179,8 +242,8 @@ class NamesrvRegistration:
         except (HamqError, OSError) as err:
             log.warning("re-reading the role after a refusal as master failed: %s", err)
 
-    async def _call(self, addr: str, code: int, ext: dict, body: bytes = b"") -> int | None:
-        """The response code, or None; never raises, so the loops keep running."""
+    async def _call(self, addr: str, code: int, ext: dict, body: bytes = b"") -> Frame | None:
+        """The response, or None; never raises, so the loops keep running."""
         try:
             conn = await self.pool.get(addr)
             frame = await conn.request(code, ext, body, timeout_s=3.0)
@@ -190,4 +253,4 @@ class NamesrvRegistration:
         if frame.code not in (ResponseCode.SUCCESS, ResponseCode.BROKER_NOT_FOUND):
             # e.g. another live member holds this broker id: the name server refuses us
             log.warning("name server %s refused %s: %s", addr, RequestCode(code).name, frame.remark)
-        return frame.code
+        return frame

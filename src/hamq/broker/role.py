@@ -127,6 +127,10 @@ class RoleState:
         self.acting_master = False  # a slave serving master-only work (seed 004)
         self.acting_changes = 0  # times acting began or ended
         self.services = RoleServices()
+        # a master whose registration lapsed at every name server may have had a slave
+        # acting for it (seed 004): its secondary-message services write nothing until
+        # pre-online took the group back (``broker/registration.py``, ``restart_from``)
+        self.master_lease_lapsed: Callable[[], bool] = _never
         self.running: set[str] = set()
         self.errors: dict[str, str] = {}  # service -> its last failed start or stop
         self._lock = asyncio.Lock()
@@ -196,6 +200,21 @@ class RoleState:
                 callback()
             self.changes += 1
             log.info("now %s (epoch %d), running %s", role.value, self.epoch, sorted(self.running))
+            return True
+
+    async def restart_from(self, name: str) -> bool:
+        """A master's services from ``name`` on stop (in reverse) and start again (in
+        order), the rest keep running: a master that its name servers dropped runs
+        pre-online again before its secondary-message services resume. False if this
+        member is no master (a change got there first) or has no such service."""
+        async with self._lock:
+            names = [service.name for service in self.services.master]
+            if self.role is not BrokerRole.MASTER or name not in names:
+                return False
+            keep = self.services.master[: names.index(name)]
+            await self._stop_all(exclude=keep)
+            log.info("restarting %s", names[names.index(name) :])
+            await self._start_all(self.services.master[len(keep) :])
             return True
 
     async def set_acting_master(self, acting: bool) -> bool:
@@ -295,3 +314,7 @@ class RoleState:
             return False
         self.errors.pop(service.name, None)
         return True
+
+
+def _never() -> bool:
+    return False

@@ -253,6 +253,9 @@ class Broker:
             else None
         )
         self._starting: asyncio.Task | None = None  # the role's start, behind pre-online
+        if self.pre_online is not None:  # dropped by the name servers: pre-online again
+            self.registration.watch_lease(self._take_group_back)
+            self.role.master_lease_lapsed = self.registration.lease_lapsed
         self.role.services = self._role_services()
         # with no master in the group, its smallest-id slave acts as one (seed 004)
         self.acting = ActingMasterWatch(config, self.role, self.members)
@@ -362,6 +365,15 @@ class Broker:
         task = asyncio.create_task(change)
         self._role_changes.add(task)
         task.add_done_callback(self._role_change_done)
+
+    def _take_group_back(self) -> None:
+        """This master's lease lapsed (``broker/registration.py``): pre-online again, then
+        the secondary-message services restart from what it took."""
+        if self.pre_online is None or (self._starting is not None and not self._starting.done()):
+            return
+        self.pre_online.again()
+        self._starting = asyncio.create_task(self.role.restart_from("pre_online"))
+        self._starting.add_done_callback(self._role_change_done)
 
     def _role_change_done(self, task: asyncio.Task) -> None:
         self._role_changes.discard(task)

@@ -84,7 +84,9 @@ class NamesrvProcessor:
         self.broker_conns[who.broker_addr] = conn
         if changed:
             self.notify_member_group(reg.cluster_name, who.broker_name)
-        return response_pieces(frame)
+        # the member's lease (broker/registration.py) ends with the timeout it is held by
+        timeout_ms = self.routes.live[who.broker_addr].timeout_ms
+        return response_pieces(frame, ext={"heartbeat_timeout_ms": timeout_ms})
 
     def _broker_heartbeat(self, conn: Connection, frame: Frame) -> list | None:
         addr = address(frame.ext.get("broker_addr"), "broker_addr")

@@ -91,6 +91,8 @@ class TransactionalMessageCheckService:
         self.transactions.stop_deciding()
 
     def check(self) -> None:
+        if self.transactions.role.master_lease_lapsed():
+            return  # a slave may be acting (broker/registration.py): it checks, not us
         store = self.transactions.store
         now = store.clock_ms()
         for offset in [o for o in self._checks if self.transactions.is_decided(o)]:
