@@ -20,10 +20,13 @@ An acting master (seed 004: a slave standing in for its dead master) delivers th
 way over the replicated schedule queues, so messages not yet due when the master died
 are delivered as they fall due, but it never appends to its own commit log: due messages
 are escaped into another group's master (``broker/escape.py``), grouped by topic into
-batches, one batch in flight at a time (so progress moves in order), and progress moves
-once the target acknowledged the batch. A failed escape is tried again every
-``DELIVER_RETRY_MS`` with the same messages; nothing moves meanwhile. The progress lives on
-the acting master as metadata (persisted as on a master; pre-online takes it back).
+batches, one batch in flight per delay level and one for the timers (so each progress
+moves in order), and progress moves once the target acknowledged the batch. A failed
+escape is tried again every ``DELIVER_RETRY_MS`` with the messages not yet acknowledged;
+that level's (or the timers') progress waits meanwhile, as in RocketMQ, but the other
+levels, and the other topics of the batch, go on: a topic no other master serves waits
+for its own master's return without holding up the rest. The progress lives on the
+acting master as metadata (persisted as on a master; pre-online takes it back).
 """
 
 from __future__ import annotations
@@ -103,9 +106,10 @@ class ScheduleMessageService:
         self.escape = escape
         # acting: due messages read, not yet handed to the escape worker (topic, message)
         self._outbox: list[tuple[str, bytes]] = []
-        # acting: batches to escape in order, each with what runs once it is acknowledged
-        self._escapes: deque[tuple[list[tuple[str, bytes]], Callable[[], None]]] = deque()
-        self._escaper: asyncio.Task | None = None
+        # acting: per schedule queue (a delay level, or the timers), the batches to escape
+        # in order, each with what runs once it is acknowledged, and the task escaping them
+        self._escapes: dict[int, deque[tuple[list[tuple[str, bytes]], Callable[[], None]]]] = {}
+        self._escapers: dict[int, asyncio.Task] = {}
         self.on_put = on_put  # wakes pulls held on a real queue
         self.after_put = after_put  # writes the log and ships it, as after a request
         self.progress = DelayOffsetManager(store.root, store.clock_ms(), disk=store.disk)
@@ -118,7 +122,7 @@ class ScheduleMessageService:
             self.progress,
             self._deliver,
             after_put,
-            self._when_durable,
+            lambda end, then: self._when_durable(end, then, TIMER_QUEUE_ID),
         )
         self._written_end = 0  # commit-log end of the last delivery written
         self._running = False
@@ -293,24 +297,29 @@ class ScheduleMessageService:
                 self._next[level] = offset
                 if self._outbox:  # acting: one escape batch per level in flight
                     rearm = next_due
-                    self._when_durable(end, lambda: self._level_durable(level, offset, rearm))
+                    self._when_durable(
+                        end, lambda: self._level_durable(level, offset, rearm), level_queue
+                    )
                     return
-                self._when_durable(end, lambda: self._level_durable(level, offset))
+                self._when_durable(end, lambda: self._level_durable(level, offset), level_queue)
         except HamqError as err:  # disk full: progress stays, so redelivery (at least once)
             log.error("delivering delay level %d failed: %s", level, err.message)
             next_due = now + DELIVER_RETRY_MS
         if next_due is not None and self._running:
             self._arm(level_queue, next_due, self._deliver_level)
 
-    def _when_durable(self, end: int, then: Callable[[], None]) -> None:
+    def _when_durable(self, end: int, then: Callable[[], None], queue_id: int) -> None:
         """Run ``then`` once the deliveries written up to ``end`` are durable; a sync
         flush that timed out is waited for again (the progress must not move before).
-        Acting: once the messages escaped since the last call are acknowledged."""
+        Acting: once the messages escaped since the last call (from schedule queue
+        ``queue_id``) are acknowledged."""
         if self._outbox:
-            self._escapes.append((self._outbox, then))
+            self._escapes.setdefault(queue_id, deque()).append((self._outbox, then))
             self._outbox = []
-            if self._escaper is None:
-                self._escaper = asyncio.get_running_loop().create_task(self._escape_all())
+            if queue_id not in self._escapers:
+                self._escapers[queue_id] = asyncio.get_running_loop().create_task(
+                    self._escape_all(queue_id)
+                )
             return
         self._written_end = max(self._written_end, end)
 
@@ -331,16 +340,19 @@ class ScheduleMessageService:
             self._arm(level - 1, rearm, self._deliver_level)
 
     # -- escape (acting master) ------------------------------------------------------------
-    async def _escape_all(self) -> None:
-        """Escape the queued batches in order; a batch that fails is tried again (its
-        delivery and progress wait) until it is acknowledged or delivery stops."""
+    async def _escape_all(self, queue_id: int) -> None:
+        """Escape one schedule queue's batches in order; a batch that fails is tried again
+        (that queue's delivery and progress wait) until it is acknowledged or delivery
+        stops. Each queue has its own task: a topic no other master serves holds up
+        only its own delay level (as in RocketMQ) or the timers, not the others."""
+        batches = self._escapes[queue_id]
         try:
-            while self._escapes:
-                batch, then = self._escapes[0]
+            while batches:
+                batch, then = batches[0]
                 failures = 0
                 while batch:
                     try:
-                        await self._escape_topic(batch)
+                        await self._escape_batch(batch)
                     except HamqError as err:
                         if not failures:
                             log.warning(
@@ -351,41 +363,57 @@ class ScheduleMessageService:
                             )
                         failures += 1
                         await asyncio.sleep(DELIVER_RETRY_MS / 1000)
-                self._escapes.popleft()
+                batches.popleft()
                 then()
         finally:
-            self._escaper = None
+            self._escapers.pop(queue_id, None)
 
-    async def _escape_topic(self, batch: list[tuple[str, bytes]]) -> None:
-        """Escape the first topic's messages of ``batch`` (in payloads of at most
-        MAX_BATCH_MESSAGES and MAX_BATCH_BYTES) and take each acknowledged payload's
-        messages off it, so a retry puts only what is left."""
-        topic = batch[0][0]
-        picked: list[int] = []
-        size = 0
-        for i, (t, message) in enumerate(batch):
-            if t != topic:
-                continue
-            if picked and (
-                len(picked) == MAX_BATCH_MESSAGES or size + len(message) > MAX_BATCH_BYTES
-            ):
-                break
-            picked.append(i)
-            size += len(message)
-        payload = b"".join(batch[i][1] for i in picked)
-        await self.escape.put(topic, payload, count=len(picked))
-        for i in reversed(picked):
-            del batch[i]
+    async def _escape_batch(self, batch: list[tuple[str, bytes]]) -> None:
+        """Escape ``batch`` topic by topic, taking what is acknowledged off it (a retry
+        puts only what is left); a topic that fails (one only this group serves has
+        nowhere to go) does not keep the others from going. Raises the first failure
+        once every topic was tried."""
+        failed: HamqError | None = None
+        for topic in dict.fromkeys(t for t, _ in batch):
+            try:
+                await self._escape_topic(batch, topic)
+            except HamqError as err:
+                failed = failed or err
+        if failed is not None:
+            raise failed
+
+    async def _escape_topic(self, batch: list[tuple[str, bytes]], topic: str) -> None:
+        """Escape ``topic``'s messages of ``batch`` in payloads of at most
+        MAX_BATCH_MESSAGES and MAX_BATCH_BYTES, each taken off it once acknowledged."""
+        while True:
+            picked: list[int] = []
+            size = 0
+            for i, (t, message) in enumerate(batch):
+                if t != topic:
+                    continue
+                if picked and (
+                    len(picked) == MAX_BATCH_MESSAGES or size + len(message) > MAX_BATCH_BYTES
+                ):
+                    break
+                picked.append(i)
+                size += len(message)
+            if not picked:
+                return
+            payload = b"".join(batch[i][1] for i in picked)
+            await self.escape.put(topic, payload, count=len(picked))
+            for i in reversed(picked):
+                del batch[i]
 
     async def _stop_escaping(self) -> None:
         """Drop batches not acknowledged: their progress never moved, so whoever delivers
         next (the master back, or this member acting again) delivers them."""
         self._outbox = []
         self._escapes.clear()
-        if self._escaper is not None:
-            self._escaper.cancel()
-            await asyncio.gather(self._escaper, return_exceptions=True)
-            self._escaper = None
+        escapers = list(self._escapers.values())
+        for task in escapers:
+            task.cancel()
+        await asyncio.gather(*escapers, return_exceptions=True)
+        self._escapers.clear()
 
     def _deliver(self, msg: StoredMessage) -> int:
         """Store ``msg`` in its real queue; returns the commit-log end of the copy (0 if

@@ -15,10 +15,14 @@ half at the same queue offset, and that one is not decided.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Any
 
 from hamq.store.disk import OS_DISK, Disk
 from hamq.store.metadata import TableSnapshot, VersionedTable
+
+log = logging.getLogger(__name__)
 
 DECISIONS_FILE = "transaction_decisions.json"
 _DECIDED = "decided"
@@ -27,7 +31,17 @@ _DECIDED = "decided"
 class TransactionDecisions:
     def __init__(self, directory: Path, now_ms: int, *, disk: Disk = OS_DISK) -> None:
         self._t = VersionedTable(directory / DECISIONS_FILE, now_ms, disk=disk)
-        self._t.table.setdefault(_DECIDED, {})
+        found = self._t.table.get(_DECIDED, {})
+        self._t.table[_DECIDED] = kept = _well_formed(found)
+        if kept != found:
+            # read on every start of the transaction services: damage must not stop them
+            log.error(
+                "%s: dropped damaged transaction decisions (their halves are checked again): %r",
+                self._t.path,
+                {k: v for k, v in found.items() if k not in kept}
+                if isinstance(found, dict)
+                else found,
+            )
 
     def decided(self) -> dict[int, int]:
         """Half-queue offset -> the half message's commit-log offset."""
@@ -64,3 +78,14 @@ class TransactionDecisions:
         self._t.touch(now_ms)
         self._t.persist()
         return True
+
+
+def _well_formed(found: Any) -> dict[str, int]:
+    """The decisions of a read table that are half offset -> commit-log offset."""
+    if not isinstance(found, dict):
+        return {}
+    return {
+        half: physical
+        for half, physical in found.items()
+        if half.isdecimal() and type(physical) is int
+    }
