@@ -206,11 +206,15 @@ class ContainerConfig(ServerConfig):
     #   order; relative paths are relative to this file's directory
     metrics_listen: str = ""  # HOST:PORT of /metrics for the whole process, "" = off;
     #   members' gauges carry broker_name and broker_id labels (members set none of their own)
+    store_root: str = ""  # a member added at runtime (ADD_BROKER, which is not authenticated)
+    #   keeps its store_dir inside this directory; "" = no member is added at runtime
 
     def __post_init__(self) -> None:
         check.check_types(self)
         check.check_server(self)
         check.address("listen", self.listen)
+        if self.store_root:
+            check.path("store_root", self.store_root)
         if self.metrics_listen:
             check.address("metrics_listen", self.metrics_listen)
         if not self.namesrv:

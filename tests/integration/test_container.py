@@ -150,7 +150,7 @@ def test_name_server_notifications_reach_the_member_of_their_group(namesrv_clust
 def test_add_and_remove_brokers_at_runtime(namesrv_cluster, hamq_cli):
     c = namesrv_cluster
     a = c.write_broker_config("a", broker_name="broker-a")
-    proc, container = start_container(c, "container", [a])
+    proc, container = start_container(c, "container", [a], store_root=str(c.root))
     b = c.write_broker_config(
         "b", broker_name="broker-b", namesrv="127.0.0.1:1"
     )  # the container's wins
@@ -196,7 +196,7 @@ def test_add_and_remove_brokers_at_runtime(namesrv_cluster, hamq_cli):
 def test_a_member_that_cannot_start_leaves_the_container_serving(namesrv_cluster, hamq_cli):
     c = namesrv_cluster
     a = c.write_broker_config("a", broker_name="broker-a")
-    proc, container = start_container(c, "container", [a])
+    proc, container = start_container(c, "container", [a], store_root=str(c.root))
     taken = c.write_broker_config("taken", broker_name="broker-b", listen=c.broker_addr("a"))
     refused = hamq_cli(
         "admin", "container", "add-broker", "--container", container, "-c", str(taken)

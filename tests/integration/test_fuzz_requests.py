@@ -10,16 +10,19 @@ still serves a produce/consume round trip, and restarts."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import msgpack
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import hamq
+from hamq.config import dump_toml
 from hamq.errors import TopicNotExist
 from hamq.protocol.codes import Flag, RequestCode, ResponseCode
 from hamq.protocol.frame import encode_frame_bytes, pack_body, unpack_body
 from hamq.protocol.message import encode_batch, encode_message
+from harness import Proc
 from helpers import free_port, scrape_metrics, send_and_pull, wait_for
 
 EXAMPLES_PER_CAMPAIGN = 1000
@@ -131,6 +134,25 @@ BROKER_FIELDS = {
         "ck",
         "invisible_time_ms",
     ),
+    # seed 004: a returning master's announcement (refused on a master), pre-online reads,
+    # an acting master's escaped pop record
+    RequestCode.EXCHANGE_BROKER_HA_INFO: (
+        "cluster_name",
+        "broker_name",
+        "master_addr",
+        "master_ha_addr",
+        "hold_ms",
+    ),
+    RequestCode.GET_POP_CHECKPOINT: (),
+    RequestCode.POP_ESCAPED_REVIVE: (),
+    RequestCode.GET_TRANSACTION_DECISIONS: (),
+}
+# A broker container's own port (seed 004): the fuzzed container hosts one member,
+# "member-x", whose name no drawn REMOVE_BROKER names, and ADD_BROKER never names a free
+# port, so neither may succeed.
+CONTAINER_FIELDS = {
+    RequestCode.ADD_BROKER: ("config_path",),
+    RequestCode.REMOVE_BROKER: ("broker_name", "broker_id"),
 }
 # Codes a port does not serve (other ports' codes, the ones only a server sends, and
 # numbers nobody uses): REQUEST_CODE_NOT_SUPPORTED, with any fields.
@@ -140,6 +162,8 @@ NOT_SERVED = (
     RequestCode.CHECK_TRANSACTION_STATE,
     RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
     RequestCode.NOTIFY_MIN_BROKER_ID_CHANGE,
+    RequestCode.ADD_BROKER,
+    RequestCode.REMOVE_BROKER,
     0,
     9999,
     2**31 - 1,
@@ -219,6 +243,10 @@ VALID = {
     "proof": st.none(),
     "probes": st.just([]),
     "ack_offset": st.integers(0, 2**20),
+    "master_addr": PORTS,
+    "master_ha_addr": PORTS,
+    "hold_ms": st.integers(1, 60_000),
+    "config_path": st.sampled_from(["member.toml", "../../etc/passwd"]),
 }
 # Message properties: plain, held back (delay, timer, transaction half) and their hostile
 # variants. Each raw map is (bytes, whether a send carrying it may be stored).
@@ -245,9 +273,10 @@ def field(draw, name: str):
 
 
 @st.composite
-def requests(draw, fields: dict[int, tuple[str, ...]]):
+def requests(draw, fields: dict[int, tuple[str, ...]], taken: str = ""):
     """(code, ext, body): every known field, now and then hostile, now and then missing,
-    now and then a field nobody asked for."""
+    now and then a field nobody asked for. ``taken``: an address in use (a container
+    campaign's ADD_BROKER listens there, so no member it asks for can start)."""
     code = draw(st.sampled_from(sorted(fields) + list(NOT_SERVED)))
     ext = {name: field(draw, name) for name in fields.get(code, ()) if draw(st.integers(0, 15))}
     ext.update(draw(st.dictionaries(st.just("x"), VALUES, max_size=1)))
@@ -321,9 +350,56 @@ def requests(draw, fields: dict[int, tuple[str, ...]]):
                 )
             )
         )
+    elif code == RequestCode.POP_ESCAPED_REVIVE:
+        body = pack_body(draw(st.one_of(VALUES, escaped_records())))
+    elif code == RequestCode.ADD_BROKER:
+        body = draw(st.one_of(st.just(b"\xc1"), VALUES.map(pack_body), member_settings(taken)))
     elif code == RequestCode.BATCH_ACK_MESSAGE:
         body = pack_body(draw(st.one_of(VALUES, st.lists(st.lists(INTS, max_size=4), max_size=3))))
     return code, ext, body
+
+
+# An acting master's pop record (broker/pop/revive_log.py): kind, broker name, group,
+# topic, deadline and entries, CK entries (queue id, offsets, times), ACK entries (topic,
+# queue id, offset, receipt).
+CK_ENTRY = st.tuples(st.integers(0, 3), st.lists(st.integers(0, 9), min_size=1, max_size=2))
+ACK_ENTRY = st.tuples(VALID["topic"], st.integers(0, 3), st.integers(0, 9), st.integers(0, 9))
+
+
+@st.composite
+def escaped_records(draw):
+    kind = draw(st.sampled_from(["ck", "ack"]))
+    if kind == "ck":
+        good = st.lists(CK_ENTRY.map(lambda e: [e[0], e[1], [0] * len(e[1])]), max_size=2)
+    else:
+        good = st.lists(ACK_ENTRY.map(list), max_size=2)
+    record = {
+        "k": kind,
+        "b": draw(st.sampled_from(["broker-x", "broker-a"])),  # broker-a: the master's own
+        "g": field(draw, "group"),
+        "t": field(draw, "topic"),
+        "d": draw(st.integers(0, 2**41)),
+        "e": draw(st.one_of(good, good, st.lists(VALUES, max_size=2), VALUES)),
+    }
+    for key in draw(st.lists(st.sampled_from(list(record)), max_size=1)):
+        record[key] = draw(VALUES)
+    return record
+
+
+@st.composite
+def member_settings(draw, taken: str):
+    """A member's settings as ``hamq admin container add-broker`` sends them, one of them
+    hostile (or a key no config has); ``listen`` is always ``taken``, never drawn (a free
+    port would start a member writing where store_dir says)."""
+    settings = {
+        "broker_name": draw(st.sampled_from(["broker-y", "member-x"])),
+        "broker_id": draw(st.integers(0, 2)),
+        "listen": taken,
+        "store_dir": draw(st.sampled_from(["/", "/etc", "/dev/null", "..", "relative-store"])),
+    }
+    key = draw(st.sampled_from(["broker_name", "broker_id", "store_dir", "no_such_key", 7, ""]))
+    settings[key] = draw(VALUES)
+    return pack_body(settings)
 
 
 def is_int(value: object, low: int, high: int) -> bool:
@@ -373,7 +449,11 @@ def acceptable(code: int, ext: dict, body: bytes) -> bool:
         return heartbeat_acceptable(body)
     if code == RequestCode.LOCK_BATCH_MQ:
         return safe_name(ext.get("group")) and isinstance(ext.get("client_id"), str)
-    return True
+    if code == RequestCode.POP_ESCAPED_REVIVE:
+        return False  # no member of the record's group confirms putting it (pop/escaped.py)
+    if code == RequestCode.EXCHANGE_BROKER_HA_INFO:
+        return False  # the fuzzed broker is a master: it follows no announced master
+    return code not in CONTAINER_FIELDS
 
 
 def send_acceptable(body: bytes) -> bool:
@@ -441,7 +521,7 @@ def registration_acceptable(ext: dict, body: bytes) -> bool:
     )
 
 
-def run_campaign(conn, fields: dict[int, tuple[str, ...]]) -> None:
+def run_campaign(conn, fields: dict[int, tuple[str, ...]], taken: str = "") -> None:
     opaque = iter(range(1, 10**9))
 
     # One connection carries the whole campaign, so examples are not independent: no
@@ -453,7 +533,7 @@ def run_campaign(conn, fields: dict[int, tuple[str, ...]]) -> None:
         phases=[Phase.generate],
         suppress_health_check=list(HealthCheck),
     )
-    @given(requests(fields))
+    @given(requests(fields, taken))
     def campaign(request):
         code, ext, body = request
         op = next(opaque)
@@ -599,3 +679,38 @@ def test_ha_port_request_fuzz(cluster, raw_conn):
 def ha_listen(cluster) -> str:
     text = (cluster.root / "broker.toml").read_text()
     return next(line.split('"')[1] for line in text.splitlines() if line.startswith("ha_listen"))
+
+
+def test_container_port_request_fuzz(cluster_factory, raw_conn):
+    """A broker container's port (ADD_BROKER, REMOVE_BROKER; seed 004): hostile member
+    settings and names, undecodable bodies, every other code. No member is added or
+    removed, nothing is created where a drawn store_dir points, the hosted member serves on."""
+    c = cluster_factory()
+    c.start_namesrv()
+    member = c.write_broker_config("member", broker_name="member-x")
+    listen, metrics = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    cfg = c.root / "container.toml"
+    cfg.write_text(
+        dump_toml(
+            {
+                "listen": listen,
+                "namesrv": c.namesrv_addrs,
+                "brokers": [str(member)],
+                "metrics_listen": metrics,
+            }
+        )
+    )
+    container = Proc("container", ["container", "-c", str(cfg)], c.root / "container.log")
+    c.procs["container"] = container.start()
+    before = rss_mib(container.pid)
+    run_campaign(raw_conn(listen), CONTAINER_FIELDS, taken=c.broker_addr("member"))
+    assert container.alive()
+    assert rss_mib(container.pid) - before < FUZZ_RSS_BOUND_MIB
+    assert scrape_metrics(metrics)["hamq_internal_errors_total"] == 0
+    assert not Path("relative-store").exists()
+    with hamq.Admin(c.namesrv) as admin:
+        wait_for(lambda: "member-x" in admin.master_addrs(), 10, "member-x registered")
+        assert set(admin.master_addrs()) == {"member-x"}  # none added, none removed
+        admin.create_topic("AfterContainerFuzz", 1)
+        wait_for(lambda: routed(admin, "AfterContainerFuzz"), 10, "route of AfterContainerFuzz")
+    send_and_pull(c.namesrv, "AfterContainerFuzz")

@@ -34,7 +34,14 @@ from wsgiref.simple_server import WSGIServer
 from hamq.broker.server import Broker
 from hamq.config import BrokerConfig, ContainerConfig, from_dict, load_config
 from hamq.config_check import bad
-from hamq.errors import BrokerSystemError, ConfigError, HamqError, InvalidArgument
+from hamq.errors import (
+    BrokerSystemError,
+    ConfigError,
+    HamqError,
+    InvalidArgument,
+    NoPermission,
+    RequestCodeNotSupported,
+)
 from hamq.net.connection import Connection, error_pieces, response_pieces
 from hamq.net.metrics import remove_gauges, serve_metrics
 from hamq.net.pool import ConnectionPool
@@ -78,18 +85,47 @@ def load_members(config: ContainerConfig, path: str | Path | None) -> list[Broke
 
 def refuse_duplicate(config: BrokerConfig, members: Iterable[BrokerConfig]) -> None:
     """One member per (broker name, broker id) and per store directory in a container (the
-    second would fail later and less clearly: its store lock, or its name servers' routes)."""
+    second would fail later and less clearly: its store lock, or its name servers' routes).
+    Stores are compared as resolved paths, and one inside another is refused too: a member
+    whose store_dir is another's ``commitlog`` would put its lock and its files among that
+    member's segments (the store lock only sees the very same directory)."""
+    store = Path(config.store_dir).resolve()
     for other in members:
         if (other.broker_name, other.broker_id) == (config.broker_name, config.broker_id):
             raise ConfigError(
                 f"broker {config.broker_name} id {config.broker_id} is already a member of "
                 "this container"
             )
-        if other.store_dir == config.store_dir:
+        other_store = Path(other.store_dir).resolve()
+        if store == other_store:
             raise ConfigError(
                 f"store_dir = {config.store_dir!r} is already the store of member "
                 f"{other.broker_name} id {other.broker_id}"
             )
+        if store.is_relative_to(other_store) or other_store.is_relative_to(store):
+            raise ConfigError(
+                f"store_dir = {config.store_dir!r} overlaps the store of member "
+                f"{other.broker_name} id {other.broker_id} ({other.store_dir}): a store "
+                "directory holds one member's files only"
+            )
+
+
+def confine_store(config: BrokerConfig, store_root: str) -> None:
+    """A member asked for over the network writes only inside the container's
+    ``store_root``. ADD_BROKER is not authenticated: without this, anyone who reaches the
+    container's port could have it create directories, and create or truncate a file
+    named ``lock``, anywhere the process may write."""
+    if not store_root:
+        raise NoPermission(
+            "this container takes no members at runtime: set store_root in its config "
+            "(members added with ADD_BROKER keep their store_dir inside it)"
+        )
+    root, store = Path(store_root).resolve(), Path(config.store_dir).resolve()
+    if store == root or not store.is_relative_to(root):
+        raise NoPermission(
+            f"store_dir = {config.store_dir!r} ({store}) is not inside the container's "
+            f"store_root {root}"
+        )
 
 
 class BrokerContainer:
@@ -123,7 +159,15 @@ class BrokerContainer:
             key = (config.broker_name, config.broker_id)
             refuse_duplicate(config, (broker.config for broker in self.brokers.values()))
             check_can_start(config)  # ports free, store creatable: ConfigError, nothing opened
-            broker = Broker(config, pool=self.pool, siblings=functools.partial(self._siblings, key))
+            try:  # (a constructor that fails lets go of the store itself)
+                broker = Broker(
+                    config, pool=self.pool, siblings=functools.partial(self._siblings, key)
+                )
+            except OSError as exc:
+                raise BrokerSystemError(
+                    f"broker {config.broker_name} id {config.broker_id} cannot open its "
+                    f"store {config.store_dir}: {exc}"
+                ) from None
             try:
                 await broker.start()
             except Exception as exc:  # noqa: BLE001 - any failure is the admin's answer
@@ -212,16 +256,19 @@ class _ContainerProcessor:
         if frame.code == RequestCode.ADD_BROKER:
             source = str(frame.ext.get("config_path") or "ADD_BROKER body")
             values = unpack_body(frame.body)
-            if not isinstance(values, dict):
-                raise InvalidArgument("ADD_BROKER body must be a map of broker settings")
+            if not isinstance(values, dict) or not all(isinstance(k, str) for k in values):
+                raise InvalidArgument(
+                    "ADD_BROKER body must be a map of broker settings (names to values)"
+                )
             config = member_config(values, source, self.container.config)
+            confine_store(config, self.container.config.store_root)
             change = self.container.add(config)
         elif frame.code == RequestCode.REMOVE_BROKER:
             change = self.container.remove(
                 require_name(frame.ext, "broker_name"), require_int(frame.ext, "broker_id")
             )
         else:
-            raise InvalidArgument(
+            raise RequestCodeNotSupported(
                 f"a broker container serves ADD_BROKER and REMOVE_BROKER only, not {frame.code}"
             )
         task = asyncio.ensure_future(self._answer(conn, frame, change))

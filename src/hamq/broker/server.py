@@ -90,6 +90,15 @@ class Broker:
 
         # -- the store, the group, the name servers -------------------------------------
         self.store_lock = StoreDirLock(config.store_dir)  # before recovery writes anything
+        try:
+            self._assemble(config, pool)
+        except BaseException:
+            self._disassemble()
+            raise
+
+    def _assemble(self, config: BrokerConfig, pool: ConnectionPool | None) -> None:
+        """Everything on the locked store directory. Recovery may fail on what it finds
+        there (a file where a directory belongs, say): ``_disassemble`` undoes it."""
         self.store = MessageStore(config)
         self.store.offsets.version_step = config.consumer_offset_update_version_step
         self.flush = FlushService(self.store)
@@ -278,6 +287,17 @@ class Broker:
         self._role_changes: set[asyncio.Task] = set()
         self._shutting_down = False
         self.metrics: WSGIServer | None = None
+
+    def _disassemble(self) -> None:
+        """A constructor that failed part way lets go of what it holds: a container whose
+        member failed to open its store serves on, and the store can be tried again."""
+        try:
+            if "members" in vars(self):
+                NamesrvRequests.of(self.pool).remove(self.members)
+            if "store" in vars(self):
+                self.store.close()
+        finally:
+            self.store_lock.release()
 
     def _role_services(self) -> RoleServices:
         """What starts and stops with the role, in start order (``broker/role.py`` has the

@@ -33,6 +33,8 @@ def container_settings(port_base: int, root: Path, namesrv: list[str]) -> dict[s
             "listen": f"127.0.0.1:{port_base + CONTAINER_PORT_OFFSET + index + 1}",
             "namesrv": namesrv,
             "brokers": [str(root / f"{name}.toml") for name in container_members(index)],
+            # add-broker may put a member's store in the data directory, nowhere else
+            "store_root": str(root),
         }
         for index in range(len(GROUPS))
     }
