@@ -6,6 +6,7 @@ nothing (escape is at least once: the duplicates are counted and explained)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -16,7 +17,9 @@ from pathlib import Path
 import hamq
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "chaos"))  # the acting-master cluster
+sys.path.insert(0, str(Path(__file__).parent))  # sibling test modules, as tests/chaos does
 from acting_cluster import ACTING, GROUP_A, GROUP_B, ActingCluster
+from test_escape import TX_GROUP, TX_TOPIC, end_transaction, send_halves
 
 from hamq import Message, TransactionState
 from hamq.client.consumer import PullStatus
@@ -171,4 +174,39 @@ def test_kill_9_of_the_acting_master_mid_backlog_loses_no_delay_message(cluster_
     dups = sum(n - 1 for n in counts.values())
     print(f"{total} due delay messages: a1 escaped >= {first}, {dups} escaped twice")
     assert max(counts.values()) <= 2
+    ac.close()
+
+
+def test_the_next_acting_member_does_not_commit_again_what_the_killed_one_committed(
+    cluster_factory,
+):
+    """a1 (acting) commits a half on END_TRANSACTION and is killed (kill -9) after
+    answering; a2 acts next. Its check-back must not ask the producer about that half: a
+    COMMIT answer would put the message into broker-b a second time. (A second, undecided
+    half shows that a2's check-back runs.)"""
+    ac = ActingCluster(cluster_factory, {TX_TOPIC: 1})
+    halves = asyncio.run(send_halves(ac.c.namesrv))
+    (committed, commit_offset), (undecided, _) = halves["commit"], halves["rollback"]
+    ac.kill_master(TX_TOPIC)
+    asyncio.run(end_transaction(ac.c.namesrv, commit_offset, TransactionState.COMMIT_MESSAGE))
+    assert keys_in(ac, TX_TOPIC, GROUP_B) == [committed]
+    ac.c.procs[ACTING].kill9()
+    wait_for(lambda: ac.routed_master(TX_TOPIC, GROUP_A) == ac.addr("a2"), WAIT_S, "a2 acting")
+    checked: list[str] = []
+
+    def check(msg: Message) -> TransactionState:
+        checked.append(msg.keys)
+        return TransactionState.COMMIT_MESSAGE
+
+    with hamq.TransactionProducer(
+        ac.c.namesrv,
+        TX_GROUP,
+        lambda m, a: TransactionState.UNKNOW,
+        check,
+        heartbeat_interval_s=0.3,
+    ):
+        wait_for(lambda: undecided in checked, WAIT_S, "a2 checking back")
+        assert committed not in checked
+        wait_for(lambda: undecided in keys_in(ac, TX_TOPIC, GROUP_B), WAIT_S, "a2's commit escaped")
+    assert Counter(keys_in(ac, TX_TOPIC, GROUP_B))[committed] == 1
     ac.close()

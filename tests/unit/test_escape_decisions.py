@@ -5,10 +5,13 @@ merged as a union from another member, and forgotten once the op log holds them.
 from __future__ import annotations
 
 from hamq.broker.escape import EscapeBridge
+from hamq.broker.ha.member_group import MemberGroup
 from hamq.broker.role import BrokerRole, RoleState
+from hamq.broker.transaction.decision_share import DecisionShare
 from hamq.broker.transaction.decisions import TransactionDecisions
 from hamq.broker.transaction.service import TransactionalMessageService
 from hamq.config import BrokerConfig
+from hamq.net.pool import ConnectionPool
 from hamq.protocol.properties import PROPERTY_PRODUCER_GROUP
 from hamq.protocol.transaction import TransactionState
 from hamq.store.flush import FlushService
@@ -18,12 +21,14 @@ from hamq.store.message_store import MessageStore
 def service(root) -> TransactionalMessageService:
     config = BrokerConfig(store_dir=str(root))
     store = MessageStore(config)
+    pool = ConnectionPool()  # a group of one: no member to hand decisions to
     return TransactionalMessageService(
         store,
         FlushService(store),
         RoleState(BrokerRole.MASTER, 0),
         EscapeBridge(config),
         on_put=lambda topic, queue_id: None,
+        share=DecisionShare(MemberGroup(config, pool), pool, config.broker_id).share,
     )
 
 

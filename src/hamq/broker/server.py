@@ -35,6 +35,7 @@ from hamq.broker.send_back import ConsumerSendMsgBackProcessor
 from hamq.broker.store_lock import StoreDirLock
 from hamq.broker.topics import TopicService
 from hamq.broker.transaction.check import TransactionalMessageCheckService
+from hamq.broker.transaction.decision_share import DecisionShare
 from hamq.broker.transaction.service import TransactionalMessageService
 from hamq.client.controller import ControllerClient
 from hamq.clock import monotonic_ms, wall_ms
@@ -166,7 +167,12 @@ class Broker:
         )
         self.schedule.progress.version_step = config.delay_offset_update_version_step
         self.transactions = TransactionalMessageService(
-            self.store, self.flush, self.role, self.escape, on_put=self.pull.message_arrived
+            self.store,
+            self.flush,
+            self.role,
+            self.escape,
+            on_put=self.pull.message_arrived,
+            share=DecisionShare(self.members, self.pool, config.broker_id).share,
         )
         self.send = send = SendProcessor(
             self.store,
@@ -205,6 +211,7 @@ class Broker:
                 RequestCode.GET_ALL_DELAY_OFFSET: self.schedule.get_all_delay_offset,
                 RequestCode.END_TRANSACTION: self.transactions.end_transaction,
                 RequestCode.GET_TRANSACTION_DECISIONS: self.transactions.get_decisions,
+                RequestCode.PUT_TRANSACTION_DECISIONS: self.transactions.put_decisions,
             }
         )
         self.transaction_check = TransactionalMessageCheckService(

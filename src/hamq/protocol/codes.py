@@ -50,6 +50,7 @@ class RequestCode(IntEnum):
     GET_TRANSACTION_DECISIONS = 913  # pre-online: half messages an acting member decided
     POP_ESCAPED_REVIVE = 912  # an acting master's pop CK/ACK record, into another group's master
     POP_ESCAPED_CONFIRM = 914  # chosen master -> the record's group: did you put this record?
+    PUT_TRANSACTION_DECISIONS = 915  # an acting master's decisions, to its group's members
     # controller mode (seed 001), RocketMQ 5's numbers
     CONTROLLER_ALTER_SYNC_STATE_SET = 1001
     CONTROLLER_ELECT_MASTER = 1002

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 from hamq.broker.durable import answer_when_durable
 from hamq.broker.escape import EscapeBridge
@@ -70,9 +70,11 @@ class TransactionalMessageService:
         escape: EscapeBridge,
         *,
         on_put: Callable[[str, int], None],
+        share: Callable[[dict[int, int]], Awaitable[None]],
     ) -> None:
         self.store = store
         self.escape = escape  # an acting master's commits go to another group's master
+        self.share = share  # ...and its decisions to its group's members (decision_share.py)
         self.decisions = TransactionDecisions(store.root, store.clock_ms(), disk=store.disk)
         # acting: decisions being taken (escape, then the decision written), by half offset
         self._deciding: dict[int, asyncio.Future[None]] = {}
@@ -236,6 +238,8 @@ class TransactionalMessageService:
             await asyncio.to_thread(self.decisions.write, snapshot)
         except OSError as err:
             raise BrokerSystemError(f"writing the transaction decision failed: {err}") from err
+        # before the answer: killed after it, this member would take the decision with it
+        await self.share({msg.queue_offset: msg.physical_offset})
         self._mark_decided(msg.queue_offset)
 
     def get_decisions(self, conn: Connection, frame: Frame) -> list:
@@ -243,6 +247,12 @@ class TransactionalMessageService:
         commit-log offset), for a returning master's pre-online."""
         body = {str(half): physical for half, physical in self.decisions.decided().items()}
         return response_pieces(frame, body=pack_body(body))
+
+    def put_decisions(self, conn: Connection, frame: Frame) -> list:
+        """PUT_TRANSACTION_DECISIONS: decisions the group's acting master took, kept here
+        (durable) for this member's own check-back if it acts or is master later."""
+        self.merge_decisions(frame.body)
+        return response_pieces(frame)
 
     def merge_decisions(self, body: bytes) -> bool:
         """Pre-online: take a member's decisions (read back with the op log when the
