@@ -37,7 +37,7 @@ SETTLE_S = 20.0
 MEMBERS = ("m", "s1", "s2")
 
 
-def _start_group(cluster_factory, raw_conn, strict: bool):
+def _start_group(cluster_factory, raw_conn, strict: bool, lease_ms: int = LEASE_MS):
     c = cluster_factory()
     c.start_namesrv(
         scan_not_active_broker_interval_ms=500,
@@ -48,7 +48,7 @@ def _start_group(cluster_factory, raw_conn, strict: bool):
         "total_replicas": 3,
         "enable_slave_acting_master": True,
         "lock_in_strict_mode": strict,
-        "rebalance_lock_max_live_time_ms": LEASE_MS,
+        "rebalance_lock_max_live_time_ms": lease_ms,
         "skip_pre_online": True,
         "slave_sync_interval_ms": 500,
     }
@@ -65,6 +65,21 @@ def _start_group(cluster_factory, raw_conn, strict: bool):
             SETTLE_S,
             f"{m} to know the topic and its group",
         )
+    if strict:  # a member grants nothing for a lease after it starts (client_processor.py)
+        for m in MEMBERS:
+            probe.join(c.broker_addr(m))
+        master = c.broker_addr("m")
+        wait_for(
+            lambda: (
+                probe.lock(master) == QUEUE_IDS
+                and all(_owners(c, x) == _all("probe") for x in MEMBERS)
+            ),
+            SETTLE_S + lease_ms / 1000,
+            "every member to grant locks",
+        )
+        probe.unlock(master)
+        for m in MEMBERS:  # no consumer of the group any more (a push consumer rebalances)
+            probe.ask(c.broker_addr(m), RequestCode.UNREGISTER_CLIENT, {"client_id": "probe"})
     return c
 
 
@@ -206,7 +221,12 @@ def test_strict_mode_never_lets_two_consumers_hold_a_queue(strict_group):
         assert b.lock(m) == set()
         assert _owners(c, "m") == {}
     a.join(m)
-    assert a.lock(m) == QUEUE_IDS  # and through the master once its route moved
+    assert a.lock(m) == QUEUE_IDS  # and through the master once its route moved (s1, s2)
+    wait_for(  # the master grants too once a lease has passed since it started
+        lambda: a.lock(m) == QUEUE_IDS and _owners(c, "m") == _all("client-a"),
+        SETTLE_S,
+        "the master to grant A's renewal",
+    )
     for x in MEMBERS:
         assert _owners(c, x) == _all("client-a"), x
 

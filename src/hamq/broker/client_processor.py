@@ -8,7 +8,14 @@ the group it consumed from cannot take it back (``client/retry.py``).
 
 Locks are served by any member, a slave acting as master too (seed 004: ordered consumers
 lock through it while the master is away). In strict mode (``lock_quorum``) a lock or
-unlock is answered once the other members have answered it too."""
+unlock is answered once the other members have answered it too.
+
+Locks live in memory, so in strict mode a member grants nothing for one lease after it
+starts: it may have granted a queue before it restarted, to a client that still holds it
+on one other member; if this member granted it again, it and a member that never held it
+(down meanwhile) would be a second majority, and two clients would hold the queue. The
+client keeps its queue through the other members meanwhile; only a group without a
+majority of members up for a lease (a whole group restarted) waits that lease to lock."""
 
 from __future__ import annotations
 
@@ -48,6 +55,8 @@ class ClientProcessor:
         self.clients = clients
         self.locks = locks
         self.quorum = quorum  # strict mode (lock_in_strict_mode) only
+        # strict mode: no grants before then (module docstring)
+        self.grants_from_ms = monotonic_ms() + locks.max_live_time_ms
 
     def heart_beat(self, conn: Connection, frame: Frame) -> list | None:
         heartbeat = parse_heartbeat(unpack_body(frame.body))
@@ -83,6 +92,8 @@ class ClientProcessor:
         # answer), as if another client held them: nothing is kept for a name.
         existing = [q for q in queues if self._exists(*q)]
         now = monotonic_ms()
+        if self._forgetful(now):
+            existing = []
         if quorum is None:
             return _held_pieces(frame, self.locks.try_lock_batch(group, existing, client_id, now))
         renewed = {q for q in existing if self.locks.owner(group, q, now) == client_id}
@@ -93,6 +104,11 @@ class ClientProcessor:
 
         _answer_later(conn, frame, by_quorum())
         return None
+
+    def _forgetful(self, now_ms: int) -> bool:
+        """Strict mode in a group of several, within a lease of this member's start: what
+        it granted before may still be held elsewhere (module docstring)."""
+        return self.quorum is not None and self.quorum.quorum > 1 and now_ms < self.grants_from_ms
 
     def _exists(self, topic: str, queue_id: int) -> bool:
         config = self.store.topics.get(topic)
