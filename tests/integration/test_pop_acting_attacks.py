@@ -122,3 +122,31 @@ def test_a_forged_escaped_ack_does_not_cancel_a_pop_nobody_acked(cluster_factory
         assert refused == len(forged), "B's master took records no member of A put"
     finally:
         ac.close()
+
+
+def test_acks_on_the_acting_master_go_through_with_a_member_of_its_group_frozen(
+    cluster_factory,
+):
+    """B's master asks A's members whether they are putting a record before it stores it:
+    with a2 frozen (SIGSTOP, still listed by the name server for a while) the answer of a1,
+    the putter, is enough, so acks on a1 are answered within the client's timeout."""
+    ac = ActingCluster(cluster_factory, {TOPIC: 1})
+    a2 = ac.c.procs["a2"]
+    try:
+        bodies = outage(ac, b"frozen")
+        os.kill(a2.pid, signal.SIGSTOP)
+        try:
+            with consumer_of(ac) as consumer:
+                got = receive_until(consumer, set(bodies), 20)
+                latest = {m.body: m for m in got}
+                assert set(latest) == set(bodies)
+                acked = set(bodies[:4])
+                for body in sorted(acked):
+                    consumer.ack(latest[body])  # raises if not answered in time
+                again = receive_until(consumer, set(bodies) - acked, 30)
+            came = {m.body for m in again}
+            assert came >= set(bodies) - acked and not came & acked, came
+        finally:
+            os.kill(a2.pid, signal.SIGCONT)
+    finally:
+        ac.close()

@@ -52,6 +52,7 @@ STOP_DRAIN_S = 2.0  # a last try at what is pending when acting ends
 # Records waiting for the chosen master past which pops and acks are refused (it is down):
 # memory stays bounded, and a refused pop hands nothing out.
 MAX_PENDING = 10_000
+CONFIRM_S = 1.0  # one member's answer to POP_ESCAPED_CONFIRM (the putter waits 3 s)
 READER_GROUP = "rmq_sys_pop_escape_reader"  # names the pulls; commits no offset
 PULL_BATCH = 1024  # revive records per pull while reading another master's revive log
 MAX_PULLS = 100_000  # bounds one read of a revive log
@@ -120,15 +121,29 @@ class ReviveEscape:
         if entry is None or entry["cluster"] != self.bridge.config.cluster_name:
             raise NoPermission(f"{broker_name} is no group of this cluster: record refused")
         digest = record_digest(record)
-        for addr in entry["broker_addrs"].values():
-            try:
-                await self.bridge.core.invoke(
-                    addr, RequestCode.POP_ESCAPED_CONFIRM, {"digest": digest}
-                )
-                return
-            except (HamqError, OSError):
-                continue
+        # all members at once, taken at the first yes: a hung member (SIGSTOP) must not
+        # make the putter's request time out, as it would retry the same record for ever
+        asks = [
+            asyncio.ensure_future(self._confirmed_by(addr, digest))
+            for addr in entry["broker_addrs"].values()
+        ]
+        try:
+            for answer in asyncio.as_completed(asks):
+                if await answer:
+                    return
+        finally:
+            for ask in asks:
+                ask.cancel()
         raise NoPermission(f"no member of {broker_name} is putting this record: refused")
+
+    async def _confirmed_by(self, addr: str, digest: str) -> bool:
+        try:
+            await self.bridge.core.invoke(
+                addr, RequestCode.POP_ESCAPED_CONFIRM, {"digest": digest}, timeout_s=CONFIRM_S
+            )
+        except (HamqError, OSError):
+            return False
+        return True
 
     async def records_of(self, broker_name: str) -> list[ReviveRecord]:
         """The records escaped under ``broker_name`` into the cluster's other masters, one
