@@ -60,7 +60,8 @@ STORED_CODES = (
 # Groups tried by one remote put before it fails (each one that does not answer is
 # avoided for a while by the client core, so the next put starts elsewhere).
 MAX_REMOTE_GROUPS = 3
-# An escape run is logged when its target changes, else summed up at most this often.
+# An escape run is logged when it goes local or remote or into a master it did not name
+# yet, else summed up at most this often (puts spread over several groups name them all).
 LOG_INTERVAL_S = 10.0
 
 
@@ -112,9 +113,10 @@ class EscapeBridge:
         self.core = ClientCore(config.namesrv)  # connects only once a remote put needs it
         self._admin = AsyncAdmin(core=self.core)
         self._turn = itertools.count()  # spreads puts over the targets' queues
-        self._logged: tuple[bool, str] | None = None  # (local, target) of the last log line
+        self._logged_local: bool | None = None  # local or remote in the last log line
+        self._named: set[str] = set()  # the groups the log lines of this run named
         self._logged_at = 0.0
-        self._unlogged = 0  # messages escaped since the last log line
+        self._unlogged: dict[str, int] = {}  # group -> messages escaped since the last line
 
     async def put(
         self,
@@ -228,20 +230,24 @@ class EscapeBridge:
         return found
 
     def _log(self, result: EscapeResult, count: int) -> None:
-        """One line per escape run: when the target changes, else every LOG_INTERVAL_S."""
-        self._unlogged += count
-        key = (result.local, result.broker_name)
-        now = monotonic_s()
-        if key != self._logged or now - self._logged_at >= LOG_INTERVAL_S:
-            log.info(
-                "escaped %d message(s) %s into %s's master (escaped so far: %d local, %d remote)",
-                self._unlogged,
-                "locally" if result.local else "remotely",
-                result.broker_name,
-                COUNTS.escaped_local,
-                COUNTS.escaped_remote,
-            )
-            self._logged, self._logged_at, self._unlogged = key, now, 0
+        """A line when a run starts, goes local or remote, or reaches a master it did not
+        name yet; else one every LOG_INTERVAL_S (never one per put)."""
+        group = result.broker_name
+        self._unlogged[group] = self._unlogged.get(group, 0) + count
+        if result.local != self._logged_local:
+            self._logged_local, self._named = result.local, set()
+        elif group in self._named and monotonic_s() - self._logged_at < LOG_INTERVAL_S:
+            return
+        self._named.add(group)
+        log.info(
+            "escaped %d message(s) %s into %s (escaped so far: %d local, %d remote)",
+            sum(self._unlogged.values()),
+            "locally" if result.local else "remotely",
+            ", ".join(f"{g}'s master" for g in self._unlogged),
+            COUNTS.escaped_local,
+            COUNTS.escaped_remote,
+        )
+        self._logged_at, self._unlogged = monotonic_s(), {}
 
     async def close(self) -> None:
         await self.core.close()
