@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
+import time
 
+import pytest
 from acting_cluster import ACTING, GROUP_A, GROUP_B, ActingCluster, keys_by_group
 
 import hamq
 from hamq import Message, MessageQueue
+from hamq.broker.pre_online import RETURNING_HOLD_MS
 from hamq.client.consumer import PullStatus
+from hamq.errors import NoPermission
+from hamq.protocol.codes import RequestCode
+from hamq.protocol.message import encode_batch
 from helpers import wait_for
 
 DELAY_LEVEL = 3  # 10 s: due while A's master is paused
@@ -101,4 +108,158 @@ def test_paused_master_takes_the_outage_back_before_it_serves_again(cluster_fact
     finally:
         if paused:
             os.kill(a0.pid, signal.SIGCONT)
+        ac.close()
+
+
+def test_paused_acting_member_does_not_act_on_its_stale_metadata(cluster_factory):
+    """A's master is killed and a1 acts; then a1 is frozen past its liveness timeout, so a2
+    acts: the group commits through a2 and the delay message falls due and is escaped by
+    a2 into B. a1 thawed is the smallest id again and acts again: it must not escape the
+    delay message a second time, and it must answer the offsets committed through a2."""
+    per_queue = 20
+    ac = ActingCluster(cluster_factory, {"PauseT": 1, "PauseDly": 1})
+    a1 = ac.c.procs[ACTING]
+    paused = False
+    try:
+        mq = MessageQueue("PauseT", GROUP_A, 0)
+        ac.send_to(GROUP_A, [Message("PauseT", b"%d" % i) for i in range(per_queue)])
+        ac.send_to(GROUP_A, [Message("PauseDly", b"d", keys="dly", delay_level=DELAY_LEVEL)])
+        ac.kill_master("PauseT")
+        wait_for(lambda: ac.runtime(ACTING)["acting_master"]["acting"], 20, "a1 acting")
+        # a send straight to the acting master (not through the read-only route) is
+        # refused, and stores nothing
+        payload, crc = encode_batch([struct.pack(">IH", 3, 0) + b"x"])
+        ext = {"topic": "PauseT", "queue_id": 0, "count": 1, "crc": crc}
+        with pytest.raises(NoPermission, match="slave"):
+            ac.invoke(ac.addr(ACTING), RequestCode.SEND_MESSAGE, ext, body=payload)
+        ac.assert_acting_log_unchanged()
+        os.kill(a1.pid, signal.SIGSTOP)
+        paused = True
+        wait_for(lambda: ac.routed_master("PauseT", GROUP_A) == ac.addr("a2"), 20, "a2 routed")
+        wait_for(lambda: ac.runtime("a2")["acting_master"]["acting"], 20, "a2 acting")
+        with hamq.PullConsumer("g-pause", ac.c.namesrv) as consumer:
+            consumer.commit_offset(mq, per_queue)
+        wait_for(
+            lambda: keys_by_group(ac.read_topic("PauseDly")).get(GROUP_B) == ["dly"],
+            40,
+            "the delay message delivered through B",
+        )
+        wait_for(
+            lambda: int(ac.delay_offsets("a2").get(str(DELAY_LEVEL), 0)) >= 1,
+            20,
+            "a2's delay progress past it",
+        )
+
+        os.kill(a1.pid, signal.SIGCONT)
+        paused = False
+        wait_for(lambda: ac.routed_master("PauseT", GROUP_A) == ac.addr(ACTING), 20, "a1 routed")
+        wait_for(lambda: ac.runtime(ACTING)["acting_master"]["acting"], 20, "a1 acting again")
+        wait_for(lambda: not ac.runtime("a2")["acting_master"]["acting"], 20, "a2 stops")
+        wait_for(
+            lambda: (
+                int(ac.delay_offsets(ACTING).get(str(DELAY_LEVEL), 0)) >= 1
+                or len(ac.read_topic("PauseDly").get(GROUP_B, [])) > 1
+            ),
+            20,
+            "a1 past the delay message (or escaping it again)",
+        )
+        delivered = {
+            g: keys for g, keys in keys_by_group(ac.read_topic("PauseDly")).items() if keys
+        }
+        assert delivered == {GROUP_B: ["dly"]}, f"escaped again by the thawed a1: {delivered}"
+        assert ac.consumer_offset(ACTING, "g-pause", mq) == per_queue, (
+            f"a1 answers {ac.consumer_offset(ACTING, 'g-pause', mq)}: the offset committed "
+            f"through a2 ({per_queue}) went back"
+        )
+        ac.assert_acting_log_unchanged()
+    finally:
+        if paused:
+            os.kill(a1.pid, signal.SIGCONT)
+        ac.close()
+
+
+def test_a_restarted_name_server_does_not_make_a_slave_act_beside_a_live_master(
+    cluster_factory,
+):
+    """The name server restarts while A's master is alive but has not registered with it
+    yet (frozen for a few seconds, well within its 10 s liveness timeout): the slaves
+    register first, so the new name server knows A without a master. The smallest-id
+    slave must not act on that (its delay delivery and check-back would run beside the
+    master's) until the name server could have heard from every live master."""
+    c = cluster_factory()
+    c.start_namesrv(support_acting_master=True, broker_not_active_timeout_ms=10_000)
+    settings = {
+        "enable_slave_acting_master": True,
+        "broker_heartbeat_interval_ms": 300,
+        "sync_broker_member_group_period_ms": 300,
+    }
+    for broker_id, name in enumerate(("a0", "a1")):
+        c.start_broker(
+            name,
+            broker_id=broker_id,
+            broker_role="slave" if broker_id else "async_master",
+            total_replicas=2,
+            **settings,
+        )
+    a0 = c.procs["a0"]
+    with hamq.Admin(c.namesrv) as admin:
+
+        def group() -> dict:
+            table = admin.cluster_info()["broker_addr_table"]
+            return {int(i): a for i, a in table.get(GROUP_A, {}).get("broker_addrs", {}).items()}
+
+        def acting_changes() -> int:
+            return admin.broker_runtime_info(c.broker_addr("a1"))["acting_master"]["changes"]
+
+        wait_for(lambda: set(group()) == {0, 1}, 20, "both members registered")
+        os.kill(a0.pid, signal.SIGSTOP)
+        try:
+            c.restart("namesrv")
+            wait_for(lambda: set(group()) == {1}, 20, "the new name server knows a1 only")
+            deadline = time.monotonic() + 1.5  # five member-group syncs of a1
+            while time.monotonic() < deadline:
+                assert acting_changes() == 0, "a1 acted while its master was alive"
+                time.sleep(0.1)
+        finally:
+            os.kill(a0.pid, signal.SIGCONT)
+        wait_for(lambda: set(group()) == {0, 1}, 20, "a0 registered again")
+        assert acting_changes() == 0, "a1 acted while its master was alive"
+
+
+def test_master_killed_in_pre_online_leaves_the_group_masterless_for_a_bounded_time(
+    cluster_factory,
+):
+    """A's master returns while a2 is frozen, takes a1's metadata (a1 stops acting for it)
+    and is killed with kill -9 while it still waits for a2. a1 acts again once the hold
+    the master asked for passed; the master's next return takes the group back, and the
+    offsets committed through a1 before the kill are still there."""
+    ac = ActingCluster(cluster_factory, {"PreT": 1})
+    a0, a2 = ac.c.procs["a0"], ac.c.procs["a2"]
+    paused = False
+    try:
+        mq = MessageQueue("PreT", GROUP_A, 0)
+        ac.send_to(GROUP_A, [Message("PreT", b"%d" % i) for i in range(10)])
+        ac.kill_master("PreT")
+        wait_for(lambda: ac.runtime(ACTING)["acting_master"]["acting"], 20, "a1 acting")
+        with hamq.PullConsumer("g-pre", ac.c.namesrv) as consumer:
+            consumer.commit_offset(mq, 10)
+        os.kill(a2.pid, signal.SIGSTOP)
+        paused = True
+        a0.start()
+        wait_for(lambda: 1 in ac.runtime("a0")["pre_online"]["done"], 30, "a0 took a1's")
+        assert ac.runtime("a0")["pre_online"]["isolated"]
+        assert not ac.runtime(ACTING)["acting_master"]["acting"]  # held off for a0
+        a0.kill9()
+        killed = time.monotonic()
+        os.kill(a2.pid, signal.SIGCONT)
+        paused = False
+        wait_for(lambda: ac.runtime(ACTING)["acting_master"]["acting"], 60, "a1 acting again")
+        assert time.monotonic() - killed < RETURNING_HOLD_MS / 1000 + 10
+        assert ac.routed_master("PreT", GROUP_A) == ac.addr(ACTING)
+        ac.restart_master("PreT")
+        assert ac.consumer_offset("a0", "g-pre", mq) == 10
+        wait_for(lambda: not ac.runtime(ACTING)["acting_master"]["acting"], 20, "a1 stops")
+    finally:
+        if paused:
+            os.kill(a2.pid, signal.SIGCONT)
         ac.close()

@@ -16,6 +16,14 @@ A returning master (pre-online, ``broker/pre_online.py``) tells the acting membe
 (``master_returning``): acting stops at once and stays off until the master shows up in the
 member group as brokerId 0 or the hold passes (its pre-online failed), so the two never
 serve master-only work together once the master has taken over the group's metadata.
+
+Two acting members must not work from different metadata either. A member that acted was
+paused (or cut off from the name servers) past their liveness timeout: another took over
+and moved offsets and delay progress on. So a member whose registration lease lapsed
+(``broker/registration.py``) stops acting at once and does not act until a name server
+holds it again; and a member about to act first waits until its group's other live
+members no longer act and takes their metadata (``GroupMetadata``, as pre-online does),
+so it never escapes again what another acting member delivered.
 """
 
 from __future__ import annotations
@@ -23,14 +31,24 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING
 
 from hamq.broker.ha.member_group import MASTER_ID, MemberGroup
 from hamq.broker.role import BrokerRole, RoleState
 from hamq.clock import monotonic_ms
 from hamq.config import BrokerConfig
+from hamq.errors import HamqError
 from hamq.namesrv.routes import acting_master_id
+from hamq.protocol.codes import RequestCode, ResponseCode
+from hamq.protocol.frame import unpack_body
+
+if TYPE_CHECKING:
+    from hamq.broker.pre_online import GroupMetadata
 
 log = logging.getLogger(__name__)
+
+STOPPED_ACTING_WAIT_MS = 5_000  # for another member to stop acting before this one acts
+STOPPED_ACTING_POLL_S = 0.1
 
 
 def should_act(
@@ -64,11 +82,16 @@ class ActingMasterWatch:
         role: RoleState,
         members: MemberGroup,
         now_ms: Callable[[], int] = monotonic_ms,
+        *,
+        metadata: GroupMetadata | None = None,
+        lease_lapsed: Callable[[], bool] = lambda: False,
     ) -> None:
         self.enabled = config.enable_slave_acting_master
         self.role = role
         self.members = members
         self._now_ms = now_ms
+        self.metadata = metadata  # taken from the other members before acting
+        self.lease_lapsed = lease_lapsed  # no name server is sure to hold this member
         self._hold_until_ms = 0  # a returning master holds acting off until then
         self._started = False
         self._deciding: asyncio.Task | None = None
@@ -91,7 +114,7 @@ class ActingMasterWatch:
             role=self.role.role,
             broker_id=self.role.broker_id,
             member_ids=self.members.broker_addrs.keys(),
-            held_off=self.held_off(),
+            held_off=self.held_off() or self.lease_lapsed(),
         )
 
     def start(self) -> None:
@@ -119,6 +142,9 @@ class ActingMasterWatch:
         while self._again:
             self._again = False
             acting = self.decide()
+            if acting and not self.role.is_acting_master:
+                await self._take_over()
+                acting = self.decide()  # the group may have changed meanwhile
             if await self.role.set_acting_master(acting):
                 log.info(
                     "member %d %s acting as master; the group's members: %s",
@@ -126,6 +152,41 @@ class ActingMasterWatch:
                     "now" if acting else "no longer",
                     dict(self.members.broker_addrs),
                 )
+
+    async def _take_over(self) -> None:
+        """Before acting: each other live member of the group stopped acting, and its
+        metadata is taken. One that cannot be asked (dead, frozen) is left out: whatever
+        it alone moved on is lost with it, as with a master that dies."""
+        if self.metadata is None:
+            return
+        for broker_id, addr in sorted(self.members.broker_addrs.items()):
+            if broker_id in (MASTER_ID, self.role.broker_id):
+                continue
+            try:
+                await self._until_not_acting(self.metadata, addr)
+                taken = await self.metadata.take(addr)
+            except HamqError as err:
+                log.warning(
+                    "before acting: member %d (%s): %s; acting without its metadata",
+                    broker_id,
+                    addr,
+                    err.message,
+                )
+                continue
+            log.info("before acting: member %d (%s): %s", broker_id, addr, taken)
+
+    async def _until_not_acting(self, metadata: GroupMetadata, addr: str) -> None:
+        deadline_ms = self._now_ms() + STOPPED_ACTING_WAIT_MS
+        while True:
+            frame = await metadata.request(addr, RequestCode.GET_BROKER_RUNTIME_INFO)
+            if frame.code != ResponseCode.SUCCESS:
+                raise HamqError.for_code(frame.code, f"runtime info: {frame.remark}")
+            info = (unpack_body(frame.body) or {}).get("acting_master") or {}
+            if not info.get("acting"):
+                return
+            if self._now_ms() >= deadline_ms:
+                raise HamqError(f"still acting as master after {STOPPED_ACTING_WAIT_MS} ms")
+            await asyncio.sleep(STOPPED_ACTING_POLL_S)
 
     async def master_returning(self, hold_ms: int) -> None:
         """A returning master is taking the group back (pre-online): stop acting now, and

@@ -23,7 +23,7 @@ starts with ``enable_slave_acting_master`` (and not ``skip_pre_online``):
 
 A master that never restarted but that the name servers may have dropped meanwhile (its
 process paused past their liveness timeout, or cut off from them: its registration lease
-lapsed) runs it again (``again``, ``Broker._take_group_back``): its slave may have acted.
+lapsed) runs it again (``again``, ``Broker._lease_lapsed``): its slave may have acted.
 
 A member that fails a step is retried every ``ROUND_INTERVAL_S`` (the group is asked again
 each round, so a dead slave is no longer waited for once the name servers dropped it, after
@@ -86,16 +86,19 @@ def merge_if_not_older(target: VersionedProgress, table: dict, version: DataVers
     return True
 
 
-def needs_pre_online(config: BrokerConfig) -> bool:
-    """A master of a master-slave group whose slaves may act for it (as RocketMQ starts its
-    BrokerPreOnlineService only with enableSlaveActingMaster)."""
+def may_act(config: BrokerConfig) -> bool:
+    """A member of a master-slave group whose slaves may act as master."""
     return (
         config.enable_slave_acting_master
-        and not config.skip_pre_online
-        and config.broker_role != "slave"
         and config.replication_mode == "master-slave"
         and not config.enable_controller_mode
     )
+
+
+def needs_pre_online(config: BrokerConfig) -> bool:
+    """A master of a group whose slaves may act for it (as RocketMQ starts its
+    BrokerPreOnlineService only with enableSlaveActingMaster)."""
+    return may_act(config) and not config.skip_pre_online and config.broker_role != "slave"
 
 
 @dataclass
@@ -109,26 +112,77 @@ class PreOnlineState:
     rounds: int = 0
 
 
-class PreOnline:
+class GroupMetadata:
+    """Takes a fellow member's consumer offsets, delay progress, pop checkpoint and
+    transaction decisions, keeping the newer of each (step 5; also a member about to act
+    as master, from the member that acted before it: ``broker/acting_master.py``)."""
+
     def __init__(
         self,
-        config: BrokerConfig,
         pool: ConnectionPool,
-        registration: NamesrvRegistration,
-        ha_master: HAMaster,
         store: MessageStore,
         delay_offsets: DelayOffsetManager,
         merge_pop_checkpoint: Callable[[bytes], bool],
         merge_transaction_decisions: Callable[[bytes], bool],
     ) -> None:
-        self.config = config
         self.pool = pool
-        self.registration = registration
-        self.ha_master = ha_master
         self.store = store
         self.delay_offsets = delay_offsets
         self.merge_pop_checkpoint = merge_pop_checkpoint
         self.merge_transaction_decisions = merge_transaction_decisions
+
+    async def request(self, addr: str, code: int, ext: dict | None = None) -> Frame:
+        conn = await self.pool.get(addr)
+        return await conn.request(code, ext or {}, timeout_s=REQUEST_TIMEOUT_S)
+
+    async def take(self, addr: str) -> str:
+        """What was taken, for the log and runtime info."""
+        offsets = await self.request(addr, RequestCode.GET_ALL_CONSUMER_OFFSET)
+        _check(offsets, "GET_ALL_CONSUMER_OFFSET")
+        delay = await self.request(addr, RequestCode.GET_ALL_DELAY_OFFSET)
+        _check(delay, "GET_ALL_DELAY_OFFSET")
+        pop = await self.request(addr, RequestCode.GET_POP_CHECKPOINT)
+        if pop.code != ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
+            _check(pop, "GET_POP_CHECKPOINT")
+        decisions = await self.request(addr, RequestCode.GET_TRANSACTION_DECISIONS)
+        _check(decisions, "GET_TRANSACTION_DECISIONS")
+        taken = {
+            "consumer_offsets": merge_if_not_older(
+                self.store.offsets,
+                unpack_body(offsets.body) or {},
+                DataVersion.from_wire(offsets.ext.get("data_version")),
+            ),
+            "delay_offsets": merge_if_not_older(
+                self.delay_offsets,
+                unpack_body(delay.body) or {},
+                DataVersion.from_wire(delay.ext.get("data_version")),
+            ),
+            "pop_checkpoint": pop.code == ResponseCode.SUCCESS
+            and self.merge_pop_checkpoint(pop.body),
+            # half messages the member decided while acting (no op record): not asked again
+            "transaction_decisions": self.merge_transaction_decisions(decisions.body),
+        }
+        # the member's log agrees with ours (its handshake cut it), so nothing taken points
+        # past our queues; clamped anyway, as everywhere progress comes from elsewhere
+        self.store.clamp_progress()
+        self.store.offsets.persist()
+        self.delay_offsets.persist()
+        return ", ".join(f"{name} {'taken' if t else 'kept'}" for name, t in taken.items())
+
+
+class PreOnline:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        registration: NamesrvRegistration,
+        ha_master: HAMaster,
+        metadata: GroupMetadata,
+    ) -> None:
+        self.config = config
+        self.registration = registration
+        self.ha_master = ha_master
+        self.store = metadata.store
+        self.metadata = metadata
         self.state = PreOnlineState()
         registration.isolated = True  # before its first registration
 
@@ -195,7 +249,7 @@ class PreOnline:
         c = self.config
         answers = await asyncio.gather(
             *(
-                self._request(
+                self.metadata.request(
                     addr,
                     RequestCode.GET_BROKER_MEMBER_GROUP,
                     {"cluster_name": c.cluster_name, "broker_name": c.broker_name},
@@ -229,7 +283,7 @@ class PreOnline:
                 self.state.skipped[broker_id] = "predates pre-online"
                 return
             await self._wait_attached(broker_id)
-            self.state.done[broker_id] = await self._take_metadata(addr)
+            self.state.done[broker_id] = await self.metadata.take(addr)
             self.state.failing.pop(broker_id, None)
             log.info("pre-online: member %d (%s): %s", broker_id, addr, self.state.done[broker_id])
         except HamqError as err:
@@ -239,7 +293,7 @@ class PreOnline:
     async def _exchange(self, broker_id: int, addr: str) -> dict | None:
         """Step 3; None when the member does not serve it."""
         c = self.config
-        frame = await self._request(
+        frame = await self.metadata.request(
             addr,
             RequestCode.EXCHANGE_BROKER_HA_INFO,
             {
@@ -271,44 +325,6 @@ class PreOnline:
             if monotonic_ms() >= deadline:
                 raise HamqError(f"its HA session did not attach within {HANDSHAKE_WAIT_S:g} s")
             await asyncio.sleep(HANDSHAKE_POLL_S)
-
-    async def _take_metadata(self, addr: str) -> str:
-        """Step 5: what was taken, for the log and runtime info."""
-        offsets = await self._request(addr, RequestCode.GET_ALL_CONSUMER_OFFSET)
-        _check(offsets, "GET_ALL_CONSUMER_OFFSET")
-        delay = await self._request(addr, RequestCode.GET_ALL_DELAY_OFFSET)
-        _check(delay, "GET_ALL_DELAY_OFFSET")
-        pop = await self._request(addr, RequestCode.GET_POP_CHECKPOINT)
-        if pop.code != ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
-            _check(pop, "GET_POP_CHECKPOINT")
-        decisions = await self._request(addr, RequestCode.GET_TRANSACTION_DECISIONS)
-        _check(decisions, "GET_TRANSACTION_DECISIONS")
-        taken = {
-            "consumer_offsets": merge_if_not_older(
-                self.store.offsets,
-                unpack_body(offsets.body) or {},
-                DataVersion.from_wire(offsets.ext.get("data_version")),
-            ),
-            "delay_offsets": merge_if_not_older(
-                self.delay_offsets,
-                unpack_body(delay.body) or {},
-                DataVersion.from_wire(delay.ext.get("data_version")),
-            ),
-            "pop_checkpoint": pop.code == ResponseCode.SUCCESS
-            and self.merge_pop_checkpoint(pop.body),
-            # half messages the member decided while acting (no op record): not asked again
-            "transaction_decisions": self.merge_transaction_decisions(decisions.body),
-        }
-        # the member's log agrees with ours (its handshake cut it), so nothing taken points
-        # past our queues; clamped anyway, as everywhere progress comes from elsewhere
-        self.store.clamp_progress()
-        self.store.offsets.persist()
-        self.delay_offsets.persist()
-        return ", ".join(f"{name} {'taken' if t else 'kept'}" for name, t in taken.items())
-
-    async def _request(self, addr: str, code: int, ext: dict | None = None) -> Frame:
-        conn = await self.pool.get(addr)
-        return await conn.request(code, ext or {}, timeout_s=REQUEST_TIMEOUT_S)
 
 
 def _check(frame: Frame, what: str) -> None:

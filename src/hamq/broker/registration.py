@@ -18,13 +18,14 @@ A member may start ``isolated`` (seed 004's ``isIsolated``: a returning master's
 ``broker/pre_online.py``): it then neither registers nor heartbeats, so no client routes to
 it, until ``go_online()``, which registers at once.
 
-A master whose slaves may act for it keeps a lease (``watch_lease``): a name server that
-accepted a registration or heartbeat sent at time T keeps it until at least T plus its
-liveness timeout. Once that passed for every name server (this process was paused, its
-host partitioned from them), they may have dropped it and a slave may have acted: it goes
-isolated again and ``on_lease_lapsed`` runs pre-online again before it registers (it never
-restarted, so nothing else would take back what the acting slave moved on); until then
-its secondary-message services write nothing (``RoleState.master_lease_lapsed``)."""
+A member of a group whose slaves may act as master keeps a lease (``watch_lease``): a
+name server that accepted a registration or heartbeat sent at time T holds it until at
+least T plus its liveness timeout. Once that passed for every name server (this process
+was paused, its host cut off from them), they may have dropped it and another member may
+have acted: the secondary-message services of a master or acting member write nothing
+(``RoleState.master_lease_lapsed``), and ``on_lease_lapsed`` isolates a master, which
+runs pre-online again before it registers (it never restarted, so nothing else would take
+back what the acting slave moved on), or ends acting (``broker/acting_master.py``)."""
 
 from __future__ import annotations
 
@@ -122,15 +123,15 @@ class NamesrvRegistration:
         await self._register_all()
 
     def watch_lease(self, on_lapsed: Callable[[], None]) -> None:
-        """Call ``on_lapsed`` (once per lapse) when the lease of the module docstring lapsed;
-        isolated from then on."""
+        """Call ``on_lapsed`` while this member, master or acting master, finds the lease of
+        the module docstring lapsed (a master's callback isolates it: told once)."""
         self.on_lease_lapsed = on_lapsed
 
     def lease_lapsed(self) -> bool:
-        """A watched master that registered once and that no name server is sure to hold
+        """A watched member that registered once and that no name server is sure to hold
         any more: each accepted its last registration or heartbeat from it longer ago
         than the liveness timeout it holds it by."""
-        if self.on_lease_lapsed is None or not self._accepted_at or not self.role.is_master:
+        if self.on_lease_lapsed is None or not self._accepted_at:
             return False
         now_ms = monotonic_ms()
         default_ms = (
@@ -142,19 +143,23 @@ class NamesrvRegistration:
         )
 
     def _held_back(self) -> bool:
-        """Isolated, or just found its lease lapsed (then isolated from here on)."""
+        """Isolated (then nothing is sent), perhaps just now: a master that found its lease
+        lapsed is isolated by ``on_lease_lapsed``; an acting member stops acting and
+        registers again."""
         if self.isolated:
             return True
-        if not self.lease_lapsed() or self.on_lease_lapsed is None:
-            return False
-        log.error(
-            "no name server accepted this master for longer than its liveness timeout "
-            "(paused, or cut off from them): a slave may have acted meanwhile; isolated "
-            "until pre-online has taken the group back"
-        )
-        self.isolated = True
-        self.on_lease_lapsed()
-        return True
+        serving = self.role.is_master or self.role.is_acting_master
+        if serving and self.on_lease_lapsed is not None and self.lease_lapsed():
+            log.error(
+                "no name server accepted this member for longer than its liveness timeout "
+                "(paused, or cut off from them): another may have served as master "
+                "meanwhile; %s",
+                "isolated until pre-online has taken the group back"
+                if self.role.is_master
+                else "acting ends",
+            )
+            self.on_lease_lapsed()
+        return self.isolated
 
     @property
     def state_version(self) -> int:

@@ -127,9 +127,9 @@ class RoleState:
         self.acting_master = False  # a slave serving master-only work (seed 004)
         self.acting_changes = 0  # times acting began or ended
         self.services = RoleServices()
-        # a master whose registration lapsed at every name server may have had a slave
-        # acting for it (seed 004): its secondary-message services write nothing until
-        # pre-online took the group back (``broker/registration.py``, ``restart_from``)
+        # a master or acting member whose registration lapsed at every name server may
+        # have had another member act for it (seed 004): its secondary-message services
+        # write nothing until a name server holds it again (``broker/registration.py``)
         self.master_lease_lapsed: Callable[[], bool] = _never
         self.running: set[str] = set()
         self.errors: dict[str, str] = {}  # service -> its last failed start or stop

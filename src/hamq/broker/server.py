@@ -23,7 +23,7 @@ from hamq.broker.lock_quorum import LockQuorum
 from hamq.broker.locks import RebalanceLockManager
 from hamq.broker.namesrv_requests import NamesrvRequests
 from hamq.broker.pop.service import PopService
-from hamq.broker.pre_online import PreOnline, needs_pre_online
+from hamq.broker.pre_online import GroupMetadata, PreOnline, may_act, needs_pre_online
 from hamq.broker.processor import BrokerProcessor
 from hamq.broker.pull import PullProcessor
 from hamq.broker.registration import NamesrvRegistration
@@ -253,28 +253,33 @@ class Broker:
             # DLedger: topics come only from the log
             sync_topics=not self.dledger_mode,
         )
-        # a returning master takes its slaves' newer metadata before it registers (seed 004)
+        # a returning master takes its slaves' newer metadata before it registers, and a
+        # member about to act the metadata of the one that acted before it (seed 004)
+        group_metadata = GroupMetadata(
+            self.pool,
+            self.store,
+            self.schedule.progress,
+            self.pop.merge_checkpoint,
+            self.transactions.merge_decisions,
+        )
         self.pre_online = (
-            PreOnline(
-                config,
-                self.pool,
-                self.registration,
-                self.ha_master,
-                self.store,
-                self.schedule.progress,
-                self.pop.merge_checkpoint,
-                self.transactions.merge_decisions,
-            )
+            PreOnline(config, self.registration, self.ha_master, group_metadata)
             if needs_pre_online(config) and self.ha_master is not None
             else None
         )
         self._starting: asyncio.Task | None = None  # the role's start, behind pre-online
-        if self.pre_online is not None:  # dropped by the name servers: pre-online again
-            self.registration.watch_lease(self._take_group_back)
+        if may_act(config):  # dropped by the name servers: another member may act
+            self.registration.watch_lease(self._lease_lapsed)
             self.role.master_lease_lapsed = self.registration.lease_lapsed
         self.role.services = self._role_services()
         # with no master in the group, its smallest-id slave acts as one (seed 004)
-        self.acting = ActingMasterWatch(config, self.role, self.members)
+        self.acting = ActingMasterWatch(
+            config,
+            self.role,
+            self.members,
+            metadata=group_metadata,
+            lease_lapsed=self.registration.lease_lapsed,
+        )
         if self.ha_slave is not None:  # a returning master announces itself (pre-online)
             exchange = BrokerHaInfoExchange(
                 config,
@@ -393,9 +398,13 @@ class Broker:
         self._role_changes.add(task)
         task.add_done_callback(self._role_change_done)
 
-    def _take_group_back(self) -> None:
-        """This master's lease lapsed (``broker/registration.py``): pre-online again, then
-        the secondary-message services restart from what it took."""
+    def _lease_lapsed(self) -> None:
+        """No name server is sure to hold this member (``broker/registration.py``): a
+        master runs pre-online again, then its secondary-message services restart from
+        what it took; an acting member stops acting."""
+        if not self.role.is_master:
+            self.acting.reconsider()
+            return
         if self.pre_online is None or (self._starting is not None and not self._starting.done()):
             return
         self.pre_online.again()

@@ -38,6 +38,7 @@ class NamesrvProcessor:
         # The connection each broker last registered or heartbeated on: the way back to it
         # for reverse notifications (as RocketMQ uses the broker's channel).
         self.broker_conns: dict[str, Connection] = {}
+        self.started_ms = monotonic_ms()  # see _member_group
         # enable_controller_in_namesrv: the CONTROLLER_* codes go to the embedded peer
         self.controller: ControllerProcessor | None = None
         self._handlers = {
@@ -125,7 +126,7 @@ class NamesrvProcessor:
         quorum writes degrade (seed 000), slaves follow a new master without waiting
         for their next poll, and the smallest-id slave starts or stops acting as master
         (seed 004) when the master leaves or returns."""
-        group = self.routes.get_broker_member_group(cluster_name, broker_name)
+        group = self._member_group(cluster_name, broker_name)
         body = pack_body(group)
         for addr in group["broker_addrs"].values():
             conn = self.broker_conns.get(addr)
@@ -142,10 +143,21 @@ class NamesrvProcessor:
         return response_pieces(frame, body=pack_body(route))
 
     def _get_member_group(self, conn: Connection, frame: Frame) -> list:
-        group = self.routes.get_broker_member_group(
+        group = self._member_group(
             require_name(frame.ext, "cluster_name"), require_name(frame.ext, "broker_name")
         )
         return response_pieces(frame, body=pack_body(group))
+
+    def _member_group(self, cluster_name: str, broker_name: str) -> dict:
+        """The group, and whether this name server is ``settling``: up for less than the
+        liveness timeout, so a master that is alive may not have registered with it yet.
+        Its group without a master then says nothing about the master (seed 004: a slave
+        must not act on it, ``broker/ha/member_group.py``)."""
+        group = self.routes.get_broker_member_group(cluster_name, broker_name)
+        group["settling"] = (
+            monotonic_ms() - self.started_ms < self.config.broker_not_active_timeout_ms
+        )
+        return group
 
     def _cluster_info(self, conn: Connection, frame: Frame) -> list:
         return response_pieces(frame, body=pack_body(self.routes.cluster_info()))

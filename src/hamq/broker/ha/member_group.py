@@ -18,7 +18,10 @@ and ignores empty answers:
 - an answer counts until its name server's next poll: one that does not answer is left
   out, so a dead name server cannot keep a dead member alive;
 - until some name server knows us, nothing changes (before the first answer, the
-  configured ``total_replicas`` counts).
+  configured ``total_replicas`` counts);
+- an answer without a master from a name server still ``settling`` (up for less than its
+  liveness timeout) is ignored too: a master that is alive may not have registered with
+  it yet, and the smallest-id slave would act beside it (seed 004) until it did.
 
 In controller mode the controller, not the name servers, says who the master is
 (``follow_controller``): the name servers may still route a deposed master as brokerId 0
@@ -185,7 +188,10 @@ class MemberGroup:
 
     def _take(self, source: str, group: dict) -> None:
         answer = GroupAnswer.parse(group)
-        if any(answer.broker_addrs.get(i) == self.config.listen for i in self._own_ids):
+        settling = group.get("settling") is True and MASTER_ID not in answer.broker_addrs
+        if not settling and any(
+            answer.broker_addrs.get(i) == self.config.listen for i in self._own_ids
+        ):
             self._answers[source] = answer
             self._ignoring.discard(source)
             return
@@ -194,7 +200,7 @@ class MemberGroup:
             self._ignoring.add(source)
             log.warning(
                 "ignoring name server %s's member group of %s: it does not hold this "
-                "broker (%s) yet, e.g. it restarted: %s",
+                "broker (%s), or no master, yet, e.g. it restarted: %s",
                 source,
                 self.config.broker_name,
                 self.config.listen,

@@ -429,11 +429,13 @@ class ScheduleMessageService:
             log.warning("dropping a scheduled message for topic %r, which no longer exists", topic)
             return 0
         payload = encode_message(msg.body, encode_properties(properties))
-        if not self.role.is_master or self.role.master_lease_lapsed():
+        if self.role.master_lease_lapsed():
+            # its name servers may have dropped it: another member may be delivering
+            raise ServiceNotAvailable("no name server is sure to hold this member: delivery stops")
+        if not self.role.is_master:
             if not self.role.is_acting_master:
-                # a master deposed a moment before its delivery stops, or one its name
-                # servers may have dropped (a slave may be acting): it writes nowhere
-                raise ServiceNotAvailable("this member is not surely master: delivery stops")
+                # a master deposed a moment before its delivery stops: it writes nowhere
+                raise ServiceNotAvailable("this member is no longer master: delivery stops")
             self._outbox.append((topic, payload))
             return 0
         queue_id %= config.write_queue_nums
