@@ -6,17 +6,37 @@ store cannot be opened lets go of it."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+import hamq
+from hamq import Message
+from hamq.client.consumer import PullStatus
+from hamq.client.message import MessageQueue, SendStatus
+from hamq.config import BrokerConfig, load_config
+from hamq.errors import HamqError
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import encode_frame_bytes, pack_body
-from harness import Cluster
+from harness import Cluster, Proc
+from helpers import pid_alive, wait_for
 
 sys.path.insert(0, str(Path(__file__).parent))  # sibling test modules, as tests/chaos does
-from test_container import create_topic, produce_and_consume, start_container, write_container
+from test_container import (  # noqa: F401 (dev_containers: a fixture)
+    WAIT_S,
+    create_topic,
+    dev_containers,
+    produce_and_consume,
+    start_container,
+    write_container,
+)
+from test_escape import ACTING, master_of
 
 
 def add_broker(hamq_cli, container: str, config: Path):
@@ -129,3 +149,204 @@ def test_unknown_codes_on_the_container_port_are_not_supported(namesrv_cluster, 
     answer = ask(raw_conn, container, RequestCode.ADD_BROKER, body=pack_body({7: "x"}))
     assert answer.code == ResponseCode.INVALID_ARGUMENT, answer
     assert "map of broker settings (names to values)" in answer.remark
+
+
+def test_dev_containers_killed_and_restarted_take_their_groups_back(
+    dev_containers,  # noqa: F811 (the fixture imported above)
+    tmp_path,
+):
+    """``hamq dev --mode container``: kill -9 of container-1 takes broker-a's master and
+    broker-b's slave at once; broker-a's slave (in container-2) acts, broker-b's master
+    serves on. Restarted, broker-a's master runs pre-online against its slave in the other
+    container and takes the group back. Then both containers die and come back one after
+    the other: each one's master waits for its slave in the other (pre-online), and neither
+    waits for ever."""
+    dev, ready = dev_containers
+    namesrv = ready["namesrv"]
+    addr = {b["name"]: b["address"] for b in ready["brokers"]}
+    configs = {c["name"]: Path(ready["data"]) / f"{c['name']}.toml" for c in ready["containers"]}
+    pids = {c["name"]: c["pid"] for c in ready["containers"]}
+    create_topic(namesrv, "DevRestart", 2, {"broker-a", "broker-b"})
+    restarted: list[Proc] = []
+
+    def restart(name: str) -> None:
+        log = tmp_path / f"{name}-restart.log"
+        restarted.append(Proc(name, ["container", "-c", str(configs[name])], log).start())
+
+    def masters_back(admin) -> bool:
+        masters = admin.master_addrs()
+        return (masters.get("broker-a"), masters.get("broker-b")) == (
+            addr["broker-a-0"],
+            addr["broker-b-0"],
+        ) and not admin.broker_runtime_info(addr["broker-a-1"])["acting_master"]["acting"]
+
+    try:
+        with hamq.Admin(namesrv) as admin:
+            os.kill(pids["container-1"], signal.SIGKILL)
+            wait_for(
+                lambda: admin.broker_runtime_info(addr["broker-a-1"])["acting_master"]["acting"],
+                WAIT_S,
+                "broker-a's slave acting in container-2",
+            )
+            restart("container-1")
+            wait_for(lambda: masters_back(admin), WAIT_S, "broker-a's master back")
+        assert produce_and_consume(namesrv, "DevRestart") == {"broker-a", "broker-b"}
+
+        for proc in restarted:
+            proc.kill9()
+        os.kill(pids["container-2"], signal.SIGKILL)
+        wait_for(lambda: not pid_alive(pids["container-2"]), 10, "container-2 gone")
+        restart("container-1")
+        restart("container-2")
+        with hamq.Admin(namesrv) as admin:
+            wait_for(lambda: masters_back(admin), WAIT_S, "both masters back")
+        assert produce_and_consume(namesrv, "DevRestart") == {"broker-a", "broker-b"}
+    finally:
+        for proc in restarted:
+            proc.stop()
+    assert dev.poll() is None  # hamq dev itself serves on (it reported the children's exit)
+
+
+def pull_all(namesrv: str, queue: MessageQueue) -> set[bytes]:
+    got: set[bytes] = set()
+    with hamq.PullConsumer("g-removed", namesrv) as consumer:
+        offset = 0
+        while (result := consumer.pull(queue, offset, 500)).status is PullStatus.FOUND:
+            got |= {m.body for m in result.messages}
+            offset = result.next_begin_offset
+    return got
+
+
+def test_removing_a_master_mid_stream_loses_no_acknowledged_send(cluster_factory, hamq_cli):
+    """remove-broker of broker-a's master while a producer streams into it: every send it
+    acknowledged (sync master: its slave has it) is read from the acting slave in the
+    other container, and again from the master once it is added back (pre-online)."""
+    c = cluster_factory()
+    c.start_namesrv(
+        scan_not_active_broker_interval_ms=300,
+        broker_not_active_timeout_ms=2000,
+        support_acting_master=True,
+    )
+    roles = {"master": ("sync_master", 0), "slave": ("slave", 1)}
+    configs = {}
+    for name in ("a-master", "a-slave", "b-master", "b-slave"):
+        group, role = name.split("-")
+        configs[name] = c.write_broker_config(
+            name,
+            broker_name=f"broker-{group}",
+            broker_role=roles[role][0],
+            broker_id=roles[role][1],
+            total_replicas=2,
+            **{**ACTING, "skip_pre_online": False},
+        )
+    _, c1 = start_container(
+        c, "c1", [configs["a-master"], configs["b-slave"]], store_root=str(c.root)
+    )
+    start_container(c, "c2", [configs["b-master"], configs["a-slave"]])
+    create_topic(c.namesrv, "Stream", 1, {"broker-a", "broker-b"})
+    queue = MessageQueue("Stream", "broker-a", 0)
+    acked: list[bytes] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        with hamq.Producer(c.namesrv) as producer:
+            for i in range(20_000):
+                if stop.is_set():
+                    return
+                body = f"s{i}".encode()
+                try:
+                    if producer.send(Message("Stream", body), queue).status is SendStatus.SEND_OK:
+                        acked.append(body)
+                except HamqError:
+                    time.sleep(0.05)  # the master is gone: its sends fail, none is acked
+
+    with hamq.Admin(c.namesrv) as admin:
+        wait_for(lambda: master_of(admin, "Stream", "broker-a"), WAIT_S, "Stream routed")
+        producer = threading.Thread(target=produce)
+        producer.start()
+        try:
+            wait_for(lambda: len(acked) >= 100, WAIT_S, "sends acknowledged")
+            removed = hamq_cli(
+                "admin", "container", "remove-broker", "--container", c1,
+                "-b", "broker-a", "-i", "0",
+            )  # fmt: skip
+            assert removed.returncode == 0, removed.stderr
+            slave = c.broker_addr("a-slave")
+            wait_for(
+                lambda: admin.broker_runtime_info(slave)["acting_master"]["acting"],
+                WAIT_S,
+                "broker-a's slave acting",
+            )
+        finally:
+            stop.set()
+            producer.join(30)
+        assert acked
+        missing = set(acked) - pull_all(c.namesrv, queue)
+        assert not missing, f"{len(missing)} acknowledged sends lost: {sorted(missing)[:5]}"
+
+        back = add_broker(hamq_cli, c1, configs["a-master"])
+        assert back.returncode == 0, back.stderr
+        master = c.broker_addr("a-master")
+        wait_for(
+            lambda: (
+                admin.master_addrs().get("broker-a") == master
+                and not admin.broker_runtime_info(slave)["acting_master"]["acting"]
+            ),
+            WAIT_S,
+            "broker-a's master back",
+        )
+    assert set(acked) <= pull_all(c.namesrv, queue)
+
+
+def test_an_add_and_remove_storm_leaves_one_consistent_member(namesrv_cluster, raw_conn):
+    """Adds and removes of one member sent at once on many connections: they run one at a
+    time, each answered (added, already a member, removed, not a member); afterwards the
+    member is either there and serving or absent with its store free to be added again."""
+    c = namesrv_cluster
+    a = c.write_broker_config("a")
+    proc, container = start_container(c, "container", [a], store_root=str(c.root))
+    b = c.write_broker_config("b", broker_name="broker-b")
+    settings = pack_body(dataclasses.asdict(load_config(BrokerConfig, b)))
+    remove = {"broker_name": "broker-b", "broker_id": 0}
+    conns = [raw_conn(container) for _ in range(16)]
+    for i, conn in enumerate(conns):
+        if i % 2:
+            conn.send(encode_frame_bytes(RequestCode.REMOVE_BROKER, i, ext=remove))
+        else:
+            conn.send(encode_frame_bytes(RequestCode.ADD_BROKER, i, body=settings))
+    answers = [conn.read_frame() for conn in conns]
+    assert all(answer is not None for answer in answers)
+    expected = ("is already a member", "is not a member")
+    for answer in answers:
+        assert answer.code == ResponseCode.SUCCESS or any(e in answer.remark for e in expected), (
+            answer
+        )
+    members = ask(raw_conn, container, RequestCode.REMOVE_BROKER, remove)
+    if members.code != ResponseCode.SUCCESS:  # the storm ended with it removed
+        assert "is not a member" in members.remark
+    back = ask(raw_conn, container, RequestCode.ADD_BROKER, body=settings)
+    assert back.code == ResponseCode.SUCCESS, back
+    create_topic(c.namesrv, "Storm", 2, {"broker-a", "broker-b"})
+    assert produce_and_consume(c.namesrv, "Storm") == {"broker-a", "broker-b"}
+    assert proc.alive()
+
+
+def test_a_member_whose_broker_id_is_live_elsewhere_is_refused(namesrv_cluster, hamq_cli):
+    """broker-a's master runs in a process of its own; adding another broker-a id 0 to a
+    container (another store, another port) must not take the group's id: the name server
+    refuses its registration, and the container refuses the member instead of hosting an
+    unrouted master."""
+    c = namesrv_cluster
+    c.start_broker("solo", broker_name="broker-a")
+    proc, container = start_container(
+        c, "container", [c.write_broker_config("b", broker_name="broker-b")], store_root=str(c.root)
+    )
+    twin = c.write_broker_config("twin", broker_name="broker-a")
+    refused = add_broker(hamq_cli, container, twin)
+    assert refused.returncode == 1, refused.stdout
+    assert f"is registered by live member {c.broker_addr('solo')}" in refused.stderr
+    with hamq.Admin(c.namesrv) as admin:
+        assert admin.master_addrs()["broker-a"] == c.broker_addr("solo")
+    create_topic(c.namesrv, "Twin", 1, {"broker-a", "broker-b"})
+    assert produce_and_consume(c.namesrv, "Twin") == {"broker-a", "broker-b"}
+    assert proc.alive()

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
+from hamq.broker.ha.member_group import MEMBER_GROUP_TIMEOUT_S, GroupAnswer
+from hamq.broker.namesrv_requests import NamesrvRequests
 from hamq.broker.server import Broker
 from hamq.config import BrokerConfig, ContainerConfig, from_dict, load_config
 from hamq.config_check import bad
@@ -47,7 +49,7 @@ from hamq.net.metrics import remove_gauges, serve_metrics
 from hamq.net.pool import ConnectionPool
 from hamq.net.server import Server
 from hamq.preflight import check_can_start
-from hamq.protocol.codes import RequestCode
+from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, pack_body, require_int, require_name, unpack_body
 
 log = logging.getLogger(__name__)
@@ -132,6 +134,9 @@ class BrokerContainer:
     def __init__(self, config: ContainerConfig) -> None:
         self.config = config
         self.pool = ConnectionPool()
+        # before any connection opens (the container asks the name servers before a member
+        # exists): a connection serves the name server's requests with the pool's handler
+        NamesrvRequests.of(self.pool)
         self.brokers: dict[MemberKey, Broker] = {}
         self.server = Server(_ContainerProcessor(self), config)
         self.metrics: WSGIServer | None = None
@@ -159,6 +164,7 @@ class BrokerContainer:
             key = (config.broker_name, config.broker_id)
             refuse_duplicate(config, (broker.config for broker in self.brokers.values()))
             check_can_start(config)  # ports free, store creatable: ConfigError, nothing opened
+            await self._refuse_live_twin(config)
             try:  # (a constructor that fails lets go of the store itself)
                 broker = Broker(
                     config, pool=self.pool, siblings=functools.partial(self._siblings, key)
@@ -181,6 +187,32 @@ class BrokerContainer:
                 broker.add_gauges(_labels(key))
             log.info("container: member %s/%d started on %s", *key, config.listen)
             return broker
+
+    async def _refuse_live_twin(self, config: BrokerConfig) -> None:
+        """A member whose (broker name, broker id) a name server holds at another address
+        is not started: the name server would refuse its registration (a live member's id
+        is not taken over), and the container would host a master no route leads to,
+        taking sends from whoever knows its address into a store of its own. A name server
+        that does not answer is skipped (its refusal, if any, comes at registration)."""
+        ext = {"cluster_name": config.cluster_name, "broker_name": config.broker_name}
+        for namesrv in config.namesrv:
+            try:
+                conn = await self.pool.get(namesrv)
+                frame = await conn.request(
+                    RequestCode.GET_BROKER_MEMBER_GROUP, ext, timeout_s=MEMBER_GROUP_TIMEOUT_S
+                )
+                if frame.code != ResponseCode.SUCCESS:
+                    continue
+                holder = GroupAnswer.parse(unpack_body(frame.body) or {}).broker_addrs.get(
+                    config.broker_id
+                )
+            except (HamqError, AttributeError, TypeError, ValueError):
+                continue
+            if holder not in (None, config.listen):
+                raise NoPermission(
+                    f"broker {config.broker_name} id {config.broker_id} is registered by live "
+                    f"member {holder} (name server {namesrv}): not started here"
+                )
 
     async def remove(self, broker_name: str, broker_id: int) -> None:
         async with self._changing:
