@@ -26,12 +26,14 @@ from acting_cluster import (
     NAMESRV_SETTINGS,
     ActingCluster,
 )
+from test_container import start_container
 from test_escape import TX_GROUP, TX_TOPIC, end_transaction, send_halves
 
 from hamq import Message, TransactionState
 from hamq.client.consumer import PullStatus
+from hamq.errors import TopicNotExist
 from hamq.protocol.codes import RequestCode
-from helpers import wait_for
+from helpers import free_port, scrape_metrics, wait_for
 
 BOTH = "EscapeBoth"  # served by both groups: escapable
 ONLY_A = "EscapeOnlyA"  # served by broker-a only: nowhere to escape to
@@ -51,7 +53,10 @@ def keys_of(namesrv: str, topic: str) -> list[str]:
         for mq in consumer.fetch_message_queues(topic):
             offset = 0
             for _ in range(1000):
-                result = consumer.pull(mq, offset, 256)
+                try:
+                    result = consumer.pull(mq, offset, 256)
+                except TopicNotExist:  # routed before the group applied it (DLedger)
+                    break
                 if result.status is not PullStatus.FOUND:
                     break
                 keys += [m.keys for m in result.messages]
@@ -274,3 +279,56 @@ def test_kill_9_of_the_target_master_mid_escape_loses_nothing(cluster_factory):
     # summed up every 10 s, not one line per put
     escape_lines = (c.root / "a1.log").read_text().count("hamq.broker.escape escaped")
     assert 2 <= escape_lines <= 6, f"{escape_lines} escape log lines"
+
+
+def test_local_escape_into_a_dledger_master_goes_through_its_raft_log(cluster_factory):
+    """A container hosts broker-a's slave and the leader of a DLedger group (broker-d).
+    broker-a's master is killed (kill -9); its acting slave's due delay message must go
+    through broker-d's Raft log (a send there is a Raft proposal), not straight into the
+    leader's store beside it: the message is still there, once, after the container
+    restarts."""
+    c = cluster_factory()
+    c.start_namesrv(**NAMESRV_SETTINGS)
+    settings = {**BROKER_SETTINGS, "skip_pre_online": True}
+    c.start_broker("a0", broker_role="async_master", **settings)
+    a1 = c.write_broker_config("a1", broker_id=1, broker_role="slave", **settings)
+    raft = f"127.0.0.1:{free_port()}"
+    d1 = c.write_broker_config(
+        "d1",
+        broker_name="broker-d",
+        broker_id=1,
+        replication_mode="dledger",
+        dledger_self_id=1,
+        dledger_peers=[f"1@{raft}"],
+    )
+    metrics = f"127.0.0.1:{free_port()}"
+    start_container(c, "c", [a1, d1], metrics_listen=metrics)
+    with hamq.Admin(c.namesrv) as admin:
+        wait_for(lambda: len(admin.master_addrs()) == 2, 30, "both masters registered")
+        admin.create_topic(BOTH, 1)
+        wait_for(
+            lambda: len({q.broker_name for q in admin.topic_route(BOTH).write_queues}) == 2,
+            20,
+            "the topic routed on both groups",
+        )
+        with hamq.Producer(c.namesrv) as producer:
+            producer.send(
+                Message(BOTH, b"late", keys="delayed", delay_level=2),
+                hamq.MessageQueue(BOTH, GROUP_A, 0),
+            )
+        end = admin.broker_runtime_info(c.broker_addr("a0"))["commitlog_max_offset"]
+        wait_for(
+            lambda: admin.broker_runtime_info(c.broker_addr("a1"))["commitlog_max_offset"] >= end,
+            20,
+            "a1 caught up",
+        )
+    c.procs["a0"].kill9()
+    wait_for(lambda: "delayed" in keys_of(c.namesrv, BOTH), WAIT_S, "the delay message escaped")
+    samples = scrape_metrics(metrics)
+    assert (samples["hamq_escaped_local_total"], samples["hamq_escaped_remote_total"]) == (0, 1)
+    c.procs["c"].stop()
+    c.procs["c"].start()
+    with hamq.Admin(c.namesrv) as admin:
+        wait_for(lambda: "broker-d" in admin.master_addrs(), 30, "broker-d's leader back")
+    wait_for(lambda: "delayed" in keys_of(c.namesrv, BOTH), WAIT_S, "the message after restart")
+    assert keys_of(c.namesrv, BOTH).count("delayed") == 1

@@ -77,7 +77,10 @@ def local_targets(
     siblings: Iterable[Broker], cluster: str, own_name: str, topic: str, target: str | None
 ) -> list[Broker]:
     """Masters in this process that may take ``topic``: of the same cluster, another group
-    (``target`` if given), master now, with the topic writable there."""
+    (``target`` if given), master now, with the topic writable there. Not a DLedger
+    group's leader: a send there is a Raft proposal, and a put straight into its store
+    would be in no member's Raft log (gone once the store is rebuilt from it); such a
+    group is reached over the network."""
     found = []
     for broker in siblings:
         config = broker.config
@@ -86,6 +89,7 @@ def local_targets(
             and config.broker_name != own_name
             and (target is None or config.broker_name == target)
             and broker.role.is_master
+            and broker.dledger is None
         ):
             topic_config = broker.store.topics.get(topic)
             if topic_config is not None and topic_config.perm & PERM_WRITE:
