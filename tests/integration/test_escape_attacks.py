@@ -196,15 +196,21 @@ def test_kill_9_of_the_acting_master_mid_backlog_loses_no_delay_message(cluster_
 def test_the_next_acting_member_does_not_commit_again_what_the_killed_one_committed(
     cluster_factory,
 ):
-    """a1 (acting) commits a half on END_TRANSACTION and is killed (kill -9) after
-    answering; a2 acts next. Its check-back must not ask the producer about that half: a
-    COMMIT answer would put the message into broker-b a second time. (A second, undecided
-    half shows that a2's check-back runs.)"""
+    """a1 (acting) commits one half and rolls back another on END_TRANSACTION and is
+    killed (kill -9) after answering; a2 acts next. Its check-back must not ask the
+    producer about either: a COMMIT answer would put the first message into broker-b a
+    second time, and the rolled-back one at all. (A third, undecided half shows that a2's
+    check-back runs.)"""
     ac = ActingCluster(cluster_factory, {TX_TOPIC: 1})
     halves = asyncio.run(send_halves(ac.c.namesrv))
-    (committed, commit_offset), (undecided, _) = halves["commit"], halves["rollback"]
+    (committed, commit_offset), (rolled_back, rollback_offset) = (
+        halves["commit"],
+        halves["rollback"],
+    )
+    undecided = halves["checked"][0]
     ac.kill_master(TX_TOPIC)
     asyncio.run(end_transaction(ac.c.namesrv, commit_offset, TransactionState.COMMIT_MESSAGE))
+    asyncio.run(end_transaction(ac.c.namesrv, rollback_offset, TransactionState.ROLLBACK_MESSAGE))
     assert keys_in(ac, TX_TOPIC, GROUP_B) == [committed]
     ac.c.procs[ACTING].kill9()
     wait_for(lambda: ac.routed_master(TX_TOPIC, GROUP_A) == ac.addr("a2"), WAIT_S, "a2 acting")
@@ -222,9 +228,10 @@ def test_the_next_acting_member_does_not_commit_again_what_the_killed_one_commit
         heartbeat_interval_s=0.3,
     ):
         wait_for(lambda: undecided in checked, WAIT_S, "a2 checking back")
-        assert committed not in checked
+        assert committed not in checked and rolled_back not in checked
         wait_for(lambda: undecided in keys_in(ac, TX_TOPIC, GROUP_B), WAIT_S, "a2's commit escaped")
     assert Counter(keys_in(ac, TX_TOPIC, GROUP_B))[committed] == 1
+    assert rolled_back not in keys_in(ac, TX_TOPIC, GROUP_B)
     ac.close()
 
 
