@@ -37,7 +37,7 @@ SETTLE_S = 20.0
 MEMBERS = ("m", "s1", "s2")
 
 
-def _start_group(cluster_factory, raw_conn, strict: bool, lease_ms: int = LEASE_MS):
+def _start_group(cluster_factory, raw_conn, strict: bool, lease_ms: int = LEASE_MS, **settings):
     c = cluster_factory()
     c.start_namesrv(
         scan_not_active_broker_interval_ms=500,
@@ -51,6 +51,7 @@ def _start_group(cluster_factory, raw_conn, strict: bool, lease_ms: int = LEASE_
         "rebalance_lock_max_live_time_ms": lease_ms,
         "skip_pre_online": True,
         "slave_sync_interval_ms": 500,
+        **settings,
     }
     c.start_broker("m", **common)
     c.start_broker("s1", broker_id=1, broker_role="slave", **common)
@@ -308,15 +309,13 @@ def test_default_mode_lets_two_consumers_hold_a_queue_when_the_master_returns(
         assert _owners(c, "m") == _all("client-b")  # the double hold
 
 
-def test_ordered_consumption_continues_past_the_lease_through_the_acting_master(strict_group):
-    c = strict_group[0]
-    keys = [f"key{k}" for k in range(8)]
-    rounds = 50
+def send_keys(c, keys: list[str], rounds: int) -> None:
+    """``rounds`` messages "<key> <seq>" per key, in order, each key to one queue; returns
+    once every member has them all (replication is asynchronous; the master may be killed)."""
     with hamq.Producer(c.namesrv) as producer:
         for seq in range(rounds):
             for key in keys:
                 producer.send_orderly(Message(TOPIC, f"{key} {seq}".encode()), key)
-    # every member has every message before the master dies (async replication)
     with hamq.Admin(c.namesrv) as admin:
         end = admin.broker_runtime_info(c.broker_addr("m"))["commitlog_max_offset"]
         for x in ("s1", "s2"):
@@ -327,6 +326,13 @@ def test_ordered_consumption_continues_past_the_lease_through_the_acting_master(
                 SETTLE_S,
                 f"{x} to have the whole log",
             )
+
+
+def test_ordered_consumption_continues_past_the_lease_through_the_acting_master(strict_group):
+    c = strict_group[0]
+    keys = [f"key{k}" for k in range(8)]
+    rounds = 50
+    send_keys(c, keys, rounds)
 
     consumed: list[tuple[float, str]] = []
     guard = threading.Lock()
