@@ -150,3 +150,69 @@ def test_acks_on_the_acting_master_go_through_with_a_member_of_its_group_frozen(
             os.kill(a2.pid, signal.SIGCONT)
     finally:
         ac.close()
+
+
+def test_acting_member_killed_before_its_records_reach_the_chosen_master(cluster_factory):
+    """B's master frozen (SIGSTOP): a1's pop is answered with its CK still queued, and an
+    ack on a1 is not answered (its ACK cannot be stored), so the client does not take it
+    for done. a1 is killed with both records unsent; a2 acts. Nothing is lost: every
+    message, the one whose ack was never answered too, is delivered again."""
+    ac = ActingCluster(cluster_factory, {TOPIC: 1})
+    b0 = ac.c.procs["b0"]
+    try:
+        bodies = outage(ac, b"unsent")
+        os.kill(b0.pid, signal.SIGSTOP)
+        try:
+            with consumer_of(ac) as consumer:
+                got = receive_until(consumer, set(bodies), 20)
+                assert {m.body for m in got} == set(bodies)
+                try:
+                    consumer.ack(got[0])
+                    acked = True
+                except HamqError:
+                    acked = False  # no answer in time: not done
+            assert not acked, "an ack was answered before its record was stored anywhere"
+            ac.c.procs[ACTING].kill9()
+        finally:
+            os.kill(b0.pid, signal.SIGCONT)
+        wait_acting(ac, "a2")
+        with consumer_of(ac) as consumer:
+            again = receive_until(consumer, set(bodies), 30)
+        came = {m.body for m in again}
+        assert came == set(bodies), f"lost with a1: {set(bodies) - came}"
+    finally:
+        ac.close()
+
+
+def test_a_restarted_acting_member_with_a_torn_target_file_keeps_its_pops_and_acks(
+    cluster_factory,
+):
+    """a1 acts, hands out eight messages, four acked; it is killed, its
+    pop_escape_target.json is found torn at its restart (a new target is chosen, broker-b,
+    the only other master): whichever of A's members acts next takes a1's records back
+    from B's log. The unacked four come again, the acked four never do."""
+    ac = ActingCluster(cluster_factory, {TOPIC: 1})
+    try:
+        bodies = outage(ac, b"torn")
+        acked = set(bodies[:4])
+        with consumer_of(ac) as consumer:
+            got = receive_until(consumer, set(bodies), 20)
+            latest = {m.body: m for m in got}
+            for body in sorted(acked):
+                consumer.ack(latest[body])
+        target = ac.c.root / ACTING / "pop_escape_target.json"
+        assert b"broker-b" in target.read_bytes()
+        ac.c.procs[ACTING].kill9()
+        target.write_bytes(b'{"broker_na')
+        ac.c.procs[ACTING].start()
+        wait_for(lambda: ac.runtime(ACTING)["acting_master"]["acting"], 30, "a1 acting again")
+        wait_acting(ac, ACTING)
+        unacked = set(bodies) - acked
+        with consumer_of(ac) as consumer:
+            again = receive_until(consumer, unacked, 30)
+        came = {m.body for m in again}
+        assert came >= unacked, f"not redelivered: {unacked - came}"
+        assert not came & acked, f"acked before the restart, delivered again: {came & acked}"
+        ac.assert_acting_log_unchanged()
+    finally:
+        ac.close()
