@@ -350,3 +350,19 @@ def test_a_member_whose_broker_id_is_live_elsewhere_is_refused(namesrv_cluster, 
     create_topic(c.namesrv, "Twin", 1, {"broker-a", "broker-b"})
     assert produce_and_consume(c.namesrv, "Twin") == {"broker-a", "broker-b"}
     assert proc.alive()
+
+
+def test_an_oversized_add_broker_body_is_refused_at_once(namesrv_cluster, raw_conn):
+    """Member settings are checked on the loop every member shares: a body near the frame
+    limit (a million name-server addresses) is refused by its size, not checked entry by
+    entry while the members wait."""
+    c = namesrv_cluster
+    proc, container = start_container(c, "container", [c.write_broker_config("a")])
+    huge = pack_body({"broker_name": "broker-b", "namesrv": ["127.0.0.1:9876"] * 900_000})
+    answer = ask(raw_conn, container, RequestCode.ADD_BROKER, body=huge)
+    assert answer.code == ResponseCode.INVALID_ARGUMENT, answer
+    assert "a member's settings take at most" in answer.remark
+    long_key = pack_body({"x" * 100_000: 1})
+    answer = ask(raw_conn, container, RequestCode.ADD_BROKER, body=long_key)
+    assert answer.code == ResponseCode.INVALID_ARGUMENT and len(answer.remark) < 1000, answer
+    assert proc.alive()

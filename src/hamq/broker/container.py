@@ -55,6 +55,9 @@ from hamq.protocol.frame import Frame, pack_body, require_int, require_name, unp
 log = logging.getLogger(__name__)
 
 MemberKey = tuple[str, int]  # (broker name, broker id): a member's identity
+# A broker config is a few KiB. The settings are checked on the event loop every member
+# shares: a 16 MiB body (a million name servers, say) held them all up for seconds.
+MAX_ADD_BROKER_BYTES = 64 * 1024
 
 
 def member_config(
@@ -286,6 +289,11 @@ class _ContainerProcessor:
 
     def handle(self, conn: Connection, frame: Frame) -> list | None:
         if frame.code == RequestCode.ADD_BROKER:
+            if len(frame.body) > MAX_ADD_BROKER_BYTES:
+                raise InvalidArgument(
+                    f"ADD_BROKER body of {len(frame.body)} bytes: a member's settings take at "
+                    f"most {MAX_ADD_BROKER_BYTES}"
+                )
             source = str(frame.ext.get("config_path") or "ADD_BROKER body")
             values = unpack_body(frame.body)
             if not isinstance(values, dict) or not all(isinstance(k, str) for k in values):
