@@ -216,3 +216,35 @@ def test_a_restarted_acting_member_with_a_torn_target_file_keeps_its_pops_and_ac
         ac.assert_acting_log_unchanged()
     finally:
         ac.close()
+
+
+def test_a_retried_ack_is_not_answered_before_the_first_ones_record_is_stored(cluster_factory):
+    """B's master frozen: an ack on a1 times out at the client (its ACK record waits), and
+    the client tries again. The retry finds the message acked in a1's state; it must wait
+    for the same record, not answer OK at once: a1 is then killed with the record unsent,
+    and the message comes back from a2 (the client was never told it was acked)."""
+    ac = ActingCluster(cluster_factory, {TOPIC: 1})
+    b0 = ac.c.procs["b0"]
+    try:
+        bodies = outage(ac, b"retry")
+        os.kill(b0.pid, signal.SIGSTOP)
+        try:
+            with consumer_of(ac) as consumer:
+                got = receive_until(consumer, set(bodies), 20)
+                answered = []
+                for _ in range(2):
+                    try:
+                        consumer.ack(got[0])
+                        answered.append(True)
+                    except HamqError:
+                        answered.append(False)
+            ac.c.procs[ACTING].kill9()
+        finally:
+            os.kill(b0.pid, signal.SIGCONT)
+        assert answered == [False, False], f"ack answered OK with its record unstored: {answered}"
+        wait_acting(ac, "a2")
+        with consumer_of(ac) as consumer:
+            again = receive_until(consumer, {got[0].body}, 30)
+        assert got[0].body in {m.body for m in again}
+    finally:
+        ac.close()

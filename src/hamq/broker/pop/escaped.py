@@ -231,6 +231,18 @@ class EscapedReviveLog:
         self._drainer.wake()
         return future
 
+    def settled(self) -> asyncio.Future | None:
+        """A future done once every record queued so far is in the chosen master (None if
+        none waits): an ack found already done may have been applied by an earlier request
+        whose ACK record is still queued, so its answer waits for that record too."""
+        if not self.pending:
+            return None
+        record, future = self.pending[-1]
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
+            self.pending[-1] = (record, future)
+        return future
+
     def putting(self, digest: str) -> bool:
         """Whether the record being put now (the head: one is in flight at a time) has this
         digest: the chosen master asks before it stores it (``ReviveEscape.confirm``)."""

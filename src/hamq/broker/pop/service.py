@@ -714,6 +714,7 @@ class PopService:
         stale: list[int] = []
         accepted: list[AckEntry] = []
         states = self.states
+        already = False
         for i, (topic, qid, offset, ck) in enumerate(entries):
             state = states.get((group, topic, qid))
             result = state.ack(offset, ck) if state is not None else AckResult.STALE
@@ -721,8 +722,11 @@ class PopService:
                 accepted.append((topic, qid, offset, ck))
             elif result is AckResult.STALE:
                 stale.append(i)
+            else:
+                already = True
         if not accepted:
-            return stale, None
+            # a client retrying an ack that timed out: answered once its record is stored
+            return stale, self.escaped.settled() if already and self.acting else None
         if self.held:
             self._acked_topics.update(topic for topic, _, _, _ in accepted)
         self._changed()
