@@ -12,7 +12,15 @@ import struct
 import time
 
 import pytest
-from acting_cluster import ACTING, GROUP_A, GROUP_B, ActingCluster, keys_by_group
+from acting_cluster import (
+    ACTING,
+    BROKER_SETTINGS,
+    GROUP_A,
+    GROUP_B,
+    ActingCluster,
+    keys_by_group,
+)
+from faultproxy import FaultProxy
 
 import hamq
 from hamq import Message, MessageQueue
@@ -262,4 +270,61 @@ def test_master_killed_in_pre_online_leaves_the_group_masterless_for_a_bounded_t
     finally:
         if paused:
             os.kill(a2.pid, signal.SIGCONT)
+        ac.close()
+
+
+def test_acting_member_cut_off_from_the_name_server_stops_acting(cluster_factory):
+    """a1 acts for A's killed master; then a1 alone is cut off from the name server (a
+    fault proxy between them): the name server drops a1 and a2 acts. a1, alive and still
+    seeing its old group, must stop acting; healed, it acts again from a2's progress: a
+    delay message falling due while it was cut off is escaped once (by a2), not by both."""
+    ac = ActingCluster(cluster_factory, {"CutT": 1, "CutDly": 1})
+    proxy = FaultProxy(ac.c.namesrv_addrs[0])
+    try:
+        # a1 again, reaching the name server through the proxy only
+        ac.c.procs[ACTING].stop()
+        ac.c.write_broker_config(
+            ACTING,
+            broker_name=GROUP_A,
+            broker_id=1,
+            broker_role="slave",
+            total_replicas=3,
+            namesrv=[proxy.address],
+            **BROKER_SETTINGS,
+        )
+        ac.c.procs[ACTING].start()
+        wait_for(lambda: ac.topics_of(ACTING) >= {"CutT", "CutDly"}, 20, "a1's topics")
+        ac.send_to(GROUP_A, [Message("CutDly", b"d", keys="dly", delay_level=DELAY_LEVEL)])
+        ac.kill_master("CutT")
+        wait_for(lambda: ac.runtime(ACTING)["acting_master"]["acting"], 20, "a1 acting")
+        proxy.block()
+        wait_for(lambda: ac.routed_master("CutT", GROUP_A) == ac.addr("a2"), 20, "a2 routed")
+        wait_for(lambda: ac.runtime("a2")["acting_master"]["acting"], 20, "a2 acting")
+        assert not ac.runtime(ACTING)["acting_master"]["acting"], "a1 acts beside a2"
+        wait_for(
+            lambda: keys_by_group(ac.read_topic("CutDly")).get(GROUP_B) == ["dly"],
+            40,
+            "the delay message delivered through B",
+        )
+        wait_for(
+            lambda: int(ac.delay_offsets("a2").get(str(DELAY_LEVEL), 0)) >= 1,
+            20,
+            "a2's delay progress past it",
+        )
+        # healed: a1 is the smallest id again and acts again, from a2's progress
+        proxy.unblock()
+        wait_for(lambda: ac.routed_master("CutT", GROUP_A) == ac.addr(ACTING), 20, "a1 routed")
+        wait_for(lambda: ac.runtime(ACTING)["acting_master"]["acting"], 20, "a1 acting again")
+        wait_for(
+            lambda: (
+                int(ac.delay_offsets(ACTING).get(str(DELAY_LEVEL), 0)) >= 1
+                or len(ac.read_topic("CutDly").get(GROUP_B, [])) > 1
+            ),
+            20,
+            "a1 past the delay message (or escaping it again)",
+        )
+        delivered = {g: k for g, k in keys_by_group(ac.read_topic("CutDly")).items() if k}
+        assert delivered == {GROUP_B: ["dly"]}, f"escaped by both acting members: {delivered}"
+    finally:
+        proxy.stop()
         ac.close()
