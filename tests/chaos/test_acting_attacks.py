@@ -23,7 +23,7 @@ from acting_cluster import (
 from faultproxy import FaultProxy
 
 import hamq
-from hamq import Message, MessageQueue
+from hamq import Message, MessageQueue, TransactionState
 from hamq.broker.pre_online import RETURNING_HOLD_MS
 from hamq.client.consumer import PullStatus
 from hamq.errors import NoPermission
@@ -327,4 +327,80 @@ def test_acting_member_cut_off_from_the_name_server_stops_acting(cluster_factory
         assert delivered == {GROUP_B: ["dly"]}, f"escaped by both acting members: {delivered}"
     finally:
         proxy.stop()
+        ac.close()
+
+
+def test_paused_master_does_not_commit_again_what_its_acting_slave_committed(cluster_factory):
+    """Halves are left undecided on A; A's master is frozen past its liveness timeout and
+    END_TRANSACTION commits one on the acting a1 (the message escaped into B). Thawed, the
+    master checks its halves back (the producer now answers COMMIT for that one): it must
+    take a1's decision first and not commit the message a second time, into A."""
+    ac = ActingCluster(cluster_factory, {"PauseTx": 1})
+    a0 = ac.c.procs["a0"]
+    committed: set[str] = set()
+    checks: list[tuple[str, float]] = []
+    paused = False
+
+    def check(message: Message) -> TransactionState:
+        checks.append((message.keys, time.monotonic()))
+        if message.keys in committed:
+            return TransactionState.COMMIT_MESSAGE
+        return TransactionState.UNKNOW
+
+    try:
+        with hamq.TransactionProducer(
+            ac.c.namesrv,
+            "pg-pause",
+            lambda *_: TransactionState.UNKNOW,
+            check,
+            heartbeat_interval_s=0.3,
+        ) as producer:
+            halves = {}  # key: half offset, of the halves on A
+            for i in range(6):
+                key = f"tx-{i}"
+                r = producer.send_message_in_transaction(Message("PauseTx", key.encode(), keys=key))
+                if r.send_result.queue.broker_name == GROUP_A:
+                    halves[key] = r.send_result.queue_offset
+            assert len(halves) >= 2, f"want two half messages on group A: {halves}"
+            ac.wait_replicated()
+            os.kill(a0.pid, signal.SIGSTOP)
+            paused = True
+            acting = ac.addr(ACTING)
+            wait_for(lambda: ac.routed_master("PauseTx", GROUP_A) == acting, 20, "a1 routed")
+            wait_for(lambda: ac.runtime(ACTING)["acting_master"]["acting"], 20, "a1 acting")
+            key, half_offset = next(iter(halves.items()))
+            committed.add(key)
+            ac.invoke(
+                acting,
+                RequestCode.END_TRANSACTION,
+                {
+                    "group": "pg-pause",
+                    "tran_state_table_offset": half_offset,
+                    "commit_or_rollback": TransactionState.COMMIT_MESSAGE.value,
+                },
+            )
+            wait_for(
+                lambda: key in keys_by_group(ac.read_topic("PauseTx")).get(GROUP_B, []),
+                20,
+                "the committed message in group B",
+            )
+            os.kill(a0.pid, signal.SIGCONT)
+            paused = False
+            thawed_at = time.monotonic()
+            other = next(k for k in halves if k != key)
+            wait_for(
+                lambda: (
+                    any(k == other and at > thawed_at for k, at in checks)
+                    and ac.routed_master("PauseTx", GROUP_A) == ac.addr("a0")
+                ),
+                30,
+                "the thawed master routed and checking its undecided half back",
+            )
+            time.sleep(1.0)  # a check-back of the committed half would have come by now
+        got = keys_by_group(ac.read_topic("PauseTx"))
+        count = sum(keys.count(key) for keys in got.values())
+        assert count == 1, f"after the thaw the committed message is there {count}x: {got}"
+    finally:
+        if paused:
+            os.kill(a0.pid, signal.SIGCONT)
         ac.close()
