@@ -248,3 +248,70 @@ def test_a_retried_ack_is_not_answered_before_the_first_ones_record_is_stored(cl
         assert got[0].body in {m.body for m in again}
     finally:
         ac.close()
+
+
+def test_two_acting_periods_with_different_members_deliver_no_acked_message_again(
+    cluster_factory,
+):
+    """Period one: a1 acts, four of eight acked. a0 returns through pre-online (takes a1's
+    state), two more acked there. Period two: a1 and a0 killed, a2 acts: it rebuilds from
+    its own log (a0's records) and a1's records in B's log, in that order. Only the last
+    two, never acked, come back; none of the six acked does."""
+    ac = ActingCluster(cluster_factory, {TOPIC: 1})
+    try:
+        bodies = outage(ac, b"twice")
+        with consumer_of(ac) as consumer:
+            got = {m.body: m for m in receive_until(consumer, set(bodies), 20)}
+            for body in bodies[:4]:
+                consumer.ack(got[body])
+        ac.restart_master(TOPIC)
+        with consumer_of(ac) as consumer:
+            got = {m.body: m for m in receive_until(consumer, set(bodies[4:]), 30)}
+            assert set(got) == set(bodies[4:]), f"after the return: {set(got)}"
+            for body in bodies[4:6]:
+                consumer.ack(got[body])
+        ac.wait_replicated()
+        ac.c.procs[ACTING].kill9()
+        ac.c.procs["a0"].kill9()
+        wait_acting(ac, "a2")
+        with consumer_of(ac) as consumer:
+            again = receive_until(consumer, set(bodies[6:]), 30)
+            again += receive_until(consumer, {b"nothing more"}, 3)
+        came = [m.body for m in again]
+        assert set(came) >= set(bodies[6:]), f"unacked, not delivered again: {came}"
+        assert not set(came) & set(bodies[:6]), f"acked, delivered again: {came}"
+    finally:
+        ac.close()
+
+
+def test_the_master_returns_while_the_chosen_master_is_down(cluster_factory):
+    """a1 acts; four of eight acked (their records in B), then B's master is killed: two
+    more acks wait for it and time out at the client. A's master returns through
+    pre-online and takes a1's pop state from a1 itself (not from B): the two never acked
+    come back, the four acked do not."""
+    ac = ActingCluster(cluster_factory, {TOPIC: 1})
+    try:
+        bodies = outage(ac, b"bdown")
+        with consumer_of(ac) as consumer:
+            got = {m.body: m for m in receive_until(consumer, set(bodies), 20)}
+            for body in bodies[:4]:
+                consumer.ack(got[body])
+            wait_for(
+                lambda: sum(r.kind == "ack" for r in escaped_records(ac)) >= 4,
+                20,
+                "a1's ACKs in B's log",
+            )
+            ac.c.procs["b0"].kill9()
+            for body in bodies[4:6]:
+                try:
+                    consumer.ack(got[body])
+                except HamqError:
+                    pass  # B's master is down: not answered (possibly taken all the same)
+        ac.restart_master(TOPIC)
+        with consumer_of(ac) as consumer:
+            again = receive_until(consumer, set(bodies[6:]), 30)
+        came = {m.body for m in again}
+        assert came >= set(bodies[6:]), f"the returned master lost {set(bodies[6:]) - came}"
+        assert not came & set(bodies[:4]), f"acked, delivered again: {came & set(bodies[:4])}"
+    finally:
+        ac.close()
