@@ -366,3 +366,25 @@ def test_an_oversized_add_broker_body_is_refused_at_once(namesrv_cluster, raw_co
     answer = ask(raw_conn, container, RequestCode.ADD_BROKER, body=long_key)
     assert answer.code == ResponseCode.INVALID_ARGUMENT and len(answer.remark) < 1000, answer
     assert proc.alive()
+
+
+def test_a_member_out_of_disk_leaves_the_other_serving(namesrv_cluster):
+    """broker-b's disk is (as far as it can tell) full: its sends are refused with the
+    reason, broker-a beside it in the process takes sends and pulls as before, and the
+    container stops cleanly with both."""
+    c = namesrv_cluster
+    a = c.write_broker_config("a")
+    full = c.write_broker_config("b", broker_name="broker-b", disk_min_free_bytes=2**62)
+    proc, _ = start_container(c, "container", [a, full])
+    create_topic(c.namesrv, "OneFull", 1, {"broker-a", "broker-b"})
+    with hamq.Producer(c.namesrv) as producer:
+        for i in range(3):  # turn about: broker-b refuses, broker-a takes each send
+            with pytest.raises(HamqError, match="disk nearly full"):
+                producer.send(Message("OneFull", b"b"), MessageQueue("OneFull", "broker-b", 0))
+            body = f"a{i}".encode()
+            sent = producer.send(Message("OneFull", body), MessageQueue("OneFull", "broker-a", 0))
+            assert sent.status is SendStatus.SEND_OK
+    assert pull_all(c.namesrv, MessageQueue("OneFull", "broker-a", 0)) == {b"a0", b"a1", b"a2"}
+    assert not pull_all(c.namesrv, MessageQueue("OneFull", "broker-b", 0))
+    proc.stop()
+    assert proc.popen.returncode == 0
