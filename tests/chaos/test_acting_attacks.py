@@ -19,6 +19,7 @@ from acting_cluster import (
     GROUP_B,
     ActingCluster,
     keys_by_group,
+    receive_until,
 )
 from faultproxy import FaultProxy
 
@@ -400,6 +401,48 @@ def test_paused_master_does_not_commit_again_what_its_acting_slave_committed(clu
         got = keys_by_group(ac.read_topic("PauseTx"))
         count = sum(keys.count(key) for keys in got.values())
         assert count == 1, f"after the thaw the committed message is there {count}x: {got}"
+    finally:
+        if paused:
+            os.kill(a0.pid, signal.SIGCONT)
+        ac.close()
+
+
+def test_paused_master_does_not_redeliver_pops_acked_on_its_acting_slave(cluster_factory):
+    """Every message of A is popped from the acting a1 while A's master is frozen, and
+    half of them acked there. Thawed, the master takes a1's pop state before it serves
+    again: the unacked come back, the acked do not."""
+    invisible_s = 1.0
+    ac = ActingCluster(cluster_factory, {"PausePop": 1})
+    a0 = ac.c.procs["a0"]
+    paused = False
+    try:
+        bodies = {b"p%d" % i for i in range(6)}
+        ac.send_to(GROUP_A, [Message("PausePop", b) for b in sorted(bodies)])
+        ac.wait_replicated()
+        os.kill(a0.pid, signal.SIGSTOP)
+        paused = True
+        wait_for(lambda: ac.routed_master("PausePop", GROUP_A) == ac.addr(ACTING), 20, "routed")
+        wait_for(lambda: ac.runtime(ACTING)["acting_master"]["acting"], 20, "a1 acting")
+        with hamq.SimpleConsumer(
+            "g-pause-pop", ac.c.namesrv, {"PausePop": "*"}, await_duration_s=0.5
+        ) as consumer:
+            during = receive_until(consumer, bodies, 20, 5.0)
+            assert {m.body for m in during} == bodies
+            acked = {m.body for m in during[:3]}
+            for m in during[:3]:
+                consumer.ack(m)
+        os.kill(a0.pid, signal.SIGCONT)
+        paused = False
+        wait_for(lambda: ac.routed_master("PausePop", GROUP_A) == ac.addr("a0"), 40, "a0 routed")
+        with hamq.SimpleConsumer(
+            "g-pause-pop", ac.c.namesrv, {"PausePop": "*"}, await_duration_s=0.5
+        ) as consumer:
+            unacked = bodies - acked
+            again = receive_until(consumer, unacked, 40, invisible_s)
+            again += consumer.receive(32, invisible_s)  # an acked one would come by now
+        came_back = {m.body for m in again}
+        assert came_back >= unacked, f"not redelivered: {unacked - came_back}"
+        assert not came_back & acked, f"acked on a1, redelivered by a0: {came_back & acked}"
     finally:
         if paused:
             os.kill(a0.pid, signal.SIGCONT)
