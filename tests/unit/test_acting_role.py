@@ -159,3 +159,24 @@ def test_stop_ends_acting():
         assert not role.is_acting_master and role.running == set()
 
     run(scenario())
+
+
+def test_restart_from_restarts_the_tail_of_the_masters_services_only():
+    """A master whose lease lapsed runs pre-online again (``restart_from``): the services
+    from the named one on stop in reverse and start again in order; those before it keep
+    running. A slave, or a name no master service has, changes nothing."""
+
+    async def scenario() -> None:
+        role, calls = await started(BrokerRole.MASTER)
+        assert await role.restart_from("delay_delivery")
+        tail = MASTER[1:]
+        assert calls.take() == [("stop", n, False) for n in reversed(tail)] + [
+            ("start", n, False) for n in tail
+        ]
+        assert role.running == set(MASTER)
+        assert not await role.restart_from("no_such_service")
+        slave, slave_calls = await started()
+        assert not await slave.restart_from("delay_delivery")
+        assert calls.take() == slave_calls.take() == []
+
+    run(scenario())
