@@ -154,6 +154,7 @@ def test_unknown_codes_on_the_container_port_are_not_supported(namesrv_cluster, 
 def test_dev_containers_killed_and_restarted_take_their_groups_back(
     dev_containers,  # noqa: F811 (the fixture imported above)
     tmp_path,
+    hamq_cli,
 ):
     """``hamq dev --mode container``: kill -9 of container-1 takes broker-a's master and
     broker-b's slave at once; broker-a's slave (in container-2) acts, broker-b's master
@@ -167,6 +168,23 @@ def test_dev_containers_killed_and_restarted_take_their_groups_back(
     configs = {c["name"]: Path(ready["data"]) / f"{c['name']}.toml" for c in ready["containers"]}
     pids = {c["name"]: c["pid"] for c in ready["containers"]}
     create_topic(namesrv, "DevRestart", 2, {"broker-a", "broker-b"})
+
+    # what hamq dev prints works as printed: connect there, remove a member, add it back
+    printed = wait_for(
+        lambda: (text := (tmp_path / "dev.stderr").read_text()).count("adds it back") == 2 and text,
+        10,
+        "hamq dev's usage lines",
+    )
+    assert f"connect with --namesrv {namesrv}" in printed
+    line = next(ln for ln in printed.splitlines() if "container-1 at" in ln)
+    container_1 = line.split("--container ")[1].split()[0]
+    member_file = line.split(" -c ")[1].split()[0].replace("NAME-ID", "broker-b-1")
+    for args in (
+        ["remove-broker", "--container", container_1, "-b", "broker-b", "-i", "1"],
+        ["add-broker", "--container", container_1, "-c", member_file],
+    ):
+        result = hamq_cli("admin", "container", *args)
+        assert result.returncode == 0, result.stderr
     restarted: list[Proc] = []
 
     def restart(name: str) -> None:

@@ -355,7 +355,9 @@ def dev(
             click.echo(
                 f"hamq dev: {name} at {settings['listen']} hosts "
                 f"{', '.join(Path(p).stem for p in settings['brokers'])}; hamq admin container "
-                f"remove-broker --container {settings['listen']} -b NAME -i ID stops one",
+                f"remove-broker --container {settings['listen']} -b NAME -i ID stops one, "
+                f"add-broker --container {settings['listen']} -c {root}/NAME-ID.toml adds it "
+                "back (a member's store must be under the data directory)",
                 err=True,
             )
         if layout:
