@@ -186,3 +186,32 @@ def test_the_watch_does_nothing_when_acting_is_disabled():
         assert not await settled(watch)
 
     asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+def test_a_settling_name_servers_masterless_answer_is_not_acted_on():
+    """A name server up for less than its liveness timeout may not have heard from a live
+    master yet: its group without a master is ignored (the member keeps what it knew), one
+    with the master is taken; and a member whose registration lease lapsed does not act."""
+
+    async def scenario() -> None:
+        watch, members, _ = watch_of(1)
+        watch.start()
+        whole = {"broker_addrs": {0: addr(0), 1: addr(1), 2: addr(2)}}
+        members._take("ns", whole)
+        members._reconcile()
+        assert not await settled(watch)
+        members._take("ns", {"broker_addrs": {1: addr(1), 2: addr(2)}, "settling": True})
+        members._reconcile()
+        assert members.broker_addrs == {0: addr(0), 1: addr(1), 2: addr(2)}
+        assert not await settled(watch)
+        members._take("ns", {"broker_addrs": {1: addr(1), 2: addr(2)}, "settling": False})
+        members._reconcile()
+        assert await settled(watch)  # settled, and still no master: it acts
+        lapsed = True
+        watch.lease_lapsed = lambda: lapsed
+        assert not await settled(watch)
+        lapsed = False
+        assert await settled(watch)
+        await watch.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
