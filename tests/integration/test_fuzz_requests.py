@@ -714,3 +714,36 @@ def test_container_port_request_fuzz(cluster_factory, raw_conn):
         admin.create_topic("AfterContainerFuzz", 1)
         wait_for(lambda: routed(admin, "AfterContainerFuzz"), 10, "route of AfterContainerFuzz")
     send_and_pull(c.namesrv, "AfterContainerFuzz")
+
+
+def test_slave_request_fuzz(cluster_factory, raw_conn):
+    """Every broker code against a slave that may act as master (seed 004): hostile
+    EXCHANGE_BROKER_HA_INFO announcements among them. Its master alive, none is taken: the
+    slave still follows its master (caught up after more sends) and does not act."""
+    c = cluster_factory()
+    c.start_namesrv(support_acting_master=True)
+    acting = {"enable_slave_acting_master": True, "long_polling_max_wait_ms": FUZZ_MAX_WAIT_MS}
+    c.start_broker("master", broker_role="sync_master", total_replicas=2, **acting)
+    metrics = f"127.0.0.1:{free_port()}"
+    c.start_broker("slave", broker_id=1, broker_role="slave", metrics_listen=metrics, **acting)
+    with hamq.Admin(c.namesrv) as admin:
+        wait_for(lambda: "broker-a" in admin.master_addrs(), 30, "the master registered")
+        admin.create_topic("Fuzz", 2)
+    run_campaign(raw_conn(c.broker_addr("slave")), BROKER_FIELDS)
+    assert c.procs["slave"].alive()
+    assert scrape_metrics(metrics)["hamq_internal_errors_total"] == 0
+    with hamq.Admin(c.namesrv) as admin:
+        wait_for(lambda: routed(admin, "Fuzz"), 10, "route of Fuzz")
+        send_and_pull(c.namesrv, "Fuzz")
+
+        def caught_up() -> bool:
+            ends = [
+                admin.broker_runtime_info(c.broker_addr(n))["commitlog_max_offset"]
+                for n in ("master", "slave")
+            ]
+            return ends[0] == ends[1]
+
+        wait_for(caught_up, 10, "the slave following its master")
+        info = admin.broker_runtime_info(c.broker_addr("slave"))
+        assert not info["acting_master"]["acting"]
+        assert admin.master_addrs()["broker-a"] == c.broker_addr("master")
