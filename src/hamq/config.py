@@ -207,7 +207,8 @@ class ContainerConfig(ServerConfig):
     metrics_listen: str = ""  # HOST:PORT of /metrics for the whole process, "" = off;
     #   members' gauges carry broker_name and broker_id labels (members set none of their own)
     store_root: str = ""  # a member added at runtime (ADD_BROKER, which is not authenticated)
-    #   keeps its store_dir inside this directory; "" = no member is added at runtime
+    #   keeps its store_dir inside this directory (a relative path is, like store_dir, the
+    #   container's working directory's); "" = no member is added at runtime
 
     def __post_init__(self) -> None:
         check.check_types(self)
