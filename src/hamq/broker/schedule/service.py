@@ -418,16 +418,14 @@ class ScheduleMessageService:
     def _deliver(self, msg: StoredMessage) -> int:
         """Store ``msg`` in its real queue; returns the commit-log end of the copy (0 if
         its topic is gone and it was dropped). A member that is not master (an acting
-        one) keeps it for escape instead and returns 0."""
+        one) keeps it for escape instead and returns 0: whether the topic exists is the
+        target's to say, as a slave's topic table lags its master's (SlaveSynchronize),
+        and a topic created shortly before the master died is not in it yet."""
         properties = dict(msg.properties)
         topic = properties.pop(PROPERTY_REAL_TOPIC)
         queue_id = int(properties.pop(PROPERTY_REAL_QUEUE_ID))
         for name in SCHEDULE_PROPERTIES:
             properties.pop(name, None)
-        config = self.store.topics.get(topic)
-        if config is None:
-            log.warning("dropping a scheduled message for topic %r, which no longer exists", topic)
-            return 0
         payload = encode_message(msg.body, encode_properties(properties))
         if self.role.master_lease_lapsed():
             # its name servers may have dropped it: another member may be delivering
@@ -437,6 +435,10 @@ class ScheduleMessageService:
                 # a master deposed a moment before its delivery stops: it writes nowhere
                 raise ServiceNotAvailable("this member is no longer master: delivery stops")
             self._outbox.append((topic, payload))
+            return 0
+        config = self.store.topics.get(topic)
+        if config is None:
+            log.warning("dropping a scheduled message for topic %r, which no longer exists", topic)
             return 0
         queue_id %= config.write_queue_nums
         put = self.store.put_batch(

@@ -286,19 +286,22 @@ class TransactionalMessageService:
 
     def _committed_message(self, msg: StoredMessage) -> tuple[str, int, bytes, int] | None:
         """(topic, queue id, payload, count) a commit of ``msg`` stores; None if its
-        topic is gone (dropped, as RocketMQ does)."""
+        topic is gone (dropped, as RocketMQ does). An acting master escapes it whatever
+        its own topic table says (a slave's lags its master's): the target decides."""
         properties = dict(msg.properties)
         topic = properties.pop(PROPERTY_REAL_TOPIC)
         queue_id = int(properties.pop(PROPERTY_REAL_QUEUE_ID))
         properties.pop(PROPERTY_TRANSACTION_PREPARED, None)
         config = self.store.topics.get(topic)
-        if config is None:
+        if config is not None:
+            queue_id %= config.write_queue_nums
+        elif self.role.is_master:
             log.warning("committed transaction message for missing topic %r dropped", topic)
             return None
         if PROPERTY_TRANSACTION_BATCH in properties:
-            return topic, queue_id % config.write_queue_nums, msg.body, _batch_count(properties)
+            return topic, queue_id, msg.body, _batch_count(properties)
         payload = encode_message(msg.body, encode_properties(properties))
-        return topic, queue_id % config.write_queue_nums, payload, 1
+        return topic, queue_id, payload, 1
 
     def _settle(self) -> None:
         """Staged decisions whose op record was written become decided; those whose op
