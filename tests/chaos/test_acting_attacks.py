@@ -447,3 +447,27 @@ def test_paused_master_does_not_redeliver_pops_acked_on_its_acting_slave(cluster
         if paused:
             os.kill(a0.pid, signal.SIGCONT)
         ac.close()
+
+
+def test_offsets_committed_to_a_slave_whose_master_is_back_are_refused(cluster_factory):
+    """After the master's return a consumer whose route still names the member that acted
+    (until its next route refresh) commits there: the member, no longer acting, refuses
+    with a clear error instead of keeping an offset the master never sees (a consumer
+    told OK would not commit it again, so a restart would go back by it for good)."""
+    ac = ActingCluster(cluster_factory, {"StaleT": 1})
+    try:
+        mq = MessageQueue("StaleT", GROUP_A, 0)
+        ac.send_to(GROUP_A, [Message("StaleT", b"%d" % i) for i in range(10)])
+        ac.kill_master("StaleT")
+        wait_for(lambda: ac.runtime(ACTING)["acting_master"]["acting"], 20, "a1 acting")
+        with hamq.PullConsumer("g-stale", ac.c.namesrv) as consumer:
+            consumer.commit_offset(mq, 5)  # through the acting member: taken
+        ac.restart_master("StaleT")
+        assert ac.consumer_offset("a0", "g-stale", mq) == 5
+        wait_for(lambda: not ac.runtime(ACTING)["acting_master"]["acting"], 20, "a1 stops")
+        ext = {"group": "g-stale", "topic": "StaleT", "queue_id": 0, "offset": 8}
+        with pytest.raises(NoPermission, match="master"):
+            ac.invoke(ac.addr(ACTING), RequestCode.UPDATE_CONSUMER_OFFSET, ext)
+        assert ac.consumer_offset(ACTING, "g-stale", mq) == 5
+    finally:
+        ac.close()

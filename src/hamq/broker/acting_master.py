@@ -37,7 +37,7 @@ from hamq.broker.ha.member_group import MASTER_ID, MemberGroup
 from hamq.broker.role import BrokerRole, RoleState
 from hamq.clock import monotonic_ms
 from hamq.config import BrokerConfig
-from hamq.errors import HamqError
+from hamq.errors import HamqError, NoPermission
 from hamq.namesrv.routes import acting_master_id
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import unpack_body
@@ -187,6 +187,22 @@ class ActingMasterWatch:
             if self._now_ms() >= deadline_ms:
                 raise HamqError(f"still acting as master after {STOPPED_ACTING_WAIT_MS} ms")
             await asyncio.sleep(STOPPED_ACTING_POLL_S)
+
+    def check_offset_commit(self) -> None:
+        """UPDATE_CONSUMER_OFFSET on a member that does not act while its group has a
+        master, or one is taking it back (pre-online), is refused: that master does not
+        see an offset committed here (it pulled this member's already, or never will), and
+        a consumer told OK would not commit it again. Refused, the consumer keeps it and
+        commits it to the master once its route names it (at its next route refresh)."""
+        if not self.enabled or self.role.role is not BrokerRole.SLAVE:
+            return
+        master = self.members.broker_addrs.get(MASTER_ID)
+        if self.role.is_acting_master or (master is None and not self.held_off()):
+            return
+        raise NoPermission(
+            f"this member of {self.members.config.broker_name} does not act as master: "
+            f"commit consumer offsets to its master ({master or 'returning'})"
+        )
 
     async def master_returning(self, hold_ms: int) -> None:
         """A returning master is taking the group back (pre-online): stop acting now, and

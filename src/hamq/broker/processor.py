@@ -36,6 +36,9 @@ class BrokerProcessor:
         self.topics = topics
         self.pull = pull
         self.runtime_info = runtime_info
+        # raises to refuse an offset commit (a slave whose group has a master, seed 004:
+        # ``ActingMasterWatch.check_offset_commit``)
+        self.check_offset_commit: Callable[[], None] = lambda: None
         self._after_write: list[Callable[[], None]] = []
         self._handlers: dict[int, Handler] = {
             RequestCode.SEND_MESSAGE: lambda c, f: send.send(c, f, batch=False),
@@ -97,6 +100,7 @@ class BrokerProcessor:
         return response_pieces(frame, ext={"offset": offset})
 
     def _update_consumer_offset(self, conn: Connection, frame: Frame) -> list | None:
+        self.check_offset_commit()
         topic, queue_id = self._queue_args(frame)
         offset = require_int(frame.ext, "offset")
         self.store.offsets.commit(

@@ -280,6 +280,7 @@ class Broker:
             metadata=group_metadata,
             lease_lapsed=self.registration.lease_lapsed,
         )
+        self.processor.check_offset_commit = self.acting.check_offset_commit
         if self.ha_slave is not None:  # a returning master announces itself (pre-online)
             exchange = BrokerHaInfoExchange(
                 config,
