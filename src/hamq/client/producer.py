@@ -190,11 +190,14 @@ class AsyncProducer:
         self._dispatch(_Send(topic, code, payload, crc, len(encoded), done, queue))
         return future
 
-    def _dispatch(self, s: _Send) -> None:
-        route = self.core.routes.get(s.topic)
-        if route is None or s.topic in self._stale:
-            spawn(self._route_then_dispatch(s))
-            return
+    def _dispatch(self, s: _Send, route: TopicRoute | None = None) -> None:
+        """Send ``s`` on ``route`` (one just looked up for it), else on the cached route,
+        else after a lookup."""
+        if route is None:
+            route = self.core.routes.get(s.topic)
+            if route is None or s.topic in self._stale:
+                spawn(self._route_then_dispatch(s))
+                return
         try:
             mq = s.queue or self._select_queue(route, s.avoid)
         except HamqError as err:
@@ -244,14 +247,19 @@ class AsyncProducer:
             self._refreshing[s.topic] = refreshing
             refreshing.add_done_callback(lambda _: self._refreshing.pop(s.topic, None))
         try:
-            await asyncio.shield(refreshing)
+            route = await asyncio.shield(refreshing)
         except HamqError as err:
             if not err.retriable or s.attempt >= self.retry_times_when_send_failed:
                 s.callback(None, err)
                 return
             s.attempt += 1
             await asyncio.sleep(ROUTE_RETRY_DELAY_S * s.attempt)
-        self._dispatch(s)
+            self._dispatch(s)
+            return
+        # Sent on the route just looked up even if that lookup marked the topic stale
+        # (the TBW102 template of an auto-created topic is): looking up again here would
+        # never send, and the topic would never be created.
+        self._dispatch(s, route)
 
     def _retry_or_fail(self, s: _Send, mq: MessageQueue, err: HamqError) -> None:
         if err.refresh_route:
