@@ -189,6 +189,31 @@ class ActingCluster:
             for m in messages:
                 producer.send(m, MessageQueue(m.topic, group, queue_id))
 
+    def fill_queues(self, topic: str, queues: int, per_queue: int) -> list[MessageQueue]:
+        """``per_queue`` messages ``b"<queue id>-<nnn>"`` into each of A's first ``queues``
+        queues of ``topic``; returns those queues."""
+        mqs = [MessageQueue(topic, GROUP_A, q) for q in range(queues)]
+        for mq in mqs:
+            self.send_to(
+                GROUP_A,
+                [Message(topic, b"%d-%03d" % (mq.queue_id, i)) for i in range(per_queue)],
+                queue_id=mq.queue_id,
+            )
+        return mqs
+
+    def commit_offsets(self, group: str, mqs: list[MessageQueue], offset: int) -> None:
+        """``group`` commits ``offset`` for each queue through the routes (A's master), and
+        the acting member holds it (slave sync) before this returns."""
+        with hamq.PullConsumer(group, self.c.namesrv) as consumer:
+            for mq in mqs:
+                consumer.commit_offset(mq, offset)
+        for mq in mqs:
+            wait_for(
+                lambda mq=mq: self.consumer_offset(ACTING, group, mq) == offset,
+                20,
+                f"{ACTING} synced {group}'s offset of {mq}",
+            )
+
     def read_queue(self, mq: MessageQueue) -> list[hamq.MessageExt]:
         """Every message of one queue of one group, from its minimum to its end."""
         got: list[hamq.MessageExt] = []

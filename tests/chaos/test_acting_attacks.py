@@ -46,22 +46,8 @@ def test_paused_master_takes_the_outage_back_before_it_serves_again(cluster_fact
     a0 = ac.c.procs["a0"]
     paused = False
     try:
-        mqs = [MessageQueue("PauseT", GROUP_A, q) for q in range(2)]
-        for mq in mqs:
-            ac.send_to(
-                GROUP_A,
-                [Message("PauseT", b"%d-%d" % (mq.queue_id, i)) for i in range(per_queue)],
-                queue_id=mq.queue_id,
-            )
-        with hamq.PullConsumer("g-pause", ac.c.namesrv) as consumer:
-            for mq in mqs:
-                consumer.commit_offset(mq, committed)
-        for mq in mqs:
-            wait_for(
-                lambda mq=mq: ac.consumer_offset(ACTING, "g-pause", mq) == committed,
-                20,
-                "a1 synced the offsets",
-            )
+        mqs = ac.fill_queues("PauseT", 2, per_queue)
+        ac.commit_offsets("g-pause", mqs, committed)
         ac.send_to(GROUP_A, [Message("PauseDly", b"d", keys="dly", delay_level=DELAY_LEVEL)])
         ac.wait_replicated()
 
@@ -80,16 +66,7 @@ def test_paused_master_takes_the_outage_back_before_it_serves_again(cluster_fact
                     consumer.commit_offset(mq, offset)
         for mq in mqs:
             assert ac.consumer_offset(ACTING, "g-pause", mq) == per_queue
-        wait_for(
-            lambda: keys_by_group(ac.read_topic("PauseDly")).get(GROUP_B) == ["dly"],
-            40,
-            "the delay message delivered through B",
-        )
-        wait_for(
-            lambda: int(ac.delay_offsets(ACTING).get(str(DELAY_LEVEL), 0)) >= 1,
-            20,
-            "a1's delay progress past it",
-        )
+        _escaped_through_b(ac, "PauseDly", ACTING)
 
         os.kill(a0.pid, signal.SIGCONT)
         paused = False
@@ -148,16 +125,7 @@ def test_paused_acting_member_does_not_act_on_its_stale_metadata(cluster_factory
         wait_for(lambda: ac.runtime("a2")["acting_master"]["acting"], 20, "a2 acting")
         with hamq.PullConsumer("g-pause", ac.c.namesrv) as consumer:
             consumer.commit_offset(mq, per_queue)
-        wait_for(
-            lambda: keys_by_group(ac.read_topic("PauseDly")).get(GROUP_B) == ["dly"],
-            40,
-            "the delay message delivered through B",
-        )
-        wait_for(
-            lambda: int(ac.delay_offsets("a2").get(str(DELAY_LEVEL), 0)) >= 1,
-            20,
-            "a2's delay progress past it",
-        )
+        _escaped_through_b(ac, "PauseDly", "a2")
 
         os.kill(a1.pid, signal.SIGCONT)
         paused = False
@@ -302,16 +270,7 @@ def test_acting_member_cut_off_from_the_name_server_stops_acting(cluster_factory
         wait_for(lambda: ac.routed_master("CutT", GROUP_A) == ac.addr("a2"), 20, "a2 routed")
         wait_for(lambda: ac.runtime("a2")["acting_master"]["acting"], 20, "a2 acting")
         assert not ac.runtime(ACTING)["acting_master"]["acting"], "a1 acts beside a2"
-        wait_for(
-            lambda: keys_by_group(ac.read_topic("CutDly")).get(GROUP_B) == ["dly"],
-            40,
-            "the delay message delivered through B",
-        )
-        wait_for(
-            lambda: int(ac.delay_offsets("a2").get(str(DELAY_LEVEL), 0)) >= 1,
-            20,
-            "a2's delay progress past it",
-        )
+        _escaped_through_b(ac, "CutDly", "a2")
         # healed: a1 is the smallest id again and acts again, from a2's progress
         proxy.unblock()
         wait_for(lambda: ac.routed_master("CutT", GROUP_A) == ac.addr(ACTING), 20, "a1 routed")
@@ -471,3 +430,18 @@ def test_offsets_committed_to_a_slave_whose_master_is_back_are_refused(cluster_f
         assert ac.consumer_offset(ACTING, "g-stale", mq) == 5
     finally:
         ac.close()
+
+
+def _escaped_through_b(ac: ActingCluster, topic: str, member: str) -> None:
+    """The delay message keyed "dly" of ``topic`` is delivered once through B, and the
+    acting ``member``'s delay progress moved past it."""
+    wait_for(
+        lambda: keys_by_group(ac.read_topic(topic)).get(GROUP_B) == ["dly"],
+        40,
+        "the delay message delivered through B",
+    )
+    wait_for(
+        lambda: int(ac.delay_offsets(member).get(str(DELAY_LEVEL), 0)) >= 1,
+        20,
+        f"{member}'s delay progress past it",
+    )

@@ -296,22 +296,8 @@ def test_returning_master_keeps_the_consumer_offsets_of_the_outage(cluster_facto
     per_queue, queues, committed = 30, 2, 10
     ac = ActingCluster(cluster_factory, {"Cons": queues})
     try:
-        mqs = [MessageQueue("Cons", GROUP_A, q) for q in range(queues)]
-        for mq in mqs:
-            ac.send_to(
-                GROUP_A,
-                [Message("Cons", b"%d-%03d" % (mq.queue_id, i)) for i in range(per_queue)],
-                queue_id=mq.queue_id,
-            )
-        with hamq.PullConsumer("g-cons", ac.c.namesrv) as puller:
-            for mq in mqs:
-                puller.commit_offset(mq, committed)
-        for mq in mqs:
-            wait_for(
-                lambda mq=mq: ac.consumer_offset(ACTING, "g-cons", mq) == committed,
-                20,
-                "the offsets on a1",
-            )
+        mqs = ac.fill_queues("Cons", queues, per_queue)
+        ac.commit_offsets("g-cons", mqs, committed)
         ac.kill_master("Cons")
         outage = (per_queue - committed) * queues
         during = _consume(ac, lambda got: len(got) >= outage, f"{outage} messages consumed")
