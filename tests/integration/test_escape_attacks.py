@@ -288,13 +288,11 @@ def test_kill_9_of_the_target_master_mid_escape_loses_nothing(cluster_factory):
     assert 2 <= escape_lines <= 6, f"{escape_lines} escape log lines"
 
 
-def test_local_escape_into_a_dledger_master_goes_through_its_raft_log(cluster_factory):
-    """A container hosts broker-a's slave and the leader of a DLedger group (broker-d).
-    broker-a's master is killed (kill -9); its acting slave's due delay message must go
-    through broker-d's Raft log (a send there is a Raft proposal), not straight into the
-    leader's store beside it: the message is still there, once, after the container
-    restarts."""
-    c = cluster_factory()
+def _container_with_a_dledger_leader(c, topic: str, body: bytes, **message) -> str:
+    """broker-a's master a0 on its own, a container hosting broker-a's slave a1 and the
+    leader of a one-member DLedger group (broker-d); ``topic`` on both groups, one message
+    in A's queue 0 replicated to a1, then a0 killed (kill -9). Returns the container's
+    /metrics address."""
     c.start_namesrv(**NAMESRV_SETTINGS)
     settings = {**BROKER_SETTINGS, "skip_pre_online": True}
     c.start_broker("a0", broker_role="async_master", **settings)
@@ -312,17 +310,14 @@ def test_local_escape_into_a_dledger_master_goes_through_its_raft_log(cluster_fa
     start_container(c, "c", [a1, d1], metrics_listen=metrics)
     with hamq.Admin(c.namesrv) as admin:
         wait_for(lambda: len(admin.master_addrs()) == 2, 30, "both masters registered")
-        admin.create_topic(BOTH, 1)
+        admin.create_topic(topic, 1)
         wait_for(
-            lambda: len({q.broker_name for q in admin.topic_route(BOTH).write_queues}) == 2,
+            lambda: len({q.broker_name for q in admin.topic_route(topic).write_queues}) == 2,
             20,
             "the topic routed on both groups",
         )
         with hamq.Producer(c.namesrv) as producer:
-            producer.send(
-                Message(BOTH, b"late", keys="delayed", delay_level=2),
-                hamq.MessageQueue(BOTH, GROUP_A, 0),
-            )
+            producer.send(Message(topic, body, **message), hamq.MessageQueue(topic, GROUP_A, 0))
         end = admin.broker_runtime_info(c.broker_addr("a0"))["commitlog_max_offset"]
         wait_for(
             lambda: admin.broker_runtime_info(c.broker_addr("a1"))["commitlog_max_offset"] >= end,
@@ -330,6 +325,17 @@ def test_local_escape_into_a_dledger_master_goes_through_its_raft_log(cluster_fa
             "a1 caught up",
         )
     c.procs["a0"].kill9()
+    return metrics
+
+
+def test_local_escape_into_a_dledger_master_goes_through_its_raft_log(cluster_factory):
+    """A container hosts broker-a's slave and the leader of a DLedger group (broker-d).
+    broker-a's master is killed (kill -9); its acting slave's due delay message must go
+    through broker-d's Raft log (a send there is a Raft proposal), not straight into the
+    leader's store beside it: the message is still there, once, after the container
+    restarts."""
+    c = cluster_factory()
+    metrics = _container_with_a_dledger_leader(c, BOTH, b"late", keys="delayed", delay_level=2)
     wait_for(lambda: "delayed" in keys_of(c.namesrv, BOTH), WAIT_S, "the delay message escaped")
     samples = scrape_metrics(metrics)
     assert (samples["hamq_escaped_local_total"], samples["hamq_escaped_remote_total"]) == (0, 1)
@@ -339,3 +345,41 @@ def test_local_escape_into_a_dledger_master_goes_through_its_raft_log(cluster_fa
         wait_for(lambda: "broker-d" in admin.master_addrs(), 30, "broker-d's leader back")
     wait_for(lambda: "delayed" in keys_of(c.namesrv, BOTH), WAIT_S, "the message after restart")
     assert keys_of(c.namesrv, BOTH).count("delayed") == 1
+
+
+def test_pop_records_are_not_put_into_a_dledger_leader_beside_the_acting_master(
+    cluster_factory,
+):
+    """The same container: a pop on broker-a's acting slave makes a CK record, which must
+    not go into the DLedger leader's revive log beside it (in no Raft log, as a delay
+    message would not) nor over the network (POP_ESCAPED_REVIVE is refused by a DLedger
+    group); with no other master the record waits on the acting slave, and the leader's
+    log does not grow."""
+    c = cluster_factory()
+    metrics = _container_with_a_dledger_leader(c, BOTH, b"pop-me")
+    with hamq.Admin(c.namesrv) as admin:
+        d1_end = admin.broker_runtime_info(c.broker_addr("d1"))["commitlog_max_offset"]
+        wait_for(
+            lambda: admin.broker_runtime_info(c.broker_addr("a1"))["acting_master"]["acting"],
+            WAIT_S,
+            "a1 acting",
+        )
+        with hamq.SimpleConsumer("g-pop-d", c.namesrv, {BOTH: "*"}, await_duration_s=0.5) as sc:
+            deadline = time.monotonic() + WAIT_S
+            got: list = []
+            while not got and time.monotonic() < deadline:
+                got = [m for m in sc.receive(8, 30) if m.body == b"pop-me"]
+        assert got, "the message was not popped from the acting slave"
+        log_path = c.root / "c.log"
+        wait_for(
+            lambda: (
+                scrape_metrics(metrics)["hamq_escaped_local_total"] > 0
+                or "escaped revive log" in log_path.read_text()
+            ),
+            WAIT_S,
+            "the CK record's put tried",
+        )
+        assert scrape_metrics(metrics)["hamq_escaped_local_total"] == 0, (
+            "the CK record went straight into the DLedger leader's store"
+        )
+        assert admin.broker_runtime_info(c.broker_addr("d1"))["commitlog_max_offset"] == d1_end

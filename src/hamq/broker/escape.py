@@ -73,24 +73,30 @@ class EscapeResult:
     queue_offset: int  # of the first message
 
 
+def takes_escape(broker: Broker, cluster: str, own_name: str, target: str | None) -> bool:
+    """Whether a member in this process may take another member's escaped writes: a master
+    of another group of the same cluster (``target`` if given). Not a DLedger group's
+    leader: a send there is a Raft proposal, and a put straight into its store would be in
+    no member's Raft log (gone once the store is rebuilt from it); such a group is reached
+    over the network, where it takes only what goes through Raft."""
+    config = broker.config
+    return (
+        config.cluster_name == cluster
+        and config.broker_name != own_name
+        and (target is None or config.broker_name == target)
+        and broker.role.is_master
+        and broker.dledger is None
+    )
+
+
 def local_targets(
     siblings: Iterable[Broker], cluster: str, own_name: str, topic: str, target: str | None
 ) -> list[Broker]:
-    """Masters in this process that may take ``topic``: of the same cluster, another group
-    (``target`` if given), master now, with the topic writable there. Not a DLedger
-    group's leader: a send there is a Raft proposal, and a put straight into its store
-    would be in no member's Raft log (gone once the store is rebuilt from it); such a
-    group is reached over the network."""
+    """Masters in this process that may take ``topic`` (``takes_escape``), with the topic
+    writable there."""
     found = []
     for broker in siblings:
-        config = broker.config
-        if (
-            config.cluster_name == cluster
-            and config.broker_name != own_name
-            and (target is None or config.broker_name == target)
-            and broker.role.is_master
-            and broker.dledger is None
-        ):
+        if takes_escape(broker, cluster, own_name, target):
             topic_config = broker.store.topics.get(topic)
             if topic_config is not None and topic_config.perm & PERM_WRITE:
                 found.append(broker)

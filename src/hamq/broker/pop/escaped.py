@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from hamq.broker.escape import STORED_CODES, EscapeBridge
+from hamq.broker.escape import STORED_CODES, EscapeBridge, takes_escape
 from hamq.broker.pop.revive_log import (
     KIND_CK,
     REVIVE_LOG_TOPIC,
@@ -36,7 +36,12 @@ from hamq.broker.pop.revive_log import (
     records_in,
 )
 from hamq.client.admin import AsyncAdmin
-from hamq.errors import HamqError, NoPermission, ServiceNotAvailable
+from hamq.errors import (
+    HamqError,
+    NoPermission,
+    RequestCodeNotSupported,
+    ServiceNotAvailable,
+)
 from hamq.net.counts import COUNTS
 from hamq.net.tasks import PeriodicTask
 from hamq.protocol.codes import RequestCode, ResponseCode
@@ -83,17 +88,11 @@ class ReviveEscape:
     async def put(self, record: bytes, target: str | None) -> str:
         config = self.bridge.config
         for broker in self.bridge.siblings():
-            other = broker.config
-            if (
-                other.cluster_name == config.cluster_name
-                and other.broker_name != config.broker_name
-                and target in (None, other.broker_name)
-                and broker.role.is_master
-            ):
+            if takes_escape(broker, config.cluster_name, config.broker_name, target):
                 broker.pop.store_escaped(record)
                 broker.processor.after_batch()  # written and shipped now, as after a request
                 COUNTS.escaped_local += 1
-                return other.broker_name
+                return broker.config.broker_name
         if not config.enable_remote_escape:
             raise ServiceNotAvailable(
                 f"no master of {target or 'another group'} in this process and "
@@ -103,9 +102,14 @@ class ReviveEscape:
         names = [target] if target else sorted(n for n in masters if n != config.broker_name)
         for name in names:
             if name in masters:
-                await self.bridge.core.invoke(
-                    masters[name], RequestCode.POP_ESCAPED_REVIVE, body=record, ok=STORED_CODES
-                )
+                try:
+                    await self.bridge.core.invoke(
+                        masters[name], RequestCode.POP_ESCAPED_REVIVE, body=record, ok=STORED_CODES
+                    )
+                except RequestCodeNotSupported:  # a DLedger group: not through its Raft log
+                    if target:
+                        raise
+                    continue
                 COUNTS.escaped_remote += 1
                 return name
         raise ServiceNotAvailable(f"no master of {target or 'another group'} in the cluster")
@@ -153,13 +157,8 @@ class ReviveEscape:
         config = self.bridge.config
         logs: dict[str, list[ReviveRecord]] = {}
         for broker in self.bridge.siblings():
-            other = broker.config
-            if (
-                other.cluster_name == config.cluster_name
-                and other.broker_name != config.broker_name
-                and broker.role.is_master
-            ):
-                logs[other.broker_name] = list(broker.pop.revive.replay(0, broker_name))
+            if takes_escape(broker, config.cluster_name, config.broker_name, None):
+                logs[broker.config.broker_name] = list(broker.pop.revive.replay(0, broker_name))
         if config.enable_remote_escape:
             masters = await self._admin.master_addrs(config.cluster_name)
             for name, addr in masters.items():
