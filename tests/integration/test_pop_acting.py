@@ -10,10 +10,9 @@ outage and not what was acked."""
 
 from __future__ import annotations
 
-import time
-
 import hamq
 from chaos.acting_cluster import ACTING, GROUP_A, ActingCluster
+from chaos.acting_cluster import receive_until as receive_bodies
 from hamq import Message
 from hamq.broker.pop.escaped import ESCAPED_CK_BASE
 from hamq.broker.pop.ledger import apply_record
@@ -42,12 +41,17 @@ def consumer_of(ac: ActingCluster) -> hamq.SimpleConsumer:
 
 
 def receive_until(consumer: hamq.SimpleConsumer, want: set[bytes], timeout_s: float) -> list:
-    """Pops until every body of ``want`` came (others may come too), or the time is up."""
-    got: list = []
-    deadline = time.monotonic() + timeout_s
-    while not want <= {m.body for m in got} and time.monotonic() < deadline:
-        got += consumer.receive(32, INVISIBLE_S)
-    return got
+    """``acting_cluster.receive_until`` with these tests' invisible time."""
+    return receive_bodies(consumer, want, timeout_s, INVISIBLE_S)
+
+
+def pop_and_ack(consumer: hamq.SimpleConsumer, bodies: list[bytes], acked: set[bytes]) -> None:
+    """Pops every body of ``bodies`` (the test fails if one does not come) and acks those
+    of ``acked``, each by its latest receipt (a slow loop may have had some again)."""
+    latest = {m.body: m for m in receive_until(consumer, set(bodies), 20)}
+    assert set(latest) == set(bodies), f"not popped: {set(bodies) - set(latest)}"
+    for body in sorted(acked):
+        consumer.ack(latest[body])
 
 
 def wait_acting(ac: ActingCluster, name: str) -> None:
@@ -96,12 +100,8 @@ def test_pop_in_the_outage_escapes_its_records_and_survives_the_masters_return(
     try:
         bodies = outage(ac, b"pa")
         with consumer_of(ac) as consumer:
-            got = receive_until(consumer, set(bodies), 20)
-            assert {m.body for m in got} == set(bodies), "the acting master popped nothing"
-            first = {m.body: m for m in got}  # the latest receipt of each
             acked = set(bodies[:4])
-            for body in sorted(acked):
-                consumer.ack(first[body])
+            pop_and_ack(consumer, bodies, acked)
             unacked = set(bodies) - acked
             again = receive_until(consumer, unacked, 30)
             redelivered = {m.body for m in again}
@@ -145,10 +145,7 @@ def test_a_second_acting_member_takes_what_the_first_escaped(cluster_factory):
         bodies = outage(ac, b"pb")
         acked = set(bodies[:4])
         with consumer_of(ac) as consumer:
-            got = receive_until(consumer, set(bodies), 20)
-            latest = {m.body: m for m in got}  # a slow loop may have had some again
-            for body in sorted(acked):
-                consumer.ack(latest[body])
+            pop_and_ack(consumer, bodies, acked)
         second_log_end = ac.log_end("a2")
         ac.c.procs[ACTING].kill9()
         wait_acting(ac, "a2")
