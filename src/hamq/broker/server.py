@@ -75,7 +75,6 @@ class Broker:
         siblings: Callable[[], Iterable[Broker]] | None = None,
     ) -> None:
         self.config = config
-        self.siblings: Callable[[], Iterable[Broker]] = siblings or _no_siblings
         self.started_ms = wall_ms()
         self.dledger_mode = config.replication_mode == "dledger"
         # A DLedger or controller-mode member starts as a slave (following no master in
@@ -92,12 +91,17 @@ class Broker:
         # -- the store, the group, the name servers -------------------------------------
         self.store_lock = StoreDirLock(config.store_dir)  # before recovery writes anything
         try:
-            self._assemble(config, pool)
+            self._assemble(config, pool, siblings)
         except BaseException:
             self._disassemble()
             raise
 
-    def _assemble(self, config: BrokerConfig, pool: ConnectionPool | None) -> None:
+    def _assemble(
+        self,
+        config: BrokerConfig,
+        pool: ConnectionPool | None,
+        siblings: Callable[[], Iterable[Broker]] | None,
+    ) -> None:
         """Everything on the locked store directory. Recovery may fail on what it finds
         there (a file where a directory belongs, say): ``_disassemble`` undoes it."""
         self.store = MessageStore(config)
@@ -155,7 +159,7 @@ class Broker:
         # -- request processors -----------------------------------------------------------
         self.pull = PullProcessor(self.store, self.topics, config.long_polling_max_wait_ms)
         # where an acting master's delay, transaction and pop writes go (seed 004)
-        self.escape = EscapeBridge(config, self.siblings)
+        self.escape = EscapeBridge(config, siblings)
         self.schedule = ScheduleMessageService(
             self.store,
             self.flush,
@@ -174,7 +178,7 @@ class Broker:
             on_put=self.pull.message_arrived,
             share=DecisionShare(self.members, self.pool, config.broker_id).share,
         )
-        self.send = send = SendProcessor(
+        self.send = SendProcessor(
             self.store,
             self.topics,
             self.flush,
@@ -188,7 +192,7 @@ class Broker:
         self.processor = BrokerProcessor(
             self.store,
             self.topics,
-            send,
+            self.send,
             self.pull,
             ClientProcessor(
                 self.store,
@@ -253,8 +257,10 @@ class Broker:
             # DLedger: topics come only from the log
             sync_topics=not self.dledger_mode,
         )
+
+        # -- slave acting master and pre-online (seed 004) ---------------------------------
         # a returning master takes its slaves' newer metadata before it registers, and a
-        # member about to act the metadata of the one that acted before it (seed 004)
+        # member about to act the metadata of the one that acted before it
         group_metadata = GroupMetadata(
             self.pool,
             self.store,
@@ -268,11 +274,8 @@ class Broker:
             else None
         )
         self._starting: asyncio.Task | None = None  # the role's start, behind pre-online
-        if may_act(config):  # dropped by the name servers: another member may act
-            self.registration.watch_lease(self._lease_lapsed)
-            self.role.master_lease_lapsed = self.registration.lease_lapsed
         self.role.services = self._role_services()
-        # with no master in the group, its smallest-id slave acts as one (seed 004)
+        # with no master in the group, its smallest-id slave acts as one
         self.acting = ActingMasterWatch(
             config,
             self.role,
@@ -281,6 +284,9 @@ class Broker:
             lease_lapsed=self.registration.lease_lapsed,
         )
         self.processor.check_offset_commit = self.acting.check_offset_commit
+        if may_act(config):  # dropped by the name servers: another member may act
+            self.registration.watch_lease(self._lease_lapsed)
+            self.role.master_lease_lapsed = self.registration.lease_lapsed
         if self.ha_slave is not None:  # a returning master announces itself (pre-online)
             exchange = BrokerHaInfoExchange(
                 config,
@@ -540,11 +546,6 @@ class Broker:
             await self.pool.close()
 
 
-def _no_siblings() -> tuple[Broker, ...]:
-    """A broker process of its own hosts no other member."""
-    return ()
-
-
 def _nothing() -> None:
     """No HA master to ship new log bytes to (DLedger mode)."""
 
@@ -557,6 +558,7 @@ DLEDGER_UNSUPPORTED = (
     RequestCode.ACK_MESSAGE,
     RequestCode.BATCH_ACK_MESSAGE,
     RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
+    RequestCode.POP_ESCAPED_REVIVE,  # an acting master's pop record, into the revive log
 )
 
 
