@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 import hamq
-from hamq import Message, MessageQueue
+from hamq import Message, MessageQueue, TransactionState
 from hamq.client.consumer import PullStatus
 from hamq.errors import HamqError
 from hamq.protocol.codes import RequestCode
@@ -215,29 +215,81 @@ class ActingCluster:
             )
 
     def read_queue(self, mq: MessageQueue) -> list[hamq.MessageExt]:
-        """Every message of one queue of one group, from its minimum to its end."""
-        got: list[hamq.MessageExt] = []
-        with hamq.PullConsumer("acting-reader", self.c.namesrv) as consumer:
-            offset = consumer.min_offset(mq)
-            for _ in range(10_000):
-                result = consumer.pull(mq, offset, 256)
-                if result.status is not PullStatus.FOUND:
-                    break
-                got += result.messages
-                offset = result.next_begin_offset
-        return got
+        return read_queue(self.c.namesrv, mq)
 
     def read_topic(self, topic: str) -> dict[str, list[hamq.MessageExt]]:
-        """Every message of ``topic`` in each group that holds it, by group."""
-        out: dict[str, list[hamq.MessageExt]] = {}
-        with hamq.PullConsumer("acting-reader", self.c.namesrv) as consumer:
-            queues = consumer.fetch_message_queues(topic)
-        for mq in queues:
-            out.setdefault(mq.broker_name, []).extend(self.read_queue(mq))
-        return out
+        return read_topic(self.c.namesrv, topic)
+
+    def commit_half(self, addr: str, producer_group: str, half_offset: int) -> None:
+        """END_TRANSACTION COMMIT of A's half message at ``half_offset`` to ``addr``, as a
+        producer sends it."""
+        self.invoke(
+            addr,
+            RequestCode.END_TRANSACTION,
+            {
+                "group": producer_group,
+                "tran_state_table_offset": half_offset,
+                "commit_or_rollback": TransactionState.COMMIT_MESSAGE.value,
+            },
+        )
 
     def close(self) -> None:
         self.admin.close()
+
+
+class CheckBack:
+    """A transaction producer's check-back listener: COMMIT for the keys in ``committed``
+    (their local transaction committed), UNKNOW for the others; each call is noted."""
+
+    def __init__(self) -> None:
+        self.committed: set[str] = set()
+        self.checks: list[tuple[str, float]] = []  # (key, time.monotonic() of the call)
+
+    def __call__(self, message: Message) -> TransactionState:
+        self.checks.append((message.keys, time.monotonic()))
+        if message.keys in self.committed:
+            return TransactionState.COMMIT_MESSAGE
+        return TransactionState.UNKNOW
+
+    def asked_since(self, key: str, since: float) -> bool:
+        return any(k == key and at > since for k, at in self.checks)
+
+
+def halves_on_a(producer: hamq.TransactionProducer, topic: str) -> dict[str, int]:
+    """Six undecided half messages of ``topic`` (the producer alternates groups): key ->
+    half offset of those that went to A, at least two of them."""
+    halves = {}
+    for i in range(6):
+        key = f"tx-{i}"
+        r = producer.send_message_in_transaction(Message(topic, key.encode(), keys=key))
+        if r.send_result.queue.broker_name == GROUP_A:
+            halves[key] = r.send_result.queue_offset
+    assert len(halves) >= 2, f"want two half messages on group A: {halves}"
+    return halves
+
+
+def read_queue(namesrv: str, mq: MessageQueue) -> list[hamq.MessageExt]:
+    """Every message of one queue of one group, from its minimum to its end."""
+    got: list[hamq.MessageExt] = []
+    with hamq.PullConsumer("acting-reader", namesrv) as consumer:
+        offset = consumer.min_offset(mq)
+        for _ in range(10_000):
+            result = consumer.pull(mq, offset, 256)
+            if result.status is not PullStatus.FOUND:
+                break
+            got += result.messages
+            offset = result.next_begin_offset
+    return got
+
+
+def read_topic(namesrv: str, topic: str) -> dict[str, list[hamq.MessageExt]]:
+    """Every message of ``topic`` in each group that holds it, by group."""
+    out: dict[str, list[hamq.MessageExt]] = {}
+    with hamq.PullConsumer("acting-reader", namesrv) as consumer:
+        queues = consumer.fetch_message_queues(topic)
+    for mq in queues:
+        out.setdefault(mq.broker_name, []).extend(read_queue(namesrv, mq))
+    return out
 
 
 def receive_until(

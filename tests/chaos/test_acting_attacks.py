@@ -18,6 +18,8 @@ from acting_cluster import (
     GROUP_A,
     GROUP_B,
     ActingCluster,
+    CheckBack,
+    halves_on_a,
     keys_by_group,
     receive_until,
 )
@@ -297,16 +299,8 @@ def test_paused_master_does_not_commit_again_what_its_acting_slave_committed(clu
     take a1's decision first and not commit the message a second time, into A."""
     ac = ActingCluster(cluster_factory, {"PauseTx": 1})
     a0 = ac.c.procs["a0"]
-    committed: set[str] = set()
-    checks: list[tuple[str, float]] = []
+    check = CheckBack()
     paused = False
-
-    def check(message: Message) -> TransactionState:
-        checks.append((message.keys, time.monotonic()))
-        if message.keys in committed:
-            return TransactionState.COMMIT_MESSAGE
-        return TransactionState.UNKNOW
-
     try:
         with hamq.TransactionProducer(
             ac.c.namesrv,
@@ -315,13 +309,7 @@ def test_paused_master_does_not_commit_again_what_its_acting_slave_committed(clu
             check,
             heartbeat_interval_s=0.3,
         ) as producer:
-            halves = {}  # key: half offset, of the halves on A
-            for i in range(6):
-                key = f"tx-{i}"
-                r = producer.send_message_in_transaction(Message("PauseTx", key.encode(), keys=key))
-                if r.send_result.queue.broker_name == GROUP_A:
-                    halves[key] = r.send_result.queue_offset
-            assert len(halves) >= 2, f"want two half messages on group A: {halves}"
+            halves = halves_on_a(producer, "PauseTx")
             ac.wait_replicated()
             os.kill(a0.pid, signal.SIGSTOP)
             paused = True
@@ -329,16 +317,8 @@ def test_paused_master_does_not_commit_again_what_its_acting_slave_committed(clu
             wait_for(lambda: ac.routed_master("PauseTx", GROUP_A) == acting, 20, "a1 routed")
             wait_for(lambda: ac.runtime(ACTING)["acting_master"]["acting"], 20, "a1 acting")
             key, half_offset = next(iter(halves.items()))
-            committed.add(key)
-            ac.invoke(
-                acting,
-                RequestCode.END_TRANSACTION,
-                {
-                    "group": "pg-pause",
-                    "tran_state_table_offset": half_offset,
-                    "commit_or_rollback": TransactionState.COMMIT_MESSAGE.value,
-                },
-            )
+            check.committed.add(key)
+            ac.commit_half(acting, "pg-pause", half_offset)
             wait_for(
                 lambda: key in keys_by_group(ac.read_topic("PauseTx")).get(GROUP_B, []),
                 20,
@@ -350,7 +330,7 @@ def test_paused_master_does_not_commit_again_what_its_acting_slave_committed(clu
             other = next(k for k in halves if k != key)
             wait_for(
                 lambda: (
-                    any(k == other and at > thawed_at for k, at in checks)
+                    check.asked_since(other, thawed_at)
                     and ac.routed_master("PauseTx", GROUP_A) == ac.addr("a0")
                 ),
                 30,

@@ -19,13 +19,14 @@ from acting_cluster import (
     GROUP_B,
     LOCK_LEASE_MS,
     ActingCluster,
+    CheckBack,
+    halves_on_a,
     keys_by_group,
     receive_until,
 )
 
 import hamq
 from hamq import Message, MessageQueue, TransactionState
-from hamq.protocol.codes import RequestCode
 from helpers import wait_for
 
 pytestmark = pytest.mark.slow
@@ -118,15 +119,7 @@ def test_end_transaction_on_the_acting_master_commits_a_half_message_once(cluste
     producer now answers COMMIT for it: its local transaction did commit), it is still
     there once."""
     ac = ActingCluster(cluster_factory, {"Tx": 1})
-    committed: set[str] = set()
-    checks: list[tuple[str, float]] = []
-
-    def check(message: Message) -> TransactionState:
-        checks.append((message.keys, time.monotonic()))
-        if message.keys in committed:
-            return TransactionState.COMMIT_MESSAGE
-        return TransactionState.UNKNOW
-
+    check = CheckBack()
     try:
         with hamq.TransactionProducer(
             ac.c.namesrv,
@@ -135,25 +128,11 @@ def test_end_transaction_on_the_acting_master_commits_a_half_message_once(cluste
             check,
             heartbeat_interval_s=0.3,
         ) as producer:
-            halves = {}  # key: half offset, of the halves on A (the producer alternates groups)
-            for i in range(6):
-                key = f"tx-{i}"
-                r = producer.send_message_in_transaction(Message("Tx", key.encode(), keys=key))
-                if r.send_result.queue.broker_name == GROUP_A:
-                    halves[key] = r.send_result.queue_offset
-            assert len(halves) >= 2, f"want two half messages on group A: {halves}"
+            halves = halves_on_a(producer, "Tx")
             ac.kill_master("Tx")
             key, half_offset = next(iter(halves.items()))
-            committed.add(key)
-            ac.invoke(
-                ac.routed_master("Tx", GROUP_A),
-                RequestCode.END_TRANSACTION,
-                {
-                    "group": "pg-acting",
-                    "tran_state_table_offset": half_offset,
-                    "commit_or_rollback": TransactionState.COMMIT_MESSAGE.value,
-                },
-            )
+            check.committed.add(key)
+            ac.commit_half(ac.routed_master("Tx", GROUP_A), "pg-acting", half_offset)
             wait_for(
                 lambda: key in keys_by_group(ac.read_topic("Tx")).get(GROUP_B, []),
                 20,
@@ -168,7 +147,7 @@ def test_end_transaction_on_the_acting_master_commits_a_half_message_once(cluste
             returned_at = time.monotonic()
             other = next(k for k in halves if k != key)
             wait_for(
-                lambda: any(k == other and at > returned_at for k, at in checks),
+                lambda: check.asked_since(other, returned_at),
                 30,
                 "the returned master checking its undecided half back",
             )
