@@ -74,6 +74,30 @@ def member_names(namesrv: str) -> dict[str, dict[int, str]]:
     return {name: {int(i): a for i, a in e["broker_addrs"].items()} for name, e in table.items()}
 
 
+def acting_groups(c: Cluster, **settings) -> dict[str, Path]:
+    """A name server that routes acting masters, and the configs of two groups of a sync
+    master and a slave with slave acting master on ("a-master", "a-slave", "b-master",
+    "b-slave"), ``settings`` over ``ACTING``: the tests place them in containers."""
+    c.start_namesrv(
+        scan_not_active_broker_interval_ms=300,
+        broker_not_active_timeout_ms=2000,
+        support_acting_master=True,
+    )
+    roles = {"master": ("sync_master", 0), "slave": ("slave", 1)}
+    configs = {}
+    for name in ("a-master", "a-slave", "b-master", "b-slave"):
+        group, role = name.split("-")
+        configs[name] = c.write_broker_config(
+            name,
+            broker_name=f"broker-{group}",
+            broker_role=roles[role][0],
+            broker_id=roles[role][1],
+            total_replicas=2,
+            **{**ACTING, **settings},
+        )
+    return configs
+
+
 def create_topic(namesrv: str, topic: str, queues: int, groups: set[str]) -> None:
     """``topic`` on every master once each group's master is registered (a master
     registers once its pre-online is done, which may be after its ready line)."""
@@ -313,24 +337,7 @@ def test_acting_master_escapes_into_a_master_in_its_own_process_first(
     message waiting in broker-a falls due and goes to broker-b's master, through the
     master beside it when there is one (local escape), else over the network."""
     c = cluster_factory()
-    c.start_namesrv(
-        scan_not_active_broker_interval_ms=300,
-        broker_not_active_timeout_ms=2000,
-        support_acting_master=True,
-    )
-    roles = {"master": ("sync_master", 0), "slave": ("slave", 1)}
-    configs = {}
-    for name in ("a-master", "a-slave", "b-master", "b-slave"):
-        group, role = name.split("-")
-        configs[name] = c.write_broker_config(
-            name,
-            broker_name=f"broker-{group}",
-            broker_role=roles[role][0],
-            broker_id=roles[role][1],
-            total_replicas=2,
-            enable_remote_escape=how == "remotely",
-            **ACTING,
-        )
+    configs = acting_groups(c, enable_remote_escape=how == "remotely")
     metrics = f"127.0.0.1:{free_port()}"
     start_container(c, "c1", [configs[n] for n in layout["c1"]])
     start_container(c, "c2", [configs[n] for n in layout["c2"]], metrics_listen=metrics)

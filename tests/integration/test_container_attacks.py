@@ -30,13 +30,14 @@ from helpers import pid_alive, wait_for
 sys.path.insert(0, str(Path(__file__).parent))  # sibling test modules, as tests/chaos does
 from test_container import (  # noqa: F401 (dev_containers: a fixture)
     WAIT_S,
+    acting_groups,
     create_topic,
     dev_containers,
     produce_and_consume,
     start_container,
     write_container,
 )
-from test_escape import ACTING, master_of
+from test_escape import master_of
 
 
 def add_broker(hamq_cli, container: str, config: Path):
@@ -240,23 +241,7 @@ def test_removing_a_master_mid_stream_loses_no_acknowledged_send(cluster_factory
     acknowledged (sync master: its slave has it) is read from the acting slave in the
     other container, and again from the master once it is added back (pre-online)."""
     c = cluster_factory()
-    c.start_namesrv(
-        scan_not_active_broker_interval_ms=300,
-        broker_not_active_timeout_ms=2000,
-        support_acting_master=True,
-    )
-    roles = {"master": ("sync_master", 0), "slave": ("slave", 1)}
-    configs = {}
-    for name in ("a-master", "a-slave", "b-master", "b-slave"):
-        group, role = name.split("-")
-        configs[name] = c.write_broker_config(
-            name,
-            broker_name=f"broker-{group}",
-            broker_role=roles[role][0],
-            broker_id=roles[role][1],
-            total_replicas=2,
-            **{**ACTING, "skip_pre_online": False},
-        )
+    configs = acting_groups(c, skip_pre_online=False)
     _, c1 = start_container(
         c, "c1", [configs["a-master"], configs["b-slave"]], store_root=str(c.root)
     )

@@ -15,6 +15,7 @@ import signal
 import pytest
 
 import hamq
+from chaos.acting_cluster import read_topic
 from hamq import Message, MessageQueue
 from hamq.client.consumer import PullStatus
 from hamq.errors import HamqError, NoPermission
@@ -96,19 +97,7 @@ class Group:
 
     def read(self, topic: str, group: str) -> list[hamq.MessageExt]:
         """Every message of ``topic`` in ``group``, from each queue's minimum."""
-        got: list[hamq.MessageExt] = []
-        with hamq.PullConsumer("pre-online-reader", self.c.namesrv) as consumer:
-            for mq in consumer.fetch_message_queues(topic):
-                if mq.broker_name != group:
-                    continue
-                offset = consumer.min_offset(mq)
-                for _ in range(1000):
-                    result = consumer.pull(mq, offset, 256)
-                    if result.status is not PullStatus.FOUND:
-                        break
-                    got += result.messages
-                    offset = result.next_begin_offset
-        return got
+        return read_topic(self.c.namesrv, topic).get(group, [])
 
 
 @pytest.fixture

@@ -19,13 +19,11 @@ from hamq.broker.pop.ledger import apply_record
 from hamq.broker.pop.revive_log import ReviveLog, ack_record, ck_record
 from hamq.broker.pop.service import PopService
 from hamq.broker.role import BrokerRole, RoleState
-from hamq.broker.topics import TopicService
-from hamq.config import BrokerConfig
 from hamq.errors import InvalidArgument, ServiceNotAvailable
 from hamq.protocol.frame import Frame, FrameDecoder
 from hamq.protocol.message import encode_message
-from hamq.store.flush import FlushService
 from hamq.store.message_store import MessageStore
+from unit.test_pop_revive import open_broker
 
 TOPIC = "T"
 FAR = 10**15  # a deadline that never runs out in a test
@@ -49,22 +47,8 @@ class LocalEscape:
 
 
 def open_member(root, broker_name: str, role: RoleState, escape=None):
-    config = BrokerConfig(store_dir=str(root), broker_name=broker_name, revive_interval_ms=1000)
-    store = MessageStore(config)
-    topics = TopicService(store, role, default_queue_nums=1, auto_create=False, on_change=str)
-    if store.topics.get(TOPIC) is None:
-        topics.create(TOPIC, 1, 1, 6, notify=False)
-    service = PopService(
-        store,
-        topics,
-        FlushService(store),
-        role,
-        config,
-        on_written=lambda: None,
-        on_put=lambda topic, queue_id: None,
-        escape=escape,
-    )
-    return store, service
+    """A member of ``broker_name`` with TOPIC on one queue."""
+    return open_broker(root, broker_name, role=role, escape=escape, queues=1)
 
 
 def produce(store: MessageStore, n: int) -> None:

@@ -23,7 +23,17 @@ from hamq.store.message_store import MessageStore
 TOPIC = "T"
 
 
-def open_broker(root, broker_name: str = "broker-a", **store_kw) -> tuple[MessageStore, PopService]:
+def open_broker(
+    root,
+    broker_name: str = "broker-a",
+    *,
+    role: RoleState | None = None,
+    escape=None,
+    queues: int = 2,
+    **store_kw,
+) -> tuple[MessageStore, PopService]:
+    """A member's store and pop service with TOPIC on ``queues`` queues (a master unless
+    ``role`` says otherwise; ``escape`` puts an acting member's CK/ACK records)."""
     config = BrokerConfig(
         store_dir=str(root),
         broker_name=broker_name,
@@ -32,12 +42,12 @@ def open_broker(root, broker_name: str = "broker-a", **store_kw) -> tuple[Messag
         revive_interval_ms=1000,
     )
     store = MessageStore(config, **store_kw)
-    role = RoleState(BrokerRole.MASTER, 0)
+    role = role or RoleState(BrokerRole.MASTER, 0)
     topics = TopicService(
-        store, role, default_queue_nums=2, auto_create=False, on_change=lambda: None
+        store, role, default_queue_nums=queues, auto_create=False, on_change=lambda: None
     )
     if store.topics.get(TOPIC) is None:
-        topics.create(TOPIC, 2, 2, 6, notify=False)
+        topics.create(TOPIC, queues, queues, 6, notify=False)
     pop = PopService(
         store,
         topics,
@@ -46,6 +56,7 @@ def open_broker(root, broker_name: str = "broker-a", **store_kw) -> tuple[Messag
         config,
         on_written=lambda: None,
         on_put=lambda topic, queue_id: None,
+        escape=escape,
     )
     return store, pop
 
