@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 import pytest
 
@@ -125,39 +126,50 @@ class Silenced(Recording):
         return super().handle(conn, frame)
 
 
+LEASE_MS = 300  # the name server's liveness timeout in the lease tests
+
+
+@contextlib.asynccontextmanager
+async def watched_master(tmp_path, lapsed):
+    """A name server that can be silenced, holding members for LEASE_MS (far below the
+    10 s default), and a master registering with it whose lease is watched by
+    ``lapsed(reg)``; all closed at the end."""
+    ns_addr = f"127.0.0.1:{free_port()}"
+    processor = Silenced(NamesrvConfig(listen=ns_addr, broker_not_active_timeout_ms=LEASE_MS))
+    server = Server(processor)
+    await server.start(ns_addr)
+    config = BrokerConfig(
+        listen=f"127.0.0.1:{free_port()}",
+        namesrv=(ns_addr,),
+        enable_slave_acting_master=True,
+        broker_heartbeat_interval_ms=HEARTBEAT_MS,
+    )
+    reg = NamesrvRegistration(
+        config, TopicConfigManager(tmp_path, 0), ConnectionPool(), RoleState(BrokerRole.MASTER, 0)
+    )
+    reg.watch_lease(lambda: lapsed(reg))
+    try:
+        await reg.start()
+        yield processor, reg
+    finally:
+        await reg.stop()
+        await reg.pool.close()
+        await server.close()
+
+
 def test_a_master_whose_lease_lapsed_isolates_itself_until_it_goes_online(tmp_path):
-    """The lease ends with the liveness timeout the name server holds the master by (300
-    ms here, far below the 10 s default): then the master is told once, and sends
-    nothing until go_online, which starts a fresh lease."""
-    timeout_ms = 300
+    """The lease ends with the liveness timeout the name server holds the master by: then
+    the master is told once, and sends nothing until go_online, which starts a fresh
+    lease."""
+    told: list[bool] = []
+
+    def lapsed(reg: NamesrvRegistration) -> None:  # as the broker's: pre-online again
+        told.append(reg.lease_lapsed())
+        reg.isolated = True
 
     async def scenario() -> None:
-        ns_addr = f"127.0.0.1:{free_port()}"
-        processor = Silenced(NamesrvConfig(listen=ns_addr, broker_not_active_timeout_ms=timeout_ms))
-        server = Server(processor)
-        await server.start(ns_addr)
-        config = BrokerConfig(
-            listen=f"127.0.0.1:{free_port()}",
-            namesrv=(ns_addr,),
-            enable_slave_acting_master=True,
-            broker_heartbeat_interval_ms=HEARTBEAT_MS,
-        )
-        reg = NamesrvRegistration(
-            config,
-            TopicConfigManager(tmp_path, 0),
-            ConnectionPool(),
-            RoleState(BrokerRole.MASTER, 0),
-        )
-        told: list[bool] = []
-
-        def lapsed() -> None:  # as the broker's: a master runs pre-online again, isolated
-            told.append(reg.lease_lapsed())
-            reg.isolated = True
-
-        reg.watch_lease(lapsed)
-        try:
-            await reg.start()
-            await asyncio.sleep(3 * timeout_ms / 1000)  # heartbeats keep renewing it
+        async with watched_master(tmp_path, lapsed) as (processor, reg):
+            await asyncio.sleep(3 * LEASE_MS / 1000)  # heartbeats keep renewing it
             assert not reg.lease_lapsed() and not told
             processor.silent = True
             await until(lambda: told, WAIT_S, "the lapse")
@@ -169,9 +181,30 @@ def test_a_master_whose_lease_lapsed_isolates_itself_until_it_goes_online(tmp_pa
             await reg.go_online()
             assert processor.codes == [RequestCode.REGISTER_BROKER]
             assert not reg.lease_lapsed() and not reg.isolated
-        finally:
-            await reg.stop()
-            await reg.pool.close()
-            await server.close()
 
     asyncio.run(asyncio.wait_for(scenario(), WAIT_S * 2))
+
+
+def test_a_lapse_that_does_not_isolate_is_logged_once(tmp_path, caplog):
+    """A master without pre-online (skip_pre_online) is not isolated by a lapse: it keeps
+    trying every name server each heartbeat, and is told each time, but the lapse is
+    logged once (it logged an error per name server per heartbeat, saying it was
+    isolated), and once more after a renewal and a second lapse."""
+    told: list[bool] = []
+
+    async def scenario() -> None:
+        async with watched_master(tmp_path, lambda reg: told.append(True)) as (processor, reg):
+            for _ in range(2):
+                await asyncio.sleep(3 * LEASE_MS / 1000)
+                assert not reg.lease_lapsed()
+                processor.silent = True
+                await until(lambda: len(told) >= 5, WAIT_S, "five rounds past the lapse")
+                processor.silent = False
+                await until(lambda: not reg.lease_lapsed(), WAIT_S, "the renewal")
+                told.clear()
+
+    with caplog.at_level(logging.ERROR, logger="hamq.broker.registration"):
+        asyncio.run(asyncio.wait_for(scenario(), WAIT_S * 2))
+    lines = [r.getMessage() for r in caplog.records if "liveness timeout" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert all("write nothing until one holds it again" in line for line in lines), lines

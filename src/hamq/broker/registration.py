@@ -79,6 +79,7 @@ class NamesrvRegistration:
         self._accepted_at: dict[str, int] = {}
         self._timeout_ms: dict[str, int] = {}
         self.on_lease_lapsed: Callable[[], None] | None = None  # see watch_lease
+        self._lapse_told = False  # the lapse under way is logged
         self._rounds = [
             PeriodicTask(
                 f"heartbeat to name server {addr}",
@@ -120,6 +121,7 @@ class NamesrvRegistration:
         lease starts afresh with the first one accepted."""
         self.isolated = False
         self._accepted_at.clear()
+        self._lapse_told = False
         await self._register_all()
 
     def watch_lease(self, on_lapsed: Callable[[], None]) -> None:
@@ -150,15 +152,20 @@ class NamesrvRegistration:
             return True
         serving = self.role.is_master or self.role.is_acting_master
         if serving and self.on_lease_lapsed is not None and self.lease_lapsed():
+            self.on_lease_lapsed()
+            if self._lapse_told:  # logged once a lapse: each round of each name server asks
+                return self.isolated
+            self._lapse_told = True
             log.error(
                 "no name server accepted this member for longer than its liveness timeout "
                 "(paused, or cut off from them): another may have served as master "
                 "meanwhile; %s",
                 "isolated until pre-online has taken the group back"
+                if self.isolated
+                else "its secondary-message services write nothing until one holds it again"
                 if self.role.is_master
                 else "acting ends",
             )
-            self.on_lease_lapsed()
         return self.isolated
 
     @property
@@ -196,6 +203,7 @@ class NamesrvRegistration:
 
     def _renew(self, addr: str, sent_ms: int) -> None:
         self._accepted_at[addr] = max(sent_ms, self._accepted_at.get(addr, sent_ms))
+        self._lapse_told = False
 
     async def _register(self, addr: str) -> None:
         if self._held_back():
