@@ -26,7 +26,9 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from hamq.broker.durable import when_durable
 from hamq.broker.escape import STORED_CODES, EscapeBridge, takes_escape
 from hamq.broker.pop.revive_log import (
     KIND_CK,
@@ -46,6 +48,9 @@ from hamq.net.counts import COUNTS
 from hamq.net.tasks import PeriodicTask
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.store.disk import Disk, atomic_write
+
+if TYPE_CHECKING:
+    from hamq.broker.server import Broker
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +94,7 @@ class ReviveEscape:
         config = self.bridge.config
         for broker in self.bridge.siblings():
             if takes_escape(broker, config.cluster_name, config.broker_name, target):
-                broker.pop.store_escaped(record)
-                broker.processor.after_batch()  # written and shipped now, as after a request
-                COUNTS.escaped_local += 1
-                return broker.config.broker_name
+                return await _put_local(broker, record)
         if not config.enable_remote_escape:
             raise ServiceNotAvailable(
                 f"no master of {target or 'another group'} in this process and "
@@ -193,6 +195,19 @@ class ReviveEscape:
             found += records_in(frame.body, offset, broker_name)
             offset = frame.ext["next_begin_offset"]
         raise ServiceNotAvailable(f"revive log of {addr} longer than {MAX_PULLS} pulls")
+
+
+async def _put_local(broker: Broker, record: bytes) -> str:
+    """Into a master in this process, done once as durable as that master's
+    POP_ESCAPED_REVIVE answer would say (fsynced under sync flush; stored all the same if
+    the flush timed out)."""
+    put = broker.pop.store_escaped(record)
+    broker.processor.after_batch()  # written and shipped now, as after a request
+    stored: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    when_durable(broker.flush, put.end_offset, lambda ok: stored.done() or stored.set_result(ok))
+    await stored
+    COUNTS.escaped_local += 1
+    return broker.config.broker_name
 
 
 def record_digest(record: bytes) -> str:
