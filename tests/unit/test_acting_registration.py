@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 import pytest
 
@@ -119,8 +120,11 @@ class Silenced(Recording):
     reach, or that no longer holds it)."""
 
     silent = False
+    mute = False  # answers nothing at all: the member's requests time out
 
     def handle(self, conn: Connection, frame: Frame) -> list | None:
+        if self.mute:
+            return None
         if self.silent:
             raise SystemBusy("silenced by the test")
         return super().handle(conn, frame)
@@ -208,3 +212,26 @@ def test_a_lapse_that_does_not_isolate_is_logged_once(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records if "liveness timeout" in r.getMessage()]
     assert len(lines) == 2, lines
     assert all("write nothing until one holds it again" in line for line in lines), lines
+
+
+def test_a_lapse_is_seen_when_the_lease_ends_though_the_heartbeat_hangs(tmp_path):
+    """A name server that stops answering (a partition that drops packets: the heartbeat
+    waits its whole 3 s request timeout) must not delay the lapse past the lease: the
+    member is told once the lease ends (LEASE_MS after the last accepted heartbeat was
+    sent), not at the start of the next heartbeat round. An acting member told late acts
+    beside the member the name servers made act instead."""
+    told: list[float] = []
+
+    async def scenario() -> None:
+        async with watched_master(tmp_path, lambda reg: told.append(time.monotonic())) as (
+            processor,
+            reg,
+        ):
+            await asyncio.sleep(3 * LEASE_MS / 1000)
+            assert not reg.lease_lapsed()
+            processor.mute = True
+            muted_at = time.monotonic()
+            await until(lambda: told, WAIT_S, "the lapse")
+            assert told[0] - muted_at < 2.0, f"told {told[0] - muted_at:.2f} s after the mute"
+
+    asyncio.run(asyncio.wait_for(scenario(), WAIT_S * 2))

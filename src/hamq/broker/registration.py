@@ -80,6 +80,9 @@ class NamesrvRegistration:
         self._timeout_ms: dict[str, int] = {}
         self.on_lease_lapsed: Callable[[], None] | None = None  # see watch_lease
         self._lapse_told = False  # the lapse under way is logged
+        # fires when the lease ends: a heartbeat to a name server that answers nothing waits
+        # its whole request timeout, and the lapse must not wait for the next round
+        self._lease_end: asyncio.TimerHandle | None = None
         self._rounds = [
             PeriodicTask(
                 f"heartbeat to name server {addr}",
@@ -129,20 +132,22 @@ class NamesrvRegistration:
         the module docstring lapsed (a master's callback isolates it: told once)."""
         self.on_lease_lapsed = on_lapsed
 
+    def _lease_end_ms(self) -> int:
+        default_ms = (
+            self.config.broker_not_active_timeout_ms or NamesrvConfig.broker_not_active_timeout_ms
+        )
+        return max(
+            sent_ms + self._timeout_ms.get(addr, default_ms)
+            for addr, sent_ms in self._accepted_at.items()
+        )
+
     def lease_lapsed(self) -> bool:
         """A watched member that registered once and that no name server is sure to hold
         any more: each accepted its last registration or heartbeat from it longer ago
         than the liveness timeout it holds it by."""
         if self.on_lease_lapsed is None or not self._accepted_at:
             return False
-        now_ms = monotonic_ms()
-        default_ms = (
-            self.config.broker_not_active_timeout_ms or NamesrvConfig.broker_not_active_timeout_ms
-        )
-        return all(
-            now_ms - sent_ms > self._timeout_ms.get(addr, default_ms)
-            for addr, sent_ms in self._accepted_at.items()
-        )
+        return monotonic_ms() > self._lease_end_ms()
 
     def _held_back(self) -> bool:
         """Isolated (then nothing is sent), perhaps just now: a master that found its lease
@@ -175,6 +180,8 @@ class NamesrvRegistration:
     async def stop(self) -> None:
         await asyncio.gather(*(task.stop() for task in self._rounds))
         await cancel_all([self._rereading])
+        if self._lease_end is not None:
+            self._lease_end.cancel()
         if self.isolated:
             return  # never registered
         await asyncio.gather(
@@ -204,6 +211,12 @@ class NamesrvRegistration:
     def _renew(self, addr: str, sent_ms: int) -> None:
         self._accepted_at[addr] = max(sent_ms, self._accepted_at.get(addr, sent_ms))
         self._lapse_told = False
+        if self.on_lease_lapsed is None:
+            return
+        if self._lease_end is not None:
+            self._lease_end.cancel()
+        delay_s = max(0, self._lease_end_ms() - monotonic_ms() + 1) / 1000
+        self._lease_end = asyncio.get_running_loop().call_later(delay_s, self._held_back)
 
     async def _register(self, addr: str) -> None:
         if self._held_back():
