@@ -9,7 +9,11 @@ dead within seconds; everything else is each config key's default."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
+from collections.abc import Iterator
 
 import hamq
 from hamq import Message, MessageQueue, TransactionState
@@ -180,6 +184,17 @@ class ActingCluster:
         self.c.procs["a0"].start()
         master = self.addr("a0")
         wait_for(lambda: self.routed_master(topic, GROUP_A) == master, 40, "a0 routed again")
+
+    @contextlib.contextmanager
+    def frozen(self, name: str) -> Iterator[None]:
+        """``name``'s process stopped (SIGSTOP) in the block and resumed (SIGCONT) after it,
+        whatever happens there."""
+        pid = self.c.procs[name].pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
 
     # -- clients ---------------------------------------------------------------------------
 

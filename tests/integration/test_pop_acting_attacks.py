@@ -10,8 +10,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 from chaos.acting_cluster import ACTING, GROUP_A, ActingCluster
@@ -45,7 +43,6 @@ def test_a_lagging_slave_acting_second_redelivers_what_the_master_handed_out(clu
     own log never had the master's CK, and a1's escaped CK names offsets 4..7: the first
     four must come back from a2 all the same (nobody acked them)."""
     ac = ActingCluster(cluster_factory, {TOPIC: 1, "PopActingFiller": 1}, **HA_WINDOW)
-    a2 = ac.c.procs["a2"]
     try:
         mq = MessageQueue(TOPIC, GROUP_A, 0)
         with consumer_of(ac) as consumer:  # the group's offset exists on every member
@@ -54,8 +51,7 @@ def test_a_lagging_slave_acting_second_redelivers_what_the_master_handed_out(clu
         bodies = [b"lag%d" % i for i in range(8)]
         ac.send_to(GROUP_A, [Message(TOPIC, b) for b in bodies])
         ac.wait_replicated()
-        os.kill(a2.pid, signal.SIGSTOP)
-        try:
+        with ac.frozen("a2"):
             ac.send_to(GROUP_A, FILLER)
             with consumer_of(ac) as consumer:
                 first = consumer.receive(4, MASTER_INVISIBLE_S)
@@ -64,8 +60,6 @@ def test_a_lagging_slave_acting_second_redelivers_what_the_master_handed_out(clu
             wait_for(lambda: ac.log_end(ACTING) >= end, 20, "a1 has the master's CK")
             ac.c.procs["a0"].kill9()
             master_end = end
-        finally:
-            os.kill(a2.pid, signal.SIGCONT)
         wait_acting(ac, ACTING)
         assert ac.log_end("a2") < master_end, "a2 got the master's CK: nothing to test"
         with consumer_of(ac) as consumer:
@@ -132,19 +126,15 @@ def test_acks_on_the_acting_master_go_through_with_a_member_of_its_group_frozen(
     with a2 frozen (SIGSTOP, still listed by the name server for a while) the answer of a1,
     the putter, is enough, so acks on a1 are answered within the client's timeout."""
     ac = ActingCluster(cluster_factory, {TOPIC: 1})
-    a2 = ac.c.procs["a2"]
     try:
         bodies = outage(ac, b"frozen")
-        os.kill(a2.pid, signal.SIGSTOP)
-        try:
+        with ac.frozen("a2"):
             with consumer_of(ac) as consumer:
                 acked = set(bodies[:4])
                 pop_and_ack(consumer, bodies, acked)  # an ack raises if not answered in time
                 again = receive_until(consumer, set(bodies) - acked, 30)
             came = {m.body for m in again}
             assert came >= set(bodies) - acked and not came & acked, came
-        finally:
-            os.kill(a2.pid, signal.SIGCONT)
     finally:
         ac.close()
 
@@ -155,11 +145,9 @@ def test_acting_member_killed_before_its_records_reach_the_chosen_master(cluster
     for done. a1 is killed with both records unsent; a2 acts. Nothing is lost: every
     message, the one whose ack was never answered too, is delivered again."""
     ac = ActingCluster(cluster_factory, {TOPIC: 1})
-    b0 = ac.c.procs["b0"]
     try:
         bodies = outage(ac, b"unsent")
-        os.kill(b0.pid, signal.SIGSTOP)
-        try:
+        with ac.frozen("b0"):
             with consumer_of(ac) as consumer:
                 got = receive_until(consumer, set(bodies), 20)
                 assert {m.body for m in got} == set(bodies)
@@ -170,8 +158,6 @@ def test_acting_member_killed_before_its_records_reach_the_chosen_master(cluster
                     acked = False  # no answer in time: not done
             assert not acked, "an ack was answered before its record was stored anywhere"
             ac.c.procs[ACTING].kill9()
-        finally:
-            os.kill(b0.pid, signal.SIGCONT)
         wait_acting(ac, "a2")
         with consumer_of(ac) as consumer:
             again = receive_until(consumer, set(bodies), 30)
@@ -218,11 +204,9 @@ def test_a_retried_ack_is_not_answered_before_the_first_ones_record_is_stored(cl
     for the same record, not answer OK at once: a1 is then killed with the record unsent,
     and the message comes back from a2 (the client was never told it was acked)."""
     ac = ActingCluster(cluster_factory, {TOPIC: 1})
-    b0 = ac.c.procs["b0"]
     try:
         bodies = outage(ac, b"retry")
-        os.kill(b0.pid, signal.SIGSTOP)
-        try:
+        with ac.frozen("b0"):
             with consumer_of(ac) as consumer:
                 got = receive_until(consumer, set(bodies), 20)
                 answered = []
@@ -233,8 +217,6 @@ def test_a_retried_ack_is_not_answered_before_the_first_ones_record_is_stored(cl
                     except HamqError:
                         answered.append(False)
             ac.c.procs[ACTING].kill9()
-        finally:
-            os.kill(b0.pid, signal.SIGCONT)
         assert answered == [False, False], f"ack answered OK with its record unstored: {answered}"
         wait_acting(ac, "a2")
         with consumer_of(ac) as consumer:
