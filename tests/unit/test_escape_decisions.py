@@ -61,8 +61,10 @@ def test_merge_is_a_union_and_the_op_log_supersedes_a_decision(tmp_path):
     physical = put_halves(tx, 3)
     now = tx.store.clock_ms()
     tx.decisions.write(tx.decisions.record(0, physical[0], now))
-    assert tx.decisions.merge({0: physical[0], 2: physical[2]}, now)
-    assert not tx.decisions.merge({2: physical[2]}, now)  # nothing new
+    merged = tx.decisions.merge({0: physical[0], 2: physical[2]}, now)
+    assert merged is not None
+    tx.decisions.write(merged)
+    assert tx.decisions.merge({2: physical[2]}, now) is None  # nothing new
     assert TransactionDecisions(tmp_path, now).decided() == {0: physical[0], 2: physical[2]}
     tx.start()
     assert list(tx.undecided()) == [1]

@@ -67,17 +67,17 @@ class TransactionDecisions:
             self._t.touch(now_ms)
             self._t.persist()
 
-    def merge(self, decided: dict[int, int], now_ms: int) -> bool:
-        """Take another member's decisions (a decision is a fact: the union is kept),
-        durable at once; True if any was new."""
+    def merge(self, decided: dict[int, int], now_ms: int) -> TableSnapshot | None:
+        """Take another member's decisions (a decision is a fact: the union is kept);
+        returns the snapshot to ``write`` before anyone is told they are kept, None if
+        none was new."""
         table = self._t.table[_DECIDED]
         new = {str(half): physical for half, physical in decided.items() if str(half) not in table}
         if not new:
-            return False
+            return None
         table.update(new)
         self._t.touch(now_ms)
-        self._t.persist()
-        return True
+        return self._t.snapshot()
 
 
 def _well_formed(found: Any) -> dict[str, int]:

@@ -38,6 +38,7 @@ from hamq.broker.stored_message import StoredMessage, read_message, read_message
 from hamq.broker.transaction.decisions import TransactionDecisions
 from hamq.errors import BrokerSystemError, HamqError, InvalidArgument, NoPermission, QueryNotFound
 from hamq.net.connection import Connection, error_pieces, response_pieces
+from hamq.net.tasks import spawn
 from hamq.protocol.frame import Frame, pack_body, require, require_int, require_name, unpack_body
 from hamq.protocol.message import encode_message, encode_properties, validate_batch
 from hamq.protocol.properties import (
@@ -50,6 +51,7 @@ from hamq.protocol.properties import (
 from hamq.protocol.transaction import TransactionState
 from hamq.store.flush import FlushService
 from hamq.store.message_store import MessageStore, PutResult
+from hamq.store.metadata import TableSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -248,23 +250,34 @@ class TransactionalMessageService:
         body = {str(half): physical for half, physical in self.decisions.decided().items()}
         return response_pieces(frame, body=pack_body(body))
 
-    def put_decisions(self, conn: Connection, frame: Frame) -> list:
+    def put_decisions(self, conn: Connection, frame: Frame) -> list | None:
         """PUT_TRANSACTION_DECISIONS: decisions the group's acting master took, kept here
-        (durable) for this member's own check-back if it acts or is master later."""
-        self.merge_decisions(frame.body)
-        return response_pieces(frame)
+        (durable, written off the event loop before the answer) for this member's own
+        check-back if it acts or is master later."""
+        snapshot = self.decisions.merge(_decided(frame.body), self.store.clock_ms())
+        if snapshot is None:
+            return response_pieces(frame)
+        spawn(self._answer_written(conn, frame, snapshot))
+        return None
+
+    async def _answer_written(
+        self, conn: Connection, frame: Frame, snapshot: TableSnapshot
+    ) -> None:
+        try:
+            await asyncio.to_thread(self.decisions.write, snapshot)
+        except OSError as err:
+            conn.reply(error_pieces(frame, BrokerSystemError(f"writing decisions failed: {err}")))
+            return
+        conn.reply(response_pieces(frame))
 
     def merge_decisions(self, body: bytes) -> bool:
         """Pre-online: take a member's decisions (read back with the op log when the
-        transaction services start); True if any was new."""
-        table = unpack_body(body) or {}
-        try:
-            decided = {int(half): int(physical) for half, physical in table.items()}
-        except (AttributeError, TypeError, ValueError):
-            raise InvalidArgument(
-                "transaction decisions must map half offsets to commit-log offsets"
-            ) from None
-        return self.decisions.merge(decided, self.store.clock_ms())
+        transaction services start), durable at once; True if any was new."""
+        snapshot = self.decisions.merge(_decided(body), self.store.clock_ms())
+        if snapshot is None:
+            return False
+        self.decisions.write(snapshot)
+        return True
 
     def stop_deciding(self) -> None:
         """Acting ends: decisions under way are dropped (not written, so asked again)."""
@@ -391,4 +404,15 @@ def _batch_count(properties: dict[str, str]) -> int:
         raise InvalidArgument(
             f"{PROPERTY_TRANSACTION_BATCH} must be a message count, not "
             f"{properties[PROPERTY_TRANSACTION_BATCH]!r}"
+        ) from None
+
+
+def _decided(body: bytes) -> dict[int, int]:
+    """A PUT/GET_TRANSACTION_DECISIONS body: half offset -> commit-log offset."""
+    table = unpack_body(body) or {}
+    try:
+        return {int(half): int(physical) for half, physical in table.items()}
+    except (AttributeError, TypeError, ValueError):
+        raise InvalidArgument(
+            "transaction decisions must map half offsets to commit-log offsets"
         ) from None
