@@ -165,8 +165,10 @@ class GroupMetadata:
         # the member's log agrees with ours (its handshake cut it), so nothing taken points
         # past our queues; clamped anyway, as everywhere progress comes from elsewhere
         self.store.clamp_progress()
-        self.store.offsets.persist()
-        self.delay_offsets.persist()
+        for table in (self.store.offsets, self.delay_offsets):  # fsynced off the event loop
+            snapshot = table.snapshot()
+            if snapshot is not None:
+                await asyncio.to_thread(table.write, snapshot)
         return ", ".join(f"{name} {'taken' if t else 'kept'}" for name, t in taken.items())
 
 
