@@ -5,6 +5,7 @@ other groups with a master; no target at all is a clear error and puts nothing."
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 
 import pytest
 
@@ -109,3 +110,38 @@ async def put_locally(own: Broker, b: Broker) -> None:
     with pytest.raises(ServiceNotAvailable, match="enable_remote_escape"):
         await lonely.put(TOPIC, payload)
     await asyncio.gather(bridge.close(), lonely.close())
+
+
+def test_an_unexpected_error_in_an_escape_is_retried_not_the_end_of_its_level(tmp_path):
+    """A bug raising something other than a HamqError (a malformed answer, say) ended the
+    level's escape task: its due messages stayed undelivered until acting restarted."""
+    own = with_topic(member(tmp_path, "a", 1))
+    b = with_topic(member(tmp_path, "b"))
+    asyncio.run(asyncio.wait_for(escape_past_a_bug(own, b), 10))
+    for broker in (own, b):
+        broker.store.close()
+
+
+async def escape_past_a_bug(own: Broker, b: Broker) -> None:
+    schedule = own.schedule
+    bridge = EscapeBridge(own.config, lambda: [own, b])
+    puts = 0
+
+    async def failing_once(*args, **kwargs):
+        nonlocal puts
+        puts += 1
+        if puts == 1:
+            raise KeyError("queue_offset")
+        return await EscapeBridge.put(bridge, *args, **kwargs)
+
+    bridge.put = failing_once  # type: ignore[method-assign]
+    schedule.escape = bridge
+    acknowledged = asyncio.Event()
+    payload = encode_message(b"due", encode_properties({"KEYS": "k"}))
+    schedule._escapes[3] = deque([([(TOPIC, payload)], acknowledged.set)])
+    await schedule._escape_all(3)
+    assert acknowledged.is_set() and puts == 2
+    assert [m.body for m in read_messages(b.store, TOPIC, 0, 0, 10)] + [
+        m.body for m in read_messages(b.store, TOPIC, 1, 0, 10)
+    ] == [b"due"]
+    await bridge.close()

@@ -45,6 +45,7 @@ from hamq.broker.schedule.timer_message import DELIVER_BATCH, DELIVER_RETRY_MS, 
 from hamq.broker.stored_message import StoredMessage, read_messages
 from hamq.errors import HamqError, MessageIllegal, ServiceNotAvailable
 from hamq.net.connection import Connection, response_pieces
+from hamq.net.counts import COUNTS
 from hamq.net.tasks import PeriodicTask
 from hamq.protocol.frame import Frame, pack_body
 from hamq.protocol.limits import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES
@@ -353,13 +354,16 @@ class ScheduleMessageService:
                 while batch:
                     try:
                         await self._escape_batch(batch)
-                    except HamqError as err:
+                    except Exception as err:  # a bug must not end this level's delivery
+                        if not isinstance(err, HamqError):
+                            COUNTS.internal_errors += 1
+                            log.exception("escaping %d due message(s) failed", len(batch))
                         if not failures:
                             log.warning(
                                 "escaping %d due message(s) failed, trying again every %d ms: %s",
                                 len(batch),
                                 DELIVER_RETRY_MS,
-                                err.message,
+                                err.message if isinstance(err, HamqError) else repr(err),
                             )
                         failures += 1
                         await asyncio.sleep(DELIVER_RETRY_MS / 1000)
