@@ -122,12 +122,15 @@ class GroupMetadata:
         pool: ConnectionPool,
         store: MessageStore,
         delay_offsets: DelayOffsetManager,
+        write_delay_progress: Callable[[bytes], None],
         merge_pop_checkpoint: Callable[[bytes], bool],
         merge_transaction_decisions: Callable[[bytes], bool],
     ) -> None:
         self.pool = pool
         self.store = store
         self.delay_offsets = delay_offsets
+        # after the timer log it counts on is fsynced (ScheduleMessageService.write_progress)
+        self.write_delay_progress = write_delay_progress
         self.merge_pop_checkpoint = merge_pop_checkpoint
         self.merge_transaction_decisions = merge_transaction_decisions
 
@@ -165,10 +168,14 @@ class GroupMetadata:
         # the member's log agrees with ours (its handshake cut it), so nothing taken points
         # past our queues; clamped anyway, as everywhere progress comes from elsewhere
         self.store.clamp_progress()
-        for table in (self.store.offsets, self.delay_offsets):  # fsynced off the event loop
+        writes = (
+            (self.store.offsets, self.store.offsets.write),
+            (self.delay_offsets, self.write_delay_progress),
+        )
+        for table, write in writes:  # fsynced off the event loop
             snapshot = table.snapshot()
             if snapshot is not None:
-                await asyncio.to_thread(table.write, snapshot)
+                await asyncio.to_thread(write, snapshot)
         return ", ".join(f"{name} {'taken' if t else 'kept'}" for name, t in taken.items())
 
 

@@ -265,6 +265,7 @@ class Broker:
             self.pool,
             self.store,
             self.schedule.progress,
+            self.schedule.write_progress,
             self.pop.merge_checkpoint,
             self.transactions.merge_decisions,
         )

@@ -233,7 +233,7 @@ class ScheduleMessageService:
         self.timers.save_progress()
         snapshot = self.progress.snapshot()
         if snapshot is not None:
-            self._write_progress(snapshot)
+            self.write_progress(snapshot)
         self.timers.close()
 
     async def stop(self) -> None:
@@ -246,11 +246,12 @@ class ScheduleMessageService:
         snapshot = self.progress.snapshot()
         if snapshot is not None:
             # an OSError is logged by the task; the segments stay until a write succeeds
-            await asyncio.to_thread(self._write_progress, snapshot)
+            await asyncio.to_thread(self.write_progress, snapshot)
         self.timers.delete_delivered(read_ms)
 
-    def _write_progress(self, snapshot: bytes) -> None:
-        """Write a progress snapshot, after the timer log records it counts on."""
+    def write_progress(self, snapshot: bytes) -> None:
+        """Write a progress snapshot, after the timer log records it counts on (also for
+        progress taken from a fellow member: ``broker/pre_online.py``)."""
         self.timers.fsync_log()
         self.progress.write(snapshot)
 
