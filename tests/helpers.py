@@ -12,11 +12,21 @@ from collections.abc import Iterable
 import hamq
 from hamq.errors import TopicNotExist
 
+_HANDED_OUT: set[int] = set()  # ports free_port gave this process
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port free right now that this process was not given before: a cluster's ports are
+    all picked before its servers bind them, and the kernel may offer one port twice (a
+    DLedger member's ha_listen and its Raft port once collided, failing the config check)."""
+    for _ in range(1000):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no port left that this process was not given before")
 
 
 def free_port_base(offsets: Iterable[int] = ()) -> int:
