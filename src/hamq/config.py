@@ -126,6 +126,16 @@ class BrokerConfig(StoreConfig, ServerConfig):
     skip_pre_online: bool = False  # skipPreOnline: a returning master registers at once
     consumer_offset_update_version_step: int = 500  # consumerOffsetUpdateVersionStep
     delay_offset_update_version_step: int = 200  # delayOffsetUpdateVersionStep
+    # mirrored-queue policies (seed 003)
+    ha_join: str = "history"  # an empty member's first HA transfer: "history" copies what a
+    #   consumer may still need (ha-sync-mode automatic), "tail" starts at the master's end
+    #   (manual: an unsynchronised mirror until consumers pass its start or sync-queue)
+    memory_high_watermark_bytes: int = 0  # vm_memory_high_watermark: RSS at which publishers
+    #   are blocked (CONNECTION_BLOCKED) until it falls; 0 = off
+    disk_free_limit_bytes: int = 50 * 1024 * 1024  # disk_free_limit: free space under which
+    #   publishers are blocked (RabbitMQ's default)
+    max_unconfirmed_bytes: int = 64 * 1024 * 1024  # credit: bytes of sends waiting for
+    #   replica acks, past which the broker stops reading producers' connections
 
     def __post_init__(self) -> None:
         check.check_types(self)
@@ -160,6 +170,12 @@ class ControllerSettings:
     controller_snapshot_interval_entries: int = 1000  # snapshot the state every N applied
     enable_elect_unclean_master: bool = False  # enableElectUncleanMaster: may lose messages
     notify_broker_role_changed: bool = True  # notifyBrokerRoleChanged
+    # mirrored-queue policies (seed 003)
+    mirror_cluster_name: str = "hamq"  # the cluster of the groups the placement driver makes
+    node_heartbeat_timeout_ms: int = 5000  # a node (container) not heard from is down
+    placement_interval_ms: int = 1000  # how often the leader reconciles policies and nodes
+    default_queue_master_locator: str = "client-local"  # queue_master_locator: min-masters,
+    #   client-local or random, for policies that do not set queue-master-locator
 
 
 @dataclass(frozen=True)
@@ -209,6 +225,12 @@ class ContainerConfig(ServerConfig):
     store_root: str = ""  # a member added at runtime (ADD_BROKER, which is not authenticated)
     #   keeps its store_dir inside this directory (a relative path is, like store_dir, the
     #   container's working directory's); "" = no member is added at runtime
+    node_name: str = ""  # "hamq@host": this container is a node the controller places
+    #   policy groups on (seed 003); "" = not a node
+    controller_addr: tuple[str, ...] = ()  # every controller peer's listen, for a node
+    node_heartbeat_interval_ms: int = 1000  # a node's heartbeat to every controller peer
+    member_host: str = "127.0.0.1"  # where members the controller adds listen (the
+    #   container picks their ports)
 
     def __post_init__(self) -> None:
         check.check_types(self)
@@ -226,6 +248,15 @@ class ContainerConfig(ServerConfig):
             check.path("brokers", path)
         if len(set(self.brokers)) != len(self.brokers):
             raise check.bad("brokers", self.brokers, "lists a member config file twice")
+        check.check_ranges(self, {"node_heartbeat_interval_ms": check.POSITIVE})
+        if self.node_name:
+            check.node_name("node_name", self.node_name)
+            if not self.controller_addr:
+                raise check.bad(
+                    "controller_addr", self.controller_addr, "a node needs its controller peers"
+                )
+        for addr in self.controller_addr:
+            check.address("controller_addr", addr)
 
 
 def load_config(cls: type[T], path: str | Path | None = None, **overrides: Any) -> T:

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 FLUSH_DISK_TYPES = ("async", "sync")
 BROKER_ROLES = ("async_master", "sync_master", "slave")
+HA_JOINS = ("history", "tail")
+QUEUE_MASTER_LOCATORS = ("min-masters", "client-local", "random")
 REPLICATION_MODES = ("master-slave", "dledger")
 # Hosts that bind every interface: they collide with any other host on the same port.
 _WILDCARD_HOSTS = ("0.0.0.0", "::")
@@ -119,6 +121,9 @@ BROKER_RANGES = {
     "sync_broker_metadata_period_ms": POSITIVE,
     "check_sync_state_set_period_ms": POSITIVE,
     "ha_max_time_slave_not_catchup_ms": POSITIVE,
+    "memory_high_watermark_bytes": NOT_NEGATIVE,  # 0: no memory alarm
+    "disk_free_limit_bytes": NOT_NEGATIVE,
+    "max_unconfirmed_bytes": POSITIVE,
 }
 CONTROLLER_RANGES = {
     "controller_self_id": Range(1, MAX_BROKER_ID),
@@ -126,6 +131,8 @@ CONTROLLER_RANGES = {
     "controller_scan_interval_ms": POSITIVE,
     "controller_election_timeout_ms": POSITIVE,
     "controller_snapshot_interval_entries": POSITIVE,
+    "node_heartbeat_timeout_ms": POSITIVE,
+    "placement_interval_ms": POSITIVE,
 }
 NAMESRV_RANGES = {
     "scan_not_active_broker_interval_ms": POSITIVE,
@@ -242,6 +249,15 @@ def name(key: str, value: str) -> None:
         raise bad(key, value, reason) from None
 
 
+NODE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}@[A-Za-z0-9_.-]{1,128}")
+
+
+def node_name(key: str, value: str) -> None:
+    """A node name is RabbitMQ's ``rabbit@host`` shape: it goes into policies' ha-params."""
+    if not NODE_NAME.fullmatch(value):
+        raise bad(key, value, "must look like hamq@host (letters, digits, '_', '.', '-')")
+
+
 def dledger_peers(specs: tuple[str, ...], key: str = "dledger_peers") -> dict[int, str]:
     """``ID@HOST:PORT`` entries as {member id: address}; ids >= 1, each id and address once.
     ``key`` names the setting in errors (``controller_peers`` has the same form)."""
@@ -312,6 +328,12 @@ def check_controller(config: ControllerConfig) -> None:
 def check_controller_settings(config: ControllerSettings) -> None:
     """The controller peers' Raft endpoints and timeouts (standalone or embedded)."""
     check_ranges(config, CONTROLLER_RANGES)
+    name("mirror_cluster_name", config.mirror_cluster_name)
+    one_of(
+        "default_queue_master_locator",
+        config.default_queue_master_locator,
+        QUEUE_MASTER_LOCATORS,
+    )
     if config.controller_peers:
         peers = dledger_peers(config.controller_peers, "controller_peers")
         if config.controller_self_id not in peers:
@@ -349,6 +371,7 @@ def check_broker(config: BrokerConfig) -> None:
     name("broker_name", config.broker_name)
     one_of("broker_role", config.broker_role, BROKER_ROLES)
     one_of("replication_mode", config.replication_mode, REPLICATION_MODES)
+    one_of("ha_join", config.ha_join, HA_JOINS)
     check_ranges(config, BROKER_RANGES)
     if not config.namesrv:
         raise bad("namesrv", config.namesrv, "must name at least one name server")

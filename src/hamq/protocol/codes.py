@@ -51,6 +51,13 @@ class RequestCode(IntEnum):
     POP_ESCAPED_REVIVE = 912  # an acting master's pop CK/ACK record, into another group's master
     POP_ESCAPED_CONFIRM = 914  # chosen master -> the record's group: did you put this record?
     PUT_TRANSACTION_DECISIONS = 915  # an acting master's decisions, to its group's members
+    # mirrored-queue policies (seed 003)
+    SYNC_QUEUE = 920  # to a group's master: copy the history to its unsynchronised mirrors, or stop
+    GET_MIRROR_STATUS = 921  # to a group's master: each member's log start, acks, synchronised
+    CONNECTION_BLOCKED = 922  # broker -> producer, oneway: a memory or disk alarm holds sends
+    CONNECTION_UNBLOCKED = 923  # broker -> producer, oneway: the alarm cleared
+    DECLARE_TOPIC = 924  # client -> node (container): declare a topic homed on this node
+    UNDECLARE_TOPIC = 925  # client -> node (container): delete a topic declared there
     # controller mode (seed 001), RocketMQ 5's numbers
     CONTROLLER_ALTER_SYNC_STATE_SET = 1001
     CONTROLLER_ELECT_MASTER = 1002
@@ -66,6 +73,21 @@ class RequestCode(IntEnum):
     CONTROLLER_BROKER_HEARTBEAT = 1020
     # hamq's own: Raft traffic between controller peers
     CONTROLLER_RAFT_MESSAGE = 1021
+    # hamq's own: vhosts, policies, declared topics and nodes in the controller's state (seed 003)
+    CONTROLLER_ADD_VHOST = 1030
+    CONTROLLER_DELETE_VHOST = 1031
+    CONTROLLER_LIST_VHOSTS = 1032
+    CONTROLLER_SET_POLICY = 1033
+    CONTROLLER_CLEAR_POLICY = 1034
+    CONTROLLER_LIST_POLICIES = 1035
+    CONTROLLER_DECLARE_TOPIC = 1036
+    CONTROLLER_DELETE_TOPIC = 1037
+    CONTROLLER_LIST_TOPICS = 1038
+    CONTROLLER_REGISTER_NODE = 1039
+    CONTROLLER_NODE_HEARTBEAT = 1040  # node -> every controller peer, oneway
+    CONTROLLER_LIST_NODES = 1041
+    CONTROLLER_BROKER_SHUTDOWN = 1042  # member -> every peer: a clean shutdown, not a failure
+    CONTROLLER_GET_PLACEMENT = 1043
     # hamq's own: master-slave HA transfer (RocketMQ uses a raw socket protocol for it)
     HA_HANDSHAKE = 1200
     HA_TRANSFER = 1201
