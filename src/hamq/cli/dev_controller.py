@@ -19,7 +19,9 @@ about a second is left for the rest of the 2 s target.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import click
 
@@ -35,6 +37,8 @@ DEV_HEARTBEAT_TIMEOUT_MS = 1000
 STANDALONE_PORT_OFFSET = 2
 POLL_INTERVAL_S = 0.1
 READY_TIMEOUT_S = 60.0  # three members register, elect and fill the SyncStateSet
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,19 @@ class ControllerLayout:
             settings["enable_controller_in_namesrv"] = True
         return settings
 
+    def ready_peers(self, pids: dict[str, int], leader_id: int | None) -> list[dict]:
+        """The peers as the ready line lists them, with their pids and the Raft leader."""
+        return [
+            {
+                "id": peer_id,
+                "address": addr,
+                "pid": pids[addr],
+                "embedded": self.embedded,
+                "leader": peer_id == leader_id,
+            }
+            for peer_id, addr in self.peers.items()
+        ]
+
     def broker_settings(self) -> dict:
         """What every member adds in controller mode: the controller elects, and a send is
         acknowledged once the whole SyncStateSet holds it (no acknowledged loss)."""
@@ -90,6 +107,24 @@ def group_whole(group: dict, replicas: int) -> bool:
     )
 
 
+async def poll_until(
+    check: Callable[[], Awaitable[tuple[T | None, object]]], timeout_s: float, what: str
+) -> T:
+    """``check()``'s value once it gives one (it answers (value or None, what is missing)),
+    polled until ``timeout_s``; TimeoutError names ``what`` and the last thing missing."""
+    deadline = monotonic_s() + timeout_s
+    last: object = "no answer from the controller"
+    while monotonic_s() < deadline:
+        try:
+            value, last = await check()
+            if value is not None:
+                return value
+        except HamqError as err:
+            last = f"{type(err).__name__}: {err.message}"
+        await asyncio.sleep(POLL_INTERVAL_S)
+    raise TimeoutError(f"{what} after {timeout_s} s; last: {last}")
+
+
 async def wait_whole(
     controller: ControllerClient,
     admin: AsyncAdmin,
@@ -99,24 +134,19 @@ async def wait_whole(
 ) -> dict:
     """The group's sync-state data once it is whole and the name servers route its master
     (clients can send), polled until ``timeout_s``; TimeoutError names what was missing."""
-    deadline = monotonic_s() + timeout_s
-    last: object = "no answer from the controller"
-    while monotonic_s() < deadline:
-        try:
-            groups = await controller.sync_state_data([broker_name])
-            group = next((g for g in groups if g["broker_name"] == broker_name), None)
-            if group is None:
-                last = f"the controller knows no group {broker_name}"
-            elif not group_whole(group, replicas):
-                last = group
-            elif (await admin.master_addrs()).get(broker_name) != group["master_addr"]:
-                last = f"name servers do not route master {group['master_addr']} yet"
-            else:
-                return group
-        except HamqError as err:
-            last = f"{type(err).__name__}: {err.message}"
-        await asyncio.sleep(POLL_INTERVAL_S)
-    raise TimeoutError(f"group {broker_name} not whole after {timeout_s} s; last: {last}")
+
+    async def check() -> tuple[dict | None, object]:
+        groups = await controller.sync_state_data([broker_name])
+        group = next((g for g in groups if g["broker_name"] == broker_name), None)
+        if group is None:
+            return None, f"the controller knows no group {broker_name}"
+        if not group_whole(group, replicas):
+            return None, group
+        if (await admin.master_addrs()).get(broker_name) != group["master_addr"]:
+            return None, f"name servers do not route master {group['master_addr']} yet"
+        return group, None
+
+    return await poll_until(check, timeout_s, f"group {broker_name} not whole")
 
 
 def controller_ready(
@@ -154,16 +184,7 @@ def controller_ready(
             epoch=member["epoch"],
         )
     return {
-        "controllers": [
-            {
-                "id": peer_id,
-                "address": addr,
-                "pid": pids[addr],
-                "embedded": layout.embedded,
-                "leader": peer_id == meta.get("leader_id"),
-            }
-            for peer_id, addr in layout.peers.items()
-        ],
+        "controllers": layout.ready_peers(pids, meta.get("leader_id")),
         "master_epoch": group["master_epoch"],
         "sync_state_set": group["sync_state_set"],
     }

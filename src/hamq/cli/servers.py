@@ -15,7 +15,7 @@ import click
 
 from hamq.broker.container import load_members, serve_container
 from hamq.broker.server import serve_broker
-from hamq.cli import dev_container
+from hamq.cli import dev_cluster, dev_container
 from hamq.cli.common import BadConfig, config_file_option, setup_logging
 from hamq.cli.dev_controller import ControllerLayout, controller_ready
 from hamq.client.sync import Admin
@@ -132,12 +132,21 @@ def container(config_path: str) -> None:
 )
 @click.option(
     "--mode",
-    type=click.Choice(["single", "master-slave", "dledger", "controller", "container"]),
+    type=click.Choice(["single", "master-slave", "dledger", "controller", "container", "cluster"]),
     default="single",
     show_default=True,
     help="One broker; one group of a master and slaves; one DLedger (Raft) group; one "
-    "group whose master the controller elects; or two groups of a master and a slave "
-    "hosted crosswise by two broker containers, with slave acting master.",
+    "group whose master the controller elects; two groups of a master and a slave "
+    "hosted crosswise by two broker containers, with slave acting master; or nodes "
+    "(containers hamq@node1..N) where the controller places groups by policy.",
+)
+@click.option(
+    "--nodes",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="--mode cluster: nodes (containers from port-base + 1001), beside --controllers "
+    "name servers embedding the controller peers (from port-base).",
 )
 @click.option(
     "--controllers",
@@ -205,19 +214,26 @@ def dev(
     ha_max_gap_not_in_sync: int,
     controllers: int,
     embedded: bool,
+    nodes: int,
 ) -> None:
     """Run a local cluster (name servers, controllers, broker groups, broker containers) as
     child processes."""
     if mode == "single" and replicas != 1:
         raise click.BadParameter("--replicas needs --mode master-slave", param_hint="--replicas")
+    clustered = mode == "cluster"
     if embedded and mode != "controller":
         raise click.BadParameter("--embedded needs --mode controller", param_hint="--embedded")
-    if mode == "container" and replicas != 1:
+    if mode in ("container", "cluster") and replicas != 1:
         raise click.BadParameter(
-            "--mode container runs two groups of a master and a slave", param_hint="--replicas"
+            f"--mode {mode} takes no --replicas (its groups are not started by hand)",
+            param_hint="--replicas",
         )
     root = Path(data_dir).resolve()
-    layout = ControllerLayout.of(port_base, controllers, embedded) if mode == "controller" else None
+    layout = (
+        ControllerLayout.of(port_base, controllers, embedded or clustered)
+        if mode in ("controller", "cluster")
+        else None
+    )
     namesrv_addrs = layout.addrs if layout and layout.embedded else [f"127.0.0.1:{port_base}"]
     namesrv_addr = ";".join(namesrv_addrs)
     members: dict[str, dict] = {}  # name: settings
@@ -225,7 +241,7 @@ def dev(
         f"{i}@127.0.0.1:{port_base + 1035 + 10 * (i - 1) + 2}" for i in range(1, replicas + 1)
     ]
     hosted = mode == "container"
-    groups = dev_container.GROUPS if hosted else ("broker-a",)
+    groups = dev_container.GROUPS if hosted else () if clustered else ("broker-a",)
     group_size = dev_container.GROUP_SIZE if hosted else replicas
     for index, (broker_name, broker_id) in enumerate(
         (g, i) for g in groups for i in range(group_size)
@@ -266,8 +282,14 @@ def dev(
         _load(BrokerConfig, None, **settings)  # a bad flag combination fails here, clearly
         members[name] = settings
     # name: (command, settings)
-    servers = _server_configs(root, namesrv_addrs, layout, acting=hosted)
-    containers = dev_container.container_settings(port_base, root, namesrv_addrs) if hosted else {}
+    peer_extra = dev_cluster.PEER_SETTINGS if clustered else {}
+    servers = _server_configs(root, namesrv_addrs, layout, acting=hosted, peer_extra=peer_extra)
+    if hosted:
+        containers = dev_container.container_settings(port_base, root, namesrv_addrs)
+    elif clustered and layout:
+        containers = dev_cluster.node_settings(port_base, root, namesrv_addrs, layout, nodes)
+    else:
+        containers = {}
     for settings in containers.values():
         _load(ContainerConfig, None, **settings)
     try:
@@ -333,7 +355,9 @@ def dev(
             "namesrv_pid": pids[namesrv_addrs[0]],
             "brokers": brokers,
         }
-        if layout:  # ready means the group is whole: roles and epochs come from the controller
+        if clustered and layout:  # ready means every node is registered alive
+            ready.update(dev_cluster.cluster_ready(layout, containers, pids))
+        elif layout:  # ready means the group is whole: roles and epochs come from the controller
             ready.update(controller_ready(layout, namesrv_addr, replicas, brokers, pids))
         if hosted:
             ready["containers"] = [
@@ -351,7 +375,7 @@ def dev(
             f"(or export HAMQ_NAMESRV='{namesrv_addr}'); logs in {root}; Ctrl-C stops",
             err=True,
         )
-        for name, settings in containers.items():
+        for name, settings in containers.items() if hosted else ():
             click.echo(
                 f"hamq dev: {name} at {settings['listen']} hosts "
                 f"{', '.join(Path(p).stem for p in settings['brokers'])}; hamq admin container "
@@ -360,7 +384,13 @@ def dev(
                 "back (a member's store must be under the data directory)",
                 err=True,
             )
-        if layout:
+        if clustered and layout:
+            click.echo(
+                f"hamq dev: hamq admin set-policy ha-all '^ha\\.' '{{\"ha-mode\":\"all\"}}' "
+                f"--controller {','.join(layout.addrs)} mirrors topics named ha.*",
+                err=True,
+            )
+        elif layout:
             click.echo(
                 f"hamq dev: hamq admin sync-state-set -b broker-a --controller "
                 f"{','.join(layout.addrs)} shows the group",
@@ -382,11 +412,16 @@ def dev(
 
 
 def _server_configs(
-    root: Path, namesrv_addrs: list[str], layout: ControllerLayout | None, acting: bool
+    root: Path,
+    namesrv_addrs: list[str],
+    layout: ControllerLayout | None,
+    acting: bool,
+    peer_extra: dict,
 ) -> dict[str, tuple[str, dict]]:
     """Every server but the brokers and containers, in start order: name -> (command,
     settings), each settings checked here so a bad flag combination fails before anything
-    starts. ``acting``: the name server routes a masterless group's slave as its master."""
+    starts. ``acting``: the name server routes a masterless group's slave as its master;
+    ``peer_extra``: what each controller peer adds to its layout's settings."""
     servers: dict[str, tuple[str, dict]] = {}
     if not (layout and layout.embedded):
         servers["namesrv"] = ("namesrv", {"listen": namesrv_addrs[0]})
@@ -395,7 +430,10 @@ def _server_configs(
     if layout:
         command = "namesrv" if layout.embedded else "controller"
         for peer_id in layout.peers:
-            servers[f"{command}-{peer_id}"] = (command, layout.peer_settings(peer_id))
+            servers[f"{command}-{peer_id}"] = (
+                command,
+                {**layout.peer_settings(peer_id), **peer_extra},
+            )
     for name, (command, settings) in servers.items():
         settings["data_dir"] = str(root / name)
         _load(ControllerConfig if command == "controller" else NamesrvConfig, None, **settings)

@@ -1,0 +1,466 @@
+"""``hamq admin`` commands for mirrored-queue policies (seed 003): vhosts, policies, declared
+topics and their mirrors, as rabbitmqctl names them.
+
+A policy's definition is checked here, before anything is sent, so a typo is one line naming
+the key and exit code 2 (bad usage), as rabbitmqctl refuses it; the controller checks it
+again. ``list-queues`` joins what the controller knows (declared topics, the group each lives
+in, the group's master and SyncStateSet, which node hosts which member) with the master's
+message counts from the name servers' routes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import click
+
+from hamq.aio import AsyncAdmin
+from hamq.cli.admin import controller_admin, controller_option
+from hamq.cli.common import emit, json_option, namesrv_option, run_async
+from hamq.client.admin import AsyncControllerAdmin
+from hamq.errors import HamqError
+from hamq.net.connection import connect
+from hamq.policy.definition import (
+    DEFAULT_VHOST,
+    Policy,
+    PolicyError,
+    check_vhost,
+    effective_policy,
+    make_policy,
+    wire_name,
+)
+from hamq.protocol.codes import RequestCode, ResponseCode
+from hamq.protocol.frame import unpack_body
+
+# rabbitmqctl list_queues' columns that hamq answers, and its default pair.
+QUEUE_COLUMNS = ("name", "policy", "pid", "slave_pids", "synchronised_slave_pids", "messages")
+DEFAULT_QUEUE_COLUMNS = ("name", "messages")
+# A sync restarts the slaves' HA; the master answers once it has told them.
+SYNC_TIMEOUT_S = 10.0
+DECLARE_TIMEOUT_S = 10.0
+
+
+class BadDefinition(click.ClickException):
+    """A definition or vhost that cannot be right: one line, exit code 2 (bad usage)."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.message}", err=True)
+
+
+def _vhost(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        check_vhost(value)
+    except PolicyError as err:
+        raise BadDefinition(err.message) from None
+    return value
+
+
+vhost_option = click.option(
+    "--vhost",
+    "-p",
+    default=DEFAULT_VHOST,
+    show_default=True,
+    callback=_vhost,
+    help="Virtual host (rabbitmqctl -p).",
+)
+
+
+def _policy_of(row: Mapping[str, Any]) -> Policy:
+    """A policy as the controller lists it (the definition as JSON text or a map)."""
+    definition = row["definition"]
+    return make_policy(
+        row["vhost"],
+        row["name"],
+        row["pattern"],
+        json.loads(definition) if isinstance(definition, str) else definition,
+        priority=row["priority"],
+        apply_to=row["apply_to"],
+    )
+
+
+def _definition_text(row: Mapping[str, Any]) -> str:
+    definition = row["definition"]
+    return definition if isinstance(definition, str) else json.dumps(definition, sort_keys=True)
+
+
+def _table(columns: Iterable[str], rows: Iterable[Iterable[object]]) -> str:
+    """rabbitmqctl's output: a header line, then one tab-separated line per row."""
+    return "\n".join("\t".join(map(str, line)) for line in [list(columns), *map(list, rows)])
+
+
+# -- vhosts ---------------------------------------------------------------------------------
+
+
+def _vhost_change(command: str, verb: str, doc: str) -> click.Command:
+    """``add-vhost`` / ``delete-vhost``: one controller call named like the command."""
+    call = command.replace("-", "_")
+
+    @click.command(command, help=doc)
+    @click.argument("name", callback=_vhost)
+    @controller_option
+    @json_option
+    @run_async
+    async def change(name: str, controllers: list[str], as_json: bool) -> None:
+        async with controller_admin(controllers) as admin:
+            await getattr(admin.client, call)(name)
+        emit({"vhost": name}, as_json, lambda o: f"{verb} vhost {o['vhost']}")
+
+    return change
+
+
+add_vhost = _vhost_change("add-vhost", "added", "Create a virtual host.")
+delete_vhost = _vhost_change(
+    "delete-vhost", "deleted", "Delete a virtual host with its policies and topics."
+)
+
+
+@click.command("list-vhosts")
+@controller_option
+@json_option
+@run_async
+async def list_vhosts(controllers: list[str], as_json: bool) -> None:
+    """The virtual hosts."""
+    async with controller_admin(controllers) as admin:
+        vhosts = sorted(await admin.client.list_vhosts())
+    emit(vhosts, as_json, lambda o: _table(["name"], ([v] for v in o)))
+
+
+@click.command("list-nodes")
+@controller_option
+@json_option
+@run_async
+async def list_nodes(controllers: list[str], as_json: bool) -> None:
+    """The nodes (containers with a node name) the controller places mirrors on, as
+    rabbitmqctl cluster_status names them (``hamq@host``)."""
+    async with controller_admin(controllers) as admin:
+        nodes = sorted(await admin.client.list_nodes(), key=lambda n: n["name"])
+    emit(
+        nodes,
+        as_json,
+        lambda o: _table(
+            ["name", "address", "alive"],
+            ([n["name"], n["address"], "yes" if n["alive"] else "no"] for n in o),
+        ),
+    )
+
+
+# -- policies -------------------------------------------------------------------------------
+
+
+@click.command("set-policy")
+@click.argument("name")
+@click.argument("pattern")
+@click.argument("definition_json")
+@click.option("--priority", type=int, default=0, show_default=True)
+@click.option("--apply-to", type=click.Choice(["topics", "all"]), default="topics")
+@vhost_option
+@controller_option
+@json_option
+@run_async
+async def set_policy(
+    name: str,
+    pattern: str,
+    definition_json: str,
+    priority: int,
+    apply_to: str,
+    vhost: str,
+    controllers: list[str],
+    as_json: bool,
+) -> None:
+    """Set (or change) a policy: topics whose name matches PATTERN are mirrored as
+    DEFINITION_JSON says (ha-mode, ha-params, ha-sync-mode, ...)."""
+    try:
+        raw = json.loads(definition_json)
+    except ValueError as err:
+        raise BadDefinition(f"DEFINITION_JSON is not JSON: {err}") from None
+    if not isinstance(raw, dict):
+        raise BadDefinition("DEFINITION_JSON must be a JSON object of policy keys")
+    try:
+        policy = make_policy(vhost, name, pattern, raw, priority=priority, apply_to=apply_to)
+    except PolicyError as err:
+        raise BadDefinition(err.message) from None
+    definition = policy.definition.to_json()
+    async with controller_admin(controllers) as admin:
+        await admin.client.set_policy(vhost, name, pattern, definition, priority, apply_to)
+    emit(
+        {
+            "vhost": vhost,
+            "name": name,
+            "pattern": pattern,
+            "definition": definition,
+            "priority": priority,
+            "apply_to": apply_to,
+        },
+        as_json,
+        lambda o: (
+            f'set policy "{o["name"]}" for pattern "{o["pattern"]}" to '
+            f"{json.dumps(o['definition'])} with priority {o['priority']} in vhost {o['vhost']}"
+        ),
+    )
+
+
+@click.command("clear-policy")
+@click.argument("name")
+@vhost_option
+@controller_option
+@json_option
+@run_async
+async def clear_policy(name: str, vhost: str, controllers: list[str], as_json: bool) -> None:
+    """Remove a policy (its topics move to the next matching policy, or to no mirrors)."""
+    async with controller_admin(controllers) as admin:
+        await admin.client.clear_policy(vhost, name)
+    emit(
+        {"vhost": vhost, "name": name},
+        as_json,
+        lambda o: f'cleared policy "{o["name"]}" in vhost {o["vhost"]}',
+    )
+
+
+@click.command("list-policies")
+@click.option("--vhost", "-p", help="Only this virtual host (default: every one).")
+@controller_option
+@json_option
+@run_async
+async def list_policies(vhost: str | None, controllers: list[str], as_json: bool) -> None:
+    """The policies, as rabbitmqctl list_policies prints them."""
+    async with controller_admin(controllers) as admin:
+        rows = await admin.client.list_policies(vhost)
+    emit(
+        rows,
+        as_json,
+        lambda o: _table(
+            ["vhost", "name", "pattern", "apply-to", "definition", "priority"],
+            (
+                [r[k] for k in ("vhost", "name", "pattern", "apply_to")]
+                + [_definition_text(r), r["priority"]]
+                for r in o
+            ),
+        ),
+    )
+
+
+# -- topics ---------------------------------------------------------------------------------
+
+
+async def _node_request(addr: str, code: int, ext: dict, timeout_s: float) -> dict:
+    """One request to a node's (container's) port or a group master's port."""
+    conn = await connect(addr)
+    try:
+        frame = await conn.request(code, ext, timeout_s=timeout_s)
+    finally:
+        conn.close()
+    if frame.code != ResponseCode.SUCCESS:
+        raise HamqError.for_code(frame.code, frame.remark)
+    return unpack_body(frame.body) or dict(frame.ext or {})
+
+
+@click.command("declare-topic")
+@click.argument("name")
+@vhost_option
+@click.option(
+    "--node",
+    "node_addr",
+    help="Declare through this node (a container's listen address): it becomes the topic's "
+    "home node, as a client connected there would make it.",
+)
+@click.option("--queues", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--exclusive", is_flag=True, help="Deleted when this declaring connection closes.")
+@controller_option
+@json_option
+@run_async
+async def declare_topic(
+    name: str,
+    vhost: str,
+    node_addr: str | None,
+    queues: int,
+    exclusive: bool,
+    controllers: list[str],
+    as_json: bool,
+) -> None:
+    """Declare a topic: the policies decide which nodes hold it."""
+    if node_addr:
+        answer = await _node_request(
+            node_addr,
+            RequestCode.DECLARE_TOPIC,
+            {"vhost": vhost, "topic": name, "exclusive": exclusive, "queue_nums": queues},
+            DECLARE_TIMEOUT_S,
+        )
+    else:
+        if exclusive:
+            raise BadDefinition("--exclusive needs --node (the connection that owns the topic)")
+        async with controller_admin(controllers) as admin:
+            await admin.client.declare_topic(vhost, name, "", queue_nums=queues)
+        answer = {}
+    emit(
+        {"vhost": vhost, "name": name, "queues": queues, "node": node_addr, **answer},
+        as_json,
+        lambda o: (
+            f"declared topic {o['name']} in vhost {o['vhost']}"
+            + (f" through {o['node']}" if o["node"] else "")
+        ),
+    )
+
+
+def _member_nodes(nodes: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Member listen address -> the node hosting it, from the nodes' last heartbeats."""
+    return {member["address"]: node["name"] for node in nodes for member in node.get("members", ())}
+
+
+def _pid(node_of: Mapping[str, str], addr: str) -> dict[str, str]:
+    return {"node": node_of.get(addr, "?"), "address": addr}
+
+
+def _pid_text(pid: object) -> str:
+    if isinstance(pid, list):
+        return "[" + ", ".join(map(_pid_text, pid)) + "]"
+    if isinstance(pid, dict):
+        return f"<{pid['node']} {pid['address']}>"
+    return "" if pid is None else str(pid)
+
+
+async def _queue_rows(
+    admin: AsyncControllerAdmin, namesrv: AsyncAdmin, vhost: str
+) -> list[dict[str, Any]]:
+    """Every declared topic of ``vhost`` with its policy, master, mirrors and messages."""
+    topics = await admin.client.list_topics(vhost)
+    policies = [_policy_of(p) for p in await admin.client.list_policies(vhost)]
+    node_of = _member_nodes(await admin.client.list_nodes())
+    groups: dict[str, dict] = {}
+    rows = []
+    for topic in sorted(topics, key=lambda t: t["name"]):
+        held = list(topic.get("groups") or ())
+        row: dict[str, Any] = {
+            "name": topic["name"],
+            "policy": (p.name if (p := effective_policy(policies, vhost, topic["name"])) else ""),
+            "pid": None,
+            "slave_pids": [],
+            "synchronised_slave_pids": [],
+            "messages": 0,
+        }
+        if held:  # the last group is where it is written now
+            group = groups.get(held[-1]) or await admin.sync_state(held[-1])
+            groups[held[-1]] = group
+            in_sync = set(group["sync_state_set"])
+            slaves = sorted(
+                (m for m in group["members"] if m["broker_id"] != group["master_id"]),
+                key=lambda m: m["broker_id"],
+            )
+            if group["master_id"] is not None:
+                row["pid"] = _pid(node_of, group["master_addr"])
+            row["slave_pids"] = [_pid(node_of, m["address"]) for m in slaves if m["alive"]]
+            row["synchronised_slave_pids"] = [
+                _pid(node_of, m["address"])
+                for m in slaves
+                if m["alive"] and m["broker_id"] in in_sync
+            ]
+            row["messages"] = await _messages(namesrv, wire_name(vhost, topic["name"]))
+        rows.append(row)
+    return rows
+
+
+async def _messages(namesrv: AsyncAdmin, wire: str) -> int | None:
+    """Messages held over every queue of the topic (None while no master routes it)."""
+    try:
+        offsets = await namesrv.topic_offsets(wire)
+    except HamqError:
+        return None
+    return sum(q["max_offset"] - q["min_offset"] for q in offsets)
+
+
+@click.command("list-queues")
+@click.argument("columns", nargs=-1, type=click.Choice(QUEUE_COLUMNS))
+@vhost_option
+@controller_option
+@namesrv_option
+@json_option
+@run_async
+async def list_queues(
+    columns: tuple[str, ...], vhost: str, controllers: list[str], namesrv: str, as_json: bool
+) -> None:
+    """Declared topics and their mirrors (rabbitmqctl list_queues): COLUMN is name, policy,
+    pid (the master: node and address), slave_pids, synchronised_slave_pids or messages."""
+    shown = columns or DEFAULT_QUEUE_COLUMNS
+    reader = AsyncAdmin(namesrv)
+    try:
+        async with controller_admin(controllers) as admin:
+            rows = await _queue_rows(admin, reader, vhost)
+    finally:
+        await reader.close()
+    picked = [{c: row[c] for c in shown} for row in rows]
+    emit(picked, as_json, lambda o: _table(shown, ([_pid_text(r[c]) for c in shown] for r in o)))
+
+
+# -- sync -----------------------------------------------------------------------------------
+
+
+async def _sync(vhost: str, name: str, controllers: list[str], cancel: bool) -> dict:
+    """SYNC_QUEUE to the master of the group the topic is written in, with its policy's
+    ha-sync-batch-size."""
+    async with controller_admin(controllers) as admin:
+        topic = next((t for t in await admin.client.list_topics(vhost) if t["name"] == name), None)
+        if topic is None:
+            raise click.ClickException(f"no topic {name} in vhost {vhost}")
+        if not topic.get("groups"):
+            raise click.ClickException(f"topic {name} is not placed on any node yet")
+        policies = [_policy_of(p) for p in await admin.client.list_policies(vhost)]
+        group = await admin.sync_state(topic["groups"][-1])
+    if group["master_id"] is None:
+        raise click.ClickException(f"topic {name} has no master (group {group['broker_name']})")
+    policy = effective_policy(policies, vhost, name)
+    if policy is None or policy.definition.ha_mode is None:
+        raise click.ClickException(f"topic {name} is not mirrored (no ha policy applies)")
+    answer = await _node_request(
+        group["master_addr"],
+        RequestCode.SYNC_QUEUE,
+        {"cancel": cancel, "batch_size": policy.definition.ha_sync_batch_size},
+        SYNC_TIMEOUT_S,
+    )
+    return {"vhost": vhost, "name": name, "group": group["broker_name"], **answer}
+
+
+def _sync_command(command: str, cancel: bool, doc: str, said: str) -> click.Command:
+    """``sync-queue`` / ``cancel-sync-queue``: SYNC_QUEUE to the topic's master."""
+
+    @click.command(command, help=doc)
+    @click.argument("name")
+    @vhost_option
+    @controller_option
+    @json_option
+    @run_async
+    async def sync(name: str, vhost: str, controllers: list[str], as_json: bool) -> None:
+        done = await _sync(vhost, name, controllers, cancel=cancel)
+        emit(done, as_json, lambda o: f"{said} topic {o['name']} in vhost {o['vhost']}")
+
+    return sync
+
+
+sync_queue = _sync_command(
+    "sync-queue",
+    False,
+    "Copy a topic's history to its unsynchronised mirrors (the topic keeps serving).",
+    "synchronising",
+)
+cancel_sync_queue = _sync_command(
+    "cancel-sync-queue",
+    True,
+    "Stop synchronising a topic's mirrors (they keep only what was sent after they joined).",
+    "stopped synchronising",
+)
+
+
+POLICY_COMMANDS = (
+    add_vhost,
+    delete_vhost,
+    list_vhosts,
+    list_nodes,
+    set_policy,
+    clear_policy,
+    list_policies,
+    declare_topic,
+    list_queues,
+    sync_queue,
+    cancel_sync_queue,
+)
