@@ -63,7 +63,7 @@ async def wait_nodes_alive(
 
     async def check() -> tuple[list[dict] | None, object]:
         nodes = await controller.list_nodes()
-        alive = {n["name"] for n in nodes if n.get("alive")}
+        alive = {n["node"] for n in nodes if n["alive"]}
         return (nodes, None) if names <= alive else (None, f"alive: {sorted(alive)}")
 
     return await poll_until(check, timeout_s, f"nodes {sorted(names)} not all alive")

@@ -26,7 +26,6 @@ from hamq.policy.definition import (
     Policy,
     PolicyError,
     check_vhost,
-    effective_policy,
     make_policy,
     wire_name,
 )
@@ -136,13 +135,13 @@ async def list_nodes(controllers: list[str], as_json: bool) -> None:
     """The nodes (containers with a node name) the controller places mirrors on, as
     rabbitmqctl cluster_status names them (``hamq@host``)."""
     async with controller_admin(controllers) as admin:
-        nodes = sorted(await admin.client.list_nodes(), key=lambda n: n["name"])
+        nodes = sorted(await admin.client.list_nodes(), key=lambda n: n["node"])
     emit(
         nodes,
         as_json,
         lambda o: _table(
             ["name", "address", "alive"],
-            ([n["name"], n["address"], "yes" if n["alive"] else "no"] for n in o),
+            ([n["node"], n["address"], "yes" if n["alive"] else "no"] for n in o),
         ),
     )
 
@@ -306,7 +305,7 @@ async def declare_topic(
 
 def _member_nodes(nodes: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     """Member listen address -> the node hosting it, from the nodes' last heartbeats."""
-    return {member["address"]: node["name"] for node in nodes for member in node.get("members", ())}
+    return {member["address"]: node["node"] for node in nodes for member in node["members"]}
 
 
 def _pid(node_of: Mapping[str, str], addr: str) -> dict[str, str]:
@@ -326,7 +325,6 @@ async def _queue_rows(
 ) -> list[dict[str, Any]]:
     """Every declared topic of ``vhost`` with its policy, master, mirrors and messages."""
     topics = await admin.client.list_topics(vhost)
-    policies = [_policy_of(p) for p in await admin.client.list_policies(vhost)]
     node_of = _member_nodes(await admin.client.list_nodes())
     groups: dict[str, dict] = {}
     rows = []
@@ -334,7 +332,7 @@ async def _queue_rows(
         held = list(topic.get("groups") or ())
         row: dict[str, Any] = {
             "name": topic["name"],
-            "policy": (p.name if (p := effective_policy(policies, vhost, topic["name"])) else ""),
+            "policy": topic["policy"] or "",
             "pid": None,
             "slave_pids": [],
             "synchronised_slave_pids": [],
@@ -405,11 +403,17 @@ async def _sync(vhost: str, name: str, controllers: list[str], cancel: bool) -> 
             raise click.ClickException(f"no topic {name} in vhost {vhost}")
         if not topic.get("groups"):
             raise click.ClickException(f"topic {name} is not placed on any node yet")
-        policies = [_policy_of(p) for p in await admin.client.list_policies(vhost)]
+        policy = next(
+            (
+                _policy_of(p)
+                for p in await admin.client.list_policies(vhost)
+                if p["name"] == topic["policy"]
+            ),
+            None,
+        )
         group = await admin.sync_state(topic["groups"][-1])
     if group["master_id"] is None:
         raise click.ClickException(f"topic {name} has no master (group {group['broker_name']})")
-    policy = effective_policy(policies, vhost, name)
     if policy is None or policy.definition.ha_mode is None:
         raise click.ClickException(f"topic {name} is not mirrored (no ha policy applies)")
     answer = await _node_request(
