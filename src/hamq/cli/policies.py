@@ -323,40 +323,41 @@ def _pid_text(pid: object) -> str:
 async def _queue_rows(
     admin: AsyncControllerAdmin, namesrv: AsyncAdmin, vhost: str
 ) -> list[dict[str, Any]]:
-    """Every declared topic of ``vhost`` with its policy, master, mirrors and messages."""
-    topics = await admin.client.list_topics(vhost)
+    """Every declared topic of ``vhost`` with its policy, master, mirrors and messages: its
+    mirrors are the members of the group it is written in now (the last of its groups)."""
+    topics = sorted(await admin.client.list_topics(vhost), key=lambda t: t["name"])
     node_of = _member_nodes(await admin.client.list_nodes())
-    groups: dict[str, dict] = {}
+    writable = {t["groups"][-1] for t in topics if t["groups"]}
+    groups = {
+        g["broker_name"]: g
+        for g in (await admin.client.sync_state_data(sorted(writable)) if writable else [])
+    }
     rows = []
-    for topic in sorted(topics, key=lambda t: t["name"]):
-        held = list(topic.get("groups") or ())
-        row: dict[str, Any] = {
-            "name": topic["name"],
-            "policy": topic["policy"] or "",
-            "pid": None,
-            "slave_pids": [],
-            "synchronised_slave_pids": [],
-            "messages": 0,
-        }
-        if held:  # the last group is where it is written now
-            group = groups.get(held[-1]) or await admin.sync_state(held[-1])
-            groups[held[-1]] = group
-            in_sync = set(group["sync_state_set"])
-            slaves = sorted(
-                (m for m in group["members"] if m["broker_id"] != group["master_id"]),
-                key=lambda m: m["broker_id"],
-            )
-            if group["master_id"] is not None:
-                row["pid"] = _pid(node_of, group["master_addr"])
-            row["slave_pids"] = [_pid(node_of, m["address"]) for m in slaves if m["alive"]]
-            row["synchronised_slave_pids"] = [
-                _pid(node_of, m["address"])
-                for m in slaves
-                if m["alive"] and m["broker_id"] in in_sync
-            ]
-            row["messages"] = await _messages(namesrv, wire_name(vhost, topic["name"]))
+    for topic in topics:
+        group = groups.get(topic["groups"][-1]) if topic["groups"] else None
+        row: dict[str, Any] = {"name": topic["name"], "policy": topic["policy"] or ""}
+        row.update(_mirrors(group, node_of))
+        row["messages"] = await _messages(namesrv, wire_name(vhost, topic["name"])) if group else 0
         rows.append(row)
     return rows
+
+
+def _mirrors(group: Mapping[str, Any] | None, node_of: Mapping[str, str]) -> dict[str, Any]:
+    """A group's master and alive slaves (and which of them are synchronised) as pids."""
+    if group is None:
+        return {"pid": None, "slave_pids": [], "synchronised_slave_pids": []}
+    slaves = sorted(
+        (m for m in group["members"] if m["broker_id"] != group["master_id"] and m["alive"]),
+        key=lambda m: m["broker_id"],
+    )
+    in_sync = set(group["sync_state_set"])
+    return {
+        "pid": _pid(node_of, group["master_addr"]) if group["master_id"] is not None else None,
+        "slave_pids": [_pid(node_of, m["address"]) for m in slaves],
+        "synchronised_slave_pids": [
+            _pid(node_of, m["address"]) for m in slaves if m["broker_id"] in in_sync
+        ],
+    }
 
 
 async def _messages(namesrv: AsyncAdmin, wire: str) -> int | None:
