@@ -221,9 +221,27 @@ class ReplicasManager:
             task.start()
 
     async def stop(self) -> None:
+        """A clean stop (SIGTERM): a master first tells the controller peers, while it
+        still serves, so its group's election follows ``ha-promote-on-shutdown`` rather
+        than ``ha-promote-on-failure`` (seed 003)."""
         await asyncio.gather(*(task.stop() for task in self._rounds))
         await cancel_all([self._reread])
+        await self._send_shutdown_notice()
         await self.client.close()
+
+    async def _send_shutdown_notice(self) -> None:
+        info, own_id = self.info, self.role.broker_id
+        if info is None or info.master_id != own_id:
+            return  # only the master's notice decides anything
+        told = await self.client.broker_shutdown(*self.group, own_id, info.master_epoch)
+        log.info(
+            "told %d of %d controller peers that master %d of %s/%s stops (epoch %d)",
+            told,
+            len(self.client.addrs),
+            own_id,
+            *self.group,
+            info.master_epoch,
+        )
 
     # -- the controller's answers ------------------------------------------------------------
     async def refresh(self) -> None:

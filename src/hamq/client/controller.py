@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hamq.clock import monotonic_s
+from hamq.controller.events import DeclareTopic
+from hamq.controller.nodes import HostedMember, NodeHeartbeat
 from hamq.controller.requests import (
     AlterSyncStateSetRequest,
     ApplyBrokerIdRequest,
     BrokerHeartbeat,
+    BrokerShutdown,
     CleanBrokerDataRequest,
     ElectMasterRequest,
     ElectTrigger,
@@ -31,6 +34,7 @@ from hamq.controller.requests import (
 from hamq.errors import ConnectionLost, ControllerNotLeader, HamqError, RequestTimeout
 from hamq.net.pool import ConnectionPool
 from hamq.protocol import controller as wire
+from hamq.protocol import controller_catalog as catalog
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame
 
@@ -43,6 +47,8 @@ MIN_ATTEMPT_TIMEOUT_S = 0.2
 # A heartbeat skips a peer that does not accept a connection this fast (it is sent every
 # controller_heartbeat_interval_ms, a few hundred ms).
 HEARTBEAT_CONNECT_TIMEOUT_S = 0.5
+# A stopping member waits at most this long for each peer to take its shutdown notice.
+SHUTDOWN_NOTICE_TIMEOUT_S = 1.0
 
 
 class ControllerClient:
@@ -160,14 +166,17 @@ class ControllerClient:
         """To every peer (each records it; only the leader acts on timeouts), oneway: a
         hung peer must not delay the heartbeats the others wait for. A peer that cannot
         be reached is skipped; the next heartbeat tries it again."""
-        ext = wire.broker_heartbeat_ext(heartbeat)
+        await self._to_every_peer(
+            RequestCode.CONTROLLER_BROKER_HEARTBEAT, wire.broker_heartbeat_ext(heartbeat)
+        )
 
+    async def _to_every_peer(self, code: int, ext: dict[str, Any]) -> None:
         async def one(addr: str) -> None:
             try:
                 conn = await asyncio.wait_for(self.pool.get(addr), HEARTBEAT_CONNECT_TIMEOUT_S)
             except (HamqError, TimeoutError):
                 return
-            conn.oneway(RequestCode.CONTROLLER_BROKER_HEARTBEAT, ext)
+            conn.oneway(code, ext)
 
         await asyncio.gather(*(one(addr) for addr in self.addrs))
 
@@ -243,3 +252,107 @@ class ControllerClient:
             cluster_name, broker_name, frozenset(broker_ids), clean_living_broker
         )
         await self.request(RequestCode.CLEAN_BROKER_DATA, wire.clean_broker_data_ext(request))
+
+    # -- the catalog of mirrored-queue policies (seed 003) ------------------------------------
+    async def add_vhost(self, vhost: str) -> None:
+        await self.request(RequestCode.CONTROLLER_ADD_VHOST, catalog.vhost_ext(vhost))
+
+    async def delete_vhost(self, vhost: str) -> None:
+        """Deletes the vhost with its policies and declared topics."""
+        await self.request(RequestCode.CONTROLLER_DELETE_VHOST, catalog.vhost_ext(vhost))
+
+    async def list_vhosts(self) -> list[str]:
+        frame = await self.request(RequestCode.CONTROLLER_LIST_VHOSTS, {})
+        return catalog.vhosts_result(frame.ext)
+
+    async def set_policy(
+        self,
+        vhost: str,
+        name: str,
+        pattern: str,
+        definition: Mapping[str, object],
+        priority: int = 0,
+        apply_to: str = "topics",
+    ) -> None:
+        """``definition`` as RabbitMQ writes it (``{"ha-mode": "exactly", "ha-params": 2}``);
+        refused with the key it got wrong."""
+        ext = catalog.set_policy_ext(vhost, name, pattern, definition, priority, apply_to)
+        await self.request(RequestCode.CONTROLLER_SET_POLICY, ext)
+
+    async def clear_policy(self, vhost: str, name: str) -> None:
+        await self.request(RequestCode.CONTROLLER_CLEAR_POLICY, {"vhost": vhost, "name": name})
+
+    async def list_policies(self, vhost: str | None = None) -> list[dict[str, Any]]:
+        """Each ``{vhost, name, pattern, apply_to, priority, definition}``."""
+        frame = await self.request(RequestCode.CONTROLLER_LIST_POLICIES, {"vhost": vhost})
+        return catalog.list_result(frame.ext, "policies")
+
+    async def declare_topic(
+        self,
+        vhost: str,
+        topic: str,
+        home_node: str,
+        exclusive: bool = False,
+        queue_nums: int = 4,
+        owner: str = "",
+    ) -> None:
+        """Declared again with the same arguments is a no-op; with others it is refused."""
+        event = DeclareTopic(vhost, topic, home_node, exclusive, queue_nums, owner)
+        await self.request(RequestCode.CONTROLLER_DECLARE_TOPIC, catalog.declare_topic_ext(event))
+
+    async def delete_topic(self, vhost: str, topic: str) -> None:
+        await self.request(RequestCode.CONTROLLER_DELETE_TOPIC, {"vhost": vhost, "topic": topic})
+
+    async def list_topics(self, vhost: str | None = None) -> list[dict[str, Any]]:
+        """Each ``{vhost, name, wire_name, home_node, exclusive, queue_nums, owner, groups,
+        policy}`` (``policy``: the effective policy's name or None)."""
+        frame = await self.request(RequestCode.CONTROLLER_LIST_TOPICS, {"vhost": vhost})
+        return catalog.list_result(frame.ext, "topics")
+
+    async def register_node(self, name: str, address: str) -> None:
+        ext = catalog.register_node_ext(name, address)
+        await self.request(RequestCode.CONTROLLER_REGISTER_NODE, ext)
+
+    async def node_heartbeat(
+        self, name: str, address: str, members: Iterable[HostedMember]
+    ) -> None:
+        """To every peer, oneway, like a member's heartbeat."""
+        heartbeat = NodeHeartbeat(name, address, tuple(members))
+        await self._to_every_peer(
+            RequestCode.CONTROLLER_NODE_HEARTBEAT, catalog.node_heartbeat_ext(heartbeat)
+        )
+
+    async def list_nodes(self) -> list[dict[str, Any]]:
+        """Each ``{node, address, alive, members: [{cluster_name, broker_name, broker_id,
+        address}]}``."""
+        frame = await self.request(RequestCode.CONTROLLER_LIST_NODES, {})
+        return catalog.list_result(frame.ext, "nodes")
+
+    async def broker_shutdown(
+        self,
+        cluster_name: str,
+        broker_name: str,
+        broker_id: int,
+        epoch: int,
+        timeout_s: float = SHUTDOWN_NOTICE_TIMEOUT_S,
+    ) -> int:
+        """Tell every peer this member is stopping cleanly, each answering within
+        ``timeout_s`` (best effort: the member stops whatever they say); how many did."""
+        ext = catalog.broker_shutdown_ext(
+            BrokerShutdown(cluster_name, broker_name, broker_id, epoch)
+        )
+
+        async def one(addr: str) -> bool:
+            try:
+                await self._ask(addr, RequestCode.CONTROLLER_BROKER_SHUTDOWN, ext, timeout_s)
+            except (HamqError, TimeoutError, OSError):
+                return False
+            return True
+
+        told = await asyncio.gather(*(one(addr) for addr in self.addrs))
+        return sum(told)
+
+    async def get_placement(self) -> dict[str, Any]:
+        """The placement driver's last plan and pending steps, as the leader answers them."""
+        frame = await self.request(RequestCode.CONTROLLER_GET_PLACEMENT, {})
+        return dict(frame.ext)

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hamq.controller.catalog import apply_catalog
 from hamq.controller.events import (
+    GROUP_EVENTS,
     AlterSyncStateSet,
     ApplyBrokerId,
     CleanBrokerData,
     ElectMaster,
     Event,
+    GroupEvent,
     RegisterBroker,
 )
 from hamq.controller.state import BrokerGroup, BrokerMember, ControllerState
@@ -22,6 +25,8 @@ from hamq.controller.state import BrokerGroup, BrokerMember, ControllerState
 
 def apply_event(state: ControllerState, event: Event) -> bool:
     """Apply ``event`` to ``state``; return whether it changed anything."""
+    if not isinstance(event, GROUP_EVENTS):
+        return apply_catalog(state, event)
     key = (event.cluster_name, event.broker_name)
     group = state.groups.get(key)
     if isinstance(event, ApplyBrokerId):
@@ -51,7 +56,7 @@ def apply_event(state: ControllerState, event: Event) -> bool:
     return True
 
 
-def _apply_to_group(group: BrokerGroup, event: Event) -> BrokerGroup | None:
+def _apply_to_group(group: BrokerGroup, event: GroupEvent) -> BrokerGroup | None:
     if isinstance(event, RegisterBroker):
         old = group.members.get(event.broker_id)
         if old is None:

@@ -7,25 +7,38 @@ order, so equal states encode to equal bytes on every peer.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import astuple
+from collections.abc import Callable, Mapping
+from dataclasses import astuple, replace
 from typing import Any
 
 import msgpack
 
+from hamq.controller.catalog import declared_topic
 from hamq.controller.errors import ControllerCodecError
 from hamq.controller.events import (
+    AddVhost,
     AlterSyncStateSet,
     ApplyBrokerId,
     CleanBrokerData,
+    ClearPolicy,
+    DeclareTopic,
+    DeleteTopic,
+    DeleteVhost,
     ElectMaster,
     Event,
     RegisterBroker,
+    RegisterNode,
+    SetPolicy,
+    SetTopicGroups,
 )
 from hamq.controller.state import BrokerGroup, BrokerMember, ControllerState
+from hamq.errors import InvalidArgument
+from hamq.policy.definition import DEFAULT_VHOST, Policy, check_vhost, make_policy
 
 # 2: groups carry their first epoch, and the epochs of groups cleaned away are kept.
-SNAPSHOT_VERSION = 2
+# 3: the catalog of mirrored-queue policies: vhosts, policies, declared topics, nodes.
+SNAPSHOT_VERSION = 3
+_READABLE_VERSIONS = {2: 3, 3: 7}  # version -> how many top-level fields it has
 
 # A value checker takes the decoded value and returns it converted (frozenset for id sets).
 Check = Callable[[object], Any]
@@ -68,14 +81,59 @@ def _list(value: object) -> list[object]:
     return value
 
 
+def _map(value: object) -> dict[str, object]:
+    if not isinstance(value, dict):
+        raise ControllerCodecError(f"expected a map, got {type(value).__name__}")
+    return value
+
+
+def _strs(value: object) -> tuple[str, ...]:
+    return tuple(_str(item) for item in _list(value))
+
+
+def _vhost(value: object) -> str:
+    return check_vhost(_str(value))
+
+
+def _policy_fields(policy: Policy) -> list[object]:
+    return [
+        policy.vhost,
+        policy.name,
+        policy.pattern,
+        policy.apply_to,
+        policy.priority,
+        policy.definition.to_json(),
+    ]
+
+
+_POLICY_CHECKS: tuple[Check, ...] = (_vhost, _str, _str, _str, _int, _map)
+
+
+def _policy(values: list[Any]) -> Policy:
+    """A policy checked again as ``make_policy`` checks one being set (PolicyError)."""
+    vhost, name, pattern, apply_to, priority, definition = values
+    return make_policy(vhost, name, pattern, definition, priority=priority, apply_to=apply_to)
+
+
 # Wire tags are part of the Raft log format: never renumber them.
 _EVENT_FIELDS: dict[int, tuple[type[Event], tuple[Check, ...]]] = {
     1: (ApplyBrokerId, (_str, _str, _int, _str, _str, _int)),
     2: (RegisterBroker, (_str, _str, _int, _str, _int)),
-    3: (ElectMaster, (_str, _str, _opt_int, _int, _bool)),
+    3: (ElectMaster, (_str, _str, _opt_int, _int, _bool, _opt_int, _opt_int)),
     4: (AlterSyncStateSet, (_str, _str, _int, _int, _ids, _int)),
     5: (CleanBrokerData, (_str, _str, _ids)),
+    6: (AddVhost, (_vhost,)),
+    7: (DeleteVhost, (_vhost,)),
+    8: (SetPolicy, _POLICY_CHECKS),
+    9: (ClearPolicy, (_vhost, _str)),
+    10: (DeclareTopic, (_vhost, _str, _str, _bool, _int, _str)),
+    11: (DeleteTopic, (_vhost, _str)),
+    12: (SetTopicGroups, (_vhost, _str, _strs)),
+    13: (RegisterNode, (_str, _str)),
 }
+# Fields added to an event after entries of it were written: older entries lack them and
+# decode with the defaults (ElectMaster's lost range, seed 003).
+_OLDER_FIELD_COUNTS: dict[type[Event], int] = {ElectMaster: 5}
 _EVENT_TAGS = {cls: tag for tag, (cls, _) in _EVENT_FIELDS.items()}
 
 
@@ -84,7 +142,10 @@ def _plain(value: object) -> object:
 
 
 def encode_event(event: Event) -> bytes:
-    fields = [_plain(value) for value in astuple(event)]
+    if isinstance(event, SetPolicy):
+        fields = _policy_fields(event.policy)
+    else:
+        fields = [_plain(value) for value in astuple(event)]
     data: bytes = msgpack.packb([_EVENT_TAGS[type(event)], *fields])
     return data
 
@@ -98,9 +159,18 @@ def decode_event(data: bytes) -> Event:
         raise ControllerCodecError(f"unknown event tag {tag}")
     cls, checks = _EVENT_FIELDS[tag]
     values = items[1:]
-    if len(values) != len(checks):
-        raise ControllerCodecError(f"{cls.__name__} needs {len(checks)} fields, got {len(values)}")
-    return cls(*(check(value) for check, value in zip(checks, values, strict=True)))
+    older = _OLDER_FIELD_COUNTS.get(cls)
+    if len(values) not in (len(checks), older):
+        raise ControllerCodecError(
+            f"{cls.__name__} needs {len(checks)} fields"
+            + ("" if older is None else f" ({older} in older entries)")
+            + f", got {len(values)}"
+        )
+    try:
+        checked = [check(value) for check, value in zip(checks, values, strict=False)]
+        return SetPolicy(_policy(checked)) if cls is SetPolicy else cls(*checked)
+    except InvalidArgument as err:  # a vhost name or a policy that could never be set
+        raise ControllerCodecError(err.message) from None
 
 
 def encode_snapshot(state: ControllerState) -> bytes:
@@ -123,14 +193,32 @@ def encode_snapshot(state: ControllerState) -> bytes:
             ]
         )
     retired = [[c, b, epoch] for (c, b), epoch in sorted(state.retired_epochs.items())]
-    data: bytes = msgpack.packb([SNAPSHOT_VERSION, groups, retired])
+    policies = [_policy_fields(policy) for _, policy in sorted(state.policies.items())]
+    topics = [
+        [
+            *key,
+            t.home_node,
+            t.exclusive,
+            t.queue_nums,
+            state.topic_owners.get(key, ""),
+            list(t.groups),
+        ]
+        for key, t in sorted(state.topics.items())
+    ]
+    nodes = [[name, addr] for name, addr in sorted(state.nodes.items())]
+    data: bytes = msgpack.packb(
+        [SNAPSHOT_VERSION, groups, retired, sorted(state.vhosts), policies, topics, nodes]
+    )
     return data
 
 
 def decode_snapshot(data: bytes) -> ControllerState:
     top = _list(_unpack(data))
-    if len(top) != 3 or top[0] != SNAPSHOT_VERSION:
-        raise ControllerCodecError(f"not a version {SNAPSHOT_VERSION} controller snapshot")
+    version = top[0] if top and type(top[0]) is int else None
+    if version not in _READABLE_VERSIONS or len(top) != _READABLE_VERSIONS[version]:
+        raise ControllerCodecError(
+            f"not a version {'/'.join(map(str, _READABLE_VERSIONS))} controller snapshot"
+        )
     state = ControllerState()
     for raw in _list(top[1]):
         fields = _list(raw)
@@ -161,7 +249,71 @@ def decode_snapshot(data: bytes) -> ControllerState:
         if epoch <= 0:
             raise ControllerCodecError(f"retired group {key} has epoch {epoch}")
         state.retired_epochs[key] = epoch
+    if version >= 3:
+        try:
+            _decode_catalog(state, top[3], top[4], top[5], top[6])
+        except InvalidArgument as err:
+            raise ControllerCodecError(err.message) from None
     return state
+
+
+def _decode_catalog(
+    state: ControllerState, vhosts: object, policies: object, topics: object, nodes: object
+) -> None:
+    """The catalog of a version 3 snapshot, refused where ``apply`` could never have made
+    it: a policy or topic outside the vhosts, a topic homed on an unknown node."""
+    names = [_vhost(v) for v in _list(vhosts)]
+    state.vhosts = set(names)
+    if len(state.vhosts) != len(names) or DEFAULT_VHOST not in state.vhosts:
+        raise ControllerCodecError("the vhosts repeat a name or lack the default vhost")
+    for raw in _list(nodes):
+        fields = _fields(raw, 2, "a node")
+        name = _str(fields[0])
+        if name in state.nodes:
+            raise ControllerCodecError(f"node {name!r} appears twice")
+        state.nodes[name] = _str(fields[1])
+    for raw in _list(policies):
+        values = _fields(raw, len(_POLICY_CHECKS), "a policy")
+        policy = _policy([check(v) for check, v in zip(_POLICY_CHECKS, values, strict=True)])
+        _catalog_key(state, state.policies, (policy.vhost, policy.name), "policy")
+        state.policies[(policy.vhost, policy.name)] = policy
+    for raw in _list(topics):
+        fields = _fields(raw, 7, "a topic")
+        event = DeclareTopic(
+            _vhost(fields[0]),
+            _str(fields[1]),
+            _str(fields[2]),
+            _bool(fields[3]),
+            _int(fields[4]),
+            _str(fields[5]),
+        )
+        key = (event.vhost, event.topic)
+        _catalog_key(state, state.topics, key, "topic")
+        if event.home_node not in state.nodes:
+            raise ControllerCodecError(
+                f"topic {event.topic!r} is homed on unknown node {event.home_node!r}"
+            )
+        state.topics[key] = replace(declared_topic(event), groups=_strs(fields[6]))
+        if event.exclusive:
+            state.topic_owners[key] = event.owner
+        elif event.owner:
+            raise ControllerCodecError(f"topic {event.topic!r} is not exclusive but has an owner")
+
+
+def _fields(raw: object, count: int, what: str) -> list[object]:
+    fields = _list(raw)
+    if len(fields) != count:
+        raise ControllerCodecError(f"{what} needs {count} fields, got {len(fields)}")
+    return fields
+
+
+def _catalog_key(
+    state: ControllerState, table: Mapping[tuple[str, str], object], key: tuple[str, str], what: str
+) -> None:
+    if key[0] not in state.vhosts:
+        raise ControllerCodecError(f"{what} {key[1]!r} is in unknown vhost {key[0]!r}")
+    if key in table:
+        raise ControllerCodecError(f"{what} {key[1]!r} of vhost {key[0]!r} appears twice")
 
 
 def _consistent(key: tuple[str, str], group: BrokerGroup) -> BrokerGroup:

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hamq.controller.apply import apply_event
+from hamq.controller.catalog import decide_catalog
 from hamq.controller.codec import decode_event, decode_snapshot_at, encode_event, encode_snapshot_at
 from hamq.controller.decide import (
     decide_alter_sync_state_set,
@@ -42,6 +43,7 @@ from hamq.controller.decide import (
     decide_elect_master,
     decide_register_broker,
 )
+from hamq.controller.elect import unclean_allowed
 from hamq.controller.errors import (
     ControllerCode,
     ControllerCodecError,
@@ -49,24 +51,29 @@ from hamq.controller.errors import (
     ControllerRecoveryError,
 )
 from hamq.controller.events import (
+    GROUP_EVENTS,
     AlterSyncStateSet,
     ApplyBrokerId,
+    CatalogEvent,
     CleanBrokerData,
     ElectMaster,
     Event,
     RegisterBroker,
 )
 from hamq.controller.liveness import BrokerLiveness
+from hamq.controller.nodes import NodeHeartbeat, NodeLiveness
 from hamq.controller.requests import (
     AlterSyncStateSetRequest,
     ApplyBrokerIdRequest,
     BrokerHeartbeat,
+    BrokerShutdown,
     CleanBrokerDataRequest,
     ElectMasterRequest,
     ElectTrigger,
     RegisterBrokerRequest,
 )
 from hamq.controller.state import BrokerGroup, ControllerState, GroupKey
+from hamq.policy.placement import rules_for_group
 from hamq.raft import (
     EMPTY_INDEX,
     Entry,
@@ -85,20 +92,30 @@ from hamq.raft.storage import persist
 
 log = logging.getLogger(__name__)
 
-Request = (
+GroupRequest = (
     ApplyBrokerIdRequest
     | RegisterBrokerRequest
     | ElectMasterRequest
     | AlterSyncStateSetRequest
     | CleanBrokerDataRequest
 )
+GROUP_REQUESTS = (
+    ApplyBrokerIdRequest,
+    RegisterBrokerRequest,
+    ElectMasterRequest,
+    AlterSyncStateSetRequest,
+    CleanBrokerDataRequest,
+)
+# A catalog request is the event it asks for (``catalog.py``).
+Request = GroupRequest | CatalogEvent
 
 
 @dataclass(frozen=True)
 class Applied:
     """A request's event, committed and applied; ``group`` is its group afterwards (None
-    once cleaned away). ``event`` None: the request changed nothing replicated (a member
-    registering again at its recorded address) and was answered from the state."""
+    once cleaned away, and for catalog requests). ``event`` None: the request changed
+    nothing replicated (a member registering again at its recorded address, a topic
+    declared again alike) and was answered from the state."""
 
     event: Event | None
     group: BrokerGroup | None
@@ -140,6 +157,7 @@ class CoreSettings:
     heartbeat_timeout_ms: int
     snapshot_interval_entries: int
     enable_elect_unclean_master: bool
+    node_heartbeat_timeout_ms: int = 5000  # ControllerSettings.node_heartbeat_timeout_ms
 
 
 # What an event refused at apply time answers: the code its request would have got had the
@@ -179,6 +197,7 @@ class ControllerCore:
         self.settings = settings
         self.node = RawNode(raft_config, storage, rng, now_ms, applied_index=applied_index)
         self.liveness = BrokerLiveness(settings.heartbeat_timeout_ms)
+        self.nodes = NodeLiveness(settings.node_heartbeat_timeout_ms)
         self.snapshot_index = applied_index
         self._pending: dict[EntryId, Callback] = {}
         self._lead_term: int | None = None  # the term this peer was last seen leading in
@@ -238,6 +257,27 @@ class ControllerCore:
         self.liveness.record(heartbeat, now_ms)
         return True
 
+    def node_heartbeat(self, heartbeat: NodeHeartbeat, now_ms: int) -> bool:
+        """Record a node's report; False (nothing kept) for a node not registered."""
+        if heartbeat.node not in self.state.nodes:
+            return False
+        self.nodes.record(heartbeat, now_ms)
+        return True
+
+    def broker_shutdown(self, notice: BrokerShutdown) -> bool:
+        """Record a clean-shutdown notice; kept (True) only from the group's master at its
+        current epoch: a slave stopping changes no election, and a notice for an older
+        epoch is about a master already replaced."""
+        key = (notice.cluster_name, notice.broker_name)
+        group = self.state.groups.get(key)
+        if group is None or (group.master_id, group.master_epoch) != (
+            notice.broker_id,
+            notice.epoch,
+        ):
+            return False
+        self.liveness.shut_down(key, notice.epoch)
+        return True
+
     def submit(self, request: Request, now_ms: int, callback: Callback) -> None:
         """Decide ``request`` on the leader and propose its event; ``callback`` gets the
         outcome exactly once: the applied event, or a refusal (a follower's is
@@ -249,6 +289,12 @@ class ControllerCore:
         decision = self._decide(request, now_ms)
         if isinstance(decision, ControllerError):
             callback(decision)
+            return
+        if not isinstance(request, GROUP_REQUESTS):
+            if decision is None:
+                callback(Applied(None, None))
+            else:
+                self._propose(decision, callback)
             return
         key = (request.cluster_name, request.broker_name)
         if isinstance(request, RegisterBrokerRequest):
@@ -346,6 +392,8 @@ class ControllerCore:
 
     def _decide(self, request: Request, now_ms: int) -> Event | ControllerError | None:
         state, liveness = self.state, self.liveness
+        if not isinstance(request, GROUP_REQUESTS):
+            return decide_catalog(state, request)
         if isinstance(request, ApplyBrokerIdRequest):
             return decide_apply_broker_id(state, request, now_ms)
         if isinstance(request, RegisterBrokerRequest):
@@ -363,13 +411,11 @@ class ControllerCore:
             # as the scan does not (DESIGN §5, apache/rocketmq #7689).
             alive |= {group.master_id}
         if isinstance(request, ElectMasterRequest):
-            return decide_elect_master(
-                state,
-                request,
-                alive,
-                liveness.live_info(key),
-                self.settings.enable_elect_unclean_master,
-            )
+            unclean = self.settings.enable_elect_unclean_master
+            if group is not None:
+                rules = rules_for_group(state.policies.values(), request.broker_name)
+                unclean = unclean_allowed(rules, group, liveness.shutdown_epoch(key), unclean)
+            return decide_elect_master(state, request, alive, liveness.live_info(key), unclean)
         if isinstance(request, AlterSyncStateSetRequest):
             return decide_alter_sync_state_set(state, request, alive)
         return decide_clean_broker_data(state, request, alive)
@@ -399,6 +445,14 @@ class ControllerCore:
             callback(outcome)
 
     def _apply_event(self, event: Event, out: CycleOutput) -> Outcome:
+        if not isinstance(event, GROUP_EVENTS):
+            if apply_event(self.state, event):
+                return Applied(event, None)
+            return ControllerError(
+                ControllerCode.CONTROLLER_INVALID_REQUEST,
+                f"{type(event).__name__} was refused when applied: a concurrent change "
+                "to the catalog came first",
+            )
         if not apply_event(self.state, event):
             return ControllerError(
                 _REFUSED_AT_APPLY[type(event)],

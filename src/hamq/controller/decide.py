@@ -95,9 +95,11 @@ def decide_elect_master(
     request: ElectMasterRequest,
     alive: Set[int],
     live_info: Mapping[int, BrokerLiveInfo],
-    enable_elect_unclean_master: bool,
+    unclean_allowed: bool,
 ) -> ElectMaster | ControllerError:
     """Elect by ``elect.elect``; an alive master in the set stays (CONTROLLER_MASTER_STILL_EXIST).
+    ``unclean_allowed`` (``elect.unclean_allowed``) widens the candidates to every alive
+    member; an unclean result carries the range it may lose (``_lost_range``).
 
     The group's first election takes any alive member, ranked by the (epoch, max offset)
     they report, ties to the registering one: members may already hold data (a group moved
@@ -120,19 +122,22 @@ def decide_elect_master(
     else:
         preferred = None  # a registering member never takes mastership from the policy
     pool = replace(group, sync_state_set=frozenset(group.members)) if first else group
-    result = elect(pool, alive, live_info, preferred, enable_elect_unclean_master)
+    result = elect(pool, alive, live_info, preferred, unclean_allowed)
     if result is not None and result.broker_id == group.master_id:
         return ControllerError(
             Code.CONTROLLER_MASTER_STILL_EXIST,
             f"master {group.master_id} of {request.broker_name} is alive; no election needed",
         )
     if result is not None:
+        new_end, old_end = _lost_range(group, result.broker_id, live_info, result.unclean)
         return ElectMaster(
             request.cluster_name,
             request.broker_name,
             result.broker_id,
             (_first_epoch(group, live_info) if first else group.master_epoch) + 1,
             unclean=result.unclean,
+            new_master_max_offset=new_end,
+            old_master_max_offset=old_end,
         )
     if request.trigger is ElectTrigger.MASTER_TIMEOUT and group.master_id is not None:
         return ElectMaster(
@@ -143,6 +148,22 @@ def decide_elect_master(
         f"no alive member of {request.broker_name} can be master"
         + ("" if preferred is None else f" (preferred {preferred} is not a candidate)"),
     )
+
+
+def _lost_range(
+    group: BrokerGroup, elected: int, live_info: Mapping[int, BrokerLiveInfo], unclean: bool
+) -> tuple[int | None, int | None]:
+    """What an unclean election may lose: the old master's log past the elected member's
+    end, as both last reported them (None where one never reported; both None for a
+    clean election, which loses nothing)."""
+    if not unclean:
+        return None, None
+
+    def max_offset(broker_id: int | None) -> int | None:
+        info = None if broker_id is None else live_info.get(broker_id)
+        return None if info is None or info.max_offset < 0 else info.max_offset
+
+    return max_offset(elected), max_offset(group.master_id)
 
 
 def _first_epoch(group: BrokerGroup, live_info: Mapping[int, BrokerLiveInfo]) -> int:

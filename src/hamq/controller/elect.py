@@ -10,6 +10,7 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass
 
 from hamq.controller.state import BrokerGroup
+from hamq.policy.definition import HaDefinition
 
 # Sorts a member that never reported its log after every member that did.
 _NO_LIVE_INFO = (-1, -1)
@@ -34,6 +35,30 @@ class ElectResult:
 
     broker_id: int
     unclean: bool
+
+
+def unclean_allowed(
+    rules: HaDefinition | None,
+    group: BrokerGroup,
+    shutdown_epoch: int | None,
+    enable_elect_unclean_master: bool,
+) -> bool:
+    """Whether an election of ``group`` may take a member outside its SyncStateSet.
+
+    A group placed by a policy follows the policy's promotion rules (RabbitMQ's): after a
+    clean shutdown of its master (the master's CONTROLLER_BROKER_SHUTDOWN for the epoch
+    that ended) ``ha-promote-on-shutdown``, after a failure ``ha-promote-on-failure``; each
+    "always" allows an unsynchronised member, "when-synced" leaves the group without a
+    master instead. Other groups keep the global ``enable_elect_unclean_master``. The epoch
+    that ended is the current one while the group names a master, else the one before (a
+    master timeout with no candidate ends the epoch and names nobody).
+    """
+    if rules is None:
+        return enable_elect_unclean_master
+    ended = group.master_epoch if group.master_id is not None else group.master_epoch - 1
+    clean = shutdown_epoch is not None and shutdown_epoch == ended
+    rule = rules.ha_promote_on_shutdown if clean else rules.ha_promote_on_failure
+    return rule == "always"
 
 
 def report_rank(info: BrokerLiveInfo | None) -> tuple[int, int]:

@@ -36,6 +36,8 @@ class BrokerLiveness:
         self._groups: dict[GroupKey, dict[int, BrokerLiveState]] = {}
         # when this peer, leading, last handled each member's registration
         self._registered: dict[GroupKey, dict[int, int]] = {}
+        # the master epoch each group's master ended with a clean shutdown (its notice)
+        self._shutdown_epochs: dict[GroupKey, int] = {}
 
     def record(self, heartbeat: BrokerHeartbeat, now_ms: int) -> None:
         key = (heartbeat.cluster_name, heartbeat.broker_name)
@@ -56,6 +58,14 @@ class BrokerLiveness:
         """This peer begins a term as leader: the registrations it saw before may predate
         a member's later restart that another leader handled, so it waits for new ones."""
         self._registered.clear()
+
+    def shut_down(self, key: GroupKey, epoch: int) -> None:
+        """The master of ``epoch`` said it is stopping cleanly (CONTROLLER_BROKER_SHUTDOWN)."""
+        self._shutdown_epochs[key] = epoch
+
+    def shutdown_epoch(self, key: GroupKey) -> int | None:
+        """The last master epoch of the group that ended with a clean-shutdown notice."""
+        return self._shutdown_epochs.get(key)
 
     def members(self, key: GroupKey) -> dict[int, BrokerLiveState]:
         return dict(self._groups.get(key, {}))
@@ -80,6 +90,8 @@ class BrokerLiveness:
 
     def forget(self, key: GroupKey, broker_ids: frozenset[int]) -> None:
         """A cleaned member (or the whole group, for an empty ``broker_ids``)."""
+        if not broker_ids:
+            self._shutdown_epochs.pop(key, None)
         for table in (self._groups, self._registered):
             if not broker_ids:
                 table.pop(key, None)

@@ -90,3 +90,15 @@ class BrokerHeartbeat:
     epoch: int
     max_offset: int
     confirm_offset: int = 0
+
+
+@dataclass(frozen=True)
+class BrokerShutdown:
+    """A member stopping cleanly (SIGTERM) at the master epoch it knows: if it is the
+    master of that epoch, its group's next election follows the policy's
+    ``ha-promote-on-shutdown`` instead of ``ha-promote-on-failure``. Soft state."""
+
+    cluster_name: str
+    broker_name: str
+    broker_id: int
+    epoch: int

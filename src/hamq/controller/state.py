@@ -1,4 +1,5 @@
-"""The replicated state: per broker group, its members and its SyncStateSet.
+"""The replicated state: per broker group, its members and its SyncStateSet; and the
+catalog of mirrored-queue policies (seed 003): vhosts, policies, declared topics, nodes.
 
 RocketMQ keeps two tables (``BrokerReplicaInfo`` and ``SyncStateInfo``) that must always
 change together; hamq keeps one frozen record per group so they cannot drift apart.
@@ -8,11 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hamq.policy.definition import DEFAULT_VHOST, Policy
+from hamq.policy.world import TopicDecl
+
 # RocketMQ's MixAll.FIRST_BROKER_CONTROLLER_ID: controller-assigned ids start at 1.
 FIRST_BROKER_CONTROLLER_ID = 1
 
 GroupKey = tuple[str, str]
 """(cluster_name, broker_name)."""
+VhostKey = tuple[str, str]
+"""(vhost, name) of a policy or a declared topic."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,15 @@ class ControllerState:
     # The last master epoch of each group cleaned away whole: a group created again under
     # the name starts from it (kept until then; admins clean whole groups rarely).
     retired_epochs: dict[GroupKey, int] = field(default_factory=dict)
+    # The catalog the placement driver reconciles; the default vhost always exists, since
+    # a wire name without a vhost prefix is in it.
+    vhosts: set[str] = field(default_factory=lambda: {DEFAULT_VHOST})
+    policies: dict[VhostKey, Policy] = field(default_factory=dict)
+    topics: dict[VhostKey, TopicDecl] = field(default_factory=dict)
+    nodes: dict[str, str] = field(default_factory=dict)  # node name -> container address
+    # the connection that declared each exclusive topic: only it may declare it again (its
+    # node deletes the topic when that connection closes); the reconciler never needs it
+    topic_owners: dict[VhostKey, str] = field(default_factory=dict)
 
     def next_broker_id(self, key: GroupKey) -> int:
         group = self.groups.get(key)

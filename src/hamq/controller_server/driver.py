@@ -78,6 +78,7 @@ class ControllerDriver:
                     settings.controller_heartbeat_timeout_ms,
                     settings.controller_snapshot_interval_entries,
                     settings.enable_elect_unclean_master,
+                    settings.node_heartbeat_timeout_ms,
                 ),
                 monotonic_ms(),
                 snapshot,

@@ -4,8 +4,10 @@
 Requests that change the state are decided on the Raft leader and answered only once
 their event is committed and applied; a follower answers CONTROLLER_NOT_LEADER with the
 leader's address when it knows it. Reads are the leader's too (a follower's state may
-lag), except heartbeats, which every peer records, and the metadata, which is each
-peer's own view.
+lag), except heartbeats (of members and of nodes) and clean-shutdown notices, which
+every peer records, and the metadata, which is each peer's own view. The catalog of
+mirrored-queue policies (vhosts, policies, declared topics, nodes) is decided like the
+groups' requests (``controller/catalog.py``).
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ from typing import Any
 from hamq.clock import monotonic_ms
 from hamq.controller.core import Applied, Outcome, Request
 from hamq.controller.errors import ControllerCode, ControllerError
+from hamq.controller.events import AddVhost, DeleteVhost
 from hamq.controller_server.driver import ControllerDriver
 from hamq.controller_server.elections import ElectionStats
 from hamq.errors import RequestCodeNotSupported
 from hamq.net.connection import Connection, response_pieces
+from hamq.policy.definition import effective_policy
 from hamq.protocol import controller as wire
+from hamq.protocol import controller_catalog as catalog
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import Frame
 
@@ -63,7 +68,24 @@ class ControllerProcessor:
             RequestCode.CONTROLLER_ELECT_MASTER: self._elect_master,
             RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET: self._alter_sync_state_set,
             RequestCode.CLEAN_BROKER_DATA: self._clean_broker_data,
+            RequestCode.CONTROLLER_ADD_VHOST: self._add_vhost,
+            RequestCode.CONTROLLER_DELETE_VHOST: self._delete_vhost,
+            RequestCode.CONTROLLER_LIST_VHOSTS: self._list_vhosts,
+            RequestCode.CONTROLLER_SET_POLICY: self._set_policy,
+            RequestCode.CONTROLLER_CLEAR_POLICY: self._clear_policy,
+            RequestCode.CONTROLLER_LIST_POLICIES: self._list_policies,
+            RequestCode.CONTROLLER_DECLARE_TOPIC: self._declare_topic,
+            RequestCode.CONTROLLER_DELETE_TOPIC: self._delete_topic,
+            RequestCode.CONTROLLER_LIST_TOPICS: self._list_topics,
+            RequestCode.CONTROLLER_REGISTER_NODE: self._register_node,
+            RequestCode.CONTROLLER_NODE_HEARTBEAT: self._node_heartbeat,
+            RequestCode.CONTROLLER_LIST_NODES: self._list_nodes,
+            RequestCode.CONTROLLER_BROKER_SHUTDOWN: self._broker_shutdown,
         }
+
+    def register(self, code: int, handler: Handler) -> None:
+        """Serve one more code (the placement driver's CONTROLLER_GET_PLACEMENT)."""
+        self._handlers[code] = handler
 
     def serves(self, code: int) -> bool:
         return code in self._handlers
@@ -94,7 +116,7 @@ class ControllerProcessor:
         self.core.submit(request, monotonic_ms(), done)
         self.driver.schedule_pump()
 
-    def _not_serving(self, frame: Frame) -> list | None:
+    def not_serving(self, frame: Frame) -> list | None:
         """A read the leader must answer: the refusal, or None when this peer serves."""
         return None if self.core.serving else self._refusal(frame, self.core.not_leader())
 
@@ -119,20 +141,21 @@ class ControllerProcessor:
             "applied_index": node.applied_index,
             "elections": self.elections.elections,
             "unclean_elections": self.elections.unclean_elections,
+            "unclean_lost_bytes": self.elections.unclean_lost_bytes,
             "failed_elections": self.elections.failed_elections,
         }
         return response_pieces(frame, ext=ext)
 
     def _next_broker_id(self, conn: Connection, frame: Frame) -> list:
         key = wire.group_key(frame.ext)
-        refusal = self._not_serving(frame)
+        refusal = self.not_serving(frame)
         if refusal is not None:
             return refusal
         return response_pieces(frame, ext={"next_broker_id": self.core.state.next_broker_id(key)})
 
     def _replica_info(self, conn: Connection, frame: Frame) -> list:
         key = wire.group_key(frame.ext)
-        refusal = self._not_serving(frame)
+        refusal = self.not_serving(frame)
         if refusal is not None:
             return refusal
         group = self.core.group(key)
@@ -148,7 +171,7 @@ class ControllerProcessor:
 
     def _sync_state_data(self, conn: Connection, frame: Frame) -> list:
         names = set(wire.broker_names(frame.ext))
-        refusal = self._not_serving(frame)
+        refusal = self.not_serving(frame)
         if refusal is not None:
             return refusal
         now_ms, liveness = monotonic_ms(), self.core.liveness
@@ -178,3 +201,86 @@ class ControllerProcessor:
 
     def _clean_broker_data(self, conn: Connection, frame: Frame) -> None:
         self._submit(conn, frame, wire.clean_broker_data_request(frame.ext), _empty)
+
+    # -- the catalog (seed 003) ---------------------------------------------------------------
+    def _add_vhost(self, conn: Connection, frame: Frame) -> None:
+        self._submit(conn, frame, AddVhost(catalog.vhost_request(frame.ext)), _empty)
+
+    def _delete_vhost(self, conn: Connection, frame: Frame) -> None:
+        self._submit(conn, frame, DeleteVhost(catalog.vhost_request(frame.ext)), _empty)
+
+    def _list_vhosts(self, conn: Connection, frame: Frame) -> list:
+        refusal = self.not_serving(frame)
+        if refusal is not None:
+            return refusal
+        return response_pieces(frame, ext={"vhosts": sorted(self.core.state.vhosts)})
+
+    def _set_policy(self, conn: Connection, frame: Frame) -> None:
+        self._submit(conn, frame, catalog.set_policy_request(frame.ext), _empty)
+
+    def _clear_policy(self, conn: Connection, frame: Frame) -> None:
+        self._submit(conn, frame, catalog.clear_policy_request(frame.ext), _empty)
+
+    def _list_policies(self, conn: Connection, frame: Frame) -> list:
+        vhost = catalog.vhost_filter(frame.ext)
+        refusal = self.not_serving(frame)
+        if refusal is not None:
+            return refusal
+        policies = [
+            catalog.policy_ext(policy)
+            for (v, _), policy in sorted(self.core.state.policies.items())
+            if vhost in (None, v)
+        ]
+        return response_pieces(frame, ext={"policies": policies})
+
+    def _declare_topic(self, conn: Connection, frame: Frame) -> None:
+        self._submit(conn, frame, catalog.declare_topic_request(frame.ext), _empty)
+
+    def _delete_topic(self, conn: Connection, frame: Frame) -> None:
+        self._submit(conn, frame, catalog.delete_topic_request(frame.ext), _empty)
+
+    def _list_topics(self, conn: Connection, frame: Frame) -> list:
+        vhost = catalog.vhost_filter(frame.ext)
+        refusal = self.not_serving(frame)
+        if refusal is not None:
+            return refusal
+        state = self.core.state
+        topics = []
+        for (v, name), topic in sorted(state.topics.items()):
+            if vhost in (None, v):
+                policy = effective_policy(state.policies.values(), v, name)
+                owner = state.topic_owners.get((v, name), "")
+                topics.append(catalog.topic_ext(topic, owner, policy and policy.name))
+        return response_pieces(frame, ext={"topics": topics})
+
+    def _register_node(self, conn: Connection, frame: Frame) -> None:
+        self._submit(conn, frame, catalog.register_node_request(frame.ext), _empty)
+
+    def _node_heartbeat(self, conn: Connection, frame: Frame) -> list | None:
+        self.core.node_heartbeat(catalog.node_heartbeat(frame.ext), monotonic_ms())
+        return None if frame.is_oneway else response_pieces(frame)
+
+    def _list_nodes(self, conn: Connection, frame: Frame) -> list:
+        refusal = self.not_serving(frame)
+        if refusal is not None:
+            return refusal
+        now_ms, nodes = monotonic_ms(), self.core.nodes
+        listed = [
+            catalog.node_ext(name, addr, nodes.report(name), nodes.is_alive(name, now_ms))
+            for name, addr in sorted(self.core.state.nodes.items())
+        ]
+        return response_pieces(frame, ext={"nodes": listed})
+
+    def _broker_shutdown(self, conn: Connection, frame: Frame) -> list | None:
+        """Every peer records the notice (like heartbeats): the one leading when the
+        master's heartbeats time out decides by it."""
+        notice = catalog.broker_shutdown(frame.ext)
+        if self.core.broker_shutdown(notice):
+            log.info(
+                "master %d of %s/%s is shutting down cleanly (epoch %d)",
+                notice.broker_id,
+                notice.cluster_name,
+                notice.broker_name,
+                notice.epoch,
+            )
+        return None if frame.is_oneway else response_pieces(frame)

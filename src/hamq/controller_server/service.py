@@ -12,11 +12,12 @@ from pathlib import Path
 
 from hamq.clock import monotonic_ms
 from hamq.config import ControllerConfig, ControllerSettings
-from hamq.controller.core import GroupChanged
+from hamq.controller.core import Applied, GroupChanged, Outcome, Request
 from hamq.controller_server.driver import ControllerDriver
 from hamq.controller_server.elections import ElectionStats
 from hamq.controller_server.notify import RoleNotifier
 from hamq.controller_server.processor import ControllerProcessor
+from hamq.errors import HamqError
 from hamq.net.metrics import gauge, serve_metrics
 from hamq.net.server import Server
 from hamq.net.tasks import PeriodicTask
@@ -62,6 +63,29 @@ class ControllerService:
             "Masters elected from outside the SyncStateSet while leading (may lose messages)",
             lambda: stats.unclean_elections,
         )
+        gauge(
+            "hamq_controller_unclean_lost_bytes",
+            "Commit-log bytes old masters held past their unclean successors' ends",
+            lambda: stats.unclean_lost_bytes,
+        )
+
+    async def propose(self, request: Request) -> Applied:
+        """Decide and replicate ``request`` on this peer as a client's request would be
+        (the placement driver's way to change the state): the applied outcome, or the
+        refusal raised as ``HamqError`` (CONTROLLER_NOT_LEADER when this peer is not the
+        serving leader, or lost leadership before the event committed)."""
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+
+        def done(outcome: Outcome) -> None:
+            if not future.done():  # the caller may have been cancelled meanwhile
+                future.set_result(outcome)
+
+        self.driver.core.submit(request, monotonic_ms(), done)
+        self.driver.schedule_pump()
+        outcome = await future
+        if isinstance(outcome, Applied):
+            return outcome
+        raise HamqError.for_code(outcome.code, outcome.remark)
 
     def _on_changes(self, changes: list[GroupChanged]) -> None:
         for change in changes:

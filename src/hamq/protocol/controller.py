@@ -66,25 +66,27 @@ def _ids(ext: Mapping[str, Any], name: str) -> frozenset[int]:
     return ids
 
 
-def _bool(ext: Mapping[str, Any], name: str) -> bool:
+def check_bool(ext: Mapping[str, Any], name: str) -> bool:
     value = ext.get(name)
     if not isinstance(value, bool):
         raise InvalidArgument(f"request field {name!r} must be true or false")
     return value
 
 
-def _text(ext: Mapping[str, Any], name: str) -> str:
+def check_text(ext: Mapping[str, Any], name: str, *, empty: bool = False) -> str:
+    """A printable string of at most MAX_NAME_LENGTH characters (``empty``: may be "")."""
     value = ext.get(name)
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_NAME_LENGTH:
+    low = 0 if empty else 1
+    if not isinstance(value, str) or not low <= len(value) <= MAX_NAME_LENGTH:
         raise InvalidArgument(
-            f"request field {name!r} must be a string of 1..{MAX_NAME_LENGTH} characters"
+            f"request field {name!r} must be a string of {low}..{MAX_NAME_LENGTH} characters"
         )
     if not value.isprintable():
         raise InvalidArgument(f"request field {name!r} must be printable")
     return value
 
 
-def _map(value: object, what: str) -> Mapping[str, Any]:
+def check_map(value: object, what: str) -> Mapping[str, Any]:
     if not isinstance(value, dict):
         raise InvalidArgument(f"{what} must be a map, got {type(value).__name__}")
     return value
@@ -92,7 +94,7 @@ def _map(value: object, what: str) -> Mapping[str, Any]:
 
 def group_key(ext: Mapping[str, Any]) -> GroupKey:
     """``{cluster_name, broker_name}``: GET_NEXT_BROKER_ID, GET_REPLICA_INFO."""
-    ext = dict(_map(ext, "request ext"))
+    ext = dict(check_map(ext, "request ext"))
     return require_name(ext, "cluster_name"), require_name(ext, "broker_name")
 
 
@@ -139,7 +141,7 @@ class ReplicaInfo:
 
     @classmethod
     def from_ext(cls, ext: Mapping[str, Any]) -> ReplicaInfo:
-        ext = _map(ext, "replica info")
+        ext = check_map(ext, "replica info")
         master_id = _opt_broker_id(ext, "master_id")
         raw_addr = ext.get("master_addr")
         master_addr = None if raw_addr is None else address(raw_addr, "master_addr")
@@ -179,7 +181,7 @@ def apply_broker_id_request(ext: Mapping[str, Any]) -> ApplyBrokerIdRequest:
         broker_name,
         _broker_id(ext, "broker_id"),
         address(ext.get("broker_addr"), "broker_addr"),
-        _text(ext, "register_check_code"),
+        check_text(ext, "register_check_code"),
     )
 
 
@@ -230,7 +232,7 @@ def register_broker_request(
     """CONTROLLER_REGISTER_BROKER: who the member is and how far its log goes (recorded as
     a heartbeat), and the registration with its register check code."""
     who = broker_heartbeat(ext, with_confirm_offset=False)
-    code = _text(ext, "register_check_code")
+    code = check_text(ext, "register_check_code")
     return who, RegisterBrokerRequest(
         who.cluster_name, who.broker_name, who.broker_id, who.address, code
     )
@@ -299,7 +301,7 @@ def sync_state_set_ext(sync_state_set: frozenset[int], epoch: int) -> Ext:
 
 
 def sync_state_set_result(ext: Mapping[str, Any]) -> tuple[frozenset[int], int]:
-    ext = _map(ext, "alter answer")
+    ext = check_map(ext, "alter answer")
     return _ids(ext, "sync_state_set"), _count(ext, "sync_state_set_epoch")
 
 
@@ -309,7 +311,7 @@ def clean_broker_data_request(ext: Mapping[str, Any]) -> CleanBrokerDataRequest:
         cluster_name,
         broker_name,
         _ids(ext, "broker_ids"),
-        _bool(ext, "clean_living_broker"),
+        check_bool(ext, "clean_living_broker"),
     )
 
 
@@ -324,7 +326,7 @@ def clean_broker_data_ext(request: CleanBrokerDataRequest) -> Ext:
 
 def broker_names(ext: Mapping[str, Any]) -> list[str]:
     """GET_SYNC_STATE_DATA's ``broker_names`` (empty or absent: every group)."""
-    value = _map(ext, "request ext").get("broker_names", [])
+    value = check_map(ext, "request ext").get("broker_names", [])
     if not isinstance(value, list) or len(value) > MAX_GROUPS_PER_REQUEST:
         raise InvalidArgument(
             f"request field 'broker_names' must be a list of at most {MAX_GROUPS_PER_REQUEST} names"
@@ -333,7 +335,7 @@ def broker_names(ext: Mapping[str, Any]) -> list[str]:
 
 
 def next_broker_id(ext: Mapping[str, Any]) -> int:
-    return _broker_id(_map(ext, "answer"), "next_broker_id")
+    return _broker_id(check_map(ext, "answer"), "next_broker_id")
 
 
 def leader_addr(ext: Mapping[str, Any]) -> str | None:
