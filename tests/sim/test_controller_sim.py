@@ -17,6 +17,7 @@ from hamq.broker.ha.service import SlaveLink
 from hamq.controller.elect import BrokerLiveInfo, ElectResult
 from hamq.controller.state import BrokerGroup
 from hamq.replication.master import MasterReplication
+from hamq.replication.sync_state_set import SyncStateSet
 from hamq.sim.controller_world import (
     ControllerResult,
     failed_controller_seeds,
@@ -153,3 +154,13 @@ def test_checker_catches_reads_past_the_confirm_offset(monkeypatch: pytest.Monke
     assert any("consumer read was truncated" in (r.failure or "") for r in failures), _report(
         failures
     )
+
+
+def test_checker_catches_an_unsynchronised_member_in_the_sync_state_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Synchronised gating off (seed 003): a member that joined at the tail, lacking
+    records no consumer has consumed, enters the SyncStateSet once caught up."""
+    monkeypatch.setattr(SyncStateSet, "holds_needed", lambda self, broker_id: True)
+    failures = _failures(20)
+    assert any("above the need offset" in (r.failure or "") for r in failures), _report(failures)

@@ -21,6 +21,7 @@ from hamq.broker.ha.slave_sync import SlaveSynchronize
 from hamq.broker.held_back import HeldBackPut
 from hamq.broker.lock_quorum import LockQuorum
 from hamq.broker.locks import RebalanceLockManager
+from hamq.broker.mirror_sync import MirrorSyncProcessor
 from hamq.broker.namesrv_requests import NamesrvRequests
 from hamq.broker.pop.service import PopService
 from hamq.broker.pre_online import GroupMetadata, PreOnline, may_act, needs_pre_online
@@ -232,6 +233,9 @@ class Broker:
             escape=self.escape,
         )
         self.processor.register(self.pop.handlers())
+        if self.ha_master is not None:
+            mirrors = MirrorSyncProcessor(config, self.role, self.ha_master)
+            self.processor.register(mirrors.handlers())
         self.pull.watch_arrivals(self.pop.held, self.pop.serve_arrivals)
         self.topics.on_delete.append(self.pop.forget_topic)
         if self.replicas is not None:

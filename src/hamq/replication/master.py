@@ -119,6 +119,17 @@ class SlaveAttached:
     replaced: list[Hashable]  # older sessions of the same broker id, dropped: close them
 
 
+@dataclass(frozen=True)
+class Restart:
+    """What a slave's next attach does instead of continuing its log (seed 003's
+    sync-queue and cancel-sync-queue): restart it at ``offset`` (None: at the master's
+    end, a tail join) and ship at most ``batch_records`` records per transfer (0: no
+    limit)."""
+
+    offset: int | None
+    batch_records: int = 0
+
+
 @dataclass
 class SlaveProgress:
     key: Hashable
@@ -131,6 +142,10 @@ class SlaveProgress:
     received_offset: int
     sent_offset: int  # next byte the master sends it
     last_heard_ms: int
+    log_start: int = 0  # its commit-log min offset
+    batch_records: int = 0  # records per transfer at most (0: bytes alone bound it)
+    sync_start: int | None = None  # where a sync-queue restarted its log (None: no sync)
+    sync_batches: int = 0  # transfers its batch of records cut short since that restart
 
 
 AckCallback = Callable[[ReplicaStatus], None]
@@ -179,6 +194,8 @@ class MasterReplication:
         # A slave holds records of this master's own epoch that its log no longer has (a
         # power loss took them after they were acknowledged): it must not lead on.
         self.lost_records = False
+        # Slaves whose next attach restarts their log (sync-queue, cancel), by broker id.
+        self.restarts: dict[int, Restart] = {}
 
     # -- epochs -------------------------------------------------------------------------------
     @property
@@ -229,12 +246,17 @@ class MasterReplication:
         log: RecordLog,
         now_ms: int,
         limit: int | None = None,
+        log_start: int | None = None,
+        tail: bool = False,
     ) -> SlaveAttached | None:
         """Register a slave whose log agrees with ours up to ``offset``: ``proof`` is its
         record ending there, or None when ``offset`` is its log's start. None if the proof
         does not match our record (the slave then looks further back). A slave's older
         session (half-open after a crash) is replaced, so each broker id counts once.
-        ``limit`` as for ``compare``."""
+        ``limit`` as for ``compare``. ``log_start``: where the slave's log starts (None:
+        its start is ``offset`` if empty, else unknown, taken as 0). ``tail``: an empty
+        slave asks to start at our end (``ha_join = "tail"``). A pending ``Restart`` of
+        this broker id overrides both (sync-queue, cancel-sync-queue)."""
         if proof is not None:
             if (
                 proof.end != offset
@@ -249,15 +271,44 @@ class MasterReplication:
             start = offset  # an empty slave log starting at one of our record boundaries
         else:
             start = log.min_offset  # nothing agrees: the slave restarts from our first byte
+        if proof is None and tail:
+            start = log.max_offset  # a new mirror: only what is published from now on
+        held_from = start if proof is None or start != offset else (log_start or 0)
+        restart = self.restarts.pop(broker_id, None)
+        sync_start, batch_records = None, 0
+        if restart is not None:
+            if restart.offset is None:
+                target = log.max_offset
+            else:
+                target = max(restart.offset, log.min_offset)
+            # a sync only ever lowers where the log starts; a cancel always restarts
+            if restart.offset is None or target < held_from:
+                start = held_from = target
+                sync_start = None if restart.offset is None else target
+                batch_records = restart.batch_records
         replaced = [k for k, s in self.slaves.items() if s.broker_id == broker_id and k != key]
         for k in replaced:
             self.slaves.pop(k).state = HAConnectionState.SHUTDOWN
         self.slaves[key] = SlaveProgress(
-            key, broker_id, HAConnectionState.TRANSFER, start, start, start, now_ms
+            key,
+            broker_id,
+            HAConnectionState.TRANSFER,
+            start,
+            start,
+            start,
+            now_ms,
+            held_from,
+            batch_records,
+            sync_start,
         )
         if self.sync_state_set is not None:
-            self.sync_state_set.on_connect(broker_id, start, now_ms)
+            self.sync_state_set.on_connect(broker_id, start, now_ms, held_from)
         return SlaveAttached(start, replaced)
+
+    def restart(self, broker_id: int, restart: Restart) -> None:
+        """The slave's next attach restarts its log as ``restart`` says; the shell closes
+        its session now so that it attaches again."""
+        self.restarts[broker_id] = restart
 
     def disconnect(self, key: Hashable) -> list[tuple[AckCallback, ReplicaStatus]]:
         """A slave went away; waiters that can no longer be satisfied end now."""
@@ -270,11 +321,18 @@ class MasterReplication:
 
     # -- transfer ---------------------------------------------------------------------------
     def next_transfer(
-        self, key: Hashable, master_max_offset: int, now_ms: int
+        self,
+        key: Hashable,
+        master_max_offset: int,
+        now_ms: int,
+        clip: Callable[[int, int, int], int] | None = None,
     ) -> tuple[int, int] | None:
         """The next range [start, end) to ship to a slave, within its flow-control window:
         the bytes on the wire, shipped but not yet received. (Counting those not yet in whole
-        records, a record larger than the window never got its last bytes shipped.)"""
+        records, a record larger than the window never got its last bytes shipped.) A
+        slave syncing in batches gets at most its ``batch_records`` records:
+        ``clip(start, end, n)`` is where the n-th whole record after ``start`` ends, at
+        most ``end`` (the log's record walk)."""
         s = self.slaves.get(key)
         if s is None or s.state is not HAConnectionState.TRANSFER:
             return None
@@ -282,16 +340,27 @@ class MasterReplication:
         end = min(master_max_offset, s.sent_offset + min(room, self.transfer_batch_bytes))
         if end <= s.sent_offset:
             return None
+        if s.batch_records and clip is not None:
+            batch_end = clip(s.sent_offset, end, s.batch_records)
+            if batch_end < end:
+                end = batch_end
+                s.sync_batches += 1
         start, s.sent_offset = s.sent_offset, end
         if self.sync_state_set is not None:
             self.sync_state_set.on_transfer(s.broker_id, master_max_offset, now_ms)
         return start, end
 
     def on_ack(
-        self, key: Hashable, ack_offset: int, now_ms: int, received_offset: int | None = None
+        self,
+        key: Hashable,
+        ack_offset: int,
+        now_ms: int,
+        received_offset: int | None = None,
+        log_start: int | None = None,
     ) -> list[tuple[AckCallback, ReplicaStatus]]:
         """A slave wrote whole records up to ``ack_offset`` and received bytes up to
-        ``received_offset`` (None: as far as it wrote). Both count only as far as they were
+        ``received_offset`` (None: as far as it wrote); its log starts at ``log_start``
+        (None: the ack does not say). Both count only as far as they were
         shipped: a slave holds nothing else, and an ack past that (a broken peer) must not
         complete sends, count in sync or open the window."""
         s = self.slaves.get(key)
@@ -303,8 +372,10 @@ class MasterReplication:
         s.received_offset = max(s.received_offset, min(received, s.sent_offset))
         if ack_offset > s.ack_offset:
             s.ack_offset = ack_offset
+        if log_start is not None:
+            s.log_start = log_start
         if self.sync_state_set is not None:
-            self.sync_state_set.on_ack(s.broker_id, s.ack_offset)
+            self.sync_state_set.on_ack(s.broker_id, s.ack_offset, log_start)
         return self._complete_satisfied()
 
     def expire_silent(self, now_ms: int, timeout_ms: int) -> list[Hashable]:

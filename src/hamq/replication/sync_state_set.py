@@ -24,6 +24,15 @@ The seed's rules, per slave (RocketMQ ``HAConnection`` / ``AutoSwitchHAService``
   member that cannot ack. It is safe because a shrink counts only once the controller
   applied it, so the member stays electable and counted until then.
 
+Synchronised gating (seed 003, mirrored-queue policies): a slave also reports where its
+log starts. Once the master has told the set its group's *need offset*
+(``set_need_offset``, see ``replication/need_offset.py``), a slave joins only if its log
+starts at or below it, and a member leaves when the need offset drops below its log start
+(a new consumer group, an offset reset): so the set holds exactly the synchronised
+members, and an election from it never promotes a mirror that lacks messages a consumer
+still needs. Before the first need offset (master–slave mode, the simulator's plain
+worlds) nothing is gated.
+
 Time comes in as ``now_ms``; nothing here touches a socket, a clock or a file.
 """
 
@@ -42,6 +51,7 @@ class SlaveCatchUp:
     connected: bool
     last_transfer_max_offset: int = 0  # the master's max offset at the last transfer
     last_transfer_ms: int = 0
+    log_start: int = 0  # the slave's commit-log min offset, as it last reported it
 
 
 class SyncStateSet:
@@ -58,6 +68,18 @@ class SyncStateSet:
         self.proposed: frozenset[int] = frozenset()
         self.slaves: dict[int, SlaveCatchUp] = {}
         self._effective = self.applied
+        self.need_offset: int | None = None  # None: not known yet, nothing gated
+
+    def set_need_offset(self, offset: int) -> None:
+        """The master computed its group's need offset (every check period)."""
+        self.need_offset = offset
+
+    def holds_needed(self, broker_id: int) -> bool:
+        """Whether the member's log starts at or below the need offset (the master does)."""
+        slave = self.slaves.get(broker_id)
+        if broker_id == self.master_id or self.need_offset is None:
+            return True
+        return slave is not None and slave.log_start <= self.need_offset
 
     @property
     def effective(self) -> frozenset[int]:
@@ -94,14 +116,16 @@ class SyncStateSet:
         self._effective = self.applied
 
     # -- slave progress ----------------------------------------------------------------------
-    def on_connect(self, broker_id: int, ack_offset: int, now_ms: int) -> None:
-        """A slave attached; ``ack_offset`` is where its log agrees with ours."""
+    def on_connect(self, broker_id: int, ack_offset: int, now_ms: int, log_start: int = 0) -> None:
+        """A slave attached; ``ack_offset`` is where its log agrees with ours,
+        ``log_start`` where its log starts after the attach."""
         slave = self.slaves.get(broker_id)
         if slave is None:
-            self.slaves[broker_id] = SlaveCatchUp(ack_offset, now_ms, True)
+            self.slaves[broker_id] = SlaveCatchUp(ack_offset, now_ms, True, log_start=log_start)
         else:
             # A cut during its handshake can take its log below its last ack.
             slave.ack_offset, slave.connected = ack_offset, True
+            slave.log_start = log_start
 
     def on_disconnect(self, broker_id: int) -> None:
         slave = self.slaves.get(broker_id)
@@ -113,12 +137,15 @@ class SyncStateSet:
         if slave is not None:
             slave.last_transfer_max_offset, slave.last_transfer_ms = master_max_offset, now_ms
 
-    def on_ack(self, broker_id: int, ack_offset: int) -> None:
-        """A slave acked ``ack_offset`` (as far as it was shipped)."""
+    def on_ack(self, broker_id: int, ack_offset: int, log_start: int | None = None) -> None:
+        """A slave acked ``ack_offset`` (as far as it was shipped); ``log_start``: where its
+        log starts now (retention there moves it), None when the ack does not say."""
         slave = self.slaves.get(broker_id)
         if slave is None:
             return
         slave.ack_offset = max(slave.ack_offset, ack_offset)
+        if log_start is not None:
+            slave.log_start = log_start
         if slave.ack_offset >= slave.last_transfer_max_offset:
             slave.last_caught_up_ms = max(slave.last_caught_up_ms, slave.last_transfer_ms)
 
@@ -131,6 +158,7 @@ class SyncStateSet:
             or broker_id in self._effective
             or not slave.connected
             or slave.ack_offset < self.confirm_offset(master_max_offset)
+            or not self.holds_needed(broker_id)
         ):
             return False
         self._propose(self._effective | {broker_id})
@@ -157,8 +185,9 @@ class SyncStateSet:
     def change(self, now_ms: int, master_max_offset: int) -> frozenset[int] | None:
         """The set to propose to the controller now, or None when the applied one stands:
         members out of sync (disconnected, or not caught up for too long) leave, connected
-        slaves whose ack reached the confirm offset join. A join counts at once (the
-        effective set grows); a leave only once applied."""
+        slaves whose ack reached the confirm offset join; gated on the need offset, a
+        member whose log starts above it leaves and a slave joins only below it. A join
+        counts at once (the effective set grows); a leave only once applied."""
         confirm = self.confirm_offset(master_max_offset)
         wanted = {self.master_id}
         for broker_id in self._effective | self.slaves.keys():
@@ -169,6 +198,8 @@ class SyncStateSet:
                 # holds everything now: an idle master ships nothing, and its last
                 # transfer's time must not make a slave that has it all look behind
                 slave.last_caught_up_ms = max(slave.last_caught_up_ms, now_ms)
+            if not self.holds_needed(broker_id):
+                continue
             if broker_id in self._effective:
                 if now_ms - slave.last_caught_up_ms <= self.max_time_not_catchup_ms:
                     wanted.add(broker_id)

@@ -10,7 +10,10 @@ happen and at the end; each raises ``InvariantViolation``.
   offset) is still there on the final master, with the same body, and no queue offset was
   ever read with two bodies;
 - after healing every member's log equals the master's over their common range, and every
-  controller peer holds the same state.
+  controller peer holds the same state;
+- synchronised (seed 003): every member of the SyncStateSet the controller applied holds
+  every record from the master's need offset on (its log starts at or below it), so an
+  election from the set never promotes a mirror lacking what a consumer still needs.
 """
 
 from __future__ import annotations
@@ -65,6 +68,17 @@ class ControllerModeCheckers:
                 f"queue {message.queue_id} offset {message.queue_offset} was read with two "
                 f"bodies ({seen.body[:12]!r}... then {message.body[:12]!r}...)"
             )
+
+    def check_synchronised(self, need_offset: int, log_starts: Mapping[int, int]) -> None:
+        """``log_starts``: where the log of each running member of the applied
+        SyncStateSet starts."""
+        for member_id, start in sorted(log_starts.items()):
+            if start > need_offset:
+                raise InvariantViolation(
+                    f"member {member_id} is in the SyncStateSet but its log starts at "
+                    f"{start}, above the need offset {need_offset}: it lacks records a "
+                    "consumer still needs"
+                )
 
     def check_final(
         self, master: MessageStore, members: Mapping[int, MessageStore], master_id: int

@@ -9,8 +9,11 @@ three members and its clients, on the production code of every part.
   ``MasterLink``, as slave ``SlaveLink``: the handshake with its epoch rounds, the cut to the
   consistent point, the appends (what ``broker/ha/service.py`` drives over TCP). They
   heartbeat to every controller peer, re-read their role when the leader notifies them
-  and by polling, run the SyncStateSet expand / shrink and acknowledge under
-  ``all_ack_in_sync_state_set``. The few steps that live in the asyncio shells
+  and by polling, run the SyncStateSet expand / shrink (gated on the need offset, seed
+  003) and acknowledge under ``all_ack_in_sync_state_set``. In some seeds one member
+  starts late with ``ha_join = "tail"``: its log starts at the master's end then, so it
+  is an unsynchronised mirror (the consumer commits no offsets: every record is needed)
+  that must never enter the SyncStateSet. The few steps that live in the asyncio shells
   (``HAMaster.start_epoch`` / read cap / confirm shipping, ``HASlave.start``,
   ``ReplicasManager._take``) are restated here, each marked with the method it mirrors.
 - Clients: a producer sending to whichever member claims to be master (a stale route
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hamq.broker.ha.service import MasterDeposed, MasterLink, SlaveLink
+from hamq.broker.need_offset import group_need
 from hamq.config import StoreConfig
 from hamq.controller.core import Applied, ControllerCore, CoreSettings, Outcome, Request
 from hamq.controller.errors import ControllerCodecError, ControllerError, ControllerRecoveryError
@@ -231,10 +235,16 @@ class ControllerWorld:
         }
         self.consumed = dict.fromkeys(range(QUEUES), 0)  # the consumer's next queue offsets
         self.sends = 0
+        # a stream of its own, so seeds without a tail member keep their schedule
+        tail_rng = random.Random(seed ^ 0x7A11)
+        self.tail_member = tail_rng.choice((None, *MEMBER_IDS))
         for peer in self.peers.values():
             self._start_peer(peer)
         for member in self.members.values():
-            self._start_member(member)
+            if member.broker_id == self.tail_member:
+                self._at(tail_rng.randint(200, 1500), "restart_member", member.broker_id)
+            else:
+                self._start_member(member)
 
     # -- scheduling and the network -------------------------------------------------------
     def _at(self, delay: int, kind: str, *args: object) -> None:
@@ -479,7 +489,16 @@ class ControllerWorld:
             all_ack=True,
         )
         member.master = _MasterSide(group.master_epoch, core, MasterLink(core, store))
+        self._refresh_need(member)
         self._set_sync_state_set(member, group)
+
+    def _refresh_need(self, member: _Member) -> int:
+        """``HAMaster._refresh_need``: the need offset gates the SyncStateSet."""
+        master, store = member.master, member.store
+        assert master is not None and store is not None and master.core.sync_state_set
+        need = group_need(store).offset
+        master.core.sync_state_set.set_need_offset(need)
+        return need
 
     def _set_sync_state_set(self, member: _Member, group: BrokerGroup) -> None:
         master = member.master
@@ -488,6 +507,15 @@ class ControllerWorld:
             master.core.apply_sync_state_set(group.sync_state_set, group.sync_state_set_epoch)
         )
         self._update_read_cap(member)
+        need = self._refresh_need(member)
+        self.checkers.check_synchronised(
+            need,
+            {
+                i: store.commitlog.min_offset
+                for i in group.sync_state_set
+                if (store := self.members[i].store) is not None
+            },
+        )
 
     def _update_read_cap(self, member: _Member) -> None:
         """HAMaster's read cap: reads stop where every member of the effective set is."""
@@ -516,6 +544,7 @@ class ControllerWorld:
         assert sync_state_set is not None
         if master.altering or self.now < master.next_alter or master.core.deposed:
             return False
+        self._refresh_need(member)
         new = sync_state_set.change(self.now, store.commitlog.max_offset)
         self._update_read_cap(member)
         if new is None:
@@ -605,7 +634,7 @@ class ControllerWorld:
         (nothing after a start) until its master ships a confirm offset."""
         store = member.store
         assert store is not None
-        link = SlaveLink(store, member.broker_id)
+        link = SlaveLink(store, member.broker_id, join_tail=member.broker_id == self.tail_member)
         link.known_master_epoch = max(link.known_master_epoch, epoch)
         cap = store.read_cap
         store.set_read_cap(0 if cap == UNCAPPED else min(cap, store.commitlog.max_offset))

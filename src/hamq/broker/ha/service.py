@@ -33,6 +33,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterator, Sequence
 
 from hamq.broker.ha.member_group import MemberGroup
+from hamq.broker.need_offset import GroupNeed, group_need
 from hamq.clock import monotonic_ms
 from hamq.config import BrokerConfig
 from hamq.errors import (
@@ -57,6 +58,7 @@ from hamq.replication.master import (
     MasterReplication,
     Probe,
     ReplicaStatus,
+    Restart,
     SlaveAttached,
     epochs_from_wire,
     epochs_to_wire,
@@ -134,6 +136,13 @@ class StoreRecords:
     def last_record_start(self) -> int | None:
         return max((cq.phys[-1] for cq in self.store.queues.values() if len(cq)), default=None)
 
+    def records_end(self, start: int, end: int, records: int) -> int:
+        """Where the ``records``-th record after ``start`` ends, at most ``end`` (a
+        transfer of a slave syncing in batches; a ``start`` inside a record counts that
+        record's rest as the first)."""
+        starts = self.record_starts(start + 1, end)
+        return starts[records - 1] if len(starts) >= records else end
+
 
 class MasterDeposed(ServiceNotAvailable):
     """A peer knows a newer master epoch than this master's: another member was elected.
@@ -170,7 +179,15 @@ class MasterLink:
         if isinstance(request, CompareRequest):
             return {"matches": self.core.compare(self.records, request.probes, limit), **ours}, None
         attached = self.core.attach(
-            key, broker_id, request.offset, request.proof, self.records, now_ms, limit
+            key,
+            broker_id,
+            request.offset,
+            request.proof,
+            self.records,
+            now_ms,
+            limit,
+            log_start=require(ext, "log_start", int) if "log_start" in ext else None,
+            tail=ext.get("join") == "tail",
         )
         return {"start_offset": attached.start if attached else None, **ours}, attached
 
@@ -237,7 +254,10 @@ class MasterLink:
         ``HamqError`` when retention removed what it needs next: end the session, and its
         next handshake restarts it at our first byte."""
         commitlog = self.store.commitlog
-        while (span := self.core.next_transfer(key, commitlog.written_offset, now_ms)) is not None:
+        clip = self.records.records_end
+        while (
+            span := self.core.next_transfer(key, commitlog.written_offset, now_ms, clip)
+        ) is not None:
             if span[0] < commitlog.min_offset:
                 raise HamqError(
                     f"slave needs the log from offset {span[0]}, but retention "
@@ -250,7 +270,8 @@ class MasterLink:
     ) -> list[tuple[AckCallback, ReplicaStatus]]:
         ack_offset = require(ext, "ack_offset", int)
         received = require(ext, "received_offset", int) if "received_offset" in ext else None
-        return self.core.on_ack(key, ack_offset, now_ms, received)
+        log_start = require(ext, "log_start", int) if "log_start" in ext else None
+        return self.core.on_ack(key, ack_offset, now_ms, received, log_start)
 
 
 class SlaveLink:
@@ -258,9 +279,11 @@ class SlaveLink:
     Bytes are accepted only once a handshake attached, so the log never extends a range
     the master did not vouch for."""
 
-    def __init__(self, store: MessageStore, broker_id: int) -> None:
+    def __init__(self, store: MessageStore, broker_id: int, join_tail: bool = False) -> None:
+        """``join_tail``: an empty log asks to start at the master's end (``ha_join``)."""
         self.store = store
         self.broker_id = broker_id
+        self.join_tail = join_tail
         self.records = StoreRecords(store)
         self.attached = False
         self.last_cut: dict | None = None  # offset and bytes of the last diverged suffix cut
@@ -293,7 +316,11 @@ class SlaveLink:
         """An HA_ACK's fields: the whole records held (what quorum counts) and the bytes
         received, a partial last record included (what the master's window counts: it is
         never held back by an fsync)."""
-        return {"ack_offset": self.ack_offset, "received_offset": self.store.replica_offset}
+        return {
+            "ack_offset": self.ack_offset,
+            "received_offset": self.store.replica_offset,
+            "log_start": self.store.commitlog.min_offset,
+        }
 
     def flush_target(self) -> int | None:
         """Under sync flush, the log end to wait for an fsync of before acknowledging it
@@ -389,6 +416,8 @@ class SlaveLink:
             "master_epoch": self.known_master_epoch,
             "epochs": epochs_to_wire(self.store.epochs.entries()),
             "log_end": self.store.commitlog.max_offset,
+            "log_start": self.store.commitlog.min_offset,
+            **({"join": "tail"} if self.join_tail else {}),
             **step.to_wire(),
         }
 
@@ -396,8 +425,8 @@ class SlaveLink:
         end = self.store.replica_offset
         if attached.start != attached.agreed:
             log.warning(
-                "master keeps no data before %d; restarting this slave's log there "
-                "(%d bytes dropped)",
+                "restarting this slave's log at %d (the master keeps nothing older, or "
+                "this member joins at its tail or syncs from there); %d bytes dropped",
                 attached.start,
                 end - self.store.commitlog.min_offset,
             )
@@ -478,6 +507,7 @@ class HAMaster:
             # what this member knew confirmed as a slave, every old member held
             floor = min(self.store.read_cap, self.store.commitlog.max_offset)
             self.core.sync_state_set = self._new_sync_state_set(master_id, floor)
+            self._refresh_need()
             self._update_read_cap()
         for conn in list(self._conns):
             conn.close()
@@ -500,6 +530,7 @@ class HAMaster:
         sss = self.core.sync_state_set
         if sss is None or self.core.deposed:
             return None
+        self._refresh_need()
         proposal = sss.change(now_ms, self.store.commitlog.max_offset)
         self._update_read_cap()
         return proposal
@@ -511,6 +542,98 @@ class HAMaster:
         if self.core.sync_state_set is not None:
             _run(self.core.refuse_sync_state_set())
             self._update_read_cap()
+
+    # -- mirrors (seed 003) -------------------------------------------------------------------
+    def _refresh_need(self) -> GroupNeed:
+        """Compute the group's need offset (O(queues × consumer groups)) and gate the
+        SyncStateSet on it."""
+        need = group_need(self.store)
+        if self.core.sync_state_set is not None:
+            self.core.sync_state_set.set_need_offset(need.offset)
+        return need
+
+    def sync_mirrors(self, batch_records: int) -> list[int]:
+        """sync-queue: every attached slave whose log starts above the need offset (and is
+        not syncing already) restarts its log there and refills, ``batch_records`` records
+        per transfer; producers and consumers go on meanwhile. Its session closes now, and
+        its next handshake restarts it. The broker ids restarted."""
+        need = self._refresh_need().offset
+        restarted = []
+        for conn, broker_id in list(self._conns.items()):
+            progress = self.core.slaves.get(conn)
+            if progress is None or progress.log_start <= need or progress.sync_start is not None:
+                continue
+            self.core.restart(broker_id, Restart(need, batch_records))
+            log.info(
+                "slave %d syncs from offset %d (its log starts at %d)",
+                broker_id,
+                need,
+                progress.log_start,
+            )
+            restarted.append(broker_id)
+            conn.close()
+        return restarted
+
+    def cancel_sync(self) -> list[int]:
+        """cancel-sync-queue: slaves syncing and not yet synchronised go back to the tail
+        (their log restarts at our end) and stay unsynchronised. The broker ids."""
+        cancelled = sorted(self._syncing())
+        for broker_id in cancelled:
+            self.core.restart(broker_id, Restart(None))
+        for conn, broker_id in list(self._conns.items()):
+            if broker_id in cancelled:
+                conn.close()
+        return cancelled
+
+    def _syncing(self) -> set[int]:
+        """Slaves a sync restarted (or is about to) that are not synchronised yet."""
+        sss = self.core.sync_state_set
+        joined = sss.effective if sss is not None else frozenset()
+        pending = {b for b, r in self.core.restarts.items() if r.offset is not None}
+        started = {s.broker_id for s in self.core.slaves.values() if s.sync_start is not None}
+        return (pending | started) - joined
+
+    def mirror_status(self, own_addr: str) -> dict:
+        """GET_MIRROR_STATUS: the need offset, what consumers may still need, and each
+        member's log start, ack, place in the SyncStateSet and sync progress."""
+        need = self._refresh_need()
+        end = self.store.commitlog.max_offset
+        sss = self.core.sync_state_set
+        applied = sss.applied if sss is not None else frozenset()
+        syncing = self._syncing()
+        master_id = sss.master_id if sss is not None else self.config.broker_id
+        members = [
+            _member_status(
+                master_id, own_addr, self.store.commitlog.min_offset, end, True, True, False, 1.0
+            )
+        ]
+        for s in sorted(self.core.slaves.values(), key=lambda s: s.broker_id):
+            synchronised = s.broker_id in applied and s.log_start <= need.offset
+            if synchronised:
+                progress = 1.0
+            elif s.sync_start is not None and end > s.sync_start:
+                progress = min(1.0, (s.ack_offset - s.sync_start) / (end - s.sync_start))
+            else:
+                progress = 0.0
+            members.append(
+                _member_status(
+                    s.broker_id,
+                    self.members.broker_addrs.get(s.broker_id, ""),
+                    s.log_start,
+                    s.ack_offset,
+                    s.broker_id in applied,
+                    synchronised,
+                    s.broker_id in syncing,
+                    progress,
+                    s.sync_batches,
+                )
+            )
+        return {
+            "master_end": end,
+            "need_offset": need.offset,
+            "messages": need.messages,
+            "members": members,
+        }
 
     @property
     def sync_state_set(self) -> frozenset[int]:
@@ -758,7 +881,7 @@ class HASlave:
         self.store = store
         self.members = members
         self.on_arrival = on_arrival
-        self.link = SlaveLink(store, config.broker_id)
+        self.link = SlaveLink(store, config.broker_id, join_tail=config.ha_join == "tail")
         if self.link.durable_acks and flush is None:
             raise ValueError(
                 "a slave under sync flush acks fsynced records: it needs the FlushService"
@@ -936,6 +1059,32 @@ class HASlave:
             "master_epoch": self.link.known_master_epoch,
             "epochs": epochs_to_wire(self.store.epochs.entries()),
         }
+
+
+def _member_status(
+    broker_id: int,
+    address: str,
+    log_start: int,
+    ack_offset: int,
+    in_sync_state_set: bool,
+    synchronised: bool,
+    syncing: bool,
+    sync_progress: float,
+    sync_batches: int = 0,
+) -> dict:
+    """One member in GET_MIRROR_STATUS; ``sync_batches``: transfers to it that the sync's
+    batch of records cut short (how many batches the history took)."""
+    return {
+        "broker_id": broker_id,
+        "address": address,
+        "log_start": log_start,
+        "ack_offset": ack_offset,
+        "in_sync_state_set": in_sync_state_set,
+        "synchronised": synchronised,
+        "syncing": syncing,
+        "sync_progress": sync_progress,
+        "sync_batches": sync_batches,
+    }
 
 
 def _run(done: list[tuple[AckCallback, ReplicaStatus]]) -> None:
