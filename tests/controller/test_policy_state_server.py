@@ -140,3 +140,45 @@ def test_the_catalog_round_trips_and_survives_a_restart(cluster_factory):
             await client.close()
 
     asyncio.run(scenario())
+
+
+def test_a_master_stopped_by_sigterm_tells_the_controller_before_it_stops(cluster_factory):
+    """The broker side of CONTROLLER_BROKER_SHUTDOWN: a controller-mode master's clean stop
+    leaves its epoch in the controller's shutdown notices (what the policy's
+    ha-promote-on-shutdown is judged by); a slave's would not."""
+    cluster = cluster_factory()
+    cluster.start_namesrv(enable_controller_in_namesrv=True, controller_heartbeat_timeout_ms=3000)
+    broker = cluster.start_broker(
+        "solo",
+        broker_name="solo",
+        enable_controller_mode=True,
+        controller_addr=cluster.namesrv_addrs,
+        controller_heartbeat_interval_ms=300,
+        sync_broker_metadata_period_ms=500,
+    )
+
+    async def group() -> dict | None:
+        client = ControllerClient(cluster.namesrv_addrs, timeout_s=2.0)
+        try:
+            (found,) = await client.sync_state_data(["solo"])
+            return found
+        except (ControllerRefused, OSError, TimeoutError, ValueError):
+            return None
+        finally:
+            await client.close()
+
+    async def scenario():
+        for _ in range(int(DEADLINE_S / 0.2)):
+            elected = await group()
+            if elected and elected["master_id"] is not None:
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError("the member was never elected")
+        assert elected["shutdown_epoch"] is None
+        broker.stop()  # SIGTERM, waits for the process to exit
+        stopped = await group()
+        assert stopped is not None
+        assert stopped["shutdown_epoch"] == elected["master_epoch"] >= 1
+
+    asyncio.run(scenario())

@@ -177,7 +177,11 @@ class ControllerProcessor:
         now_ms, liveness = monotonic_ms(), self.core.liveness
         groups = [
             wire.sync_state_group_ext(
-                key, group, liveness.members(key), liveness.alive(key, now_ms)
+                key,
+                group,
+                liveness.members(key),
+                liveness.alive(key, now_ms),
+                liveness.shutdown_epoch(key),
             )
             for key, group in sorted(self.core.state.groups.items())
             if not names or key[1] in names

@@ -352,9 +352,11 @@ def sync_state_group_ext(
     group: BrokerGroup,
     reports: Mapping[int, BrokerLiveState],
     alive: frozenset[int],
+    shutdown_epoch: int | None = None,
 ) -> Ext:
-    """One group of GET_SYNC_STATE_DATA: its replica info, and per member what it last
-    reported (None where it never did) and whether it is alive."""
+    """One group of GET_SYNC_STATE_DATA: its replica info, per member what it last
+    reported (None where it never did) and whether it is alive, and the last master epoch
+    its master ended with a clean-shutdown notice (None: none heard)."""
     info = ReplicaInfo.of_group(group).to_ext()
     members = []
     for broker_id, addr in info.pop("members"):
@@ -369,7 +371,7 @@ def sync_state_group_ext(
                 "confirm_offset": None if report is None else report.confirm_offset,
             }
         )
-    return {**group_key_ext(key), **info, "members": members}
+    return {**group_key_ext(key), **info, "members": members, "shutdown_epoch": shutdown_epoch}
 
 
 # -- the role-change notification ------------------------------------------------------------
