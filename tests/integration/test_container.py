@@ -9,6 +9,7 @@ import select
 import signal
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -125,7 +126,13 @@ def test_container_serves_two_groups_with_labelled_metrics_and_stops_them_all(na
         "listen": container,
         "pid": proc.pid,
         "brokers": [
-            {"broker_name": n, "broker_id": 0, "listen": c.broker_addr(f), "role": "master"}
+            {
+                "broker_name": n,
+                "broker_id": 0,
+                "listen": c.broker_addr(f),
+                "ha_listen": tomllib.loads((c.root / f"{f}.toml").read_text())["ha_listen"],
+                "role": "master",
+            }
             for n, f in (("broker-a", "a"), ("broker-b", "b"))
         ],
     }

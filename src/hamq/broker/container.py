@@ -10,22 +10,26 @@ listen (and HA) address, store directory and services: clients, name servers and
 other members address a broker by HOST:PORT, and RocketMQ's requests do not all name the
 broker, so one listener keyed by broker name would need a field every request lacks (and
 RocketMQ's BrokerContainer also gives each inner broker its own port). The container's
-own ``listen`` serves ADD_BROKER and REMOVE_BROKER only.
+own ``listen`` serves ADD_BROKER and REMOVE_BROKER, and on a node (``node_name``,
+``broker/node.py``) DECLARE_TOPIC and UNDECLARE_TOPIC.
 
 Members are added and removed at runtime, one request at a time. A member that cannot
 start (a bad config, a port in use, another member with its name and id) is refused with
 a clear error and the container serves on; removing a member stops it as its own process
-would on SIGTERM (deregistered, flushed, store unlocked).
+would on SIGTERM (deregistered, flushed, store unlocked). A member asked for with port 0
+(``HOST:0``, as the placement driver asks) gets free ports picked here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-import functools
 import json
 import logging
 import os
+import shutil
+import socket
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -33,9 +37,11 @@ from wsgiref.simple_server import WSGIServer
 
 from hamq.broker.ha.member_group import MEMBER_GROUP_TIMEOUT_S, GroupAnswer
 from hamq.broker.namesrv_requests import NamesrvRequests
+from hamq.broker.node import Declare, Node, declared_name
 from hamq.broker.server import Broker
 from hamq.config import BrokerConfig, ContainerConfig, from_dict, load_config
 from hamq.config_check import bad
+from hamq.controller.nodes import HostedMember
 from hamq.errors import (
     BrokerSystemError,
     ConfigError,
@@ -50,7 +56,14 @@ from hamq.net.pool import ConnectionPool
 from hamq.net.server import Server
 from hamq.preflight import check_can_start
 from hamq.protocol.codes import RequestCode, ResponseCode
-from hamq.protocol.frame import Frame, pack_body, require_int, require_name, unpack_body
+from hamq.protocol.frame import (
+    Frame,
+    pack_body,
+    require,
+    require_int,
+    require_name,
+    unpack_body,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +71,7 @@ MemberKey = tuple[str, int]  # (broker name, broker id): a member's identity
 # A broker config is a few KiB. The settings are checked on the event loop every member
 # shares: a 16 MiB body (a million name servers, say) held them all up for seconds.
 MAX_ADD_BROKER_BYTES = 64 * 1024
+ANY_PORT = "0"  # ADD_BROKER's listen / ha_listen "HOST:0": the container picks the port
 
 
 def member_config(
@@ -96,6 +110,11 @@ def refuse_duplicate(config: BrokerConfig, members: Iterable[BrokerConfig]) -> N
     member's segments (the store lock only sees the very same directory)."""
     store = Path(config.store_dir).resolve()
     for other in members:
+        if other.broker_name == config.broker_name and config.enable_controller_mode:
+            # its id comes from the controller: one member of a group per node
+            raise ConfigError(
+                f"a member of group {config.broker_name} is already in this container"
+            )
         if (other.broker_name, other.broker_id) == (config.broker_name, config.broker_id):
             raise ConfigError(
                 f"broker {config.broker_name} id {config.broker_id} is already a member of "
@@ -133,6 +152,49 @@ def confine_store(config: BrokerConfig, store_root: str) -> None:
         )
 
 
+def fill_member(values: dict[str, Any], container: ContainerConfig) -> dict[str, Any]:
+    """Settings ADD_BROKER may leave to the container (the placement driver does): listen
+    on ``member_host`` at a port picked here, and the store ``<store_root>/<broker_name>``
+    (one member of a group per node, so that name is the member's alone)."""
+    filled = {"listen": f"{container.member_host}:{ANY_PORT}", **values}
+    if "store_dir" not in values and container.store_root:
+        name = str(values.get("broker_name", ""))
+        filled["store_dir"] = str(Path(container.store_root) / name)
+    return filled
+
+
+def pick_ports(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with each ``listen`` / ``ha_listen`` given as ``HOST:0`` on a free port of
+    HOST (and ``ha_listen`` too when ``listen`` is ``HOST:0`` and it is unset: listen + 1
+    need not be free). Each port is bound, read and let go, all held until every one is
+    picked so no two are the same; another process may still take one before the member
+    binds it, and then the member does not start and the asker is told (the placement
+    driver asks again). RocketMQ's container needs no such step: its members' ports are
+    always configured."""
+    wanted = [key for key in ("listen", "ha_listen") if _any_port(values.get(key))]
+    if "listen" in wanted and not values.get("ha_listen"):
+        values = {**values, "ha_listen": values["listen"]}
+        wanted.append("ha_listen")
+    picked = dict(values)
+    with contextlib.ExitStack() as held:
+        for key in wanted:
+            host = values[key].rpartition(":")[0]
+            try:
+                family, kind, proto, _, sockaddr = socket.getaddrinfo(
+                    host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+                )[0]
+                sock = held.enter_context(socket.socket(family, kind, proto))
+                sock.bind(sockaddr)
+            except OSError as exc:
+                raise bad(key, values[key], f"no free port there: {exc.strerror or exc}") from None
+            picked[key] = f"{host}:{sock.getsockname()[1]}"
+    return picked
+
+
+def _any_port(value: object) -> bool:
+    return isinstance(value, str) and value.rpartition(":")[2] == ANY_PORT
+
+
 class BrokerContainer:
     def __init__(self, config: ContainerConfig) -> None:
         self.config = config
@@ -141,7 +203,10 @@ class BrokerContainer:
         # exists): a connection serves the name server's requests with the pool's handler
         NamesrvRequests.of(self.pool)
         self.brokers: dict[MemberKey, Broker] = {}
-        self.server = Server(_ContainerProcessor(self), config)
+        self.node = Node(config, self.heartbeat_members) if config.node_name else None
+        processor = _ContainerProcessor(self)
+        self.server = Server(processor, config)
+        self.server.on_connection_closed.append(processor.connection_closed)
         self.metrics: WSGIServer | None = None
         self._changing = asyncio.Lock()  # one add or remove at a time
 
@@ -155,6 +220,8 @@ class BrokerContainer:
                 "listen", self.config.listen, f"cannot listen there: {exc.strerror}"
             ) from None
         self.metrics = serve_metrics(self.config.metrics_listen)
+        if self.node is not None:  # registers while the members start
+            self.node.start()
         try:
             for member in members:
                 await self.add(member)
@@ -164,14 +231,11 @@ class BrokerContainer:
 
     async def add(self, config: BrokerConfig) -> Broker:
         async with self._changing:
-            key = (config.broker_name, config.broker_id)
             refuse_duplicate(config, (broker.config for broker in self.brokers.values()))
             check_can_start(config)  # ports free, store creatable: ConfigError, nothing opened
             await self._refuse_live_twin(config)
             try:  # (a constructor that fails lets go of the store itself)
-                broker = Broker(
-                    config, pool=self.pool, siblings=functools.partial(self._siblings, key)
-                )
+                broker = Broker(config, pool=self.pool, siblings=lambda: self._siblings(broker))
             except OSError as exc:
                 raise BrokerSystemError(
                     f"broker {config.broker_name} id {config.broker_id} cannot open its "
@@ -185,10 +249,15 @@ class BrokerContainer:
                 raise BrokerSystemError(
                     f"broker {config.broker_name} id {config.broker_id} did not start: {message}"
                 ) from None
+            # in controller mode the id is the one the controller gave at start
+            key = (config.broker_name, broker.role.broker_id)
             self.brokers[key] = broker
             if self.metrics is not None:
                 broker.add_gauges(_labels(key))
-            log.info("container: member %s/%d started on %s", *key, config.listen)
+            log.info(
+                "container: member %s/%d started on %s (HA %s)",
+                *(*key, config.listen, config.ha_address),
+            )
             return broker
 
     async def _refuse_live_twin(self, config: BrokerConfig) -> None:
@@ -217,7 +286,9 @@ class BrokerContainer:
                     f"member {holder} (name server {namesrv}): not started here"
                 )
 
-    async def remove(self, broker_name: str, broker_id: int) -> None:
+    async def remove(self, broker_name: str, broker_id: int, delete_store: bool = False) -> None:
+        """Stop the member; with ``delete_store`` its store directory goes too (the
+        placement driver's removed mirrors), only inside ``store_root``."""
         async with self._changing:
             key = (broker_name, broker_id)
             if key not in self.brokers:
@@ -225,7 +296,13 @@ class BrokerContainer:
                     f"broker {broker_name} id {broker_id} is not a member of this container "
                     f"(members: {', '.join(f'{n}/{i}' for n, i in self.brokers) or 'none'})"
                 )
+            store_dir = self.brokers[key].config.store_dir
+            if delete_store:  # refused before anything stops
+                confine_store(self.brokers[key].config, self.config.store_root)
             await self._stop_member(key)
+            if delete_store:
+                await asyncio.to_thread(shutil.rmtree, store_dir)
+                log.info("container: store %s of member %s/%d deleted", store_dir, *key)
 
     async def _stop_member(self, key: MemberKey) -> None:
         """Out of the members first (no sibling escapes into a stopping master), then
@@ -235,9 +312,9 @@ class BrokerContainer:
         await broker.stop()
         log.info("container: member %s/%d stopped", *key)
 
-    def _siblings(self, key: MemberKey) -> list[Broker]:
-        """The members beside ``key``'s (local escape looks for a master among them)."""
-        return [broker for other, broker in self.brokers.items() if other != key]
+    def _siblings(self, own: Broker) -> list[Broker]:
+        """The members beside ``own`` (local escape looks for a master among them)."""
+        return [broker for broker in self.brokers.values() if broker is not own]
 
     def members_info(self) -> list[dict[str, Any]]:
         return [
@@ -245,8 +322,16 @@ class BrokerContainer:
                 "broker_name": name,
                 "broker_id": broker_id,
                 "listen": broker.config.listen,
+                "ha_listen": broker.config.ha_address,
                 "role": "master" if broker.role.is_master else "slave",
             }
+            for (name, broker_id), broker in self.brokers.items()
+        ]
+
+    def heartbeat_members(self) -> list[HostedMember]:
+        """The hosted members as a node's heartbeat lists them."""
+        return [
+            HostedMember(broker.config.cluster_name, name, broker_id, broker.config.listen)
             for (name, broker_id), broker in self.brokers.items()
         ]
 
@@ -254,6 +339,8 @@ class BrokerContainer:
         """No more requests, then every member stops (latest first; a member being added
         finishes starting first), then the shared connections."""
         await self.server.close()
+        if self.node is not None:
+            await self.node.stop()
         async with self._changing:
             for key in reversed(list(self.brokers)):
                 try:
@@ -263,6 +350,9 @@ class BrokerContainer:
         if self.metrics is not None:
             self.metrics.shutdown()
         await self.pool.close()
+
+
+_NODE_CODES = (RequestCode.DECLARE_TOPIC, RequestCode.UNDECLARE_TOPIC, RequestCode.HEART_BEAT)
 
 
 def _labels(key: MemberKey) -> dict[str, str]:
@@ -279,15 +369,20 @@ async def _stop_quietly(broker: Broker) -> None:
 
 
 class _ContainerProcessor:
-    """ADD_BROKER (body: the member's settings) and REMOVE_BROKER (broker_name, broker_id)
-    on the container's port. A member starts and stops in the background; the answer,
-    with the members after the change, goes out when that is done."""
+    """ADD_BROKER (body: the member's settings) and REMOVE_BROKER (broker_name, broker_id,
+    delete_store) on the container's port. A member starts and stops in the background;
+    the answer, with the members after the change, goes out when that is done. A node
+    also takes DECLARE_TOPIC and UNDECLARE_TOPIC (answered with the controller's answer)
+    and HEART_BEAT, which keeps an exclusive declaration's idle connection open."""
 
     def __init__(self, container: BrokerContainer) -> None:
         self.container = container
         self._tasks: set[asyncio.Task] = set()
+        self._owners: dict[Connection, str] = {}  # a declaring connection's owner id
 
     def handle(self, conn: Connection, frame: Frame) -> list | None:
+        if frame.code in _NODE_CODES:
+            return self._node_request(conn, frame)
         if frame.code == RequestCode.ADD_BROKER:
             if len(frame.body) > MAX_ADD_BROKER_BYTES:
                 raise InvalidArgument(
@@ -300,32 +395,63 @@ class _ContainerProcessor:
                 raise InvalidArgument(
                     "ADD_BROKER body must be a map of broker settings (names to values)"
                 )
-            config = member_config(values, source, self.container.config)
+            settings = pick_ports(fill_member(values, self.container.config))
+            config = member_config(settings, source, self.container.config)
             confine_store(config, self.container.config.store_root)
             change = self.container.add(config)
         elif frame.code == RequestCode.REMOVE_BROKER:
             change = self.container.remove(
-                require_name(frame.ext, "broker_name"), require_int(frame.ext, "broker_id")
+                require_name(frame.ext, "broker_name"),
+                require_int(frame.ext, "broker_id"),
+                require(frame.ext, "delete_store", bool) if "delete_store" in frame.ext else False,
             )
         else:
             raise RequestCodeNotSupported(
-                f"a broker container serves ADD_BROKER and REMOVE_BROKER only, not {frame.code}"
+                "a broker container serves ADD_BROKER and REMOVE_BROKER (and a node "
+                f"DECLARE_TOPIC and UNDECLARE_TOPIC) only, not {frame.code}"
             )
-        task = asyncio.ensure_future(self._answer(conn, frame, change))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._answer_later(conn, frame, self._members_after(change))
         return None
 
-    async def _answer(self, conn: Connection, frame: Frame, change: Any) -> None:
+    def _node_request(self, conn: Connection, frame: Frame) -> list | None:
+        node = self.container.node
+        if node is None:
+            raise RequestCodeNotSupported(
+                f"request code {frame.code}: this container is no node (it has no node_name)"
+            )
+        if frame.code == RequestCode.HEART_BEAT:
+            return response_pieces(frame)
+        owner = self._owners.get(conn) or self._owners.setdefault(conn, node.new_owner())
+        if frame.code == RequestCode.DECLARE_TOPIC:
+            answer = node.declare(owner, Declare.from_ext(frame.ext))
+        else:
+            answer = node.undeclare(owner, *declared_name(frame.ext))
+        self._answer_later(conn, frame, answer)
+        return None
+
+    def connection_closed(self, conn: Connection) -> None:
+        owner = self._owners.pop(conn, None)
+        if owner is not None and self.container.node is not None:
+            self.container.node.connection_closed(owner)
+
+    async def _members_after(self, change: Any) -> dict[str, Any]:
+        await change
+        return {"members": self.container.members_info()}
+
+    def _answer_later(self, conn: Connection, frame: Frame, answer: Any) -> None:
+        task = asyncio.ensure_future(self._answer(conn, frame, answer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, conn: Connection, frame: Frame, answer: Any) -> None:
         try:
-            await change
-        except Exception as exc:  # noqa: BLE001 - every failure is the admin's answer
+            body = await answer
+        except Exception as exc:  # noqa: BLE001 - every failure is the asker's answer
             err = exc if isinstance(exc, HamqError) else BrokerSystemError(repr(exc))
             log.warning("container: %s", err.message)
             conn.reply(error_pieces(frame, err))
             return
-        body = pack_body({"members": self.container.members_info()})
-        conn.reply(response_pieces(frame, body=body))
+        conn.reply(response_pieces(frame, body=pack_body(body)))
 
     def after_batch(self) -> None:
         pass

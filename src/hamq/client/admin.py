@@ -1,31 +1,100 @@
-"""The asyncio admin clients: topics, cluster state, broker runtime info (``AsyncAdmin``);
-the controller's groups and peers (``AsyncControllerAdmin``)."""
+"""The asyncio admin clients: topics, cluster state, broker runtime info, topics declared
+through a node (``AsyncAdmin``); the controller's groups and peers
+(``AsyncControllerAdmin``)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from typing import Any
 
 from hamq.client.controller import ControllerClient
-from hamq.client.core import MASTER_ID, ClientCore, TopicRoute
+from hamq.client.core import DEFAULT_TIMEOUT_S, MASTER_ID, ClientCore, TopicRoute
 from hamq.client.message import MessageQueue
 from hamq.clock import monotonic_s
-from hamq.errors import BrokerNotFound, NotLeader, TopicNotExist
-from hamq.protocol.codes import RequestCode
+from hamq.errors import BrokerNotFound, HamqError, NotLeader, TopicNotExist
+from hamq.net.connection import Connection, connect
+from hamq.net.tasks import PeriodicTask, spawn
+from hamq.policy.definition import DEFAULT_VHOST
+from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import unpack_body
 from hamq.store.metadata import PERM_READ_WRITE
 
+# An exclusive declaration's connection says it is alive this often: the node closes a
+# connection idle for connection_idle_timeout_ms (120 s by default), and that would
+# delete the topic.
+EXCLUSIVE_KEEPALIVE_S = 30.0
+
+
+class DeclaredTopic:
+    """A topic declared through a node. An exclusive one lives as long as the connection
+    that declared it: ``close()`` (or leaving the ``with`` / ``async with`` block) closes
+    that connection, and the node deletes the topic. A durable one holds no connection of
+    its own; closing it changes nothing. ``close()`` may be called from any thread."""
+
+    def __init__(
+        self, vhost: str, topic: str, answer: dict[str, Any], conn: Connection | None = None
+    ) -> None:
+        self.vhost = vhost
+        self.topic = topic
+        self.answer = answer  # the controller's answer to the declaration
+        self._conn = conn
+        self._loop = asyncio.get_running_loop()
+        self._keepalive = (
+            None
+            if conn is None
+            else PeriodicTask(
+                f"keepalive of exclusive topic {topic}",
+                EXCLUSIVE_KEEPALIVE_S,
+                self._ping,
+                errors=(HamqError,),  # the node gone: closing the connection says it all
+            )
+        )
+        if self._keepalive is not None:
+            self._keepalive.start()
+
+    @property
+    def exclusive(self) -> bool:
+        return self._conn is not None
+
+    async def _ping(self) -> None:
+        assert self._conn is not None
+        await self._conn.request(RequestCode.HEART_BEAT, timeout_s=DEFAULT_TIMEOUT_S)
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._close)
+
+    def _close(self) -> None:
+        if self._keepalive is not None:
+            spawn(self._keepalive.stop())
+        if self._conn is not None:
+            self._conn.close()
+
+    def __enter__(self) -> DeclaredTopic:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> DeclaredTopic:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
 
 class AsyncAdmin:
-    """``core`` lets another client share its connections and routes."""
+    """``core`` lets another client share its connections, routes and vhost. Topic and
+    group names are the admin's vhost's (``vhost``, default ``/``)."""
 
     def __init__(
         self,
         namesrv: str | Iterable[str] = (),
         timeout_s: float = 3.0,
         core: ClientCore | None = None,
+        vhost: str = DEFAULT_VHOST,
     ) -> None:
-        self.core = core or ClientCore(namesrv, timeout_s)
+        self.core = core or ClientCore(namesrv, timeout_s, vhost=vhost)
 
     async def close(self) -> None:
         await self.core.close()
@@ -65,6 +134,7 @@ class AsyncAdmin:
     ) -> dict[str, str]:
         """Create (or update) ``topic`` on every master of ``cluster`` (RocketMQ's
         ``updateTopic -c``); waits until the name servers route it."""
+        topic = self.core.wire(topic)
         masters = await self.master_addrs(cluster)
         if not masters:
             raise BrokerNotFound(
@@ -101,7 +171,8 @@ class AsyncAdmin:
         """Delete ``topic`` on every member of every group that has it, then on the name
         servers. A DLedger follower answers NOT_LEADER: it applies the delete from its
         group's log, so only the leader (brokerId 0) must take it."""
-        route = await self.topic_route(topic)
+        topic = self.core.wire(topic)
+        route = await self.core.route(topic, refresh=True)
         members = [
             (broker_id, addr) for ids in route.brokers.values() for broker_id, addr in ids.items()
         ]
@@ -125,15 +196,24 @@ class AsyncAdmin:
         )
 
     async def topic_route(self, topic: str) -> TopicRoute:
-        return await self.core.route(topic, refresh=True)
+        """The route of ``topic`` in the admin's vhost (its queues name the wire topic)."""
+        return await self.core.route(self.core.wire(topic), refresh=True)
 
     async def topic_route_raw(self, topic: str) -> dict:
-        frame = await self.core.invoke_namesrv(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
+        frame = await self.core.invoke_namesrv(
+            RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": self.core.wire(topic)}
+        )
         return unpack_body(frame.body)
 
     async def topic_list(self) -> list[str]:
+        """Every topic the name servers route; outside ``/`` only the vhost's, by their
+        names there."""
         frame = await self.core.invoke_namesrv(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
-        return unpack_body(frame.body)
+        topics: list[str] = unpack_body(frame.body)
+        if self.core.vhost == DEFAULT_VHOST:
+            return topics
+        prefix = self.core.wire("")
+        return [t.removeprefix(prefix) for t in topics if t.startswith(prefix)]
 
     async def broker_runtime_info(self, addr: str) -> dict:
         frame = await self.core.invoke(addr, RequestCode.GET_BROKER_RUNTIME_INFO)
@@ -145,7 +225,7 @@ class AsyncAdmin:
 
         async def row(mq: MessageQueue) -> dict:
             addr = route.read_addr(mq.broker_name)
-            ext = {"topic": topic, "queue_id": mq.queue_id}
+            ext = {"topic": mq.topic, "queue_id": mq.queue_id}
             lo, hi = await asyncio.gather(
                 self.core.invoke(addr, RequestCode.GET_MIN_OFFSET, ext),
                 self.core.invoke(addr, RequestCode.GET_MAX_OFFSET, ext),
@@ -163,6 +243,7 @@ class AsyncAdmin:
         """Per queue the group has committed on: the broker's max offset, the group's
         offset and the lag between them (RocketMQ's ``consumerProgress``)."""
         rows = []
+        group = self.core.wire(group)
         for broker_name, addr in sorted((await self.read_addrs()).items()):
             frame = await self.core.invoke(addr, RequestCode.GET_ALL_CONSUMER_OFFSET)
             for key, queues in sorted((unpack_body(frame.body) or {}).items()):
@@ -178,7 +259,7 @@ class AsyncAdmin:
                     max_offset = top.ext["offset"]
                     rows.append(
                         {
-                            "topic": topic,
+                            "topic": self.core.user(topic),
                             "broker_name": broker_name,
                             "queue_id": int(queue_id),
                             "broker_offset": max_offset,
@@ -187,6 +268,44 @@ class AsyncAdmin:
                         }
                     )
         return rows
+
+    async def declare_topic(
+        self,
+        node_addr: str,
+        topic: str,
+        *,
+        vhost: str | None = None,
+        exclusive: bool = False,
+        queue_nums: int = 4,
+    ) -> DeclaredTopic:
+        """Declare ``topic`` in ``vhost`` (default: the admin's) through the node at
+        ``node_addr`` (a container's listen), its home node. An exclusive topic is
+        declared on a connection of its own, kept open until the handle is closed."""
+        vhost = self.core.vhost if vhost is None else vhost
+        ext = {"vhost": vhost, "topic": topic, "exclusive": exclusive, "queue_nums": queue_nums}
+        if not exclusive:
+            frame = await self.core.invoke(node_addr, RequestCode.DECLARE_TOPIC, ext)
+            return DeclaredTopic(vhost, topic, unpack_body(frame.body) or {})
+        conn = await connect(node_addr, timeout_s=self.core.timeout_s)
+        try:
+            frame = await conn.request(
+                RequestCode.DECLARE_TOPIC, ext, timeout_s=self.core.timeout_s
+            )
+            if frame.code != ResponseCode.SUCCESS:
+                raise HamqError.for_code(frame.code, frame.remark)
+        except BaseException:
+            conn.close()
+            raise
+        return DeclaredTopic(vhost, topic, unpack_body(frame.body) or {}, conn)
+
+    async def undeclare_topic(
+        self, node_addr: str, topic: str, *, vhost: str | None = None
+    ) -> None:
+        """Delete a declared topic through a node."""
+        vhost = self.core.vhost if vhost is None else vhost
+        await self.core.invoke(
+            node_addr, RequestCode.UNDECLARE_TOPIC, {"vhost": vhost, "topic": topic}
+        )
 
     async def elect(self, broker_name: str, member_id: int, wait_s: float = 10.0) -> str:
         """DLedger: move leadership of ``broker_name`` to ``member_id`` (it is caught up

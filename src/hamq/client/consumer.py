@@ -13,6 +13,7 @@ from enum import Enum
 from hamq.client.core import ClientCore
 from hamq.client.message import MessageExt, MessageQueue
 from hamq.errors import QueryNotFound, ServiceNotAvailable
+from hamq.policy.definition import DEFAULT_VHOST
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.message import decode_records
 from hamq.protocol.properties import DEFAULT_MAX_RECONSUME_TIMES
@@ -42,7 +43,9 @@ class PullResult:
 
 
 class AsyncPullConsumer:
-    """``core`` lets a push consumer share its connections and routes."""
+    """``core`` lets a push consumer share its connections, routes and vhost. The queues
+    it hands out name their topics on the wire (``vhost%topic`` outside ``/``) and are
+    given back as they are."""
 
     def __init__(
         self,
@@ -50,9 +53,10 @@ class AsyncPullConsumer:
         namesrv: str | Iterable[str] = (),
         timeout_s: float = 3.0,
         core: ClientCore | None = None,
+        vhost: str = DEFAULT_VHOST,
     ) -> None:
-        self.group = group
-        self.core = core or ClientCore(namesrv, timeout_s)
+        self.core = core or ClientCore(namesrv, timeout_s, vhost=vhost)
+        self.group = self.core.wire(group)
 
     async def start(self) -> None:
         """Nothing to open eagerly; kept so the lifecycle reads like RocketMQ's."""
@@ -61,7 +65,7 @@ class AsyncPullConsumer:
         await self.core.close()
 
     async def fetch_message_queues(self, topic: str) -> list[MessageQueue]:
-        return sorted((await self.core.route(topic, refresh=True)).read_queues)
+        return sorted((await self.core.route(self.core.wire(topic), refresh=True)).read_queues)
 
     async def pull(
         self,

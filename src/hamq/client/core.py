@@ -1,5 +1,12 @@
-"""What every client shares: name-server addresses, a connection pool, cached topic routes
-and ``invoke`` (one request, errors raised as ``hamq.errors`` classes)."""
+"""What every client shares: name-server addresses, a connection pool, cached topic routes,
+``invoke`` (one request, errors raised as ``hamq.errors`` classes) and its vhost.
+
+A client lives in one vhost (seed 003; default ``/``). Topic and consumer-group names go on
+the wire as ``policy.definition.wire_name(vhost, name)`` (RocketMQ 5's namespace:
+``vhost%name``), so the same name in two vhosts never collides; a group's retry topic is
+then ``%RETRY%vhost%group``, as RocketMQ names it. Clients wrap the names they are given at
+their public methods and keep wire names inside (routes, queues, requests); the names they
+give back (a send's queue, a consumed message's topic) are unwrapped again."""
 
 from __future__ import annotations
 
@@ -8,10 +15,15 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from hamq.client.message import MessageQueue
+from hamq.client.message import MessageQueue, user_name
 from hamq.clock import monotonic_s
 from hamq.errors import BrokerNotFound, ConnectionLost, HamqError, RequestTimeout, TopicNotExist
 from hamq.net.pool import ConnectionPool
+from hamq.policy.definition import (
+    DEFAULT_VHOST,
+    check_vhost,
+    wire_name,
+)
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, unpack_body
 from hamq.store.metadata import PERM_READ, PERM_WRITE
@@ -76,14 +88,34 @@ class ClientCore:
         namesrv: str | Iterable[str],
         timeout_s: float = DEFAULT_TIMEOUT_S,
         route_refresh_interval_s: float = ROUTE_REFRESH_INTERVAL_S,
+        vhost: str = DEFAULT_VHOST,
     ) -> None:
         self.namesrv = namesrv_list(namesrv)
+        self.vhost = check_vhost(vhost)
         self.timeout_s = timeout_s
         self.route_refresh_interval_s = route_refresh_interval_s
         self.pool = ConnectionPool(connect_timeout_s=timeout_s)
         self.routes: dict[str, TopicRoute] = {}
         self._namesrv_index = 0
         self._unreachable: dict[str, float] = {}  # address -> avoid until (monotonic)
+
+    # -- names in the vhost ----------------------------------------------------------------
+    def wire(self, name: str) -> str:
+        """A topic or group name as it goes on the wire (the name itself in ``/``)."""
+        return wire_name(self.vhost, name)
+
+    def user(self, wire: str) -> str:
+        """A wire name as this client's user knows it."""
+        return wire if self.vhost == DEFAULT_VHOST else user_name(wire)
+
+    def wire_queue(self, mq: MessageQueue) -> MessageQueue:
+        """A queue the user names (with the topic's name in the vhost), as on the wire."""
+        return mq if self.vhost == DEFAULT_VHOST else replace(mq, topic=self.wire(mq.topic))
+
+    def user_queue(self, mq: MessageQueue) -> MessageQueue:
+        """A queue from the wire, named as the user knows its topic (no new object in
+        ``/``, so a send's result costs nothing more there)."""
+        return mq if self.vhost == DEFAULT_VHOST else replace(mq, topic=self.user(mq.topic))
 
     def mark_unreachable(self, addr: str) -> None:
         self._unreachable[addr] = monotonic_s() + FAULT_AVOID_S

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from hamq.errors import MessageIllegal
+from hamq.policy.definition import PolicyError, split_wire_name
 from hamq.protocol.message import (
     RecordHeader,
     decode_properties,
@@ -30,6 +31,17 @@ UNIQ_KEY_CHARS = 32  # RocketMQ's UNIQ_KEY: 32 hex digits
 # The properties of a message that has only its UNIQ_KEY, less the key: its common case
 # costs a concatenation instead of a msgpack map per message.
 _UNIQ_KEY_ONLY = encode_properties({PROPERTY_UNIQ_KEY: "0" * UNIQ_KEY_CHARS})[:-UNIQ_KEY_CHARS]
+
+
+def user_name(wire: str) -> str:
+    """A topic or group's wire name without its vhost (``policy.definition.wire_name``; a
+    retry topic keeps its prefix); a name whose part before '%' is no vhost is its own."""
+    if "%" not in wire:  # the common case, cheaply
+        return wire
+    try:
+        return split_wire_name(wire)[1]
+    except PolicyError:
+        return wire
 
 
 @dataclass(frozen=True, order=True)
@@ -129,8 +141,8 @@ class MessageExt:
         copy is stored: acks, offsets and send-back go there."""
         topic = self._record.topic
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
-            return self.properties.get(PROPERTY_RETRY_TOPIC, topic)
-        return topic
+            topic = self.properties.get(PROPERTY_RETRY_TOPIC, topic)
+        return user_name(topic)  # the name in its vhost (``client/core.py``)
 
     @property
     def msg_id(self) -> str:

@@ -32,6 +32,7 @@ from hamq.errors import (
 from hamq.namesrv.routes import AUTO_CREATE_TOPIC_KEY_TOPIC
 from hamq.net.connection import Connection
 from hamq.net.tasks import spawn
+from hamq.policy.definition import DEFAULT_VHOST
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame
 from hamq.protocol.limits import MAX_BATCH_MESSAGES
@@ -71,9 +72,10 @@ class AsyncProducer:
         group: str = "DEFAULT_PRODUCER",
         send_timeout_s: float = 3.0,
         retry_times_when_send_failed: int = 2,
+        vhost: str = DEFAULT_VHOST,
     ) -> None:
-        self.group = group
-        self.core = ClientCore(namesrv, send_timeout_s)
+        self.core = ClientCore(namesrv, send_timeout_s, vhost=vhost)
+        self.group = self.core.wire(group)
         self.send_timeout_s = send_timeout_s
         self.retry_times_when_send_failed = retry_times_when_send_failed
         self._next_queue = itertools.count()
@@ -101,8 +103,8 @@ class AsyncProducer:
 
     async def select_queue(self, topic: str, sharding_key: str | bytes) -> MessageQueue:
         key = sharding_key.encode() if isinstance(sharding_key, str) else sharding_key
-        queues = (await self._route(topic)).write_queues
-        return queues[zlib.crc32(key) % len(queues)]
+        queues = (await self._route(self.core.wire(topic))).write_queues
+        return self.core.user_queue(queues[zlib.crc32(key) % len(queues)])
 
     async def send_batch(
         self, messages: list[Message], queue: MessageQueue | None = None
@@ -152,12 +154,13 @@ class AsyncProducer:
         """Send a batch that is already encoded (``protocol.message.encode_batch``): the
         same bytes can be sent many times without re-encoding."""
         code = RequestCode.SEND_MESSAGE if count == 1 else RequestCode.SEND_BATCH_MESSAGE
+        topic, queue = self._wire(topic, queue)
         self._dispatch(_Send(topic, code, payload, crc, count, callback, queue))
 
     async def warm_up(self, topic: str) -> None:
         """Fetch the route and open a connection to every master of ``topic``, so the first
         sends do not pay for it (benchmarks, latency-sensitive producers)."""
-        route = await self._route(topic)
+        route = await self._route(self.core.wire(topic))
         await asyncio.gather(
             *(
                 self.core.pool.get(route.master_addr(name))
@@ -166,7 +169,7 @@ class AsyncProducer:
         )
 
     async def send_oneway(self, message: Message) -> None:
-        route = await self._route(message.topic)
+        route = await self._route(self.core.wire(message.topic))
         mq = self._select_queue(route, None)
         conn = await self.core.pool.get(route.master_addr(mq.broker_name))
         payload, crc = encode_batch([self.encode(message)])
@@ -177,6 +180,10 @@ class AsyncProducer:
         return message.encode(self._uniq_keys.next())
 
     # -- internals ----------------------------------------------------------------------
+    def _wire(self, topic: str, queue: MessageQueue | None) -> tuple[str, MessageQueue | None]:
+        """A send's topic and queue, named by the user, as they go on the wire."""
+        return self.core.wire(topic), queue and self.core.wire_queue(queue)
+
     def _as_future(
         self, topic: str, encoded: list[bytes], code: int, queue: MessageQueue | None
     ) -> asyncio.Future[SendResult]:
@@ -187,6 +194,7 @@ class AsyncProducer:
                 future.set_exception(err) if err is not None else future.set_result(result)
 
         payload, crc = encode_batch(encoded)
+        topic, queue = self._wire(topic, queue)
         self._dispatch(_Send(topic, code, payload, crc, len(encoded), done, queue))
         return future
 
@@ -222,7 +230,14 @@ class AsyncProducer:
                 if status is not None:
                     ext = frame.ext
                     s.callback(
-                        SendResult(status, ext["msg_id"], mq, ext["queue_offset"], s.count), None
+                        SendResult(
+                            status,
+                            ext["msg_id"],
+                            self.core.user_queue(mq),
+                            ext["queue_offset"],
+                            s.count,
+                        ),
+                        None,
                     )
                     return
                 err = HamqError.for_code(frame.code, frame.remark)

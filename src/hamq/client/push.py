@@ -44,6 +44,7 @@ from hamq.clock import monotonic_s, wall_ms
 from hamq.errors import ConnectionLost, HamqError, InvalidArgument, TopicNotExist
 from hamq.net.connection import Connection
 from hamq.net.tasks import PeriodicTask
+from hamq.policy.definition import DEFAULT_VHOST, wire_name
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import Frame, pack_body, unpack_body
 from hamq.protocol.properties import (
@@ -144,6 +145,7 @@ class AsyncPushConsumer:
         offset_store_dir: str | None = None,
         instance_name: str = DEFAULT_INSTANCE_NAME,
         client_id: str | None = None,
+        vhost: str = DEFAULT_VHOST,
     ) -> None:
         if message_model not in ("clustering", "broadcasting"):
             raise InvalidArgument("message_model must be 'clustering' or 'broadcasting'")
@@ -151,7 +153,7 @@ class AsyncPushConsumer:
             raise InvalidArgument("consume_from_where must be 'last', 'first' or 'timestamp'")
         if not instance_name or "/" in instance_name or instance_name.startswith("."):
             raise InvalidArgument(f"instance_name {instance_name!r} must be a plain file name")
-        self.group = group
+        self.group = wire_name(vhost, group)  # on the wire (``client/core.py``)
         self.message_model = message_model
         self.consume_from_where = consume_from_where
         self.consume_timestamp_ms = (
@@ -167,7 +169,9 @@ class AsyncPushConsumer:
         self.pull_suspend_ms = pull_suspend_ms
         self.await_termination_s = await_termination_s
         self.client_id = client_id or f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
-        self.core = ClientCore(namesrv, route_refresh_interval_s=poll_name_server_interval_s)
+        self.core = ClientCore(
+            namesrv, route_refresh_interval_s=poll_name_server_interval_s, vhost=vhost
+        )
         self.core.pool.handler = self  # brokers notify us of group changes
         self.puller = AsyncPullConsumer(group, core=self.core)
         self.send_back = SendBack(self.puller, self.core.namesrv, max_reconsume_times)
@@ -182,7 +186,7 @@ class AsyncPushConsumer:
         self.offset_file = (
             Path(offset_store_dir or Path.home() / ".hamq" / "offsets")
             / instance_name
-            / f"{group}.json"
+            / f"{self.group}.json"
             if message_model == "broadcasting"
             else None
         )
@@ -212,7 +216,9 @@ class AsyncPushConsumer:
 
     # -- configuration ---------------------------------------------------------------------
     def subscribe(self, topic: str, expression: str = "*") -> None:
-        self.subscriptions[topic] = _Subscription(expression, parse_tag_expression(expression))
+        self.subscriptions[self.core.wire(topic)] = _Subscription(
+            expression, parse_tag_expression(expression)
+        )
 
     def register_message_listener(self, listener: Listener, orderly: bool = False) -> None:
         """``listener(messages)`` returns a ConsumeConcurrentlyStatus (or, with

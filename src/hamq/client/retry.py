@@ -51,7 +51,7 @@ def retry_copy(message: MessageExt, group: str, max_reconsume_times: int) -> Mes
     ``max_reconsume_times`` it goes to the dead-letter topic instead."""
     reconsume_times = message.reconsume_times
     properties = {k: v for k, v in message.properties.items() if k not in _NOT_COPIED}
-    properties.setdefault(PROPERTY_RETRY_TOPIC, message.topic)
+    properties.setdefault(PROPERTY_RETRY_TOPIC, message.queue.topic)  # its wire name
     properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, message.msg_id)
     properties[PROPERTY_RECONSUME_TIME] = str(reconsume_times + 1)
     if reconsume_times >= max_reconsume_times:

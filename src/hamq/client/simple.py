@@ -25,6 +25,7 @@ from hamq.clock import monotonic_s
 from hamq.errors import HamqError, InvalidArgument, ServiceNotAvailable
 from hamq.net.connection import Connection
 from hamq.net.tasks import spawn
+from hamq.policy.definition import DEFAULT_VHOST
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, pack_body
 from hamq.protocol.message import decode_records
@@ -66,15 +67,19 @@ class AsyncSimpleConsumer:
         await_duration_s: float = DEFAULT_AWAIT_DURATION_S,
         timeout_s: float = 3.0,
         consume_from_first: bool = True,
+        vhost: str = DEFAULT_VHOST,
     ) -> None:
         if not subscriptions:
             raise InvalidArgument("subscriptions must name at least one topic")
-        self.group = group
-        self.core = ClientCore(namesrv, timeout_s)
+        self.core = ClientCore(namesrv, timeout_s, vhost=vhost)
+        self.group = self.core.wire(group)  # topics and groups on the wire (client/core.py)
         self.await_duration_s = await_duration_s
         # RocketMQ ConsumeInitMode for a group without an offset: MIN (first) or MAX (last).
         self.init_mode = "min" if consume_from_first else "max"
-        self.filters = {topic: parse_tag_expression(expr) for topic, expr in subscriptions.items()}
+        self.filters = {
+            self.core.wire(topic): parse_tag_expression(expr)
+            for topic, expr in subscriptions.items()
+        }
         self._next_target = 0
         self._pending_acks: dict[str, list[tuple[PopMessageExt, AckCallback | None]]] = {}
         self._ack_requests_in_flight = 0

@@ -34,6 +34,7 @@ from hamq.clock import monotonic_s
 from hamq.errors import HamqError, InvalidArgument, RequestCodeNotSupported, ServiceNotAvailable
 from hamq.net.connection import Connection
 from hamq.net.tasks import PeriodicTask, cancel_all
+from hamq.policy.definition import DEFAULT_VHOST
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import Frame, pack_body
 from hamq.protocol.properties import (
@@ -68,12 +69,13 @@ class AsyncTransactionProducer:
         check_local_transaction: CheckLocalTransaction,
         send_timeout_s: float = 3.0,
         heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
+        vhost: str = DEFAULT_VHOST,
     ) -> None:
-        self.group = group
         self.execute_local_transaction = execute_local_transaction
         self.check_local_transaction = check_local_transaction
         self.client_id = f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
-        self.producer = AsyncProducer(namesrv, group, send_timeout_s)
+        self.producer = AsyncProducer(namesrv, group, send_timeout_s, vhost=vhost)
+        self.group = self.producer.group  # its wire name
         self.core = self.producer.core
         self.core.pool.handler = self  # brokers ask CHECK_TRANSACTION_STATE on our connections
         self._admin = AsyncAdmin(core=self.core)
@@ -110,7 +112,7 @@ class AsyncTransactionProducer:
             },
         )
         result = await self.producer.send(half)
-        master = await self._master_of(message.topic, result.queue.broker_name)
+        master = await self._master_of(self.core.wire(message.topic), result.queue.broker_name)
         if master not in self._masters:  # a master that joined since the last refresh
             self._masters.add(master)
             await self._heartbeat([master])

@@ -1,0 +1,205 @@
+"""Nodes against real processes: a name server with an embedded controller and two
+containers that are nodes (``node_name``). Nodes register and heartbeat the members they
+host; ADD_BROKER with port 0 starts a member on ports the container picks; REMOVE_BROKER
+keeps the store unless asked; an exclusive topic declared through a node goes when its
+connection closes; the same topic name in two vhosts holds two sets of messages; a killed
+node is reported dead. One cluster for the module: the tests run in order."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+import hamq
+from hamq import Message
+from hamq.cli.admin import _container_request
+from hamq.client.consumer import PullStatus
+from hamq.client.controller import ControllerClient
+from hamq.protocol.codes import RequestCode
+from hamq.protocol.frame import pack_body
+from harness import Cluster
+from helpers import accepts, free_port, wait_for
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_container import start_container
+
+NODES = ("hamq@n1", "hamq@n2")
+CLUSTER = "node-test"  # not the placement driver's cluster: these groups are the test's own
+WAIT_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def node_cluster(tmp_path_factory):
+    """The cluster, the controller's address and each node's container address."""
+    c = Cluster(tmp_path_factory.mktemp("nodes"))
+    controller = f"127.0.0.1:{free_port()}"
+    try:
+        c.start_embedded_controller(
+            "namesrv",
+            controller,
+            node_heartbeat_timeout_ms=1500,
+            controller_heartbeat_timeout_ms=2000,
+        )
+        containers = {}
+        for i, node in enumerate(NODES, 1):
+            store = c.root / f"n{i}"
+            store.mkdir()
+            _, containers[node] = start_container(
+                c,
+                f"n{i}",
+                [],
+                node_name=node,
+                controller_addr=[controller],
+                store_root=str(store),
+                node_heartbeat_interval_ms=300,
+            )
+        yield c, controller, containers
+    finally:
+        c.stop_all()
+
+
+def controller_says(controller: str, method: str, *args):
+    """``ControllerClient.<method>(*args)``'s answer."""
+
+    async def run():
+        client = ControllerClient(controller)
+        try:
+            return await getattr(client, method)(*args)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+def nodes_seen(controller: str) -> dict[str, dict]:
+    return {n["node"]: n for n in controller_says(controller, "list_nodes")}
+
+
+def container(addr: str, code: int, ext: dict | None = None, body: bytes = b"") -> dict:
+    return asyncio.run(_container_request(addr, code, ext or {}, body))
+
+
+def add_member(addr: str, group: str, **settings) -> dict:
+    """A member of ``group`` on the node (listen and store left to the container unless
+    given); the member's entry in the answer."""
+    values = {"broker_name": group, "cluster_name": CLUSTER, **settings}
+    answer = container(addr, RequestCode.ADD_BROKER, body=pack_body(values))
+    return next(m for m in answer["members"] if m["broker_name"] == group)
+
+
+def in_controller_mode(controller: str) -> dict:
+    return {"enable_controller_mode": True, "controller_addr": [controller]}
+
+
+def test_nodes_register_and_are_alive(node_cluster):
+    _, controller, containers = node_cluster
+
+    def both_alive():
+        seen = nodes_seen(controller)
+        return all(seen.get(n, {}).get("alive") for n in NODES) and seen
+
+    seen = wait_for(both_alive, WAIT_S, "both nodes registered and alive")
+    assert {n: seen[n]["address"] for n in NODES} == containers
+
+
+def test_add_broker_with_port_zero_starts_a_member_on_real_ports(node_cluster):
+    c, controller, containers = node_cluster
+    n1 = containers[NODES[0]]
+    member = add_member(
+        n1,
+        "solo-a",
+        listen="127.0.0.1:0",
+        ha_listen="127.0.0.1:0",
+        **in_controller_mode(controller),
+    )
+    ports = [int(member[key].rpartition(":")[2]) for key in ("listen", "ha_listen")]
+    assert all(ports) and ports[0] != ports[1]
+    assert accepts(member["listen"])
+    # the store the container chose: <store_root>/<group>
+    assert (c.root / "n1" / "solo-a" / "broker_metadata.json").exists()
+
+    def hosted():
+        listed = nodes_seen(controller)[NODES[0]]["members"]
+        return [m for m in listed if m["broker_name"] == "solo-a"]
+
+    (listed,) = wait_for(hosted, WAIT_S, "node n1's heartbeat lists solo-a")
+    # its id is the controller's, and the controller knows it at its real address
+    assert (listed["broker_id"], listed["address"]) == (member["broker_id"], member["listen"])
+    (group,) = controller_says(controller, "sync_state_data", ["solo-a"])
+    assert member["broker_id"] in {m["broker_id"] for m in group["members"]}
+    with hamq.Admin(c.namesrv) as admin:
+        masters = wait_for(lambda: admin.master_addrs(CLUSTER), WAIT_S, "solo-a elected")
+    assert masters == {"solo-a": member["listen"]} and accepts(member["ha_listen"])
+
+
+def test_same_topic_name_in_two_vhosts_holds_different_messages(node_cluster):
+    c, _, containers = node_cluster
+    add_member(containers[NODES[1]], "plain-b", cluster_name="vhost-test")  # a plain master
+    for vhost in ("/", "v1"):
+        with hamq.Admin(c.namesrv, vhost=vhost) as admin:
+            admin.create_topic("shared", queue_nums=2, cluster="vhost-test")
+    sent = {}
+    for vhost in ("/", "v1"):
+        with hamq.Producer(c.namesrv, vhost=vhost) as producer:
+            sent[vhost] = {f"{vhost}-{i}".encode() for i in range(10)}
+            queues = {producer.send(Message("shared", body)).queue.topic for body in sent[vhost]}
+            assert queues == {"shared"}  # the user's name, not the wire one
+    for vhost in ("/", "v1"):
+        got, topics = set(), set()
+        with hamq.PullConsumer("g-vhost", c.namesrv, vhost=vhost) as consumer:
+            for mq in consumer.fetch_message_queues("shared"):
+                result = consumer.pull(mq, 0, 100)
+                if result.status is PullStatus.FOUND:
+                    got |= {m.body for m in result.messages}
+                    topics |= {m.topic for m in result.messages}
+        assert (got, topics) == (sent[vhost], {"shared"})
+    with hamq.Admin(c.namesrv, vhost="v1") as admin:
+        assert "shared" in admin.topic_list()
+
+
+def test_exclusive_topic_goes_when_its_connection_closes(node_cluster):
+    _, controller, containers = node_cluster
+    n1 = containers[NODES[0]]
+
+    def declared() -> dict[str, dict]:
+        return {t["name"]: t for t in controller_says(controller, "list_topics", "/")}
+
+    with hamq.Admin("127.0.0.1:9") as admin:  # no name server asked: the node only
+        assert not admin.declare_topic(n1, "kept").exclusive
+        with admin.declare_topic(n1, "mine", exclusive=True) as handle:
+            assert handle.answer["home_node"] == NODES[0]
+            mine = declared()["mine"]
+            assert (mine["exclusive"], mine["home_node"]) == (True, NODES[0]) and mine["owner"]
+    wait_for(lambda: "mine" not in declared(), WAIT_S, "the exclusive topic deleted")
+    assert declared()["kept"]["home_node"] == NODES[0]  # a durable one stays
+
+
+def test_remove_broker_keeps_the_store_unless_asked(node_cluster):
+    c, controller, containers = node_cluster
+    n1, n2 = (containers[n] for n in NODES)
+    member = add_member(n2, "solo-b", **in_controller_mode(controller))
+    assert not member["listen"].endswith(":0") and (c.root / "n2" / "solo-b").is_dir()
+    ext = {"broker_name": "solo-b", "broker_id": member["broker_id"], "delete_store": True}
+    after = container(n2, RequestCode.REMOVE_BROKER, ext)["members"]
+    assert [m["broker_name"] for m in after] == ["plain-b"]
+    assert not (c.root / "n2" / "solo-b").exists()
+    (solo_a,) = (
+        m for m in nodes_seen(controller)[NODES[0]]["members"] if m["broker_name"] == "solo-a"
+    )
+    ext = {"broker_name": "solo-a", "broker_id": solo_a["broker_id"]}
+    assert all(
+        m["broker_name"] != "solo-a"
+        for m in container(n1, RequestCode.REMOVE_BROKER, ext)["members"]
+    )
+    assert (c.root / "n1" / "solo-a" / "broker_metadata.json").exists()
+    assert not accepts(solo_a["address"])
+
+
+def test_a_killed_node_is_reported_not_alive(node_cluster):
+    c, controller, _ = node_cluster
+    c.procs["n2"].kill9()
+    wait_for(lambda: not nodes_seen(controller)[NODES[1]]["alive"], WAIT_S, "n2 reported dead")
+    assert nodes_seen(controller)[NODES[0]]["alive"]
