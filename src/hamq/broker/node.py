@@ -42,6 +42,7 @@ REGISTER_RETRY_MAX_S = 5.0
 # owner is gone is what deletes it.
 DELETE_ATTEMPTS = 5
 DELETE_RETRY_FIRST_S = 0.2
+STOP_DELETES_WAIT_S = 5.0  # a stopping node waits this long for those deletes
 DEFAULT_QUEUE_NUMS = 4
 
 Members = Callable[[], list[HostedMember]]
@@ -103,9 +104,14 @@ class Node:
             self._register.cancel()
             await asyncio.gather(self._register, return_exceptions=True)
         await self._heartbeat.stop()
-        for task in list(self._deletes):  # a stopping node's topics go with the node
-            task.cancel()
-        await asyncio.gather(*self._deletes, return_exceptions=True)
+        # The container closed every connection first: their exclusive topics are being
+        # deleted. A controller that does not answer in time leaves them to the placement
+        # driver, which deletes a dead node's exclusive topics.
+        if self._deletes:
+            _, late = await asyncio.wait(set(self._deletes), timeout=STOP_DELETES_WAIT_S)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         await self.client.close()
 
     async def _register_until_taken(self) -> None:
