@@ -24,7 +24,6 @@ from hamq.controller_server.driver import ControllerDriver
 from hamq.controller_server.elections import ElectionStats
 from hamq.errors import RequestCodeNotSupported
 from hamq.net.connection import Connection, response_pieces
-from hamq.policy.definition import effective_policy
 from hamq.protocol import controller as wire
 from hamq.protocol import controller_catalog as catalog
 from hamq.protocol.codes import RequestCode
@@ -120,6 +119,11 @@ class ControllerProcessor:
         """A read the leader must answer: the refusal, or None when this peer serves."""
         return None if self.core.serving else self._refusal(frame, self.core.not_leader())
 
+    def _served(self, frame: Frame, build: Callable[[], dict[str, Any]]) -> list:
+        """A read only the serving leader answers: the refusal, or ``build()``'s ext."""
+        refusal = self.not_serving(frame)
+        return refusal if refusal is not None else response_pieces(frame, ext=build())
+
     # -- handlers ----------------------------------------------------------------------------
     def _raft_message(self, conn: Connection, frame: Frame) -> None:
         self.driver.step(frame.body, conn.peer)
@@ -214,10 +218,7 @@ class ControllerProcessor:
         self._submit(conn, frame, DeleteVhost(catalog.vhost_request(frame.ext)), _empty)
 
     def _list_vhosts(self, conn: Connection, frame: Frame) -> list:
-        refusal = self.not_serving(frame)
-        if refusal is not None:
-            return refusal
-        return response_pieces(frame, ext={"vhosts": sorted(self.core.state.vhosts)})
+        return self._served(frame, lambda: {"vhosts": sorted(self.core.state.vhosts)})
 
     def _set_policy(self, conn: Connection, frame: Frame) -> None:
         self._submit(conn, frame, catalog.set_policy_request(frame.ext), _empty)
@@ -227,15 +228,7 @@ class ControllerProcessor:
 
     def _list_policies(self, conn: Connection, frame: Frame) -> list:
         vhost = catalog.vhost_filter(frame.ext)
-        refusal = self.not_serving(frame)
-        if refusal is not None:
-            return refusal
-        policies = [
-            catalog.policy_ext(policy)
-            for (v, _), policy in sorted(self.core.state.policies.items())
-            if vhost in (None, v)
-        ]
-        return response_pieces(frame, ext={"policies": policies})
+        return self._served(frame, lambda: catalog.policies_ext(self.core.state, vhost))
 
     def _declare_topic(self, conn: Connection, frame: Frame) -> None:
         self._submit(conn, frame, catalog.declare_topic_request(frame.ext), _empty)
@@ -245,17 +238,7 @@ class ControllerProcessor:
 
     def _list_topics(self, conn: Connection, frame: Frame) -> list:
         vhost = catalog.vhost_filter(frame.ext)
-        refusal = self.not_serving(frame)
-        if refusal is not None:
-            return refusal
-        state = self.core.state
-        topics = []
-        for (v, name), topic in sorted(state.topics.items()):
-            if vhost in (None, v):
-                policy = effective_policy(state.policies.values(), v, name)
-                owner = state.topic_owners.get((v, name), "")
-                topics.append(catalog.topic_ext(topic, owner, policy and policy.name))
-        return response_pieces(frame, ext={"topics": topics})
+        return self._served(frame, lambda: catalog.topics_ext(self.core.state, vhost))
 
     def _register_node(self, conn: Connection, frame: Frame) -> None:
         self._submit(conn, frame, catalog.register_node_request(frame.ext), _empty)
@@ -265,15 +248,8 @@ class ControllerProcessor:
         return None if frame.is_oneway else response_pieces(frame)
 
     def _list_nodes(self, conn: Connection, frame: Frame) -> list:
-        refusal = self.not_serving(frame)
-        if refusal is not None:
-            return refusal
-        now_ms, nodes = monotonic_ms(), self.core.nodes
-        listed = [
-            catalog.node_ext(name, addr, nodes.report(name), nodes.is_alive(name, now_ms))
-            for name, addr in sorted(self.core.state.nodes.items())
-        ]
-        return response_pieces(frame, ext={"nodes": listed})
+        state, nodes = self.core.state, self.core.nodes
+        return self._served(frame, lambda: catalog.nodes_ext(state, nodes, monotonic_ms()))
 
     def _broker_shutdown(self, conn: Connection, frame: Frame) -> list | None:
         """Every peer records the notice (like heartbeats): the one leading when the

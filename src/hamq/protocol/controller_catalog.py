@@ -21,10 +21,17 @@ from hamq.controller.events import (
     RegisterNode,
     SetPolicy,
 )
-from hamq.controller.nodes import HostedMember, NodeHeartbeat, NodeReport
+from hamq.controller.nodes import HostedMember, NodeHeartbeat, NodeLiveness, NodeReport
 from hamq.controller.requests import BrokerShutdown
+from hamq.controller.state import ControllerState
 from hamq.errors import InvalidArgument
-from hamq.policy.definition import Policy, check_vhost, make_policy, wire_name
+from hamq.policy.definition import (
+    Policy,
+    check_vhost,
+    effective_policy,
+    make_policy,
+    wire_name,
+)
 from hamq.policy.world import TopicDecl
 from hamq.protocol.address import address
 from hamq.protocol.controller import check_bool, check_map, check_text
@@ -159,6 +166,17 @@ def policy_ext(policy: Policy) -> Ext:
 # -- declared topics ------------------------------------------------------------------------
 
 
+def policies_ext(state: ControllerState, vhost: str | None) -> Ext:
+    """LIST_POLICIES' answer: the policies of ``vhost`` (None: of every vhost)."""
+    return {
+        "policies": [
+            policy_ext(policy)
+            for (v, _), policy in sorted(state.policies.items())
+            if vhost in (None, v)
+        ]
+    }
+
+
 def declare_topic_request(ext: object) -> DeclareTopic:
     """DECLARE_TOPIC: ``{vhost, topic, home_node, exclusive, queue_nums, owner}``."""
     checked = check_map(ext, "request ext")
@@ -205,6 +223,18 @@ def topic_ext(topic: TopicDecl, owner: str, policy: str | None) -> Ext:
         "groups": list(topic.groups),
         "policy": policy,
     }
+
+
+def topics_ext(state: ControllerState, vhost: str | None) -> Ext:
+    """LIST_TOPICS' answer: the topics declared in ``vhost`` (None: in every vhost), each
+    with its owner and the name of the policy that applies to it."""
+    topics = []
+    for (v, name), topic in sorted(state.topics.items()):
+        if vhost in (None, v):
+            policy = effective_policy(state.policies.values(), v, name)
+            owner = state.topic_owners.get((v, name), "")
+            topics.append(topic_ext(topic, owner, None if policy is None else policy.name))
+    return {"topics": topics}
 
 
 # -- nodes ----------------------------------------------------------------------------------
@@ -269,6 +299,16 @@ def node_ext(name: str, addr: str, report: NodeReport | None, alive: bool) -> Ex
         "address": addr,
         "alive": alive,
         "members": [] if report is None else [hosted_member_ext(m) for m in report.members],
+    }
+
+
+def nodes_ext(state: ControllerState, nodes: NodeLiveness, now_ms: int) -> Ext:
+    """LIST_NODES' answer: every registered node with its liveness and hosted members."""
+    return {
+        "nodes": [
+            node_ext(name, addr, nodes.report(name), nodes.is_alive(name, now_ms))
+            for name, addr in sorted(state.nodes.items())
+        ]
     }
 
 
