@@ -250,7 +250,8 @@ class BrokerContainer:
                     f"broker {config.broker_name} id {config.broker_id} did not start: {message}"
                 ) from None
             # in controller mode the id is the one the controller gave at start
-            key = (config.broker_name, broker.role.broker_id)
+            broker_id = broker.role.broker_id if config.enable_controller_mode else config.broker_id
+            key = (config.broker_name, broker_id)
             self.brokers[key] = broker
             if self.metrics is not None:
                 broker.add_gauges(_labels(key))
