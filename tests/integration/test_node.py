@@ -95,7 +95,7 @@ def in_controller_mode(controller: str) -> dict:
 
 
 def test_nodes_register_and_are_alive(node_cluster):
-    _, controller, containers = node_cluster
+    c, controller, containers = node_cluster
 
     def both_alive():
         seen = nodes_seen(controller)
@@ -103,6 +103,7 @@ def test_nodes_register_and_are_alive(node_cluster):
 
     seen = wait_for(both_alive, WAIT_S, "both nodes registered and alive")
     assert {n: seen[n]["address"] for n in NODES} == containers
+    assert [c.procs[f"n{i}"].ready["node"] for i in (1, 2)] == list(NODES)  # its ready line
 
 
 def test_add_broker_with_port_zero_starts_a_member_on_real_ports(node_cluster):

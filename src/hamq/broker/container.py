@@ -471,6 +471,7 @@ async def serve_container(
                 "listen": config.listen,
                 "brokers": container.members_info(),
                 "pid": os.getpid(),
+                **({"node": config.node_name} if config.node_name else {}),
             }
         ),
         flush=True,
