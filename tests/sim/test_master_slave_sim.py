@@ -127,8 +127,8 @@ def test_catch_up_checker_catches_a_window_counted_in_whole_records(monkeypatch)
     received: a record larger than the window stops the slave's stream for good."""
     on_ack = MasterReplication.on_ack
 
-    def whole_records_only(self, key, ack_offset, now_ms, received_offset=None):
-        return on_ack(self, key, ack_offset, now_ms)
+    def whole_records_only(self, key, ack_offset, now_ms, received_offset=None, log_start=None):
+        return on_ack(self, key, ack_offset, now_ms, log_start=log_start)
 
     monkeypatch.setattr(MasterReplication, "on_ack", whole_records_only)
     _first_failure("holds the log up to")
