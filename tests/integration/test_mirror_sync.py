@@ -152,7 +152,8 @@ def test_a_tail_mirror_starts_at_the_masters_end_and_stays_unsynchronised(group,
         mirror = group.catch_up()
         assert mirror["broker_id"] not in group.effective_sync_state_set()
     status = group.status()
-    mirror = status["members"][1]
+    master, mirror = status["members"]
+    assert (master["address"], mirror["address"]) == tuple(map(group.c.broker_addr, ("m1", "m2")))
     assert status["need_offset"] < mirror["log_start"] and status["messages"] == HISTORY + 50
     assert not mirror["in_sync_state_set"] and not mirror["synchronised"], status
     assert not mirror["syncing"] and mirror["sync_progress"] == 0.0
