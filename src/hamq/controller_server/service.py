@@ -16,6 +16,7 @@ from hamq.controller.core import Applied, GroupChanged, Outcome, Request
 from hamq.controller_server.driver import ControllerDriver
 from hamq.controller_server.elections import ElectionStats
 from hamq.controller_server.notify import RoleNotifier
+from hamq.controller_server.placement import PlacementDriver
 from hamq.controller_server.processor import ControllerProcessor
 from hamq.errors import HamqError
 from hamq.net.metrics import gauge, serve_metrics
@@ -32,6 +33,7 @@ class ControllerService:
         self.notifier = RoleNotifier()
         self.driver = ControllerDriver(settings, listen, data_dir, self._on_changes)
         self.processor = ControllerProcessor(self.driver, self.elections)
+        self.placement = PlacementDriver(self)
         self._scan = PeriodicTask(
             "controller master-timeout scan",
             settings.controller_scan_interval_ms / 1000,
@@ -41,8 +43,10 @@ class ControllerService:
     def start(self) -> None:
         self.driver.start()
         self._scan.start()
+        self.placement.start()
 
     async def stop(self) -> None:
+        await self.placement.stop()
         await self._scan.stop()
         await self.driver.stop()
         await self.notifier.close()
