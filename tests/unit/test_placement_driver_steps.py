@@ -115,8 +115,13 @@ def test_member_settings_make_a_controller_mode_member_that_acks_with_its_set() 
         (1, (1, 2), {1, 2, 3}, "is the master"),
         (2, (1, 2), {1, 2, 3}, None),  # the master stays synchronised
         (3, (1, 2), {1, 2, 3}, None),  # unsynchronised: takes no copy with it
-        (2, (2,), {2, 3}, "last alive synchronised"),
-        (2, (2, 3), {2}, "last alive synchronised"),  # the other synchronised one is dead
+        (2, (2,), {2, 3}, "no other synchronised member is alive"),
+        (
+            2,
+            (2, 3),
+            {2},
+            "no other synchronised member is alive",
+        ),  # the other synchronised one is dead
         (3, (2,), {3}, None),
     ],
 )

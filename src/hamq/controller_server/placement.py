@@ -162,13 +162,13 @@ def member_settings(
 
 
 def removal_refusal(group: BrokerGroup, broker_id: int, alive: frozenset[int]) -> str | None:
-    """Why ``broker_id`` must not leave ``group`` now, or None: never the master, never the
-    last alive synchronised member (an unsynchronised one may always go: it takes no
-    synchronised copy with it)."""
+    """Why ``broker_id`` must not leave ``group`` now, or None: never the master, and a
+    synchronised member only while another synchronised one is alive (an unsynchronised
+    one may always go: it takes no synchronised copy with it)."""
     if broker_id == group.master_id:
         return f"member {broker_id} is the master"
     if broker_id in group.sync_state_set and not (group.sync_state_set & alive) - {broker_id}:
-        return f"member {broker_id} is the last alive synchronised member"
+        return f"member {broker_id} is synchronised and no other synchronised member is alive"
     return None
 
 
