@@ -308,15 +308,17 @@ def _member_nodes(nodes: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     return {member["address"]: node["node"] for node in nodes for member in node["members"]}
 
 
-def _pid(node_of: Mapping[str, str], addr: str) -> dict[str, str]:
-    return {"node": node_of.get(addr, "?"), "address": addr}
+def _pid(node_of: Mapping[str, str], addr: str) -> dict[str, str | None]:
+    """A member as a pid: its node (None until a heartbeat of its node lists it: just
+    added) and its listen address."""
+    return {"node": node_of.get(addr), "address": addr}
 
 
 def _pid_text(pid: object) -> str:
     if isinstance(pid, list):
         return "[" + ", ".join(map(_pid_text, pid)) + "]"
     if isinstance(pid, dict):
-        return f"<{pid['node']} {pid['address']}>"
+        return f"<{pid['node'] or '?'} {pid['address']}>"
     return "" if pid is None else str(pid)
 
 
