@@ -128,6 +128,16 @@ class RequestTimeout(HamqError):
     retriable = True
 
 
+class ConsumerCancelled(HamqError):
+    """Client side: a consumer created with ``cancel_on_ha_failover`` saw the master of a
+    broker group serving its topics change (RabbitMQ's ``x-cancel-on-ha-failover``
+    notice); it consumes again once subscribed again. ``broker_name`` names the group."""
+
+    def __init__(self, message: str = "", broker_name: str = "") -> None:
+        super().__init__(message)
+        self.broker_name = broker_name
+
+
 class ConfigError(HamqError):
     """A configuration that cannot work: an unknown key, a wrong type, a number out of
     range, a value not among the allowed ones, or a combination that contradicts itself.

@@ -17,6 +17,7 @@ from hamq.protocol.message import (
 from hamq.protocol.properties import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_REDELIVERED,
     PROPERTY_RETRY_TOPIC,
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_UNIQ_KEY,
@@ -182,6 +183,13 @@ class MessageExt:
     def reconsume_times(self) -> int:
         """How many times the message came back through CONSUMER_SEND_MSG_BACK."""
         return reconsume_times_of(self.properties)
+
+    @property
+    def redelivered(self) -> bool:
+        """The message may have been delivered before (RabbitMQ's redelivered flag): a pop
+        consumer's message handed out again after its invisible time ran out or after a
+        new master took over while it was unacked."""
+        return self.properties.get(PROPERTY_REDELIVERED) == "true"
 
     def __repr__(self) -> str:
         return (

@@ -16,6 +16,14 @@ listener; progress is committed periodically and at shutdown.
   failing batch is retried in place (SUSPEND_CURRENT_QUEUE_A_MOMENT), never skipped. A
   queue is unlocked only after its listener returned.
 
+- With ``cancel_on_ha_failover=True`` (RabbitMQ's ``x-cancel-on-ha-failover``), a rebalance
+  whose route shows another master for a broker group of the subscribed topics
+  (``master_watch.py``) cancels the consumer: its queues are released (committed), it
+  leaves the group (so the other members take its queues) and ``on_cancel(reason)`` is
+  called, or a warning logged. ``start()`` again, or ``subscribe`` and the next rebalance,
+  resumes. Without it the consumer reads on transparently (the new master, or a slave
+  meanwhile). The notice comes within a rebalance interval of the route change.
+
 Sync listeners run in a thread pool (one hop per pulled batch), async ones on the loop.
 """
 
@@ -37,6 +45,7 @@ from pathlib import Path
 
 from hamq.client.consumer import AsyncPullConsumer, PullStatus
 from hamq.client.core import ROUTE_REFRESH_INTERVAL_S, ClientCore
+from hamq.client.master_watch import MasterWatch, failover_notice
 from hamq.client.message import MessageExt, MessageQueue
 from hamq.client.rebalance import allocate_averagely, parse_tag_expression
 from hamq.client.retry import SendBack
@@ -80,6 +89,7 @@ class ConsumeOrderlyStatus(Enum):
 
 
 Listener = Callable[[list[MessageExt]], object]
+CancelCallback = Callable[[str], object]  # on_cancel(reason); may be a coroutine function
 
 
 @dataclass
@@ -145,6 +155,8 @@ class AsyncPushConsumer:
         offset_store_dir: str | None = None,
         instance_name: str = DEFAULT_INSTANCE_NAME,
         client_id: str | None = None,
+        cancel_on_ha_failover: bool = False,
+        on_cancel: CancelCallback | None = None,
         vhost: str = DEFAULT_VHOST,
     ) -> None:
         if message_model not in ("clustering", "broadcasting"):
@@ -213,12 +225,18 @@ class AsyncPushConsumer:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._running = False
         self._suspended = False
+        self._watch = MasterWatch() if cancel_on_ha_failover else None
+        self.on_cancel = on_cancel
+        self.cancelled: str | None = None  # the reason, while cancelled by a failover
 
     # -- configuration ---------------------------------------------------------------------
     def subscribe(self, topic: str, expression: str = "*") -> None:
+        """Consume ``topic`` (from start, or from the next rebalance); a consumer cancelled
+        by a failover resumes at the next rebalance."""
         self.subscriptions[self.core.wire(topic)] = _Subscription(
             expression, parse_tag_expression(expression)
         )
+        self.cancelled = None
 
     def register_message_listener(self, listener: Listener, orderly: bool = False) -> None:
         """``listener(messages)`` returns a ConsumeConcurrentlyStatus (or, with
@@ -229,6 +247,11 @@ class AsyncPushConsumer:
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
+        """Start consuming; a started consumer cancelled by a failover resumes now."""
+        if self._running:
+            self.cancelled = None
+            await self._rebalance_round()
+            return
         if self.listener is None or not self.subscriptions:
             raise InvalidArgument("subscribe to a topic and register a listener before start()")
         if self.message_model == "clustering":
@@ -345,7 +368,8 @@ class AsyncPushConsumer:
         )
 
     async def _send_heartbeats(self) -> None:
-        await self.core.heart_beat(await self._broker_addrs(), self._heartbeat_body())
+        if self.cancelled is None:  # a cancelled consumer left the group
+            await self.core.heart_beat(await self._broker_addrs(), self._heartbeat_body())
 
     async def _unregister(self) -> None:
         for addr in await self._broker_addrs():
@@ -372,6 +396,8 @@ class AsyncPushConsumer:
             log.warning("rebalance of %s failed: %s", self.group, err.message)
 
     async def _rebalance(self) -> None:
+        if self.cancelled is not None:
+            return
         wanted: set[MessageQueue] = set()
         for topic in list(self.subscriptions):
             try:
@@ -382,6 +408,10 @@ class AsyncPushConsumer:
                 log.warning("rebalance of %s skipped: %s", topic, err.message)
                 wanted.update(mq for mq in self.process_queues if mq.topic == topic)
                 continue
+            changed = self._watch.observe(route) if self._watch is not None else []
+            if changed:
+                await self._cancel(failover_notice(self.group, changed[0]))
+                return
             queues = sorted(route.read_queues)
             if self.message_model == "broadcasting":
                 wanted.update(queues)
@@ -397,6 +427,26 @@ class AsyncPushConsumer:
                 self._release_later(pq)
         for mq in sorted(wanted - set(self.process_queues)):
             await self._add(mq)
+
+    async def _cancel(self, reason: str) -> None:
+        """A failover cancelled the consumer (module docstring): its queues are released
+        as at shutdown, it leaves the group, and the application is told."""
+        self.cancelled = reason
+        for pq in list(self.process_queues.values()):
+            if not pq.dropped:
+                self._release_later(pq)
+        if self._releases:  # committed before the others take the queues over
+            await asyncio.wait(set(self._releases))
+        await self._unregister()
+        if self.on_cancel is None:
+            log.warning("%s cancelled: %s", self.client_id, reason)
+            return
+        try:
+            result = self.on_cancel(reason)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:  # the application's callback must not end the rebalance task
+            log.exception("on_cancel of consumer group %s raised", self.group)
 
     async def _consumer_ids(self, route) -> list[str] | None:
         for addr in sorted(a for members in route.brokers.values() for a in members.values()):

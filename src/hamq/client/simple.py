@@ -11,6 +11,14 @@ is acked at once and never returned, so it is consumed (and skipped) for the gro
 
 ``ack_async`` batches the acks of one event-loop turn per broker into one
 ``BATCH_ACK_MESSAGE``: per-message acks cost one request per turn, not one per message.
+
+A message handed out again (``reconsume_times`` > 0: its invisible time ran out, or a new
+master took over while it was unacked) is marked ``redelivered``. With
+``cancel_on_ha_failover=True`` (RabbitMQ's ``x-cancel-on-ha-failover``), once a route shows
+another master for a broker group of the subscribed topics (``master_watch.py``),
+``receive`` raises ``ConsumerCancelled`` until ``subscribe`` (or ``start``) is called again;
+without it a failover only costs the receives that reach the lost master (each refreshes
+the route, so the next one finds the new master).
 """
 
 from __future__ import annotations
@@ -18,17 +26,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 
-from hamq.client.core import ClientCore
+from hamq.client.core import ClientCore, TopicRoute
+from hamq.client.master_watch import MasterWatch, failover_notice
 from hamq.client.message import MessageExt
 from hamq.client.rebalance import parse_tag_expression
 from hamq.clock import monotonic_s
-from hamq.errors import HamqError, InvalidArgument, ServiceNotAvailable
+from hamq.errors import ConsumerCancelled, HamqError, InvalidArgument, ServiceNotAvailable
 from hamq.net.connection import Connection
 from hamq.net.tasks import spawn
 from hamq.policy.definition import DEFAULT_VHOST
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, pack_body
 from hamq.protocol.message import decode_records
+from hamq.protocol.properties import PROPERTY_REDELIVERED
 
 AckCallback = Callable[[HamqError | None], None]
 
@@ -67,6 +77,7 @@ class AsyncSimpleConsumer:
         await_duration_s: float = DEFAULT_AWAIT_DURATION_S,
         timeout_s: float = 3.0,
         consume_from_first: bool = True,
+        cancel_on_ha_failover: bool = False,
         vhost: str = DEFAULT_VHOST,
     ) -> None:
         if not subscriptions:
@@ -83,11 +94,35 @@ class AsyncSimpleConsumer:
         self._next_target = 0
         self._pending_acks: dict[str, list[tuple[PopMessageExt, AckCallback | None]]] = {}
         self._ack_requests_in_flight = 0
+        self._watch = MasterWatch() if cancel_on_ha_failover else None
+        self.cancelled: ConsumerCancelled | None = None  # raised by receive until resumed
 
     async def start(self) -> None:
-        """Fetch the subscribed topics' routes now, so a missing topic fails early."""
+        """Fetch the subscribed topics' routes now, so a missing topic fails early; a
+        consumer cancelled by a failover consumes again."""
         for topic in self.filters:
-            await self.core.route(topic, refresh=True)
+            self._watch_route(await self.core.route(topic, refresh=True))
+        self.cancelled = None
+
+    async def subscribe(self, topic: str, expression: str = "*") -> None:
+        """Receive ``topic`` too (or with another tag expression); a consumer cancelled by
+        a failover consumes again (RabbitMQ: consume again after the cancel notice)."""
+        tags = parse_tag_expression(expression)
+        topic = self.core.wire(topic)
+        self._watch_route(await self.core.route(topic, refresh=True))
+        self.filters[topic] = tags
+        self.cancelled = None
+
+    def _watch_route(self, route: TopicRoute) -> None:
+        """With ``cancel_on_ha_failover``: a route naming another master for a broker
+        group cancels the consumer (module docstring)."""
+        if self._watch is None:
+            return
+        changed = self._watch.observe(route)
+        if changed and self.cancelled is None:
+            self.cancelled = ConsumerCancelled(
+                failover_notice(self.group, changed[0]), broker_name=changed[0]
+            )
 
     async def close(self) -> None:
         deadline = monotonic_s() + CLOSE_ACK_WAIT_S
@@ -101,13 +136,15 @@ class AsyncSimpleConsumer:
         max_messages: int = DEFAULT_RECEIVE_BATCH,
         invisible_duration_s: float = DEFAULT_INVISIBLE_DURATION_S,
     ) -> list[PopMessageExt]:
-        targets = [
-            (topic, broker)
-            for topic in self.filters
-            for broker in sorted(
-                {mq.broker_name for mq in (await self.core.route(topic)).read_queues}
-            )
-        ]
+        """Raises ``ConsumerCancelled`` once a failover cancelled the consumer (module
+        docstring)."""
+        targets = []
+        for topic in self.filters:
+            route = await self.core.route(topic)
+            self._watch_route(route)
+            targets += [(topic, b) for b in sorted({mq.broker_name for mq in route.read_queues})]
+        if self.cancelled is not None:
+            raise self.cancelled
         if not targets:
             raise ServiceNotAvailable(f"no broker serves {', '.join(self.filters)}")
         for i in range(len(targets)):
@@ -127,24 +164,35 @@ class AsyncSimpleConsumer:
         addr = (await self.core.route(topic)).master_addr(broker)
         if addr is None:
             return None  # pop changes state: only a master serves it
-        frame = await self.core.invoke(
-            addr,
-            RequestCode.POP_MESSAGE,
-            {
-                "group": self.group,
-                "topic": topic,
-                "queue_id": -1,
-                "max_msgs": max_messages,
-                "invisible_time_ms": invisible_ms,
-                "poll_time_ms": int(poll_s * 1000),
-                "init_mode": self.init_mode,
-            },
-            ok=_POP_OK,
-            timeout_s=self.core.timeout_s + poll_s,
-        )
+        try:
+            frame = await self.core.invoke(
+                addr,
+                RequestCode.POP_MESSAGE,
+                {
+                    "group": self.group,
+                    "topic": topic,
+                    "queue_id": -1,
+                    "max_msgs": max_messages,
+                    "invisible_time_ms": invisible_ms,
+                    "poll_time_ms": int(poll_s * 1000),
+                    "init_mode": self.init_mode,
+                },
+                ok=_POP_OK,
+                timeout_s=self.core.timeout_s + poll_s,
+            )
+        except HamqError as err:
+            if err.refresh_route:  # the master is lost or deposed: the next receive
+                await self._refresh_route(topic)  # asks the one the name servers name
+            raise
         if frame.code != ResponseCode.SUCCESS:
             return None
         return decode_pop(frame, broker)
+
+    async def _refresh_route(self, topic: str) -> None:
+        try:
+            self._watch_route(await self.core.route(topic, refresh=True))
+        except HamqError:
+            pass  # no name server answers: the cached route is tried again
 
     def _filter(self, topic: str, messages: list[PopMessageExt]) -> list[PopMessageExt]:
         tags = self.filters[topic]
@@ -260,7 +308,8 @@ class AsyncSimpleConsumer:
 
 def decode_pop(frame: Frame, broker_name: str) -> list[PopMessageExt]:
     """The messages of a POP_MESSAGE answer: per chunk (queue id, offsets handed out, their
-    reconsume times, record bytes), the chunk's records filtered to those offsets."""
+    reconsume times, record bytes), the chunk's records filtered to those offsets. One
+    handed out before (reconsume times > 0) is marked redelivered."""
     ck = frame.ext["ck"]
     body = frame.body
     out: list[PopMessageExt] = []
@@ -272,6 +321,8 @@ def decode_pop(frame: Frame, broker_name: str) -> list[PopMessageExt]:
             if times_ is not None:
                 m.reconsume_times = times_
                 m.ck = ck
+                if times_:
+                    m.properties[PROPERTY_REDELIVERED] = "true"
                 out.append(m)
         pos += nbytes
     return out

@@ -35,6 +35,10 @@ PROPERTY_TRANSACTION_BATCH = "TRAN_BATCH"
 # rollback after transaction_check_max) before the half message is this old.
 PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 PROPERTY_MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
+# RabbitMQ's redelivered flag (seed 003): "true" on a message handed out again that may have
+# been delivered before (pop: its invisible time ran out, or a new master took over while it
+# was unacked). Set by the consumer from what the broker says, never stored.
+PROPERTY_REDELIVERED = "REDELIVERED"
 
 # RocketMQ's messageDelayLevel "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h".
 DELAY_LEVELS_MS = tuple(

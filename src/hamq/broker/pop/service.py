@@ -25,6 +25,16 @@ master of another group (``escaped.py``), never into its own log. It sends nothi
 the DLQ (that would be a write of its own): a message past ``max_reconsume_times`` is
 redelivered until the master returns, which dead-letters it at its next expiry.
 
+Failover (seed 003): a member that starts serving pops in another master epoch than it
+last did (promoted by the controller or a role change, or back as master in a new epoch)
+is a new master. What its state holds in flight was handed out by an earlier master, whose
+consumers lost it: every such message is due at once (RabbitMQ's new master requeues every
+delivered-but-unacked message), not after its invisible time, and comes with
+``reconsume_times + 1`` (the client shows it as ``redelivered``). Acks that reached the
+revive log the new master took are replayed first, so those messages stay acked. A master
+that starts again in its own epoch (its boot in master-slave mode, a restart after a lapsed
+lease) and an acting slave keep the invisible times.
+
 GET_POP_CHECKPOINT (pre-online): a member answers its pop state with a ``DataVersion``;
 the returning master takes it if newer (``merge_checkpoint``), so what was popped and not
 acked during the outage is redelivered by it, and what was acked is not. The version's
@@ -62,7 +72,7 @@ from hamq.broker.stored_message import read_message
 from hamq.broker.topics import TopicService
 from hamq.clock import monotonic_ms, wall_ms
 from hamq.config import BrokerConfig
-from hamq.errors import HamqError, InvalidArgument, NoPermission
+from hamq.errors import HamqError, InvalidArgument, NoPermission, ServiceNotAvailable
 from hamq.net.connection import Connection, error_pieces, response_pieces
 from hamq.net.tasks import PeriodicTask, spawn
 from hamq.protocol.codes import RequestCode, ResponseCode
@@ -160,6 +170,9 @@ class PopService:
         # Each queue's state as last encoded for a checkpoint, with the state object and
         # its version then: a checkpoint re-encodes only the queues that changed.
         self._encoded: dict[StateKey, tuple[PopQueueState, int, list]] = {}
+        # The master epoch this service last started in (module docstring, failover).
+        self._serving_epoch = role.epoch
+        self._acting_loaded = False  # acting: what earlier acting members escaped is read
         self._ensure_revive_topic()
         self._recover()
         store.after_cut.append(self._after_cut)
@@ -189,6 +202,18 @@ class PopService:
     def acting(self) -> bool:
         """Acting as master, with somewhere to escape to (else pops stay refused)."""
         return self.escaped is not None and self.role.is_acting_master
+
+    @property
+    def _loading(self) -> bool:
+        """An acting member takes requests from the moment it acts, but its state holds
+        what earlier acting members escaped only once ``start`` read it back: until then a
+        pop would hand out again what they had acked, and an ack would be taken for stale.
+        So pops are held (or find nothing) and acks are refused (retriably) meanwhile."""
+        return self.acting and not self._acting_loaded
+
+    def _check_loaded(self) -> None:
+        if self._loading:
+            raise ServiceNotAvailable("this member's pop state is still loading: try again")
 
     # -- lifecycle ------------------------------------------------------------------------
     def _recover(self) -> None:
@@ -242,10 +267,28 @@ class PopService:
             self._recover()
         if self.acting:
             await self._take_escaped_records()
+            self._acting_loaded = True
+            self._retry_held(list(self.held), lambda h: True, self.store.clock_ms())
             self.data_version = DataVersion(wall_ms(), 0, wall_ms())
             self.escaped.start()
+        elif self.role.epoch != self._serving_epoch:
+            self._serving_epoch = self.role.epoch
+            self._revive_in_flight()
         for duty in self._duties:
             duty.start()
+
+    def _revive_in_flight(self) -> None:
+        """A new master: what earlier masters left in flight is due now (module
+        docstring)."""
+        now = self.store.clock_ms()
+        revived = sum(state.revive_now(now) for state in self.states.values())
+        if revived:
+            self._changed()
+            log.info(
+                "pop: %d messages in flight before master epoch %d are redelivered now",
+                revived,
+                self.role.epoch,
+            )
 
     async def _take_escaped_records(self) -> None:
         """Replay, after this member's own revive log, the records acting members of this
@@ -272,6 +315,7 @@ class PopService:
             log.info("pop state: %d records escaped by acting members replayed", len(records))
 
     async def stop(self) -> None:
+        self._acting_loaded = False
         for duty in self._duties:
             await duty.stop()
         if self.escaped is not None:
@@ -404,6 +448,8 @@ class PopService:
                 del counter[key]
 
     def _answer(self, frame: Frame, hold: bool) -> list | None:
+        if self._loading:  # held (or answered empty) until the state is loaded
+            return None if hold else response_pieces(frame, ResponseCode.PULL_NOT_FOUND)
         ext = frame.ext
         group, topic = ext["group"], ext["topic"]
         queue_id = ext.get("queue_id", -1)
@@ -709,6 +755,7 @@ class PopService:
         acting master, a future done once it is escaped)."""
         if not self.serving:
             raise NoPermission("this broker is a slave: ack on the group's master")
+        self._check_loaded()
         if self.acting:
             self.escaped.check_room()
         stale: list[int] = []
@@ -780,6 +827,7 @@ class PopService:
         ext = frame.ext
         if not self.serving:
             raise NoPermission("this broker is a slave: change invisible time on the master")
+        self._check_loaded()
         group, topic = require(ext, "group"), require(ext, "topic")
         qid, offset = require(ext, "queue_id", int), require(ext, "offset", int)
         invisible_ms = require(ext, "invisible_time_ms", int)

@@ -147,6 +147,17 @@ class PopQueueState:
         due.sort()
         return due
 
+    def revive_now(self, now_ms: int) -> int:
+        """Everything in flight is due at ``now_ms`` (a new master took the group over: the
+        consumers that held these have lost their master, RabbitMQ requeues them at once);
+        returns how many. Their receipt handles stay valid until they are handed out again."""
+        if not self.inflight:
+            return 0
+        self.inflight = {o: (min(d, now_ms), r, ck) for o, (d, r, ck) in self.inflight.items()}
+        self.version += 1
+        self.restore_deadlines()
+        return len(self.inflight)
+
     def next_deadline_ms(self) -> int | None:
         """The earliest invisible time that runs out (possibly of an entry acked since, so
         a caller may wake for nothing once), or None if nothing is in flight."""
