@@ -1,6 +1,7 @@
 """SEND_MESSAGE / SEND_BATCH_MESSAGE: validate, append as one record, answer — at once, or
 once the group commit of a sync flush and, on a sync master, the slaves' acks cover it
-(RIP-34: ``needAckNums`` decided before the message is stored)."""
+(RIP-34: ``needAckNums`` decided before the message is stored). Sends whose answer waits
+use up the member's credit (``broker/flow.py``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable
 
 from hamq.broker.dledger.driver import DLedgerCommitLog
 from hamq.broker.dledger.wire import encode_entry
+from hamq.broker.flow import PublisherFlow
 from hamq.broker.ha.service import HAMaster
 from hamq.broker.topics import TopicService
 from hamq.errors import HamqError, MessageIllegal
@@ -39,6 +41,7 @@ class SendProcessor:
         *,
         on_put: Callable[[str, int], None],
         put_held_back: Callable[[str, int, bytes, int, int], PutResult],
+        flow: PublisherFlow,
     ) -> None:
         self.store = store
         self.topics = topics
@@ -48,8 +51,11 @@ class SendProcessor:
         self.put_held_back = put_held_back  # delay, timer, half messages (broker/held_back.py)
         self.dledger = dledger  # DLedger mode: sends are Raft proposals
         self.max_message_bytes = store.config.max_message_size
+        self.flow = flow  # credit for answers that wait, and which connections publish
 
     def send(self, conn: Connection, frame: Frame, batch: bool) -> list | None:
+        if not conn.publishes:
+            self.flow.publisher(conn)
         ext = frame.ext
         topic = require(ext, "topic")
         queue_id = require(ext, "queue_id", int)
@@ -76,13 +82,14 @@ class SendProcessor:
         }
         if not self.flush.sync and need_ack_nums <= 1:
             return response_pieces(frame, ext=answer)
-        self.when_stored(
-            result,
-            need_ack_nums,
-            lambda code, remark: conn.reply(
-                response_pieces(frame, code, ext=answer, remark=remark)
-            ),
-        )
+        flow, size = self.flow, len(frame.body)
+        flow.take(size)
+
+        def stored(code: int, remark: str) -> None:
+            flow.give(size)
+            conn.reply(response_pieces(frame, code, ext=answer, remark=remark))
+
+        self.when_stored(result, need_ack_nums, stored)
         return None
 
     def store_batch(
@@ -147,7 +154,11 @@ class SendProcessor:
             bytes(frame.body),
         )
 
+        flow, size = self.flow, len(frame.body)
+        flow.take(size)
+
         def committed(result: PutResult | None, err: HamqError | None) -> None:
+            flow.give(size)
             if frame.is_oneway:
                 return
             if err is not None:

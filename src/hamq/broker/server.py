@@ -10,10 +10,12 @@ from collections.abc import Callable, Iterable
 from wsgiref.simple_server import WSGIServer
 
 from hamq.broker.acting_master import ActingMasterWatch
+from hamq.broker.alarms import ResourceMonitor
 from hamq.broker.client_processor import ClientProcessor
 from hamq.broker.clients import ClientManager
 from hamq.broker.dledger.driver import DLedgerCommitLog
 from hamq.broker.escape import EscapeBridge
+from hamq.broker.flow import PublisherFlow
 from hamq.broker.ha.exchange import BrokerHaInfoExchange
 from hamq.broker.ha.member_group import MASTER_ID, MemberGroup
 from hamq.broker.ha.service import HAMaster, HASlave
@@ -179,6 +181,8 @@ class Broker:
             on_put=self.pull.message_arrived,
             share=DecisionShare(self.members, self.pool, config.broker_id).share,
         )
+        self.flow = PublisherFlow(config.max_unconfirmed_bytes)  # credit and alarms
+        self.alarms = ResourceMonitor(config, self.flow)
         self.send = SendProcessor(
             self.store,
             self.topics,
@@ -187,6 +191,7 @@ class Broker:
             self.dledger,
             on_put=self.pull.message_arrived,
             put_held_back=HeldBackPut(self.schedule, self.transactions),
+            flow=self.flow,
         )
         self.clients = ClientManager()
         self.locks = RebalanceLockManager(config.rebalance_lock_max_live_time_ms)
@@ -236,6 +241,7 @@ class Broker:
         if self.ha_master is not None:
             mirrors = MirrorSyncProcessor(config, self.role, self.ha_master)
             self.processor.register(mirrors.handlers())
+        self.processor.register({RequestCode.UPDATE_BROKER_CONFIG: self.alarms.update_config})
         self.pull.watch_arrivals(self.pop.held, self.pop.serve_arrivals)
         self.topics.on_delete.append(self.pop.forget_topic)
         if self.replicas is not None:
@@ -305,6 +311,7 @@ class Broker:
 
         self.server = Server(self.processor, config)
         self.server.on_connection_closed.append(self.clients.connection_closed)
+        self.server.on_connection_closed.append(self.flow.closed)
         self._housekeeping = PeriodicTask(
             "client housekeeping", CLIENT_SCAN_INTERVAL_S, self._scan_clients
         )
@@ -461,6 +468,7 @@ class Broker:
             "pre_online": None if self.pre_online is None else self.pre_online.info(),
             "acting_master": self.acting.info(),
             "queue_locks": self.locks.owners(monotonic_ms()),
+            "flow": self.flow.status(),
         }
 
     def _ha_status(self) -> dict:
@@ -477,6 +485,7 @@ class Broker:
         if self.dledger is not None:
             await self.dledger.start()
         self.flush.start()
+        self.alarms.start()
         self.schedule.start()
         if self.replicas is not None:  # the name servers hear of us under that id
             await self.replicas.take_broker_id()
@@ -518,6 +527,7 @@ class Broker:
             ),
         ):
             gauge(name, documentation, read, labels)
+        self.alarms.add_gauges(labels)
 
     def _scan_clients(self) -> None:
         self.clients.scan_expired(monotonic_ms())
@@ -539,6 +549,7 @@ class Broker:
         await self.acting.stop()
         await self.role.stop()
         await self.schedule.stop()
+        await self.alarms.stop()
         await self._stop_serving()  # done already if the HA master stopped
         await self.flush.stop()
         self.store.close()

@@ -8,12 +8,17 @@ Retriable failures move to another queue, preferring another broker group
 
 Every message gets a UNIQ_KEY (RocketMQ's client-generated id) when it is encoded: a send
 retried after a timeout carries the same bytes, so a consumer can recognise the copy.
+
+A broker in a memory or disk alarm blocks its publishers (RabbitMQ's connection.blocked):
+it tells them with a one-way CONNECTION_BLOCKED and reads nothing more from them until
+CONNECTION_UNBLOCKED. ``blocked`` says why sends wait meanwhile; they are not refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import zlib
 from collections.abc import Callable, Iterable
@@ -25,6 +30,7 @@ from hamq.errors import (
     ConnectionLost,
     HamqError,
     InvalidArgument,
+    RequestCodeNotSupported,
     RequestTimeout,
     ServiceNotAvailable,
     TopicNotExist,
@@ -37,6 +43,8 @@ from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame
 from hamq.protocol.limits import MAX_BATCH_MESSAGES
 from hamq.protocol.message import encode_batch, validate_topic
+
+log = logging.getLogger(__name__)
 
 SendCallback = Callable[[SendResult | None, HamqError | None], None]
 
@@ -82,6 +90,37 @@ class AsyncProducer:
         self._uniq_keys = UniqKeys()
         self._stale: set[str] = set()  # topics whose route must be refreshed before use
         self._refreshing: dict[str, asyncio.Future] = {}
+        self._blocked: dict[Connection, str] = {}  # broker connections blocked, and why
+        self.core.pool.handler = self  # brokers tell us CONNECTION_(UN)BLOCKED
+
+    @property
+    def blocked(self) -> str | None:
+        """Why a broker blocks this producer's sends ("memory" or "disk"), or None."""
+        # (read from any thread: the sync Producer's; a closed connection blocks nothing)
+        return next((r for c, r in list(self._blocked.items()) if not c.is_closed), None)
+
+    # -- requests from brokers (RequestHandler) --------------------------------------------
+    def handle(self, conn: Connection, frame: Frame) -> list | None:
+        for closed in [c for c in self._blocked if c.is_closed]:
+            del self._blocked[closed]  # its replacement starts unblocked
+        if frame.code == RequestCode.CONNECTION_BLOCKED:
+            reason = str(frame.ext.get("reason", "?"))
+            self._blocked[conn] = reason
+            log.warning(
+                "broker %s blocks this producer's sends (%s alarm: %s); they wait",
+                conn.peer,
+                reason,
+                frame.ext.get("detail", ""),
+            )
+        elif frame.code == RequestCode.CONNECTION_UNBLOCKED:
+            if self._blocked.pop(conn, None) is not None:
+                log.warning("broker %s unblocked this producer's sends", conn.peer)
+        else:
+            raise RequestCodeNotSupported(f"a producer does not take request code {frame.code}")
+        return None
+
+    def after_batch(self) -> None:
+        pass
 
     async def start(self) -> None:
         """Nothing to open eagerly; kept so the lifecycle reads like RocketMQ's."""

@@ -31,7 +31,7 @@ from hamq.client.message import PROPERTY_KEYS, PROPERTY_TAGS, Message, SendResul
 from hamq.client.producer import AsyncProducer
 from hamq.client.sync import _SyncFacade
 from hamq.clock import monotonic_s
-from hamq.errors import HamqError, InvalidArgument, RequestCodeNotSupported, ServiceNotAvailable
+from hamq.errors import HamqError, InvalidArgument, ServiceNotAvailable
 from hamq.net.connection import Connection
 from hamq.net.tasks import PeriodicTask, cancel_all
 from hamq.policy.definition import DEFAULT_VHOST
@@ -130,9 +130,7 @@ class AsyncTransactionProducer:
     # -- requests from brokers (RequestHandler) --------------------------------------------
     def handle(self, conn: Connection, frame: Frame) -> list | None:
         if frame.code != RequestCode.CHECK_TRANSACTION_STATE:
-            raise RequestCodeNotSupported(
-                f"a transaction producer does not take request code {frame.code}"
-            )
+            return self.producer.handle(conn, frame)  # CONNECTION_(UN)BLOCKED
         task = asyncio.ensure_future(self._answer_check(conn, frame))
         self._checks.add(task)
         task.add_done_callback(self._checks.discard)

@@ -17,6 +17,10 @@ A client keeps at most ``MAX_INFLIGHT_REQUESTS`` requests unanswered on one conn
 wait here, unwritten and in order, until answers (or timeouts) make room — the caller is not
 told, as RocketMQ's async semaphore would, only its request leaves later. The hot path pays
 one length check for it.
+
+A server may also hold a connection back (``hold_back``): flow control stops reading a
+publisher while its sends waiting for acks use up the broker's credit, or while a resource
+alarm is on (``broker/flow.py``). Nothing is refused: its requests wait in the socket.
 """
 
 from __future__ import annotations
@@ -105,6 +109,8 @@ class Connection(asyncio.BufferedProtocol):
         self._late: list[Callable[[], list]] = []  # held answers waiting for the peer
         self._reading_paused = False
         self._drain_scheduled = False
+        self._held_back = False  # flow control (server side): not read until released
+        self.publishes = False  # it sent SEND_MESSAGE (flow control holds publishers only)
         # The server's total of unfinished frames and unread answers (None: not counted);
         # _held is this connection's part of it, _starved: not read until it falls.
         self._held_bytes = held_bytes
@@ -273,11 +279,23 @@ class Connection(asyncio.BufferedProtocol):
         self._starved = False
         self._update_reading()
 
+    def hold_back(self, held: bool) -> None:
+        """Stop reading this connection (``held``), or read it again: flow control."""
+        self._held_back = held
+        self._update_reading()
+
     def _update_reading(self) -> None:
-        """Read the socket unless the peer is behind on its answers (server side only)."""
+        """Read the socket unless the peer is behind on its answers or flow control holds
+        it back (server side only)."""
         if self.handler is None or self.is_closed:
             return
-        paused = self._paused or self._starved or bool(self._deferred) or bool(self._late)
+        paused = (
+            self._paused
+            or self._starved
+            or self._held_back
+            or bool(self._deferred)
+            or bool(self._late)
+        )
         if paused != self._reading_paused:
             self._reading_paused = paused
             if paused:
@@ -324,7 +342,7 @@ class Connection(asyncio.BufferedProtocol):
         read or written for ``idle_s``, or a frame begun ``frame_s`` ago still unfinished
         while the connection was being read (the server's sweep calls this)."""
         activity = (self.reads, self.transport.get_write_buffer_size() if self.transport else 0)
-        if activity != self._activity:
+        if activity != self._activity or self._held_back:  # held back: we do not read it
             self._activity, self._active_at = activity, now
         elif now - self._active_at > idle_s:
             return f"idle for {idle_s:g} s"

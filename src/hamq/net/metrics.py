@@ -78,10 +78,12 @@ def gauge(
 
 
 def remove_gauges(labels: dict[str, str]) -> None:
-    """Drop every series with these labels (a container member that stopped)."""
-    key = tuple(sorted(labels.items()))
+    """Drop every series carrying these labels (a container member that stopped), whatever
+    other labels it has (``hamq_alarm``'s resource)."""
+    wanted = set(labels.items())
     for name, (_, series) in list(_COLLECTOR.gauges.items()):
-        series.pop(key, None)
+        for key in [key for key in series if wanted <= set(key)]:
+            del series[key]
         if not series:
             _COLLECTOR.gauges.pop(name, None)
 

@@ -10,6 +10,7 @@ class RequestCode(IntEnum):
     QUERY_CONSUMER_OFFSET = 14
     UPDATE_CONSUMER_OFFSET = 15
     UPDATE_AND_CREATE_TOPIC = 17
+    UPDATE_BROKER_CONFIG = 25  # hamq: the alarm limits only (broker/alarms.py)
     GET_ALL_TOPIC_CONFIG = 21
     GET_BROKER_RUNTIME_INFO = 28
     SEARCH_OFFSET_BY_TIMESTAMP = 29
