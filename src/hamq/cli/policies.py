@@ -263,10 +263,9 @@ async def _node_request(addr: str, code: int, ext: dict, timeout_s: float) -> di
     "--node",
     "node_addr",
     help="Declare through this node (a container's listen address): it becomes the topic's "
-    "home node, as a client connected there would make it.",
+    "home node, as for a client connected there (default: the first alive node by name).",
 )
 @click.option("--queues", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--exclusive", is_flag=True, help="Deleted when this declaring connection closes.")
 @controller_option
 @json_option
 @run_async
@@ -275,31 +274,27 @@ async def declare_topic(
     vhost: str,
     node_addr: str | None,
     queues: int,
-    exclusive: bool,
     controllers: list[str],
     as_json: bool,
 ) -> None:
     """Declare a topic: the policies decide which nodes hold it."""
-    if node_addr:
-        answer = await _node_request(
-            node_addr,
-            RequestCode.DECLARE_TOPIC,
-            {"vhost": vhost, "topic": name, "exclusive": exclusive, "queue_nums": queues},
-            DECLARE_TIMEOUT_S,
-        )
-    else:
-        if exclusive:
-            raise BadDefinition("--exclusive needs --node (the connection that owns the topic)")
+    if not node_addr:
         async with controller_admin(controllers) as admin:
-            await admin.client.declare_topic(vhost, name, "", queue_nums=queues)
-        answer = {}
+            nodes = await admin.client.list_nodes()
+        alive = sorted((n["node"], n["address"]) for n in nodes if n["alive"])
+        if not alive:
+            raise click.ClickException("no node is alive to declare the topic through")
+        node_addr = alive[0][1]
+    await _node_request(
+        node_addr,
+        RequestCode.DECLARE_TOPIC,
+        {"vhost": vhost, "topic": name, "exclusive": False, "queue_nums": queues},
+        DECLARE_TIMEOUT_S,
+    )
     emit(
-        {"vhost": vhost, "name": name, "queues": queues, "node": node_addr, **answer},
+        {"vhost": vhost, "name": name, "queues": queues, "node": node_addr},
         as_json,
-        lambda o: (
-            f"declared topic {o['name']} in vhost {o['vhost']}"
-            + (f" through {o['node']}" if o["node"] else "")
-        ),
+        lambda o: f"declared topic {o['name']} in vhost {o['vhost']} through {o['node']}",
     )
 
 
@@ -439,7 +434,14 @@ def _sync_command(command: str, cancel: bool, doc: str, said: str) -> click.Comm
     @run_async
     async def sync(name: str, vhost: str, controllers: list[str], as_json: bool) -> None:
         done = await _sync(vhost, name, controllers, cancel=cancel)
-        emit(done, as_json, lambda o: f"{said} topic {o['name']} in vhost {o['vhost']}")
+        emit(
+            done,
+            as_json,
+            lambda o: (
+                f"{said} topic {o['name']} in vhost {o['vhost']}: "
+                f"{len(o.get('members', ()))} unsynchronised mirror(s) of {o['group']}"
+            ),
+        )
 
     return sync
 
