@@ -4,16 +4,28 @@ drained check and the settings of a new member."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import sys
+from pathlib import Path
 
 import pytest
 
+from hamq.clock import monotonic_ms
+from hamq.config import ControllerSettings
 from hamq.controller.nodes import HostedMember, NodeHeartbeat, NodeLiveness
+from hamq.controller.requests import (
+    ApplyBrokerIdRequest,
+    BrokerHeartbeat,
+    ElectMasterRequest,
+    ElectTrigger,
+)
 from hamq.controller.state import BrokerGroup, BrokerMember, ControllerState
 from hamq.controller_server.placement import (
     Complaints,
     Observed,
     QueueState,
+    StepRefused,
     build_world,
     election_refusal,
     member_settings,
@@ -24,8 +36,12 @@ from hamq.controller_server.placement import (
     topic_drained,
     unplaced_groups,
 )
+from hamq.controller_server.service import ControllerService
 from hamq.policy import placement as policy
 from hamq.policy.definition import make_policy
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from helpers import until
 
 CLUSTER = "hamq"
 TIMEOUT_MS = 5000
@@ -221,3 +237,37 @@ def test_a_failing_step_is_logged_once_per_cause(caplog: pytest.LogCaptureFixtur
         "placement: AddMember(x) not done: port in use (retried every round)",
         "placement: AddMember(x) done",
     ]
+
+
+def test_the_driver_rechecks_the_group_before_removing_whatever_the_plan_says(tmp_path) -> None:
+    """A real controller peer (one, in this process) with a group of two: master 1 and an
+    unsynchronised member 2 that stopped reporting. A plan to remove the master is refused
+    with no request sent; removing member 2 from a node that is down only forgets it."""
+
+    async def scenario() -> None:
+        settings = ControllerSettings(
+            controller_election_timeout_ms=100, mirror_cluster_name=CLUSTER
+        )
+        service = ControllerService(settings, "127.0.0.1:1", tmp_path)
+        service.driver.start()
+        try:
+            await until(lambda: service.driver.core.serving, 10.0, "the peer serves")
+            for broker_id in (1, 2):
+                addr = f"127.0.0.1:{20000 + broker_id}"
+                await service.propose(ApplyBrokerIdRequest(CLUSTER, "ha_g", broker_id, addr, "c"))
+            service.driver.core.heartbeat(
+                BrokerHeartbeat(CLUSTER, "ha_g", 1, "127.0.0.1:20001", 0, 0), monotonic_ms()
+            )
+            await service.propose(ElectMasterRequest(CLUSTER, "ha_g", ElectTrigger.ADMIN, 1))
+            core, placement = service.driver.core, service.placement
+            nobody = Observed(frozenset(), {}, {})
+
+            with pytest.raises(StepRefused, match="member 1 is the master"):
+                await placement._take(policy.RemoveMember("ha_g", 1, "hamq@a"), nobody)
+            await placement._take(policy.RemoveMember("ha_g", 2, "hamq@b"), nobody)
+            assert set(core.state.groups[(CLUSTER, "ha_g")].members) == {1}
+            await placement._take(policy.RemoveMember("ha_g", 2, "hamq@b"), nobody)  # again: done
+        finally:
+            await service.stop()
+
+    asyncio.run(scenario())

@@ -434,20 +434,21 @@ class PlacementDriver:
         why = removal_refusal(group, step.broker_id, self._alive(key))
         if why is not None:
             raise StepRefused(f"member {step.broker_id} of {step.group} kept: {why}")
-        # A member on a node that is down went down with it: only forgotten.
-        stopped = step.node not in seen.alive
-        if not stopped:
+        # Stopped here, its heartbeats may not have timed out yet: forgotten although the
+        # controller still counts it alive. On a node that is down it is only forgotten,
+        # once the controller too has stopped hearing from it.
+        stopped_here = step.node in seen.alive
+        if stopped_here:
             ext = {"broker_name": step.group, "broker_id": step.broker_id, "delete_store": True}
             try:
                 await self._request(seen.addresses[step.node], RequestCode.REMOVE_BROKER, ext)
             except InvalidArgument:
                 pass  # not a member there (any more): removed by an earlier attempt
-            stopped = True
         # Checked again: the group may have changed while the member stopped.
         if self._group(step.group).master_id == step.broker_id:
             raise StepRefused(f"member {step.broker_id} of {step.group} became master")
         clean = CleanBrokerDataRequest(
-            self.cluster, step.group, frozenset({step.broker_id}), clean_living_broker=stopped
+            self.cluster, step.group, frozenset({step.broker_id}), stopped_here
         )
         await self._commit(clean)
         log.info("placement: removed member %d of %s", step.broker_id, step.group)
