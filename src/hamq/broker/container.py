@@ -233,7 +233,8 @@ class BrokerContainer:
         async with self._changing:
             refuse_duplicate(config, (broker.config for broker in self.brokers.values()))
             check_can_start(config)  # ports free, store creatable: ConfigError, nothing opened
-            await self._refuse_live_twin(config)
+            if not config.enable_controller_mode:  # its id is the controller's, fenced there
+                await self._refuse_live_twin(config)
             try:  # (a constructor that fails lets go of the store itself)
                 broker = Broker(config, pool=self.pool, siblings=lambda: self._siblings(broker))
             except OSError as exc:
