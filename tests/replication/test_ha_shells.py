@@ -1,6 +1,7 @@
 """``HAMaster`` and ``HASlave`` over loopback TCP (issue 14): under sync flush a slave's ack
 counts a send only once the slave fsynced it (bug A), and in controller mode the confirm
-offset reaches the slaves without one empty transfer per send in one-at-a-time traffic."""
+offset reaches the slaves without one empty transfer per send in one-at-a-time traffic.
+Seed 003: a sync-queue never empties the log of a member the controller may still elect."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable
 
 from hamq.broker.ha.member_group import MASTER_ID, MemberGroup
 from hamq.broker.ha.service import HAMaster, HASlave
+from hamq.clock import monotonic_ms
 from hamq.config import BrokerConfig
 from hamq.net.pool import ConnectionPool
 from hamq.protocol.codes import RequestCode
@@ -144,3 +146,48 @@ def test_the_confirm_offset_reaches_the_slave_without_an_empty_transfer_per_send
     asyncio.run(run_group(master_cfg, slave_cfg, scenario, controller=True))
     assert transfers["data"] >= SENDS
     assert transfers["empty"] < SENDS // 2, transfers
+
+
+def put(store: MessageStore, n: int) -> None:
+    for i in range(n):
+        payload = encode_message(b"m%d" % i)
+        store.put_batch("T", 0, payload, 1, zlib.crc32(payload), 0)
+    store.commit()
+
+
+def test_a_sync_of_a_set_member_waits_until_the_shrink_is_applied(tmp_path) -> None:
+    """An offset reset drops the need offset below a tail-joined member's log start and
+    sync-queue comes before the controller applied the shrink: the member keeps its whole
+    log (an election may still promote it) and restarts from the need offset only after."""
+    master_cfg, slave_cfg = configs(
+        tmp_path,
+        master_role="sync_master",
+        enable_controller_mode=True,
+        controller_addr=("127.0.0.1:9",),  # never dialled here
+        all_ack_in_sync_state_set=True,
+        ha_join="tail",
+    )
+
+    history = MessageStore(master_cfg)  # before the mirror joins: not in its log
+    put(history, SENDS)
+    tail_start = history.commitlog.max_offset
+    history.close()
+
+    async def scenario(ha_master: HAMaster, ha_slave: HASlave) -> None:
+        slave_log, offsets = ha_slave.store.commitlog, ha_master.store.offsets
+        assert slave_log.min_offset == tail_start > 0
+        offsets.commit("g", "T", 0, SENDS, 0)  # all consumed: the mirror is synchronised
+        ha_master.sync_state_set_change(monotonic_ms())
+        ha_master.set_sync_state_set(frozenset({MASTER_ID, 1}), epoch=2)
+        offsets.commit("g", "T", 0, 0, 0)  # an offset reset: the history is needed again
+        assert ha_master.sync_mirrors(4) == [1]
+        put(ha_master.store, 1)
+        ha_master.new_data()
+        end = ha_master.store.commitlog.max_offset
+        await until(lambda: slave_log.max_offset == end, 10, "slave replicates on")
+        assert slave_log.min_offset == tail_start > 0  # whole: it may still be elected
+        ha_master.set_sync_state_set(frozenset({MASTER_ID}), epoch=3)  # the shrink applied
+        await until(lambda: slave_log.min_offset == 0, 10, "slave restarted at the need offset")
+        await until(lambda: slave_log.max_offset == end, 10, "slave synced the history")
+
+    asyncio.run(run_group(master_cfg, slave_cfg, scenario, controller=True))

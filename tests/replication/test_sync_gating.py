@@ -187,3 +187,28 @@ def test_without_a_batch_size_transfers_are_bounded_by_bytes_only():
     log = FixedLog(0, 10_000)
     m.attach("s", SLAVE, 0, None, log, now_ms=0)
     assert m.next_transfer("s", 10_000, 0, log.records_end) == (0, 10_000)
+
+
+def test_a_member_the_controller_may_still_elect_is_not_restarted_until_it_leaves_the_set():
+    """A consumer offset reset drops the need offset below a member's log start; a
+    sync-queue before the controller applied the shrink must not empty that member's log:
+    while it is in the set the controller may elect it, and it would lose everything."""
+    m, sss = core()
+    log = FixedLog(0, 10_000)
+    m.attach("s", SLAVE, 10_000, log.probe(9900), log, now_ms=0, log_start=5000)
+    sss.set_need_offset(6000)
+    m.on_ack("s", 10_000, now_ms=0, received_offset=10_000)
+    assert sss.maybe_expand(SLAVE, 10_000)
+    sss.apply(frozenset({MASTER, SLAVE}), 1)
+    sss.set_need_offset(2000)  # the reset: the member is no longer synchronised
+    m.restart(SLAVE, Restart(2000, batch_records=4))
+    attached = m.attach("s2", SLAVE, 10_000, log.probe(9900), log, now_ms=1, log_start=5000)
+    assert attached is not None and attached.start == 10_000  # continues, nothing cut
+    assert m.slaves["s2"].sync_start is None and SLAVE in m.restarts  # kept for later
+    assert sss.change(now_ms=2, master_max_offset=10_000) == {MASTER}
+    attached = m.attach("s3", SLAVE, 10_000, log.probe(9900), log, now_ms=3, log_start=5000)
+    assert attached is not None and attached.start == 10_000  # proposed out, not applied
+    sss.apply(frozenset({MASTER}), 2)  # the shrink applied: now it may restart
+    attached = m.attach("s4", SLAVE, 10_000, log.probe(9900), log, now_ms=4, log_start=5000)
+    assert attached is not None and attached.start == 2000
+    assert m.slaves["s4"].sync_start == 2000 and not m.restarts

@@ -274,7 +274,7 @@ class MasterReplication:
         if proof is None and tail:
             start = log.max_offset  # a new mirror: only what is published from now on
         held_from = start if proof is None or start != offset else (log_start or 0)
-        restart = self.restarts.pop(broker_id, None)
+        restart = None if self.may_be_elected(broker_id) else self.restarts.pop(broker_id, None)
         sync_start, batch_records = None, 0
         if restart is not None:
             if restart.offset is None:
@@ -307,8 +307,17 @@ class MasterReplication:
 
     def restart(self, broker_id: int, restart: Restart) -> None:
         """The slave's next attach restarts its log as ``restart`` says; the shell closes
-        its session now so that it attaches again."""
+        its session now so that it attaches again (for a member the controller may still
+        elect, once it may not: ``may_be_elected``)."""
         self.restarts[broker_id] = restart
+
+    def may_be_elected(self, broker_id: int) -> bool:
+        """Whether the controller may hold ``broker_id`` in the SyncStateSet (the effective
+        set: a shrink counts only once applied). Such a member's log is never restarted,
+        however stale its place (the need offset dropped below its start just now): an
+        election in between would promote an emptied log. Its pending restart waits."""
+        sss = self.sync_state_set
+        return sss is not None and broker_id in sss.effective
 
     def disconnect(self, key: Hashable) -> list[tuple[AckCallback, ReplicaStatus]]:
         """A slave went away; waiters that can no longer be satisfied end now."""

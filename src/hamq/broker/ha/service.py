@@ -523,6 +523,9 @@ class HAMaster:
         older epoch than the one held is ignored). A shrink takes effect here."""
         _run(self.core.apply_sync_state_set(frozenset(ids), epoch))
         self._update_read_cap()
+        for conn, broker_id in list(self._conns.items()):
+            if broker_id in self.core.restarts:
+                self._restart_session(conn, broker_id)
 
     def sync_state_set_change(self, now_ms: int) -> frozenset[int] | None:
         """The SyncStateSet to propose now (the seed's expand and shrink), or None. A
@@ -555,8 +558,9 @@ class HAMaster:
     def sync_mirrors(self, batch_records: int) -> list[int]:
         """sync-queue: every attached slave whose log starts above the need offset (and is
         not syncing already) restarts its log there and refills, ``batch_records`` records
-        per transfer; producers and consumers go on meanwhile. Its session closes now, and
-        its next handshake restarts it. The broker ids restarted."""
+        per transfer; producers and consumers go on meanwhile. Its session closes now (a
+        member still in the SyncStateSet: once the shrink is applied), and its next
+        handshake restarts it. The broker ids restarted."""
         need = self._refresh_need().offset
         restarted = []
         for conn, broker_id in list(self._conns.items()):
@@ -571,18 +575,28 @@ class HAMaster:
                 progress.log_start,
             )
             restarted.append(broker_id)
-            conn.close()
+            self._restart_session(conn, broker_id)
         return restarted
+
+    def _restart_session(self, conn: Connection, broker_id: int) -> None:
+        """Close the session of a slave with a pending restart, so that its next handshake
+        restarts it; a member the controller may still elect keeps its session (and its
+        log) until the shrink that drops it is applied (``set_sync_state_set``)."""
+        if not self.core.may_be_elected(broker_id):
+            conn.close()
 
     def cancel_sync(self) -> list[int]:
         """cancel-sync-queue: slaves syncing and not yet synchronised go back to the tail
         (their log restarts at our end) and stay unsynchronised. The broker ids."""
         cancelled = sorted(self._syncing())
         for broker_id in cancelled:
-            self.core.restart(broker_id, Restart(None))
+            if self.core.may_be_elected(broker_id):
+                del self.core.restarts[broker_id]  # not begun: its log is as it was
+            else:
+                self.core.restart(broker_id, Restart(None))
         for conn, broker_id in list(self._conns.items()):
             if broker_id in cancelled:
-                conn.close()
+                self._restart_session(conn, broker_id)
         return cancelled
 
     def _syncing(self) -> set[int]:
@@ -591,7 +605,7 @@ class HAMaster:
         joined = sss.effective if sss is not None else frozenset()
         pending = {b for b, r in self.core.restarts.items() if r.offset is not None}
         started = {s.broker_id for s in self.core.slaves.values() if s.sync_start is not None}
-        return (pending | started) - joined
+        return pending | (started - joined)
 
     def mirror_status(self, own_addr: str) -> dict:
         """GET_MIRROR_STATUS: the need offset, what consumers may still need, and each
