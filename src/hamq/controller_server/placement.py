@@ -6,11 +6,12 @@ real containers and brokers.
 
 Nothing the driver remembers decides anything: each round starts again from the
 replicated state and fresh observations, so a new leader picks up a migration where the
-old one stopped, and a step repeated after a lost answer finds its work done (a member's
-store directory is named after the group's next broker id, so a second ADD_BROKER for the
-same member is refused by the container as a duplicate store; topic steps are updates).
-What it keeps in memory only makes it polite: one step in flight per group, each failure's
-cause logged once, the last plan for CONTROLLER_GET_PLACEMENT.
+old one stopped, and a step repeated after a lost answer finds its work done (a container
+holds one member of a group, so a second ADD_BROKER for it is refused; a removed member or
+a dropped topic that is already gone counts as done; topic steps are updates). What it
+keeps in memory only makes it polite: one step in flight per group, each failure's cause
+logged once, read-only retirements sent once a leadership, the last plan for
+CONTROLLER_GET_PLACEMENT.
 
 Safety does not rest on the reconciler alone: right before it removes a member or moves a
 master, the driver checks the group again as the controller sees it at that moment, and it
