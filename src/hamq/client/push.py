@@ -432,6 +432,7 @@ class AsyncPushConsumer:
         """A failover cancelled the consumer (module docstring): its queues are released
         as at shutdown, it leaves the group, and the application is told."""
         self.cancelled = reason
+        self._refused.clear()  # not asked for again: the lock retry would take them
         for pq in list(self.process_queues.values()):
             if not pq.dropped:
                 self._release_later(pq)
@@ -463,8 +464,9 @@ class AsyncPushConsumer:
         return None
 
     async def _add(self, mq: MessageQueue) -> None:
-        if mq in self._adding or not self._running:  # a rebalance and a lock retry may
-            return  # both want it; none after shutdown
+        # a rebalance and a lock retry may both want it; none after shutdown or a cancel
+        if mq in self._adding or not self._running or self.cancelled is not None:
+            return
         self._adding.add(mq)
         try:
             await self._take(mq)
@@ -488,7 +490,7 @@ class AsyncPushConsumer:
             log.warning("cannot start %s: %s", mq, err.message)
             started = False
         else:
-            started = self._running  # not if shut down meanwhile
+            started = self._running and self.cancelled is None  # not if stopped meanwhile
         if not started:
             if self.orderly:
                 await self._unlock([pq])
