@@ -383,6 +383,23 @@ def test_a_policy_groups_promotion_rule_decides_whether_an_unsynchronised_member
         assert peer.core.scan(peer.now_ms) == []
 
 
+def test_promoting_after_a_failed_election_still_reports_what_is_lost():
+    """RabbitMQ's recovery: the master failed under when-synced (no master), then the
+    operator allows promotion on failure. The old master is no longer named by the group,
+    but its last report still says how far the log went: the election must say so."""
+    peer = OnePeer()
+    group = _policy_group(peer, shutdown="when-synced", failure="when-synced")
+    assert _master_leaves(peer, group, clean=False).new_master_id is None
+    allow = {"ha-mode": "exactly", "ha-params": 3, "ha-promote-on-failure": "always"}
+    assert isinstance(peer.commit(SetPolicy(make_policy("/", "ha", ".*", allow))), Applied)
+    peer.beat(group, 3, 1, 100)
+    peer.core.scan(peer.now_ms)
+    peer.pump()
+    elected = [c.event for c in peer.changes if isinstance(c.event, ElectMaster)][-1]
+    assert (elected.new_master_id, elected.unclean) == (3, True)
+    assert (elected.new_master_max_offset, elected.old_master_max_offset) == (100, 500)
+
+
 def test_a_shutdown_notice_counts_only_from_the_master_at_its_epoch():
     peer = OnePeer()
     group = _policy_group(peer, shutdown="always", failure="when-synced")

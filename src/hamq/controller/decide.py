@@ -155,7 +155,10 @@ def _lost_range(
 ) -> tuple[int | None, int | None]:
     """What an unclean election may lose: the old master's log past the elected member's
     end, as both last reported them (None where one never reported; both None for a
-    clean election, which loses nothing)."""
+    clean election, which loses nothing). A group whose master epoch already ended with
+    no master (an election failed first, say under when-synced until an operator allowed
+    promotion) no longer names the old master: the furthest other member's last report,
+    by (epoch, max offset), stands for it, as that is the log the election gives up."""
     if not unclean:
         return None, None
 
@@ -163,7 +166,11 @@ def _lost_range(
         info = None if broker_id is None else live_info.get(broker_id)
         return None if info is None or info.max_offset < 0 else info.max_offset
 
-    return max_offset(elected), max_offset(group.master_id)
+    old = group.master_id
+    if old is None:
+        others = [i for i in group.members if i != elected and i in live_info]
+        old = max(others, key=lambda i: report_rank(live_info[i]), default=None)
+    return max_offset(elected), max_offset(old)
 
 
 def _first_epoch(group: BrokerGroup, live_info: Mapping[int, BrokerLiveInfo]) -> int:
