@@ -240,3 +240,15 @@ def test_a_publisher_connecting_during_an_alarm_is_told_and_held_after_its_first
             await server.close()
 
     asyncio.run(scenario())
+
+
+def test_update_broker_config_names_keys_that_are_not_strings(tmp_path):
+    """msgpack maps may have integer keys: the refusal names them, the limits stay."""
+    monitor = ResourceMonitor(
+        BrokerConfig(store_dir=str(tmp_path), disk_free_limit_bytes=0), PublisherFlow(MIB)
+    )
+    for ext in ({1: 2}, {1: 2, "max_unconfirmed_bytes": 3, "disk_free_limit_bytes": 1 << 62}):
+        request = Frame(RequestCode.UPDATE_BROKER_CONFIG, 7, 0, ext)
+        with pytest.raises(InvalidArgument, match="cannot change 1"):
+            monitor.update_config(None, request)  # type: ignore[arg-type] (no connection used)
+    assert monitor.state.limits.disk_free_limit_bytes == 0

@@ -157,7 +157,8 @@ class ResourceMonitor:
     def update_config(self, conn: Connection, frame: Frame) -> list:
         """UPDATE_BROKER_CONFIG: new alarm limits (ext: either key, a byte count), checked
         at once; answers the alarms now on."""
-        unknown = sorted(set(frame.ext) - set(RUNTIME_KEYS))
+        # msgpack map keys may be integers: named as text in the refusal
+        unknown = sorted(str(key) for key in frame.ext if key not in RUNTIME_KEYS)
         if unknown:
             raise InvalidArgument(
                 f"cannot change {', '.join(unknown)} while the broker runs; "
