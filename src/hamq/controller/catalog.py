@@ -12,6 +12,7 @@ Field shapes (names, ranges, the policy definition) are checked earlier, on the 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Final
 
 from hamq.controller.errors import ControllerCode, ControllerError
 from hamq.controller.events import (
@@ -28,6 +29,15 @@ from hamq.controller.events import (
 from hamq.controller.state import ControllerState
 from hamq.policy.definition import DEFAULT_VHOST
 from hamq.policy.world import TopicDecl
+
+# Bounds on the replicated catalog: every peer holds it in memory, writes it in each
+# snapshot and matches every policy against every topic of its vhost each placement round,
+# so requests from anyone must not grow it without limit (RabbitMQ's per-vhost max-queues
+# is the same idea). Reaching one refuses the new name; existing ones still change.
+MAX_VHOSTS: Final = 256
+MAX_POLICIES: Final = 1024
+MAX_TOPICS: Final = 20_000
+MAX_NODES: Final = 256
 
 
 def _refused(remark: str) -> ControllerError:
@@ -56,7 +66,44 @@ def decide_catalog(
     return None if _already(state, event) else event
 
 
+def _over_limit(state: ControllerState, event: CatalogEvent) -> ControllerError | None:
+    """A new vhost, policy, topic or node past its bound (one already there may change)."""
+    if isinstance(event, AddVhost):
+        new, count, limit, what = (
+            event.vhost not in state.vhosts,
+            len(state.vhosts),
+            MAX_VHOSTS,
+            "vhosts",
+        )
+    elif isinstance(event, SetPolicy):
+        key = (event.policy.vhost, event.policy.name)
+        new, count, limit, what = (
+            key not in state.policies,
+            len(state.policies),
+            MAX_POLICIES,
+            "policies",
+        )
+    elif isinstance(event, DeclareTopic):
+        key = (event.vhost, event.topic)
+        new, count, limit, what = key not in state.topics, len(state.topics), MAX_TOPICS, "topics"
+    elif isinstance(event, RegisterNode):
+        new, count, limit, what = (
+            event.name not in state.nodes,
+            len(state.nodes),
+            MAX_NODES,
+            "nodes",
+        )
+    else:
+        return None
+    if not new or count < limit:
+        return None
+    return _refused(f"the controller already holds {limit} {what}, its limit")
+
+
 def _refusal(state: ControllerState, event: CatalogEvent) -> ControllerError | None:
+    limit = _over_limit(state, event)
+    if limit is not None:
+        return limit
     if isinstance(event, DeleteVhost) and event.vhost == DEFAULT_VHOST:
         return _refused(f"vhost {DEFAULT_VHOST!r} is the default and cannot be deleted")
     if isinstance(event, ClearPolicy) and (event.vhost, event.name) not in state.policies:

@@ -16,14 +16,16 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from hamq.broker.topics import is_system_topic
 from hamq.clock import monotonic_ms
 from hamq.controller.core import Applied, Outcome, Request
 from hamq.controller.errors import ControllerCode, ControllerError
 from hamq.controller.events import AddVhost, DeleteVhost
 from hamq.controller_server.driver import ControllerDriver
 from hamq.controller_server.elections import ElectionStats
-from hamq.errors import RequestCodeNotSupported
+from hamq.errors import InvalidArgument, RequestCodeNotSupported
 from hamq.net.connection import Connection, response_pieces
+from hamq.policy.definition import wire_name
 from hamq.protocol import controller as wire
 from hamq.protocol import controller_catalog as catalog
 from hamq.protocol.codes import RequestCode
@@ -231,7 +233,12 @@ class ControllerProcessor:
         return self._served(frame, lambda: catalog.policies_ext(self.core.state, vhost))
 
     def _declare_topic(self, conn: Connection, frame: Frame) -> None:
-        self._submit(conn, frame, catalog.declare_topic_request(frame.ext), _empty)
+        event = catalog.declare_topic_request(frame.ext)
+        if is_system_topic(wire_name(event.vhost, event.topic)):
+            # placed in a policy's group, then dropped from the old one, it would take
+            # every member's delayed or transactional messages with it
+            raise InvalidArgument(f"topic {event.topic!r} is a system topic")
+        self._submit(conn, frame, event, _empty)
 
     def _delete_topic(self, conn: Connection, frame: Frame) -> None:
         self._submit(conn, frame, catalog.delete_topic_request(frame.ext), _empty)
@@ -240,11 +247,43 @@ class ControllerProcessor:
         vhost = catalog.vhost_filter(frame.ext)
         return self._served(frame, lambda: catalog.topics_ext(self.core.state, vhost))
 
-    def _register_node(self, conn: Connection, frame: Frame) -> None:
-        self._submit(conn, frame, catalog.register_node_request(frame.ext), _empty)
+    def _register_node(self, conn: Connection, frame: Frame) -> list | None:
+        event = catalog.register_node_request(frame.ext)
+        registered = self.core.state.nodes.get(event.name)
+        if (
+            self.core.serving
+            and registered not in (None, event.address)
+            and self.core.nodes.is_alive(event.name, monotonic_ms())
+        ):
+            # As Erlang refuses a second node of a name already up: a process elsewhere
+            # taking a live node's name would be sent its members' ADD/REMOVE_BROKER.
+            return self._refusal(
+                frame,
+                ControllerError(
+                    ControllerCode.CONTROLLER_INVALID_REQUEST,
+                    f"node {event.name!r} is alive at {registered}; a node at {event.address} "
+                    "cannot take its name until it stops heartbeating",
+                ),
+            )
+        self._submit(conn, frame, event, _empty)
+        return None
 
     def _node_heartbeat(self, conn: Connection, frame: Frame) -> list | None:
-        self.core.node_heartbeat(catalog.node_heartbeat(frame.ext), monotonic_ms())
+        heartbeat = catalog.node_heartbeat(frame.ext)
+        registered = self.core.state.nodes.get(heartbeat.node)
+        # Only the registered address speaks for a node: a report naming another node's
+        # members from elsewhere would keep it alive or move its members in the driver's view.
+        if registered == heartbeat.address:
+            self.core.node_heartbeat(heartbeat, monotonic_ms())
+        elif not frame.is_oneway:
+            return self._refusal(
+                frame,
+                ControllerError(
+                    ControllerCode.CONTROLLER_INVALID_REQUEST,
+                    f"node {heartbeat.node!r} is registered at {registered}, not at "
+                    f"{heartbeat.address}",
+                ),
+            )
         return None if frame.is_oneway else response_pieces(frame)
 
     def _list_nodes(self, conn: Connection, frame: Frame) -> list:
