@@ -4,7 +4,8 @@
 The state machine (``AlarmState``) is given readings and returns the edges; the shell
 (``ResourceMonitor``) takes a reading every ``ALARM_CHECK_INTERVAL_S`` — the process's RSS
 from ``/proc/self/statm`` and the free space of the store's file system, two cheap system
-calls, never per message — logs each edge once, and tells the flow control. The limits
+calls, never per message; at the memory watermark the allocator first returns what is
+free (``rss_after_trim``) — logs each edge once, and tells the flow control. The limits
 can be changed while the broker runs (UPDATE_BROKER_CONFIG, RocketMQ's code, for these
 keys only), as ``rabbitmqctl set_vm_memory_high_watermark`` does; the new limits are
 checked at once.
@@ -12,8 +13,10 @@ checked at once.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -106,6 +109,30 @@ def read_rss_bytes() -> int:
         return int(statm.read().split()[1]) * _PAGE_BYTES
 
 
+def _find_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` (None elsewhere, e.g. musl)."""
+    try:
+        return getattr(ctypes.CDLL(None), "malloc_trim", None)
+    except OSError:
+        return None
+
+
+_MALLOC_TRIM = _find_malloc_trim()
+
+
+def rss_after_trim(rss_bytes: int, watermark_bytes: int) -> int:
+    """The RSS once the allocator returned its free memory, when ``rss_bytes`` is at the
+    memory watermark: glibc keeps memory freed in small blocks (message bodies, frames)
+    until asked, so an RSS measured without it would stay over the watermark after what
+    set the alarm off was freed, and the alarm would block publishers for good. At most
+    once per check, and only at the watermark (a first trim of a large heap takes a
+    fraction of a second)."""
+    if _MALLOC_TRIM is None or not 0 < watermark_bytes <= rss_bytes:
+        return rss_bytes
+    _MALLOC_TRIM(0)
+    return read_rss_bytes()
+
+
 def read_disk_free_bytes(path: str) -> int:
     """Space an unprivileged writer may still use on the file system holding ``path``."""
     stat = os.statvfs(path)
@@ -135,7 +162,8 @@ class ResourceMonitor:
         await self._task.stop()
 
     def check(self) -> None:
-        reading = Reading(read_rss_bytes(), read_disk_free_bytes(self.store_dir))
+        rss = rss_after_trim(read_rss_bytes(), self.state.limits.memory_high_watermark_bytes)
+        reading = Reading(rss, read_disk_free_bytes(self.store_dir))
         for edge in self.state.check(reading):
             if edge.on:
                 log.warning(
