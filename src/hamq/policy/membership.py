@@ -196,10 +196,3 @@ def plan_group(
     if any(m.alive and m.synchronised for m in staying):
         steps.extend(RemoveMember(name, m.broker_id, m.node) for m in leaving)
     return GroupPlan(name, policy, where.wanted, master.node, rules), steps
-
-
-def wind_down(view: GroupView) -> list[Step]:
-    """Members of a group no topic uses any more: the master goes last, alone."""
-    others = [m for m in view.members if m.broker_id != view.master_id]
-    last = others or list(view.members)
-    return [RemoveMember(view.name, m.broker_id, m.node) for m in last]

@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable
 
 from hamq.policy.definition import HaDefinition, Policy, effective_policy
-from hamq.policy.membership import Load, Nodes, plan_group, wind_down
+from hamq.policy.membership import Load, Nodes, plan_group
 from hamq.policy.world import (
     AddMember,
     DropTopic,
@@ -151,12 +151,10 @@ def reconcile(world: World) -> Plan:
         groups[name] = plan
         steps.extend(group_steps)
 
-    held = {g for t in world.topics for g in t.groups}
-    for view in world.groups:
-        ours = view.name.startswith((POLICY_GROUP_PREFIX, NODE_GROUP_PREFIX))
-        if ours and view.name not in wanted and view.name not in held:
-            steps.extend(wind_down(view))
-
+    # A group no topic targets or holds any more is kept as it is (its members, store and
+    # master): removing its master is never safe to automate (the master is never
+    # removed), so an abandoned group stays until an admin removes it (REMOVE_BROKER on its
+    # nodes, then CleanBrokerData of the whole group). A policy set again uses it again.
     for topic in world.topics:
         target = topic_group[(topic.vhost, topic.name)]
         steps.extend(_topic_steps(world, topic, target, views))
