@@ -92,6 +92,11 @@ class Node:
         self._owner_prefix = f"{self.name}/{os.urandom(4).hex()}/"
         self._owner_ids = itertools.count(1)
         self._exclusive: dict[str, set[tuple[str, str]]] = {}  # owner -> (vhost, topic)
+        # Open declaring connections, listed in every heartbeat: the placement driver
+        # deletes an exclusive topic whose owner its node no longer lists (a delete on
+        # close that never reached the controller, or a declare that finished after its
+        # connection closed).
+        self._open_owners: set[str] = set()
         self._deletes: set[asyncio.Task] = set()
 
     def start(self) -> None:
@@ -131,12 +136,15 @@ class Node:
             return
 
     async def _beat(self) -> None:
-        await self.client.node_heartbeat(self.name, self.address, self.members())
+        await self.client.node_heartbeat(self.name, self.address, self.members(), self._open_owners)
 
     # -- declared topics -----------------------------------------------------------------
     def new_owner(self) -> str:
-        """An id for a client connection, the owner of the exclusive topics it declares."""
-        return f"{self._owner_prefix}{next(self._owner_ids)}"
+        """An id for a client connection, the owner of the exclusive topics it declares;
+        open until ``connection_closed``."""
+        owner = f"{self._owner_prefix}{next(self._owner_ids)}"
+        self._open_owners.add(owner)
+        return owner
 
     async def declare(self, owner: str, declare: Declare) -> dict[str, Any]:
         """The declaration as the controller took it, homed on this node (declared
@@ -151,6 +159,8 @@ class Node:
         )
         if declare.exclusive:
             self._exclusive.setdefault(owner, set()).add((declare.vhost, declare.topic))
+            if owner not in self._open_owners:  # the connection closed while it declared
+                self.connection_closed(owner)
         return {**dataclasses.asdict(declare), "home_node": self.name}
 
     async def undeclare(self, owner: str, vhost: str, topic: str) -> None:
@@ -161,6 +171,7 @@ class Node:
 
     def connection_closed(self, owner: str) -> None:
         """The exclusive topics ``owner`` declared are deleted (in the background)."""
+        self._open_owners.discard(owner)
         for vhost, topic in self._exclusive.pop(owner, ()):
             task = spawn(self._delete_exclusive(vhost, topic))
             self._deletes.add(task)

@@ -314,10 +314,17 @@ class ControllerClient:
         await self.request(RequestCode.CONTROLLER_REGISTER_NODE, ext)
 
     async def node_heartbeat(
-        self, name: str, address: str, members: Iterable[HostedMember]
+        self,
+        name: str,
+        address: str,
+        members: Iterable[HostedMember],
+        owners: Iterable[str] | None = None,
     ) -> None:
-        """To every peer, oneway, like a member's heartbeat."""
-        heartbeat = NodeHeartbeat(name, address, tuple(members))
+        """To every peer, oneway, like a member's heartbeat; ``owners``: the node's open
+        declaring connections."""
+        heartbeat = NodeHeartbeat(
+            name, address, tuple(members), None if owners is None else frozenset(owners)
+        )
         await self._to_every_peer(
             RequestCode.CONTROLLER_NODE_HEARTBEAT, catalog.node_heartbeat_ext(heartbeat)
         )

@@ -24,11 +24,14 @@ class HostedMember:
 
 @dataclass(frozen=True)
 class NodeHeartbeat:
-    """CONTROLLER_NODE_HEARTBEAT: the node, its container's address and its members."""
+    """CONTROLLER_NODE_HEARTBEAT: the node, its container's address and its members;
+    ``owners``: the ids of its open declaring connections (an exclusive topic whose owner
+    is not among them lost its connection), None from a node that does not report them."""
 
     node: str
     address: str
     members: tuple[HostedMember, ...]
+    owners: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class NodeReport:
     address: str
     members: tuple[HostedMember, ...]
     last_seen_ms: int
+    owners: frozenset[str] | None = None
 
 
 class NodeLiveness:
@@ -49,7 +53,9 @@ class NodeLiveness:
         self._reports: dict[str, NodeReport] = {}
 
     def record(self, heartbeat: NodeHeartbeat, now_ms: int) -> None:
-        self._reports[heartbeat.node] = NodeReport(heartbeat.address, heartbeat.members, now_ms)
+        self._reports[heartbeat.node] = NodeReport(
+            heartbeat.address, heartbeat.members, now_ms, heartbeat.owners
+        )
 
     def report(self, node: str) -> NodeReport | None:
         return self._reports.get(node)

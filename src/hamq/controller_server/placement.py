@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hamq.broker.topics import is_system_topic
 from hamq.clock import monotonic_ms
 from hamq.controller.core import Applied, Request
 from hamq.controller.events import DeleteTopic, SetTopicGroups
@@ -37,10 +38,11 @@ from hamq.net.connection import Connection, response_pieces
 from hamq.net.pool import ConnectionPool
 from hamq.net.tasks import PeriodicTask, cancel_all, spawn
 from hamq.policy import placement as policy
-from hamq.policy.definition import wire_name
+from hamq.policy.definition import PolicyError, split_wire_name, wire_name
 from hamq.policy.world import TopicDecl
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, pack_body, unpack_body
+from hamq.protocol.properties import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 from hamq.store.metadata import PERM_READ, PERM_READ_WRITE
 
 if TYPE_CHECKING:
@@ -56,6 +58,7 @@ ADD_BROKER_TIMEOUT_S = 30.0
 # A request to this peer's own core: decided, committed by a majority, applied.
 COMMIT_TIMEOUT_S = 10.0
 MEMBERSHIP_STEPS = (policy.AddMember, policy.ElectMaster, policy.RemoveMember)
+MANAGED_GROUP_PREFIXES = (policy.POLICY_GROUP_PREFIX, policy.NODE_GROUP_PREFIX)
 
 
 class StepRefused(HamqError):
@@ -89,6 +92,69 @@ def observe(state: ControllerState, nodes: NodeLiveness, cluster: str, now_ms: i
         for name, address in state.nodes.items()
     }
     return Observed(alive, addresses, where)
+
+
+@dataclass(frozen=True)
+class CollectTopics:
+    """The topics a managed group's master holds that the state does not account for,
+    read and settled in the group's own task, after its placements of the round (the
+    group's topics change only there). Undeclared ones were deleted through the
+    controller (DELETE_TOPIC, DELETE_VHOST, an exclusive topic whose connection closed),
+    which changes only the replicated state: they leave the group. A declared topic the
+    group holds without the state listing it there was placed by a PlaceTopic whose
+    SetTopicGroups never committed: recorded as held (not writable), it is then retired,
+    drained and dropped like any old placement, or placed again if it is the target."""
+
+    group: str
+
+
+Step = policy.Step | CollectTopics
+
+
+def declared_name(wire: str) -> tuple[str, str] | None:
+    """(vhost, topic) of a topic a client declares, or None for the ones the brokers keep
+    themselves (system topics, a group's retry and dead-letter topics) and names of no
+    vhost: those are never collected."""
+    if is_system_topic(wire) or wire.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)):
+        return None
+    try:
+        return split_wire_name(wire)
+    except PolicyError:
+        return None
+
+
+@dataclass(frozen=True)
+class Strays:
+    undeclared: tuple[tuple[str, str], ...]
+    untracked: tuple[tuple[str, str], ...]
+
+
+def strays(state: ControllerState, group: str, held: Iterable[str]) -> Strays:
+    """The client topics among ``held`` (a group master's topic names) that no
+    declaration names, and the declared ones whose declaration does not list ``group``."""
+    undeclared, untracked = [], []
+    for wire in sorted(held):
+        name = declared_name(wire)
+        decl = None if name is None else state.topics.get(name)
+        if name is not None and decl is None:
+            undeclared.append(name)
+        elif decl is not None and group not in decl.groups:
+            untracked.append((decl.vhost, decl.name))
+    return Strays(tuple(undeclared), tuple(untracked))
+
+
+def orphans(state: ControllerState, seen: Observed, cluster: str) -> list[policy.RemoveMember]:
+    """Members alive nodes still run that their group no longer counts: cleaned by a
+    removal whose REMOVE_BROKER did not reach the node. Counted for nothing (outside the
+    SyncStateSet, never elected), such a member still holds the group's place on its
+    node, where a new member of the group would be refused."""
+    return [
+        policy.RemoveMember(name, broker_id, node)
+        for (name, broker_id), node in sorted(seen.where.items())
+        if node in seen.alive
+        and (group := state.groups.get((cluster, name))) is not None
+        and broker_id not in group.members
+    ]
 
 
 def build_world(
@@ -215,17 +281,17 @@ def topic_drained(
     return True
 
 
-def step_group(step: policy.Step) -> str:
+def step_group(step: Step) -> str:
     return step.group
 
 
 def round_steps(
-    steps: Iterable[policy.Step], busy: Iterable[str], unplaced: frozenset[str]
-) -> dict[str, tuple[policy.Step, ...]]:
+    steps: Iterable[Step], busy: Iterable[str], unplaced: frozenset[str]
+) -> dict[str, tuple[Step, ...]]:
     """What this round carries out, per group not busy: its first membership step (the
     plan after it is stale until observed), unless the group has a member not placed on a
     node yet, then its topic steps (idempotent updates, in plan order)."""
-    taken: dict[str, list[policy.Step]] = {}
+    taken: dict[str, list[Step]] = {}
     skip = set(busy)
     for step in steps:
         group = step_group(step)
@@ -241,7 +307,7 @@ def round_steps(
     return {group: tuple(todo) for group, todo in taken.items() if todo}
 
 
-def describe(step: policy.Step) -> str:
+def describe(step: Step) -> str:
     fields = ", ".join(f"{k}={v!r}" for k, v in vars(step).items())
     return f"{type(step).__name__}({fields})"
 
@@ -305,6 +371,9 @@ class PlacementDriver:
         self._busy: dict[str, asyncio.Task] = {}
         self._serving_since_ms: int | None = None
         self._retired: set[policy.RetireTopic] = set()  # done while this peer serves
+        # exclusive topics whose home node is alive but does not list their owner, since
+        # when (this peer's clock): deleted after a grace (see _delete_ownerless)
+        self._ownerless_since: dict[tuple[str, str], int] = {}
         self._rounds = PeriodicTask(
             "placement driver",
             self.settings.placement_interval_ms / 1000,
@@ -334,6 +403,7 @@ class PlacementDriver:
         if not self.core.serving:
             self._serving_since_ms, self.plan = None, None
             self._retired.clear()
+            self._ownerless_since.clear()
             return
         if self._serving_since_ms is None:
             self._serving_since_ms = now_ms
@@ -343,7 +413,7 @@ class PlacementDriver:
             return
         state = self.core.state
         seen = observe(state, self.core.nodes, self.cluster, now_ms)
-        await self._delete_orphaned_exclusive(state, seen)
+        await self._delete_orphaned_exclusive(state, seen, now_ms)
         drained = await self._drained(state)
         world = build_world(
             state,
@@ -356,12 +426,19 @@ class PlacementDriver:
         self.plan = plan = policy.reconcile(world)
         self._retired.intersection_update(plan.steps)  # drained and dropped: forgotten
         unplaced = unplaced_groups(state, seen, self._alive, self.cluster)
-        for group, steps in round_steps(plan.steps, self._busy, unplaced).items():
-            task = spawn(self._carry_out(steps, seen))
+        # orphans first: one holds its group's place on its node
+        collect = [
+            CollectTopics(name)
+            for (cluster, name) in sorted(state.groups)
+            if cluster == self.cluster and name.startswith(MANAGED_GROUP_PREFIXES)
+        ]
+        steps = (*orphans(state, seen, self.cluster), *plan.steps, *collect)
+        for group, todo in round_steps(steps, self._busy, unplaced).items():
+            task = spawn(self._carry_out(todo, seen))
             self._busy[group] = task
             task.add_done_callback(lambda _, g=group: self._busy.pop(g, None))
 
-    async def _carry_out(self, steps: tuple[policy.Step, ...], seen: Observed) -> None:
+    async def _carry_out(self, steps: tuple[Step, ...], seen: Observed) -> None:
         for step in steps:
             key = describe(step)
             try:
@@ -373,7 +450,7 @@ class PlacementDriver:
             else:
                 self.complaints.succeeded(key)
 
-    async def _take(self, step: policy.Step, seen: Observed) -> None:
+    async def _take(self, step: Step, seen: Observed) -> None:
         if isinstance(step, policy.AddMember):
             await self._add_member(step, seen)
         elif isinstance(step, policy.ElectMaster):
@@ -394,6 +471,8 @@ class PlacementDriver:
                 self._retired.add(step)
         elif isinstance(step, policy.DropTopic):
             await self._drop(step.vhost, step.topic, step.group)
+        elif isinstance(step, CollectTopics):
+            await self._collect(step.group)
 
     # -- membership ----------------------------------------------------------------------------
     def _group(self, name: str) -> BrokerGroup:
@@ -428,31 +507,38 @@ class PlacementDriver:
         log.info("placement: master of %s moved to member %d", step.group, step.broker_id)
 
     async def _remove_member(self, step: policy.RemoveMember, seen: Observed) -> None:
+        """Forgotten by the controller first, then stopped with its store deleted. In that
+        order: the controller refuses to clean the master at the log position the clean
+        takes, so a member elected after the check (its master's node died) is never
+        stopped; once cleaned it is never elected nor counted synchronised, so stopping
+        it loses nothing. Cleaned but not stopped (its node did not answer), it is an
+        orphan the next rounds remove (``orphans``)."""
         group = self._group(step.group)
-        if step.broker_id not in group.members:
-            return
-        key = (self.cluster, step.group)
-        why = removal_refusal(group, step.broker_id, self._alive(key))
-        if why is not None:
-            raise StepRefused(f"member {step.broker_id} of {step.group} kept: {why}")
-        # Stopped here, its heartbeats may not have timed out yet: forgotten although the
-        # controller still counts it alive. On a node that is down it is only forgotten,
-        # once the controller too has stopped hearing from it.
-        stopped_here = step.node in seen.alive
-        if stopped_here:
+        # On a node that is down the member went with it: only forgotten, once the
+        # controller too has stopped hearing from it.
+        on_node = step.node in seen.alive
+        if step.broker_id in group.members:
+            why = removal_refusal(group, step.broker_id, self._alive((self.cluster, step.group)))
+            if why is not None:
+                raise StepRefused(f"member {step.broker_id} of {step.group} kept: {why}")
+            clean = CleanBrokerDataRequest(
+                self.cluster, step.group, frozenset({step.broker_id}), on_node
+            )
+            await self._commit(clean)
+            # an apply that found it master (elected between decide and apply) is a no-op
+            if step.broker_id in self._group(step.group).members:
+                raise StepRefused(f"member {step.broker_id} of {step.group} became master")
+            log.info("placement: member %d of %s forgotten", step.broker_id, step.group)
+        if on_node:
             ext = {"broker_name": step.group, "broker_id": step.broker_id, "delete_store": True}
             try:
                 await self._request(seen.addresses[step.node], RequestCode.REMOVE_BROKER, ext)
             except InvalidArgument:
-                pass  # not a member there (any more): removed by an earlier attempt
-        # Checked again: the group may have changed while the member stopped.
-        if self._group(step.group).master_id == step.broker_id:
-            raise StepRefused(f"member {step.broker_id} of {step.group} became master")
-        clean = CleanBrokerDataRequest(
-            self.cluster, step.group, frozenset({step.broker_id}), stopped_here
-        )
-        await self._commit(clean)
-        log.info("placement: removed member %d of %s", step.broker_id, step.group)
+                return  # not a member there (any more): removed by an earlier attempt
+            log.info(
+                "placement: member %d of %s stopped on %s, its store deleted",
+                *(step.broker_id, step.group, step.node),
+            )
 
     # -- topics --------------------------------------------------------------------------------
     def _master_addr(self, name: str) -> str:
@@ -520,23 +606,63 @@ class PlacementDriver:
             queues.append(QueueState(queue_id, int(low.ext["offset"]), int(high.ext["offset"])))
         return topic_drained(topic, queues, offsets)
 
-    async def _delete_orphaned_exclusive(self, state: ControllerState, seen: Observed) -> None:
-        """An exclusive topic lives as long as its declaring connection; with its home node
-        down so is that connection (a connection that closes is reported by its node)."""
-        for decl in list(state.topics.values()):
-            if not decl.exclusive or decl.home_node in seen.alive:
+    async def _collect(self, group: str) -> None:
+        """``CollectTopics``: each finding checked again against the state right before
+        it is acted on (a topic declared again since stays)."""
+        try:
+            addr = self._master_addr(group)
+        except StepRefused:
+            return  # no alive master: nothing to ask, nothing to delete from
+        frame = await self._request(addr, RequestCode.GET_ALL_TOPIC_CONFIG)
+        table = unpack_body(frame.body) or {}
+        found = strays(self.core.state, group, [n for n in table if isinstance(n, str)])
+        for vhost, topic in found.undeclared:
+            if (vhost, topic) in self.core.state.topics or not self.core.serving:
                 continue
+            await self._delete_in(group, wire_name(vhost, topic))
+            log.info("placement: %s left %s: no longer declared", wire_name(vhost, topic), group)
+        for vhost, topic in found.untracked:
+            decl = self.core.state.topics.get((vhost, topic))
+            if decl is not None and group not in decl.groups:
+                # first: not the writable group (unless it is the only one)
+                await self._commit(SetTopicGroups(vhost, topic, (group, *decl.groups)))
+                log.info("placement: %s recorded as held by %s", wire_name(vhost, topic), group)
+
+    async def _delete_orphaned_exclusive(
+        self, state: ControllerState, seen: Observed, now_ms: int
+    ) -> None:
+        """An exclusive topic lives as long as its declaring connection. With its home node
+        down so is that connection; on an alive node, a connection that is gone is one the
+        node's heartbeats no longer list as open (its delete on close did not reach the
+        controller, or the declare finished after the close). A declaration committed
+        after the heartbeat the driver last saw was built is not listed there yet: such a
+        topic is deleted only once its owner has been missing for a whole
+        ``node_heartbeat_timeout_ms``."""
+        missing = set()
+        for key, decl in list(state.topics.items()):
+            if not decl.exclusive:
+                continue
+            if decl.home_node in seen.alive:
+                report = self.core.nodes.report(decl.home_node)
+                owners = None if report is None else report.owners
+                if owners is None or state.topic_owners.get(key, "") in owners:
+                    continue
+                missing.add(key)
+                since = self._ownerless_since.setdefault(key, now_ms)
+                if now_ms - since < self.settings.node_heartbeat_timeout_ms:
+                    continue
+                why = f"its connection to {decl.home_node} is gone"
+            else:
+                why = f"its node {decl.home_node} is down"
             try:
                 await self.unplace(decl)
                 await self._commit(DeleteTopic(decl.vhost, decl.name))
             except HamqError as err:
                 self.complaints.failed(f"deleting exclusive topic {decl.name}", err.message)
             else:
-                log.info(
-                    "placement: exclusive topic %s deleted: its node %s is down",
-                    decl.name,
-                    decl.home_node,
-                )
+                log.info("placement: exclusive topic %s deleted: %s", decl.name, why)
+        for key in set(self._ownerless_since) - missing:
+            del self._ownerless_since[key]
 
     async def unplace(self, decl: TopicDecl) -> None:
         """A deleted topic's queues leave every group holding it, best effort: a group with

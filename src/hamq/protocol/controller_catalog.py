@@ -41,6 +41,9 @@ from hamq.protocol.message import validate_name
 
 # A node hosts one member per broker group placed on it; more in one heartbeat is garbage.
 MAX_NODE_MEMBERS = 4096
+# Open declaring connections one node heartbeat lists (each an owner id, a declared
+# topic's ``owner``, so at most MAX_NAME_LENGTH characters).
+MAX_NODE_OWNERS = 65536
 # Broker groups holding one topic: its writable group and the ones it drains from.
 MAX_TOPIC_GROUPS = 64
 # '%' joins a vhost and a name on the wire (policy.definition.wire_name).
@@ -63,9 +66,13 @@ def _node(ext: Mapping[str, Any], name: str) -> str:
 
 
 def _topic(ext: Mapping[str, Any], vhost: str) -> str:
+    return check_topic(vhost, ext.get("topic"))
+
+
+def check_topic(vhost: str, value: object) -> str:
     """A topic name in a vhost: a broker-safe name without the vhost separator, whose wire
     name (``vhost%topic``) still fits RocketMQ's topic length."""
-    topic = validate_name(ext.get("topic"), "request field 'topic'", MAX_TOPIC_LENGTH)
+    topic = validate_name(value, "request field 'topic'", MAX_TOPIC_LENGTH)
     if _SEPARATOR in topic:
         raise InvalidArgument(f"request field 'topic' must not contain {_SEPARATOR!r}")
     validate_name(wire_name(vhost, topic), "request field 'topic' with its vhost", MAX_TOPIC_LENGTH)
@@ -271,8 +278,27 @@ def node_heartbeat(ext: object) -> NodeHeartbeat:
             )
         )
     return NodeHeartbeat(
-        _node(checked, "node"), address(checked.get("address"), "address"), tuple(members)
+        _node(checked, "node"),
+        address(checked.get("address"), "address"),
+        tuple(members),
+        _owners(checked.get("owners")),
     )
+
+
+def _owners(raw: object) -> frozenset[str] | None:
+    """NODE_HEARTBEAT's ``owners`` (optional: a node that does not send it reports none)."""
+    if raw is None:
+        return None
+    if (
+        not isinstance(raw, list)
+        or len(raw) > MAX_NODE_OWNERS
+        or not all(isinstance(o, str) and 0 < len(o) <= MAX_NAME_LENGTH for o in raw)
+    ):
+        raise InvalidArgument(
+            f"request field 'owners' must be a list of at most {MAX_NODE_OWNERS} connection "
+            f"ids of 1 to {MAX_NAME_LENGTH} characters"
+        )
+    return frozenset(raw)
 
 
 def hosted_member_ext(member: HostedMember) -> Ext:
@@ -285,11 +311,14 @@ def hosted_member_ext(member: HostedMember) -> Ext:
 
 
 def node_heartbeat_ext(heartbeat: NodeHeartbeat) -> Ext:
-    return {
+    ext: dict[str, Any] = {
         "node": heartbeat.node,
         "address": heartbeat.address,
         "members": [hosted_member_ext(m) for m in heartbeat.members],
     }
+    if heartbeat.owners is not None:
+        ext["owners"] = sorted(heartbeat.owners)
+    return ext
 
 
 def node_ext(name: str, addr: str, report: NodeReport | None, alive: bool) -> Ext:
