@@ -212,3 +212,34 @@ def test_a_member_the_controller_may_still_elect_is_not_restarted_until_it_leave
     attached = m.attach("s4", SLAVE, 10_000, log.probe(9900), log, now_ms=4, log_start=5000)
     assert attached is not None and attached.start == 2000
     assert m.slaves["s4"].sync_start == 2000 and not m.restarts
+
+
+def ship_all(m: MasterReplication, key: str, log: FixedLog) -> None:
+    while m.next_transfer(key, log.max_offset, 0, log.records_end) is not None:
+        pass
+
+
+def test_a_slave_restarted_mid_sync_is_still_syncing_and_cancel_reaches_it():
+    """kill -9 of a syncing slave: it comes back with its log starting at the need offset
+    and refills by an ordinary attach (the sync's restart was used up). It is still
+    syncing, so cancel-sync-queue can stop it; once in the set it is not."""
+    m, sss = core()
+    log = FixedLog(0, 10_000)
+    sss.set_need_offset(3000)
+    m.restart(SLAVE, Restart(3000, batch_records=4))
+    assert m.syncing() == {SLAVE}  # pending: its session closed, not attached yet
+    m.attach("s", SLAVE, 10_000, log.probe(9900), log, now_ms=0, log_start=9000)
+    assert m.syncing() == {SLAVE}
+    ship_all(m, "s", log)
+    m.on_ack("s", 4000, now_ms=0, received_offset=4000)
+    m.disconnect("s")  # killed mid-sync, restarted: its log is [3000, 4000)
+    attached = m.attach("s2", SLAVE, 4000, log.probe(3900), log, now_ms=1, log_start=3000)
+    assert attached is not None and attached.start == 4000
+    assert m.slaves["s2"].sync_start is None  # an ordinary attach: no sync session
+    assert m.syncing() == {SLAVE}
+    ship_all(m, "s2", log)
+    m.on_ack("s2", 10_000, now_ms=2, received_offset=10_000)
+    assert sss.maybe_expand(SLAVE, 10_000)
+    assert m.syncing() == set()  # synchronised
+    m.attach("t", 2, 0, None, log, now_ms=3, tail=True)
+    assert m.syncing() == set()  # a tail mirror is not syncing until asked to

@@ -319,6 +319,23 @@ class MasterReplication:
         sss = self.sync_state_set
         return sss is not None and broker_id in sss.effective
 
+    def syncing(self) -> set[int]:
+        """Slaves filling the history toward synchronised: a sync-queue restart pending, or
+        attached outside the effective set with their log starting at or below the need
+        offset. Judged from the state, not from the session a sync began: a slave killed
+        and restarted mid-sync (or reattached to a new master) refills from where its log
+        starts as an ordinary catch-up, and is still syncing (cancel-sync-queue stops it)."""
+        sss = self.sync_state_set
+        pending = {b for b, r in self.restarts.items() if r.offset is not None}
+        if sss is None or sss.need_offset is None:
+            return pending
+        filling = {
+            s.broker_id
+            for s in self.slaves.values()
+            if s.broker_id not in sss.effective and s.log_start <= sss.need_offset
+        }
+        return pending | filling
+
     def disconnect(self, key: Hashable) -> list[tuple[AckCallback, ReplicaStatus]]:
         """A slave went away; waiters that can no longer be satisfied end now."""
         progress = self.slaves.pop(key, None)

@@ -588,7 +588,8 @@ class HAMaster:
     def cancel_sync(self) -> list[int]:
         """cancel-sync-queue: slaves syncing and not yet synchronised go back to the tail
         (their log restarts at our end) and stay unsynchronised. The broker ids."""
-        cancelled = sorted(self._syncing())
+        self._refresh_need()
+        cancelled = sorted(self.core.syncing())
         for broker_id in cancelled:
             if self.core.may_be_elected(broker_id):
                 del self.core.restarts[broker_id]  # not begun: its log is as it was
@@ -599,22 +600,14 @@ class HAMaster:
                 self._restart_session(conn, broker_id)
         return cancelled
 
-    def _syncing(self) -> set[int]:
-        """Slaves a sync restarted (or is about to) that are not synchronised yet."""
-        sss = self.core.sync_state_set
-        joined = sss.effective if sss is not None else frozenset()
-        pending = {b for b, r in self.core.restarts.items() if r.offset is not None}
-        started = {s.broker_id for s in self.core.slaves.values() if s.sync_start is not None}
-        return pending | (started - joined)
-
     def mirror_status(self, own_addr: str) -> dict:
         """GET_MIRROR_STATUS: the need offset, what consumers may still need, and each
         member's log start, ack, place in the SyncStateSet and sync progress."""
-        need = self._refresh_need()
         end = self.store.commitlog.max_offset
         sss = self.core.sync_state_set
         applied = sss.applied if sss is not None else frozenset()
-        syncing = self._syncing()
+        need = self._refresh_need()  # before ``syncing``, which reads it
+        syncing = self.core.syncing()
         master_id = sss.master_id if sss is not None else self.config.broker_id
         members = [
             _member_status(
@@ -625,8 +618,8 @@ class HAMaster:
             synchronised = s.broker_id in applied and s.log_start <= need.offset
             if synchronised:
                 progress = 1.0
-            elif s.sync_start is not None and end > s.sync_start:
-                progress = min(1.0, (s.ack_offset - s.sync_start) / (end - s.sync_start))
+            elif s.broker_id in syncing and end > (begun := min(s.log_start, s.ack_offset)):
+                progress = min(1.0, (s.ack_offset - begun) / (end - begun))
             else:
                 progress = 0.0
             members.append(
