@@ -10,7 +10,7 @@ message counts from the name servers' routes."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import click
@@ -19,17 +19,19 @@ from hamq.aio import AsyncAdmin
 from hamq.cli.admin import controller_admin, controller_option
 from hamq.cli.common import emit, json_option, namesrv_option, run_async
 from hamq.client.admin import AsyncControllerAdmin
-from hamq.errors import HamqError
+from hamq.errors import HamqError, InvalidArgument
 from hamq.net.connection import connect
 from hamq.policy.definition import (
     DEFAULT_VHOST,
     Policy,
-    PolicyError,
+    check_policy_name,
     check_vhost,
     make_policy,
     wire_name,
 )
+from hamq.protocol.address import address
 from hamq.protocol.codes import RequestCode, ResponseCode
+from hamq.protocol.controller_catalog import check_topic
 from hamq.protocol.frame import unpack_body
 
 # rabbitmqctl list_queues' columns that hamq answers, and its default pair.
@@ -49,11 +51,28 @@ class BadDefinition(click.ClickException):
         click.echo(f"error: {self.message}", err=True)
 
 
-def _vhost(ctx: click.Context, param: click.Parameter, value: str) -> str:
+def _checked(check: Callable[[], object]) -> None:
+    """Run ``check``; what it refuses is bad input (exit 2), never sent anywhere."""
     try:
-        check_vhost(value)
-    except PolicyError as err:
+        check()
+    except InvalidArgument as err:
         raise BadDefinition(err.message) from None
+
+
+def _vhost(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None:
+        _checked(lambda: check_vhost(value))
+    return value
+
+
+def _policy_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    _checked(lambda: check_policy_name(value))
+    return value
+
+
+def _node_addr(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None:
+        _checked(lambda: address(value, "--node"))
     return value
 
 
@@ -150,10 +169,10 @@ async def list_nodes(controllers: list[str], as_json: bool) -> None:
 
 
 @click.command("set-policy")
-@click.argument("name")
+@click.argument("name", callback=_policy_name)
 @click.argument("pattern")
 @click.argument("definition_json")
-@click.option("--priority", type=int, default=0, show_default=True)
+@click.option("--priority", type=click.IntRange(-(2**31), 2**31 - 1), default=0, show_default=True)
 @click.option("--apply-to", type=click.Choice(["topics", "all"]), default="topics")
 @vhost_option
 @controller_option
@@ -179,7 +198,7 @@ async def set_policy(
         raise BadDefinition("DEFINITION_JSON must be a JSON object of policy keys")
     try:
         policy = make_policy(vhost, name, pattern, raw, priority=priority, apply_to=apply_to)
-    except PolicyError as err:
+    except InvalidArgument as err:
         raise BadDefinition(err.message) from None
     definition = policy.definition.to_json()
     async with controller_admin(controllers) as admin:
@@ -202,7 +221,7 @@ async def set_policy(
 
 
 @click.command("clear-policy")
-@click.argument("name")
+@click.argument("name", callback=_policy_name)
 @vhost_option
 @controller_option
 @json_option
@@ -219,7 +238,7 @@ async def clear_policy(name: str, vhost: str, controllers: list[str], as_json: b
 
 
 @click.command("list-policies")
-@click.option("--vhost", "-p", help="Only this virtual host (default: every one).")
+@click.option("--vhost", "-p", callback=_vhost, help="Only this virtual host (default: every one).")
 @controller_option
 @json_option
 @run_async
@@ -262,6 +281,7 @@ async def _node_request(addr: str, code: int, ext: dict, timeout_s: float) -> di
 @click.option(
     "--node",
     "node_addr",
+    callback=_node_addr,
     help="Declare through this node (a container's listen address): it becomes the topic's "
     "home node, as for a client connected there (default: the first alive node by name).",
 )
@@ -278,6 +298,7 @@ async def declare_topic(
     as_json: bool,
 ) -> None:
     """Declare a topic: the policies decide which nodes hold it."""
+    _checked(lambda: check_topic(vhost, name))
     if not node_addr:
         async with controller_admin(controllers) as admin:
             nodes = await admin.client.list_nodes()
@@ -395,6 +416,7 @@ async def list_queues(
 async def _sync(vhost: str, name: str, controllers: list[str], cancel: bool) -> dict:
     """SYNC_QUEUE to the master of the group the topic is written in, with its policy's
     ha-sync-batch-size."""
+    _checked(lambda: check_topic(vhost, name))
     async with controller_admin(controllers) as admin:
         topic = next((t for t in await admin.client.list_topics(vhost) if t["name"] == name), None)
         if topic is None:

@@ -184,7 +184,7 @@ def check_vhost(name: object) -> str:
     return name
 
 
-def _check_policy_name(name: object) -> str:
+def check_policy_name(name: object) -> str:
     if not isinstance(name, str) or not name:
         raise PolicyError(f"policy name = {name!r}: must be a non-empty string")
     if len(name) > MAX_NAME_LENGTH or not name.isprintable():
@@ -221,7 +221,7 @@ def make_policy(
     apply_to = _APPLY_TO_ALIASES.get(apply_to, apply_to) if isinstance(apply_to, str) else apply_to
     return Policy(
         vhost=check_vhost(vhost),
-        name=_check_policy_name(name),
+        name=check_policy_name(name),
         pattern=_check_pattern(pattern),
         apply_to=_one_of("apply-to", apply_to, APPLY_TO),
         priority=priority,
