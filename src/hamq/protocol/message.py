@@ -44,6 +44,11 @@ _RECORD_CHECKED = struct.Struct(">II")
 _RECORD_TAIL = struct.Struct(">IIQQqqIIHH")
 RECORD_HEADER_BYTES = _RECORD_CHECKED.size + _RECORD_TAIL.size
 _HEADER_CRC_FROM = _RECORD_CHECKED.size
+# The fixed header in one unpack, for walks over many records without a ``RecordHeader``
+# each (a slave appending a transfer): fields as above, header_crc over
+# [HEADER_CRC_FROM, RECORD_HEADER_BYTES + topic_len).
+RECORD_FIXED_HEADER = struct.Struct(_RECORD_CHECKED.format + _RECORD_TAIL.format[1:])
+HEADER_CRC_FROM = _HEADER_CRC_FROM
 
 
 @dataclass(slots=True)

@@ -59,6 +59,16 @@ class ConsumeQueue:
         self.store_ts.append(store_ts_ms)
         self._unwritten += ENTRY.pack(phys, size, base, count, store_ts_ms)
 
+    def append_many(self, entries: list[int]) -> None:
+        """``append`` for many entries in one go (a slave indexing a transfer), given flat:
+        phys, size, base, count, store_ts_ms per entry."""
+        self.phys.extend(entries[0::5])
+        self.size.extend(entries[1::5])
+        self.base.extend(entries[2::5])
+        self.count.extend(entries[3::5])
+        self.store_ts.extend(entries[4::5])
+        self._unwritten += struct.pack(">" + ENTRY.format[1:] * (len(entries) // 5), *entries)
+
     def write_unwritten(self) -> bool:
         """Hand new entries to the OS; returns whether there were any (the caller fsyncs,
         off the event loop)."""

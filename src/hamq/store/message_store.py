@@ -13,20 +13,21 @@ import logging
 import threading
 from bisect import bisect_left
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import NamedTuple, NoReturn
+from zlib import crc32
 
 from hamq.clock import wall_ms
 from hamq.config import StoreConfig
 from hamq.errors import BrokerSystemError, CrcMismatch, DiskFull, QueueNotExist
 from hamq.protocol.message import (
+    HEADER_CRC_FROM,
+    RECORD_FIXED_HEADER,
     RECORD_HEADER_BYTES,
-    check_record_payload,
+    RECORD_MAGIC,
     encode_record_header,
-    parse_record_header,
-    peek_record_size,
     validate_topic,
 )
 from hamq.store.commitlog import CommitLog
@@ -287,7 +288,9 @@ class MessageStore:
         """Append raw commit-log bytes shipped by the master at ``offset``. Complete records
         are checked, appended whole (so segments roll at record boundaries, as recovery
         expects) and indexed; a partial last record waits in memory for the rest. Returns
-        the (topic, queue) pairs that got messages."""
+        the (topic, queue) pairs that got messages. A corrupt record raises ``CrcMismatch``
+        after the records before it are stored; it and what follows are dropped (the slave
+        attaches again from its log's end)."""
         if offset != self.replica_offset:
             raise CrcMismatch(
                 f"replicated bytes start at {offset}, expected "
@@ -307,6 +310,9 @@ class MessageStore:
                 self.queues[(topic, queue_id)].drop_from_physical(self.commitlog.written_offset)
             self._replica_tail = bytearray()
             raise
+        except CrcMismatch:
+            self._replica_tail = bytearray()
+            raise
         if buf is self._replica_tail:
             del self._replica_tail[:pos]  # the records appended were copied out of it
         else:
@@ -317,28 +323,78 @@ class MessageStore:
         self, buf: bytes | bytearray, arrived: list[tuple[str, int]]
     ) -> int:
         """Append and index the whole records of ``buf`` (``arrived`` names their queues);
-        returns where the first partial record starts."""
-        pos = 0
-        while True:
-            size = peek_record_size(buf, pos)
-            if size is None or len(buf) - pos < size:
-                break
-            h = parse_record_header(buf, pos)
-            check_record_payload(buf, pos, h)
-            cq = self._queue(h.topic, h.queue_id)
-            if h.base_queue_offset < cq.max_offset:
-                self._restart_replicated_queue(cq, h.base_queue_offset, h.physical_offset)
-            phys = self.commitlog.reserve(size)
-            if phys != h.physical_offset:
-                raise CrcMismatch(
-                    f"replicated record claims offset {h.physical_offset} but lands at {phys}"
-                )
-            self.commitlog.append([buf[pos : pos + size]], size)
-            cq.append(phys, size, h.base_queue_offset, h.count, h.store_timestamp_ms)
-            arrived.append((h.topic, h.queue_id))
-            pos += size
-        self.commitlog.write_pending()
+        returns where the first partial record starts. A transfer is a master's log as it
+        is, so its records go to the log in one write (one per segment when one fills) and
+        each queue's entries in one ``append_many``: per record only its header is read and
+        both CRCs checked, on views of ``buf`` (nothing copied)."""
+        view = memoryview(buf)
+        end = len(buf)
+        commitlog = self.commitlog
+        at = commitlog.max_offset  # where the next record lands
+        roll_at = commitlog.segments[-1].start + commitlog.segment_bytes
+        runs: dict[tuple[bytes, int], _ReplicatedRun] = {}
+        pos = taken = 0  # buf positions: the next record, the first not handed to the log
+        try:
+            while end - pos >= RECORD_HEADER_BYTES:
+                (magic, header_crc, size, payload_crc, phys, base, store_ts, _, count, _, queue_id,
+                 topic_len) = RECORD_FIXED_HEADER.unpack_from(view, pos)  # fmt: skip
+                payload = pos + RECORD_HEADER_BYTES + topic_len
+                if end < payload:
+                    break
+                if (
+                    magic != RECORD_MAGIC
+                    or crc32(view[pos + HEADER_CRC_FROM : payload]) != header_crc
+                    or size < payload - pos
+                ):
+                    raise CrcMismatch(f"replicated record at {at} has a corrupt header")
+                if end - pos < size:
+                    break
+                if crc32(view[payload : pos + size]) != payload_crc:
+                    raise CrcMismatch(f"replicated record at {at}: payload CRC mismatch")
+                if phys != at:
+                    raise CrcMismatch(f"replicated record claims offset {phys} but lands at {at}")
+                key = (bytes(view[pos + RECORD_HEADER_BYTES : payload]), queue_id)
+                run = runs.get(key)
+                if run is None or base < run.next_base:
+                    cq = run.cq if run else self._queue(key[0].decode(), queue_id)
+                    if base < (run.next_base if run else cq.max_offset):
+                        self._hand_over(view, taken, pos, runs, arrived)
+                        commitlog.write_pending()
+                        taken = pos
+                        self._restart_replicated_queue(cq, base, at)
+                    run = runs[key] = _ReplicatedRun(cq)
+                if at + size > roll_at:  # the record may start a segment: the log decides
+                    self._hand_over(view, taken, pos, runs, arrived)
+                    taken = pos
+                    commitlog.reserve(size)
+                    roll_at = commitlog.segments[-1].start + commitlog.segment_bytes
+                    run = runs[key] = _ReplicatedRun(run.cq)
+                run.entries += (at, size, base, count, store_ts)
+                run.next_base = base + count
+                at += size
+                pos += size
+        finally:  # what was checked is stored, even when a later record is corrupt
+            self._hand_over(view, taken, pos, runs, arrived)
+            commitlog.write_pending()
         return pos
+
+    def _hand_over(
+        self,
+        view: memoryview,
+        start: int,
+        end: int,
+        runs: dict[tuple[bytes, int], _ReplicatedRun],
+        arrived: list[tuple[str, int]],
+    ) -> None:
+        """Records ``view[start:end]`` (checked) to the log's pending write, their entries
+        (``runs``, emptied) to their queues."""
+        if end > start:
+            self.commitlog.append([view[start:end]], end - start)
+        for run in runs.values():
+            if run.entries:
+                run.cq.append_many(run.entries)
+                arrived.append((run.cq.topic, run.cq.queue_id))
+        runs.clear()
 
     def _restart_replicated_queue(self, cq: ConsumeQueue, base: int, at: int) -> None:
         """A replicated record starts its queue's offsets again: the master deleted the
@@ -703,3 +759,12 @@ class MessageStore:
             return json.loads(self.disk.read_bytes(self.root / "checkpoint"))
         except (OSError, ValueError):
             return {}
+
+
+@dataclass(slots=True)
+class _ReplicatedRun:
+    """One queue's entries among a transfer's records not yet handed to the log."""
+
+    cq: ConsumeQueue
+    entries: list[int] = field(default_factory=list)  # flat: see ConsumeQueue.append_many
+    next_base: int = -1  # the queue offset its next record must start at (or above)
