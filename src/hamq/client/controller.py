@@ -236,10 +236,7 @@ class ControllerClient:
         frame = await self.request(
             RequestCode.CONTROLLER_GET_SYNC_STATE_DATA, {"broker_names": list(broker_names)}
         )
-        groups = frame.ext.get("groups")
-        if not isinstance(groups, list):
-            raise HamqError("controller answered GET_SYNC_STATE_DATA without 'groups'")
-        return groups
+        return catalog.list_result(catalog.answer(frame), "groups")
 
     async def clean_broker_data(
         self,
@@ -263,7 +260,7 @@ class ControllerClient:
 
     async def list_vhosts(self) -> list[str]:
         frame = await self.request(RequestCode.CONTROLLER_LIST_VHOSTS, {})
-        return catalog.vhosts_result(frame.ext)
+        return catalog.vhosts_result(catalog.answer(frame))
 
     async def set_policy(
         self,
@@ -285,7 +282,7 @@ class ControllerClient:
     async def list_policies(self, vhost: str | None = None) -> list[dict[str, Any]]:
         """Each ``{vhost, name, pattern, apply_to, priority, definition}``."""
         frame = await self.request(RequestCode.CONTROLLER_LIST_POLICIES, {"vhost": vhost})
-        return catalog.list_result(frame.ext, "policies")
+        return catalog.list_result(catalog.answer(frame), "policies")
 
     async def declare_topic(
         self,
@@ -307,7 +304,7 @@ class ControllerClient:
         """Each ``{vhost, name, wire_name, home_node, exclusive, queue_nums, owner, groups,
         policy}`` (``policy``: the effective policy's name or None)."""
         frame = await self.request(RequestCode.CONTROLLER_LIST_TOPICS, {"vhost": vhost})
-        return catalog.list_result(frame.ext, "topics")
+        return catalog.list_result(catalog.answer(frame), "topics")
 
     async def register_node(self, name: str, address: str) -> None:
         ext = catalog.register_node_ext(name, address)
@@ -333,7 +330,7 @@ class ControllerClient:
         """Each ``{node, address, alive, members: [{cluster_name, broker_name, broker_id,
         address}]}``."""
         frame = await self.request(RequestCode.CONTROLLER_LIST_NODES, {})
-        return catalog.list_result(frame.ext, "nodes")
+        return catalog.list_result(catalog.answer(frame), "nodes")
 
     async def broker_shutdown(
         self,

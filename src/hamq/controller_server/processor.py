@@ -52,6 +52,12 @@ def _sync_state_set(applied: Applied) -> dict[str, Any]:
     return wire.sync_state_set_ext(applied.group.sync_state_set, applied.group.sync_state_set_epoch)
 
 
+def _answer(frame: Frame, ext: dict[str, Any]) -> list:
+    """A list answer, in the body when the header could not hold it."""
+    ext_part, body = catalog.answer_parts(ext)
+    return response_pieces(frame, ext=ext_part, body=body)
+
+
 class ControllerProcessor:
     def __init__(self, driver: ControllerDriver, elections: ElectionStats) -> None:
         self.driver = driver
@@ -122,9 +128,9 @@ class ControllerProcessor:
         return None if self.core.serving else self._refusal(frame, self.core.not_leader())
 
     def _served(self, frame: Frame, build: Callable[[], dict[str, Any]]) -> list:
-        """A read only the serving leader answers: the refusal, or ``build()``'s ext."""
+        """A read only the serving leader answers: the refusal, or ``build()``'s answer."""
         refusal = self.not_serving(frame)
-        return refusal if refusal is not None else response_pieces(frame, ext=build())
+        return refusal if refusal is not None else _answer(frame, build())
 
     # -- handlers ----------------------------------------------------------------------------
     def _raft_message(self, conn: Connection, frame: Frame) -> None:
@@ -192,7 +198,7 @@ class ControllerProcessor:
             for key, group in sorted(self.core.state.groups.items())
             if not names or key[1] in names
         ]
-        return response_pieces(frame, ext={"groups": groups})
+        return _answer(frame, {"groups": groups})
 
     def _apply_broker_id(self, conn: Connection, frame: Frame) -> None:
         self._submit(conn, frame, wire.apply_broker_id_request(frame.ext), _empty)

@@ -35,8 +35,14 @@ from hamq.policy.definition import (
 from hamq.policy.world import TopicDecl
 from hamq.protocol.address import address
 from hamq.protocol.controller import check_bool, check_map, check_text
-from hamq.protocol.frame import check_int, require_name
-from hamq.protocol.limits import MAX_BROKER_ID, MAX_NAME_LENGTH, MAX_QUEUE_NUMS, MAX_TOPIC_LENGTH
+from hamq.protocol.frame import Frame, check_int, pack_body, require_name, unpack_body
+from hamq.protocol.limits import (
+    MAX_BROKER_ID,
+    MAX_HEADER_BYTES,
+    MAX_NAME_LENGTH,
+    MAX_QUEUE_NUMS,
+    MAX_TOPIC_LENGTH,
+)
 from hamq.protocol.message import validate_name
 
 # A node hosts one member per broker group placed on it; more in one heartbeat is garbage.
@@ -359,6 +365,24 @@ def broker_shutdown_ext(notice: BrokerShutdown) -> Ext:
         "broker_id": notice.broker_id,
         "epoch": notice.epoch,
     }
+
+
+# A read's answer larger than this goes in the body: a frame header holds at most
+# MAX_HEADER_BYTES (a few hundred topics' rows already pass it) and the rest of the
+# header needs room too.
+MAX_EXT_ANSWER_BYTES = MAX_HEADER_BYTES // 2
+
+
+def answer_parts(ext: Ext) -> tuple[Ext | None, bytes]:
+    """``(ext, body)`` of a read's answer: small ones in the header's ext as before, large
+    ones as the msgpack body (``answer`` reads either)."""
+    body = pack_body(ext)
+    return (ext, b"") if len(body) <= MAX_EXT_ANSWER_BYTES else (None, body)
+
+
+def answer(frame: Frame) -> object:
+    """A read's answer map: the body when there is one, else the header's ext."""
+    return unpack_body(frame.body) if frame.body else frame.ext
 
 
 def list_result(ext: object, name: str) -> list[dict[str, Any]]:
