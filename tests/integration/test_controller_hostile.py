@@ -177,3 +177,21 @@ def test_a_list_past_what_a_frame_header_holds_still_answers(controller):
         await asyncio.gather(*(client.delete_topic("/", name) for name in names))
 
     _run(controller, scenario)
+
+
+def test_an_exclusive_topic_is_deleted_only_by_its_connection_or_an_admin(controller):
+    async def delete(client: ControllerClient, topic: str, owner: str) -> None:
+        ext = {"vhost": "/", "topic": topic, "owner": owner}
+        await client.request(RequestCode.CONTROLLER_DELETE_TOPIC, ext)
+
+    async def scenario(client: ControllerClient) -> None:
+        await client.declare_topic("/", "mine", NODE, exclusive=True, owner="conn-1")
+        await client.declare_topic("/", "mine-too", NODE, exclusive=True, owner="conn-1")
+        with pytest.raises(ControllerRefused, match="exclusive to another connection"):
+            await delete(client, "mine", "conn-2")
+        assert {t["name"] for t in await client.list_topics()} == {"mine", "mine-too"}
+        await delete(client, "mine", "conn-1")
+        await delete(client, "mine-too", "")  # an admin, or the driver cleaning up
+        assert await client.list_topics() == []
+
+    _run(controller, scenario)

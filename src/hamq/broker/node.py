@@ -164,7 +164,7 @@ class Node:
         return {**dataclasses.asdict(declare), "home_node": self.name}
 
     async def undeclare(self, owner: str, vhost: str, topic: str) -> None:
-        await self.client.delete_topic(vhost, topic)
+        await self.client.delete_topic(vhost, topic, owner)
         owned = self._exclusive.get(owner)
         if owned is not None:
             owned.discard((vhost, topic))

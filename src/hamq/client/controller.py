@@ -297,8 +297,10 @@ class ControllerClient:
         event = DeclareTopic(vhost, topic, home_node, exclusive, queue_nums, owner)
         await self.request(RequestCode.CONTROLLER_DECLARE_TOPIC, catalog.declare_topic_ext(event))
 
-    async def delete_topic(self, vhost: str, topic: str) -> None:
-        await self.request(RequestCode.CONTROLLER_DELETE_TOPIC, {"vhost": vhost, "topic": topic})
+    async def delete_topic(self, vhost: str, topic: str, owner: str = "") -> None:
+        """``owner``: the client connection deleting it ("" for an admin)."""
+        ext = {"vhost": vhost, "topic": topic, "owner": owner}
+        await self.request(RequestCode.CONTROLLER_DELETE_TOPIC, ext)
 
     async def list_topics(self, vhost: str | None = None) -> list[dict[str, Any]]:
         """Each ``{vhost, name, wire_name, home_node, exclusive, queue_nums, owner, groups,

@@ -246,8 +246,23 @@ class ControllerProcessor:
             raise InvalidArgument(f"topic {event.topic!r} is a system topic")
         self._submit(conn, frame, event, _empty)
 
-    def _delete_topic(self, conn: Connection, frame: Frame) -> None:
-        self._submit(conn, frame, catalog.delete_topic_request(frame.ext), _empty)
+    def _delete_topic(self, conn: Connection, frame: Frame) -> list | None:
+        event, owner = catalog.delete_topic_request(frame.ext)
+        key = (event.vhost, event.topic)
+        holder = self.core.state.topic_owners.get(key)
+        if owner and holder is not None and holder != owner:
+            # RabbitMQ's RESOURCE_LOCKED: another client's exclusive topic is not this one's
+            # to delete (admins and the placement driver delete without an owner)
+            return self._refusal(
+                frame,
+                ControllerError(
+                    ControllerCode.CONTROLLER_INVALID_REQUEST,
+                    f"topic {event.topic!r} in vhost {event.vhost!r} is exclusive to another "
+                    "connection",
+                ),
+            )
+        self._submit(conn, frame, event, _empty)
+        return None
 
     def _list_topics(self, conn: Connection, frame: Frame) -> list:
         vhost = catalog.vhost_filter(frame.ext)

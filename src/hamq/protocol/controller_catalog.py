@@ -215,11 +215,13 @@ def declare_topic_ext(event: DeclareTopic) -> Ext:
     }
 
 
-def delete_topic_request(ext: object) -> DeleteTopic:
-    """DELETE_TOPIC: ``{vhost, topic}``."""
+def delete_topic_request(ext: object) -> tuple[DeleteTopic, str]:
+    """DELETE_TOPIC: ``{vhost, topic, owner}``; ``owner`` (optional, "" = an admin) is the
+    connection a client deletes through (an exclusive topic is its owner's alone)."""
     checked = check_map(ext, "request ext")
     vhost = _vhost(checked)
-    return DeleteTopic(vhost, _topic(checked, vhost))
+    owner = check_text(checked, "owner", empty=True) if "owner" in checked else ""
+    return DeleteTopic(vhost, _topic(checked, vhost)), owner
 
 
 def topic_ext(topic: TopicDecl, owner: str, policy: str | None) -> Ext:
