@@ -199,6 +199,28 @@ def test_remove_broker_keeps_the_store_unless_asked(node_cluster):
     assert not accepts(solo_a["address"])
 
 
+def test_a_node_rejoins_a_group_that_gave_its_stored_id_to_another_member(node_cluster):
+    """A node back with the store of a member that was cleaned away while it was down,
+    whose id the controller has since given to another member: it joins under a new id
+    (the id on disk was refused for good, and the group could never be placed there)."""
+    c, controller, containers = node_cluster
+    n1, n2 = (containers[n] for n in NODES)
+    mode = in_controller_mode(controller)
+    assert add_member(n1, "stale", **mode)["broker_id"] == 1
+    old = add_member(n2, "stale", **mode)["broker_id"]
+    container(n2, RequestCode.REMOVE_BROKER, {"broker_name": "stale", "broker_id": old})
+    controller_says(controller, "clean_broker_data", CLUSTER, "stale", [old], True)
+    # the id goes to another member (elsewhere on n2's disk), alive or not
+    other = add_member(n2, "stale", store_dir=str(c.root / "n2" / "other"), **mode)
+    assert other["broker_id"] == old
+    ext = {"broker_name": "stale", "broker_id": old, "delete_store": True}
+    container(n2, RequestCode.REMOVE_BROKER, ext)
+    rejoined = add_member(n2, "stale", **mode)  # <store_root>/stale: the stale store
+    assert rejoined["broker_id"] not in (1, old)
+    (group,) = controller_says(controller, "sync_state_data", ["stale"])
+    assert rejoined["broker_id"] in {m["broker_id"] for m in group["members"]}
+
+
 def test_a_killed_node_is_reported_not_alive(node_cluster):
     c, controller, _ = node_cluster
     c.procs["n2"].kill9()

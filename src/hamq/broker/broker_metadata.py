@@ -28,6 +28,10 @@ class BrokerMetadataError(HamqError):
     """The broker id on disk cannot be used: damaged, of another group, or taken."""
 
 
+class BrokerIdTaken(BrokerMetadataError):
+    """The controller gave the id on disk to another member (this one was cleaned away)."""
+
+
 @dataclass(frozen=True)
 class BrokerMetadata:
     cluster_name: str

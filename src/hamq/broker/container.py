@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
+from hamq.broker.broker_metadata import BrokerIdTaken, BrokerMetadataFile
 from hamq.broker.ha.member_group import MEMBER_GROUP_TIMEOUT_S, GroupAnswer
 from hamq.broker.namesrv_requests import NamesrvRequests
 from hamq.broker.node import Declare, Node, declared_name
@@ -235,21 +236,19 @@ class BrokerContainer:
             check_can_start(config)  # ports free, store creatable: ConfigError, nothing opened
             if not config.enable_controller_mode:  # its id is the controller's, fenced there
                 await self._refuse_live_twin(config)
-            try:  # (a constructor that fails lets go of the store itself)
-                broker = Broker(config, pool=self.pool, siblings=lambda: self._siblings(broker))
-            except OSError as exc:
-                raise BrokerSystemError(
-                    f"broker {config.broker_name} id {config.broker_id} cannot open its "
-                    f"store {config.store_dir}: {exc}"
-                ) from None
             try:
-                await broker.start()
-            except Exception as exc:  # noqa: BLE001 - any failure is the admin's answer
-                await _stop_quietly(broker)
-                message = exc.message if isinstance(exc, HamqError) else repr(exc)
-                raise BrokerSystemError(
-                    f"broker {config.broker_name} id {config.broker_id} did not start: {message}"
-                ) from None
+                broker = await self._start(config)
+            except BrokerIdTaken as exc:
+                if not self._placed_here(config):
+                    raise _not_started(config, exc) from None
+                # A node back with the store of a member the placement driver replaced
+                # while it was away, whose id the controller has since given to another
+                # member: cleaned away, its log counts for nothing, and the id on disk
+                # would refuse the group this node for good. It joins under a new id
+                # (its log copied again from the master), as an operator would make it.
+                log.warning("container: %s; joining under a new id", exc.message)
+                BrokerMetadataFile(config.store_dir).remove()
+                broker = await self._start(config)
             # in controller mode the id is the one the controller gave at start
             broker_id = broker.role.broker_id if config.enable_controller_mode else config.broker_id
             key = (config.broker_name, broker_id)
@@ -261,6 +260,35 @@ class BrokerContainer:
                 *(*key, config.listen, config.ha_address),
             )
             return broker
+
+    async def _start(self, config: BrokerConfig) -> Broker:
+        try:  # (a constructor that fails lets go of the store itself)
+            broker = Broker(config, pool=self.pool, siblings=lambda: self._siblings(broker))
+        except OSError as exc:
+            raise BrokerSystemError(
+                f"broker {config.broker_name} id {config.broker_id} cannot open its "
+                f"store {config.store_dir}: {exc}"
+            ) from None
+        try:
+            await broker.start()
+        except BrokerIdTaken:
+            await _stop_quietly(broker)
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure is the admin's answer
+            await _stop_quietly(broker)
+            raise _not_started(config, exc) from None
+        return broker
+
+    def _placed_here(self, config: BrokerConfig) -> bool:
+        """A node's member of a controller-mode group in the store the container gave it
+        (``fill_member``): the placement driver's, not one an operator configured."""
+        root = self.config.store_root
+        return bool(
+            self.node is not None
+            and config.enable_controller_mode
+            and root
+            and Path(config.store_dir) == Path(root) / config.broker_name
+        )
 
     async def _refuse_live_twin(self, config: BrokerConfig) -> None:
         """A member whose (broker name, broker id) a name server holds at another address
@@ -359,6 +387,13 @@ _NODE_CODES = (RequestCode.DECLARE_TOPIC, RequestCode.UNDECLARE_TOPIC, RequestCo
 
 def _labels(key: MemberKey) -> dict[str, str]:
     return {"broker_name": key[0], "broker_id": str(key[1])}
+
+
+def _not_started(config: BrokerConfig, exc: Exception) -> BrokerSystemError:
+    message = exc.message if isinstance(exc, HamqError) else repr(exc)
+    return BrokerSystemError(
+        f"broker {config.broker_name} id {config.broker_id} did not start: {message}"
+    )
 
 
 async def _stop_quietly(broker: Broker) -> None:

@@ -51,6 +51,7 @@ from dataclasses import replace
 from hamq.broker.broker_metadata import (
     APPLIED,
     APPLYING,
+    BrokerIdTaken,
     BrokerMetadata,
     BrokerMetadataError,
     BrokerMetadataFile,
@@ -185,7 +186,7 @@ class ReplicasManager:
         except HamqError as err:
             if err.code == ResponseCode.CONTROLLER_BROKER_ID_INVALID:
                 if meta.applied:
-                    raise BrokerMetadataError(
+                    raise BrokerIdTaken(
                         f"the controller gives broker id {meta.broker_id} of {self.group[1]} "
                         f"to another broker ({err.message}); this member's "
                         f"{self.metadata.path} says it is ours. Remove the file to join under "
