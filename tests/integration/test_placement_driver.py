@@ -189,13 +189,40 @@ def test_clearing_the_policy_moves_the_topic_home_and_drops_it_once_drained(node
     )
 
 
-def test_an_exclusive_topic_goes_with_its_home_node(nodes) -> None:
-    c, controller, _ = nodes
-    node, topic = NODES[2], "exclusive.one"
-    ask(controller, lambda cl: cl.declare_topic("/", topic, node, exclusive=True, owner="t/1"))
+def test_topics_deleted_through_the_controller_or_ownerless_leave_the_brokers(nodes) -> None:
+    """DELETE_TOPIC changes only the controller's state: the driver takes the topic out of
+    its group. An exclusive topic whose owner its alive node does not list (its
+    connection gone without the delete reaching the controller) is deleted after a
+    grace; one whose declaring connection is open stays."""
+    c, controller, containers = nodes
+    node, gone, ghost, held = NODES[1], "gone.one", "ghost.one", "held.one"
     home = group_for_node(node)
-    wait_for(lambda: groups_of(c.namesrv, topic)[0] == {home}, WAIT_S, f"{topic} routed home")
+    ask(controller, lambda cl: cl.declare_topic("/", gone, node))
+    wait_for(lambda: groups_of(c.namesrv, gone)[0] == {home}, WAIT_S, f"{gone} routed home")
+    with (
+        hamq.Admin("127.0.0.1:9") as admin,
+        admin.declare_topic(containers[node], held, exclusive=True),
+    ):
+        owner = f"{node}/closed/1"
+        ask(controller, lambda cl: cl.declare_topic("/", ghost, node, exclusive=True, owner=owner))
+        ask(controller, lambda cl: cl.delete_topic("/", gone))
+        wait_for(lambda: route(c.namesrv, gone) is None, WAIT_S, f"{gone} out of {home}")
+        wait_for(lambda: ghost not in declared(controller), WAIT_S, f"{ghost} deleted")
+        assert held in declared(controller)  # listed by its node all along
+    wait_for(lambda: held not in declared(controller), WAIT_S, f"{held} deleted on close")
 
-    c.procs[node.split("@", 1)[1]].kill9()
-    wait_for(lambda: topic not in declared(controller), WAIT_S, f"{topic} deleted with its node")
+
+def test_an_exclusive_topic_goes_with_its_home_node(nodes) -> None:
+    c, controller, containers = nodes
+    node, topic = NODES[2], "exclusive.one"
+    home = group_for_node(node)
+    with (
+        hamq.Admin("127.0.0.1:9") as admin,
+        admin.declare_topic(containers[node], topic, exclusive=True),
+    ):
+        wait_for(lambda: groups_of(c.namesrv, topic)[0] == {home}, WAIT_S, f"{topic} routed home")
+        c.procs[node.split("@", 1)[1]].kill9()
+        wait_for(
+            lambda: topic not in declared(controller), WAIT_S, f"{topic} deleted with its node"
+        )
     assert {FIRST, SECOND} <= declared(controller)
