@@ -3,12 +3,15 @@ as Python's ``re.search`` on the syntax it takes, clear refusals for the rest.""
 
 from __future__ import annotations
 
+import random
 import re
+import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hamq.policy import pattern
 from hamq.policy.pattern import MAX_PROGRAM, PatternError, compile_pattern, search
 
 # The characters a wire name may hold (protocol/message.py) and a few pattern tokens.
@@ -78,3 +81,22 @@ def test_seed_and_corner_patterns_answer_as_re(pattern: str, names: list[str]) -
 def test_what_it_cannot_run_is_refused_with_the_reason(pattern: str, reason: str) -> None:
     with pytest.raises(PatternError, match=re.escape(reason)):
         compile_pattern(pattern)
+
+
+def test_the_lazy_dfa_stays_bounded_where_its_states_multiply(monkeypatch):
+    """``[ab]*a[ab]{6}$`` has 2**7 DFA states: past the bound the automaton forgets what it
+    worked out and answers right all the same."""
+    monkeypatch.setattr(pattern, "MAX_DFA_THREADS", pattern._Automaton.kept_total + 300)
+    expression = "[ab]*a[ab]{6}$"
+    rng = random.Random(16)
+    names = ["".join(rng.choice("ab") for _ in range(24)) for _ in range(400)]
+    for name in names:
+        assert search(expression, name) == (re.search(expression, name) is not None), name
+        assert pattern._automaton(expression)._kept <= 300
+
+
+def test_a_hostile_pattern_against_many_long_names_is_quick():
+    names = [f"{'a' * (100 + i % 27)}-{i}" for i in range(2000)]
+    started = time.monotonic()
+    assert not any(search("(a?){170}b|(a+)+$|(a|aa)*c$", name) for name in names)
+    assert time.monotonic() - started < 5.0  # Python's re: longer than anyone would wait

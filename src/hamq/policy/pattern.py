@@ -24,6 +24,9 @@ from typing import Final
 # of a 192-character wire name under 100,000 steps.
 MAX_PROGRAM: Final = 512
 MAX_REPEAT: Final = 1000  # RE2's bound on {m,n}
+# Thread entries (and transitions) the lazy DFAs of all patterns keep together: some tens
+# of MB at most, however many policies there are.
+MAX_DFA_THREADS: Final = 1_000_000
 
 _DIGITS = frozenset(string.digits)
 _WORD = frozenset(string.ascii_letters + string.digits + "_")
@@ -271,9 +274,12 @@ def compile_pattern(pattern: str) -> tuple[Instruction, ...]:
     return tuple(program)
 
 
-def _follow(program: tuple[Instruction, ...], starts: list[int], at: int, end: int) -> set[int]:
-    """The instructions reachable from ``starts`` without reading a character at ``at``
-    (one walk for all threads: each instruction is visited once per character)."""
+def _follow(
+    program: tuple[Instruction, ...], starts: list[int], bol: bool, eol: bool
+) -> frozenset[int]:
+    """The instructions reachable from ``starts`` without reading a character, at the start
+    of the name (``bol``) or not, at its end (``eol``) or not: one walk for all threads,
+    each instruction visited once."""
     seen: set[int] = set()
     stack = starts
     while stack:
@@ -286,26 +292,98 @@ def _follow(program: tuple[Instruction, ...], starts: list[int], at: int, end: i
             stack.extend((y, x))
         elif op == "jmp":
             stack.append(x)
-        elif (op == "^" and at == 0) or (op == "$" and at == end):
+        elif (op == "^" and bol) or (op == "$" and eol):
             stack.append(pc + 1)
-    return seen
+    return frozenset(seen)
 
 
-@functools.lru_cache(maxsize=65536)
+class _Automaton:
+    """A program run as RE2's lazy DFA: the set of live threads is a state, and the state
+    a character leads to is worked out once (``len(program)`` steps) and then looked up, so
+    matching thousands of topic names costs a dictionary lookup per character. The states
+    kept are bounded (``MAX_DFA_THREADS`` thread entries and transitions over all patterns,
+    past which the pattern adding one forgets its own and works them out again), so a
+    pattern whose states multiply costs time, never unbounded memory."""
+
+    kept_total = 0
+
+    def __init__(self, program: tuple[Instruction, ...]) -> None:
+        self.program = program
+        self.match_pc = len(program) - 1
+        self._start = _follow(program, [0], bol=True, eol=False)
+        self._kept = 0  # thread entries and transitions (all patterns': kept_total)
+        self._forget()
+
+    def _forget(self) -> None:
+        # A state is a number: its threads, transitions by character, match at the end.
+        self._ids: dict[frozenset[int], int] = {}
+        self._threads: list[frozenset[int]] = []
+        self._next: list[dict[str, int]] = []
+        self._ends: list[bool | None] = []
+        type(self).kept_total -= self._kept
+        self._kept = 0
+        self._id(self._start)
+
+    def _id(self, threads: frozenset[int]) -> int:
+        known = self._ids.get(threads)
+        if known is not None:
+            return known
+        self._ids[threads] = len(self._threads)
+        self._threads.append(threads)
+        self._next.append({})
+        self._ends.append(None)
+        self._keep(len(threads))
+        return len(self._threads) - 1
+
+    def _keep(self, cost: int) -> None:
+        self._kept += cost
+        type(self).kept_total += cost
+
+    def search(self, name: str) -> bool:
+        state = 0
+        for char in name:
+            if self.match_pc in self._threads[state]:
+                return True
+            following = self._next[state].get(char)
+            if following is None:
+                following = self._step(state, char)
+            state = following
+        # the last state again, at the end of the name ("$"; "^" too if it is empty)
+        if not name:
+            return self.match_pc in _follow(self.program, list(self._start), bol=True, eol=True)
+        ends = self._ends[state]
+        if ends is None:
+            threads = list(self._threads[state])
+            ends = self._ends[state] = self.match_pc in _follow(
+                self.program, threads, bol=False, eol=True
+            )
+        return ends
+
+    def _step(self, state: int, char: str) -> int:
+        program = self.program
+        read = [
+            pc + 1 for pc in self._threads[state] if (test := program[pc][3]) and test.accepts(char)
+        ]
+        # and a new thread: a match may start at any character
+        following = _follow(program, [*read, 0], bol=False, eol=False)
+        if type(self).kept_total + len(following) + 1 > MAX_DFA_THREADS:
+            self._forget()  # the numbers start again; the search goes on from this one's
+            return self._id(following)
+        target = self._id(following)
+        self._next[state][char] = target
+        self._keep(1)
+        return target
+
+    def __del__(self) -> None:  # dropped from _automaton's cache: its states go too
+        type(self).kept_total -= self._kept
+
+
+@functools.lru_cache(maxsize=256)
+def _automaton(pattern: str) -> _Automaton:
+    return _Automaton(compile_pattern(pattern))
+
+
 def search(pattern: str, name: str) -> bool:
     """Whether ``pattern`` matches anywhere in ``name`` (``re.search``'s answer), in at most
     ``len(name) * MAX_PROGRAM`` steps. The pattern must have been checked."""
-    program = compile_pattern(pattern)
-    advanced: list[int] = []
-    for at in range(len(name) + 1):
-        # threads that read the previous character, and a new one: a match may start anywhere
-        threads = _follow(program, [*advanced, 0], at, len(name))
-        if any(program[pc][0] == "match" for pc in threads):
-            return True
-        if at == len(name):
-            break
-        char = name[at]
-        advanced = [
-            pc + 1 for pc in threads if (test := program[pc][3]) is not None and test.accepts(char)
-        ]
-    return False
+    return _automaton(pattern).search(name)
