@@ -361,4 +361,4 @@ class ControllerClient:
     async def get_placement(self) -> dict[str, Any]:
         """The placement driver's last plan and pending steps, as the leader answers them."""
         frame = await self.request(RequestCode.CONTROLLER_GET_PLACEMENT, {})
-        return dict(frame.ext)
+        return dict(wire.check_map(catalog.answer(frame), "answer"))

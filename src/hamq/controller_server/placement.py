@@ -41,6 +41,7 @@ from hamq.policy import placement as policy
 from hamq.policy.definition import PolicyError, split_wire_name, wire_name
 from hamq.policy.world import TopicDecl
 from hamq.protocol.codes import RequestCode, ResponseCode
+from hamq.protocol.controller_catalog import answer_parts
 from hamq.protocol.frame import Frame, pack_body, unpack_body
 from hamq.protocol.properties import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 from hamq.store.metadata import PERM_READ, PERM_READ_WRITE
@@ -393,7 +394,9 @@ class PlacementDriver:
         refusal = self.not_serving(frame)
         if refusal is not None:
             return refusal
-        return response_pieces(frame, ext=placement_ext(self.plan, self._busy))
+        # past half the header limit (a large plan) the answer is the body
+        ext, body = answer_parts(placement_ext(self.plan, self._busy))
+        return response_pieces(frame, ext=ext, body=body)
 
     def _alive(self, key: GroupKey) -> frozenset[int]:
         return self.core.liveness.alive(key, monotonic_ms())
