@@ -311,6 +311,9 @@ class _Automaton:
         self.program = program
         self.match_pc = len(program) - 1
         self._start = _follow(program, [0], bol=True, eol=False)
+        # Only the thread a new match starts with: a state that is this and reads nothing
+        # more (a pattern anchored with ^ that failed) stays so to the end of the name.
+        self._restart = _follow(program, [0], bol=False, eol=False)
         self._kept = 0  # thread entries and transitions (all patterns': kept_total)
         self._forget()
 
@@ -320,6 +323,8 @@ class _Automaton:
         self._threads: list[frozenset[int]] = []
         self._next: list[dict[str, int]] = []
         self._ends: list[bool | None] = []
+        self._matched: list[bool] = []  # holds the match: the name matches
+        self._settled: list[bool] = []  # no character can change it (see _restart)
         type(self).kept_total -= self._kept
         self._kept = 0
         self._id(self._start)
@@ -332,6 +337,9 @@ class _Automaton:
         self._threads.append(threads)
         self._next.append({})
         self._ends.append(None)
+        self._matched.append(self.match_pc in threads)
+        reads = any(self.program[pc][3] is not None for pc in threads)
+        self._settled.append(threads == self._restart and not reads)
         self._keep(len(threads))
         return len(self._threads) - 1
 
@@ -342,8 +350,10 @@ class _Automaton:
     def search(self, name: str) -> bool:
         state = 0
         for char in name:
-            if self.match_pc in self._threads[state]:
+            if self._matched[state]:
                 return True
+            if self._settled[state]:
+                break
             following = self._next[state].get(char)
             if following is None:
                 following = self._step(state, char)
