@@ -75,6 +75,8 @@ def test_another_address_cannot_speak_for_a_live_node(controller):
             await beat(client, OTHER_ADDR)
         with pytest.raises(ControllerRefused, match="is alive at"):
             await client.register_node(NODE, OTHER_ADDR)
+        with pytest.raises(ControllerRefused, match="cannot register there too"):
+            await client.register_node("hamq@impostor", NODE_ADDR)
         nodes = await client.list_nodes()
         assert [(n["node"], n["address"], n["alive"]) for n in nodes] == [(NODE, NODE_ADDR, True)]
 

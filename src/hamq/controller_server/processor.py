@@ -270,23 +270,31 @@ class ControllerProcessor:
 
     def _register_node(self, conn: Connection, frame: Frame) -> list | None:
         event = catalog.register_node_request(frame.ext)
-        registered = self.core.state.nodes.get(event.name)
-        if (
-            self.core.serving
-            and registered not in (None, event.address)
-            and self.core.nodes.is_alive(event.name, monotonic_ms())
-        ):
-            # As Erlang refuses a second node of a name already up: a process elsewhere
-            # taking a live node's name would be sent its members' ADD/REMOVE_BROKER.
+        conflict = self._live_node_conflict(event.name, event.address)
+        if conflict is not None:
             return self._refusal(
-                frame,
-                ControllerError(
-                    ControllerCode.CONTROLLER_INVALID_REQUEST,
-                    f"node {event.name!r} is alive at {registered}; a node at {event.address} "
-                    "cannot take its name until it stops heartbeating",
-                ),
+                frame, ControllerError(ControllerCode.CONTROLLER_INVALID_REQUEST, conflict)
             )
         self._submit(conn, frame, event, _empty)
+        return None
+
+    def _live_node_conflict(self, name: str, addr: str) -> str | None:
+        """Why a registration would take what a live node holds (None: it would not). As
+        Erlang refuses a second node of a name already up: a process elsewhere taking a
+        live node's name, or a second name for a live node's container, would have the
+        placement driver send members of one node to the other."""
+        if not self.core.serving:
+            return None  # the submit answers CONTROLLER_NOT_LEADER
+        now_ms, nodes = monotonic_ms(), self.core.nodes
+        registered = self.core.state.nodes.get(name)
+        if registered not in (None, addr) and nodes.is_alive(name, now_ms):
+            return (
+                f"node {name!r} is alive at {registered}; a node at {addr} cannot take its "
+                "name until it stops heartbeating"
+            )
+        for other, other_addr in self.core.state.nodes.items():
+            if other != name and other_addr == addr and nodes.is_alive(other, now_ms):
+                return f"node {other!r} is alive at {addr}; {name!r} cannot register there too"
         return None
 
     def _node_heartbeat(self, conn: Connection, frame: Frame) -> list | None:
