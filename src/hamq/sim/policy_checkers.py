@@ -84,6 +84,10 @@ def _one_writable_group(world: PolicyWorld) -> None:
     for decl in world.state.topics.values():
         if len(set(decl.groups)) != len(decl.groups):
             _fail(f"topic {decl.name} is in groups {decl.groups}")
+        if decl.groups:
+            perm = world.data[decl.groups[-1]].perms.get(decl.name)
+            if perm != 6:
+                _fail(f"topic {decl.name}: its writable group {decl.groups[-1]} has perm {perm}")
 
 
 def settled(world: PolicyWorld) -> None:
