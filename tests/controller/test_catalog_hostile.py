@@ -4,6 +4,7 @@ for good) and leaves a state its own snapshot decodes back to."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,8 +23,10 @@ from hamq.controller.events import (
     SetTopicGroups,
 )
 from hamq.controller.state import ControllerState
+from hamq.errors import InvalidArgument
 from hamq.policy.definition import Policy, make_policy
 from hamq.policy.world import TopicDecl
+from hamq.protocol import controller_catalog as wire
 
 NODE = "hamq@a"
 ALL = {"ha-mode": "all"}
@@ -113,3 +116,10 @@ def test_apply_is_total_and_its_state_survives_a_snapshot(events):
         assert apply_event(leader, decoded) == apply_event(follower, decoded)
         assert decode_snapshot(encode_snapshot(leader)) == leader
     assert leader == follower
+
+
+def test_an_exclusive_declaration_needs_its_owner():
+    ext = {"vhost": "/", "topic": "t", "home_node": NODE, "exclusive": True, "queue_nums": 4}
+    with pytest.raises(InvalidArgument, match="'owner' is required"):
+        wire.declare_topic_request({**ext, "owner": ""})
+    assert wire.declare_topic_request({**ext, "owner": "conn-1"}).owner == "conn-1"

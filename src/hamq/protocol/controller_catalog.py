@@ -194,7 +194,7 @@ def declare_topic_request(ext: object) -> DeclareTopic:
     """DECLARE_TOPIC: ``{vhost, topic, home_node, exclusive, queue_nums, owner}``."""
     checked = check_map(ext, "request ext")
     vhost = _vhost(checked)
-    return DeclareTopic(
+    event = DeclareTopic(
         vhost,
         _topic(checked, vhost),
         _node(checked, "home_node"),
@@ -202,6 +202,10 @@ def declare_topic_request(ext: object) -> DeclareTopic:
         check_int("queue_nums", checked.get("queue_nums"), 1, MAX_QUEUE_NUMS),
         check_text(checked, "owner", empty=True),
     )
+    if event.exclusive and not event.owner:
+        # owned by "" it would be anyone's: every admin deletes as "" (DELETE_TOPIC)
+        raise InvalidArgument("request field 'owner' is required for an exclusive topic")
+    return event
 
 
 def declare_topic_ext(event: DeclareTopic) -> Ext:
