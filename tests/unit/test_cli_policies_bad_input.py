@@ -29,6 +29,7 @@ def _run(args: list[str]):
         (["set-policy", "p", "(x{1000}){1000}", ALL], "too complex"),
         (["set-policy", "p", ".", '{"ha-mode":"all","ha-params":null,"x":1}'], "'x'"),
         (["set-policy", "p", ".", '{"ha-mode":["all"]}'], "ha-mode"),
+        (["set-policy", "p", ".", "[" * 100_000 + "]" * 100_000], "nested too deeply"),
         (["clear-policy", ""], "policy name"),
         (["list-policies", "--vhost", "a b"], "vhost"),
         (["declare-topic", "t", "--node", "nohost"], "--node"),

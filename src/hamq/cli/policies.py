@@ -194,6 +194,8 @@ async def set_policy(
         raw = json.loads(definition_json)
     except ValueError as err:
         raise BadDefinition(f"DEFINITION_JSON is not JSON: {err}") from None
+    except RecursionError:  # json's decoder recurses once per level of nesting
+        raise BadDefinition("DEFINITION_JSON is nested too deeply") from None
     if not isinstance(raw, dict):
         raise BadDefinition("DEFINITION_JSON must be a JSON object of policy keys")
     try:
