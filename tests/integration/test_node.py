@@ -8,6 +8,7 @@ node is reported dead. One cluster for the module: the tests run in order."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from pathlib import Path
 
@@ -226,3 +227,21 @@ def test_a_killed_node_is_reported_not_alive(node_cluster):
     c.procs["n2"].kill9()
     wait_for(lambda: not nodes_seen(controller)[NODES[1]]["alive"], WAIT_S, "n2 reported dead")
     assert nodes_seen(controller)[NODES[0]]["alive"]
+
+
+def test_a_restarted_node_starts_its_placed_members_again(node_cluster):
+    """A node killed and started again comes back with the members ADD_BROKER put in the
+    stores it gave them (the rejoined member of ``stale`` from above, same id), not the
+    ones removed on purpose (``solo-b``, store deleted; ``solo-a``, store kept)."""
+    c, controller, _ = node_cluster
+    stored = json.loads((c.root / "n2" / "stale" / "broker_metadata.json").read_text())
+    rejoined = stored["broker_id"]
+    c.restart("n2")
+
+    def back():
+        seen = nodes_seen(controller)[NODES[1]]
+        listed = {(m["broker_name"], m["broker_id"]) for m in seen["members"]}
+        return seen["alive"] and ("stale", rejoined) in listed and listed
+
+    listed = wait_for(back, WAIT_S, "n2 back with its placed member")
+    assert not {"solo-a", "solo-b", "plain-b"} & {name for name, _ in listed}

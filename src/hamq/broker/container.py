@@ -65,6 +65,7 @@ from hamq.protocol.frame import (
     require_name,
     unpack_body,
 )
+from hamq.store.disk import OS_DISK, atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +154,14 @@ def confine_store(config: BrokerConfig, store_root: str) -> None:
         )
 
 
+# A placed member's settings in its store: the node starts it again when it restarts.
+PLACED_MEMBER_FILE = "placed_member.json"
+
+
+def _saved_placed(store_root: str) -> list[tuple[Path, bytes]]:
+    return [(p, p.read_bytes()) for p in sorted(Path(store_root).glob(f"*/{PLACED_MEMBER_FILE}"))]
+
+
 def fill_member(values: dict[str, Any], container: ContainerConfig) -> dict[str, Any]:
     """Settings ADD_BROKER may leave to the container (the placement driver does): listen
     on ``member_host`` at a port picked here, and the store ``<store_root>/<broker_name>``
@@ -229,6 +238,39 @@ class BrokerContainer:
         except BaseException:
             await self.stop()
             raise
+        await self._resume_placed()
+
+    async def add_placed(self, filled: dict[str, Any], source: str) -> Broker:
+        """A member ADD_BROKER asked for (settings ``fill_member`` completed), on ports
+        picked now. A node's member in the store the container gave it keeps those
+        settings there, and starts again when the node does: a restarted node would
+        otherwise come back without the members it hosted, and a group whose only
+        synchronised copy was one of them would wait for it forever."""
+        config = member_config(pick_ports(filled), source, self.config)
+        confine_store(config, self.config.store_root)
+        broker = await self.add(config)
+        if self._placed_here(config):
+            saved = json.dumps(filled).encode()
+            path = Path(config.store_dir) / PLACED_MEMBER_FILE
+            await asyncio.to_thread(atomic_write, OS_DISK, path, saved)
+        return broker
+
+    async def _resume_placed(self) -> None:
+        """The placed members this node hosted when it stopped start again (each from its
+        store and saved settings, ports picked again); one that cannot start is logged and
+        left, its store kept."""
+        root = self.config.store_root
+        if self.node is None or not root:
+            return
+        for path, raw in await asyncio.to_thread(_saved_placed, root):
+            try:
+                filled = json.loads(raw)
+                if not isinstance(filled, dict):
+                    raise ValueError("not a map of settings")
+                await self.add_placed(filled, str(path))
+            except (HamqError, OSError, ValueError) as exc:
+                why = exc.message if isinstance(exc, HamqError) else str(exc)
+                log.warning("container: member in %s not started again: %s", path.parent, why)
 
     async def add(self, config: BrokerConfig) -> Broker:
         async with self._changing:
@@ -333,6 +375,8 @@ class BrokerContainer:
             if delete_store:
                 await asyncio.to_thread(shutil.rmtree, store_dir)
                 log.info("container: store %s of member %s/%d deleted", store_dir, *key)
+            else:  # removed on purpose: the store stays, the member does not come back
+                (Path(store_dir) / PLACED_MEMBER_FILE).unlink(missing_ok=True)
 
     async def _stop_member(self, key: MemberKey) -> None:
         """Out of the members first (no sibling escapes into a stopping master), then
@@ -432,10 +476,7 @@ class _ContainerProcessor:
                 raise InvalidArgument(
                     "ADD_BROKER body must be a map of broker settings (names to values)"
                 )
-            settings = pick_ports(fill_member(values, self.container.config))
-            config = member_config(settings, source, self.container.config)
-            confine_store(config, self.container.config.store_root)
-            change = self.container.add(config)
+            change = self.container.add_placed(fill_member(values, self.container.config), source)
         elif frame.code == RequestCode.REMOVE_BROKER:
             change = self.container.remove(
                 require_name(frame.ext, "broker_name"),
