@@ -59,6 +59,9 @@ TICK_MS = 100
 ROUND_TICKS = 2  # placement_interval_ms
 HEARTBEAT_TIMEOUT_TICKS = 3  # node and member heartbeats
 NOT_CATCHUP_MS = 1_000
+# the controller looks for masters it no longer hears every few ticks, not every tick:
+# between two scans a dead master is still the group's master
+ELECTION_SCAN_TICKS = 3
 FAULT_TICKS = 250
 SETTLE_TICKS = 100  # K = 50 rounds after the faults stop before the world must have settled
 SETTLE_SHIP = 20
@@ -95,6 +98,8 @@ class SimMember:
     session: SyncStateSet | None = None
     sss: SyncStateSet | None = None  # while it serves as master
     sss_epoch: int = -1
+    served_epoch: int = -1  # the last epoch it served as master (its epoch file keeps it)
+    up_since: int = 0  # the tick it (re)started and registered
 
     @property
     def end(self) -> int:
@@ -365,9 +370,14 @@ class PolicyWorld:
         for key, member in self.members.items():
             if not self.up(member):  # a stopped or cut-off member loses its sessions
                 member.session, member.sss = None, None
+                member.up_since = -1
             else:
+                if member.up_since < 0:
+                    member.up_since = self.tick
                 self.heard_member[key] = self.tick
-                self.live_info[key] = elections.BrokerLiveInfo(member.attached_epoch, member.end)
+                self.live_info[key] = elections.BrokerLiveInfo(
+                    member.attached_epoch, member.end, self.tick, member.up_since
+                )
 
     def _elections(self) -> None:
         """The controller's own elections: a group whose master it no longer hears."""
@@ -385,7 +395,7 @@ class PolicyWorld:
         rules = policy.rules_for_group(self.state.policies.values(), key[1])
         unclean = elections.unclean_allowed(rules, group, data.shutdown_epoch, False)
         live = {i: info for (g, i), info in self.live_info.items() if g == key[1]}
-        request = ElectMasterRequest(*key, trigger, broker_id)
+        request = ElectMasterRequest(*key, trigger, broker_id, group.master_epoch)
         event = decide_elect_master(self.state, request, self.controller_alive(key), live, unclean)
         if not isinstance(event, ElectMaster) or not self.commit(event):
             return False
@@ -402,6 +412,11 @@ class PolicyWorld:
                 continue
             assert group.master_id is not None
             if master.sss is None or master.sss_epoch != group.master_epoch:
+                if master.served_epoch == group.master_epoch:
+                    # restarted: it never continues its epoch (ElectTrigger.MASTER_RESTART)
+                    self.elect((CLUSTER, name), ElectTrigger.MASTER_RESTART, master.broker_id)
+                    continue
+                master.served_epoch = group.master_epoch
                 master.sss = SyncStateSet(group.master_id, NOT_CATCHUP_MS)
                 master.sss.apply(group.sync_state_set, group.sync_state_set_epoch)
                 master.sss_epoch = group.master_epoch
@@ -701,7 +716,6 @@ class PolicyWorld:
             why = driver.removal_refusal(group, step.broker_id, self.controller_alive(key))
             if why is not None:
                 raise driver.StepRefused(why)
-            yield self._delay()  # decided, then committed: an election may come between
             self.propose(CleanBrokerData(*key, frozenset({step.broker_id})))
             if step.broker_id in self.state.groups.get(key, _EMPTY).members:
                 raise driver.StepRefused(f"member {step.broker_id} became master")
@@ -738,7 +752,8 @@ class PolicyWorld:
         if self.faults:
             self._faults()
         self._heartbeats()
-        self._elections()
+        if self.tick % ELECTION_SCAN_TICKS == 0:
+            self._elections()
         self._replicate()
         self._send()
         self._consume()
