@@ -26,7 +26,7 @@ def _run(args: list[str]):
         (["set-policy", "", ".", ALL], "policy name"),
         (["set-policy", "p", ".", ALL, "--priority", str(2**40)], "--priority"),
         (["set-policy", "p", "(a)\\1", ALL], "not a regular expression hamq runs"),
-        (["set-policy", "p", "(x{1000}){1000}", ALL], "too complex"),
+        (["set-policy", "p", "(x{1000}){1000}", ALL], "invalid repetition size"),
         (["set-policy", "p", ".", '{"ha-mode":"all","ha-params":null,"x":1}'], "'x'"),
         (["set-policy", "p", ".", '{"ha-mode":["all"]}'], "ha-mode"),
         (["set-policy", "p", ".", "[" * 100_000 + "]" * 100_000], "nested too deeply"),

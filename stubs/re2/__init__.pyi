@@ -1,0 +1,13 @@
+# The part of google-re2's API hamq uses (policy/pattern.py): the package ships no types.
+class error(Exception): ...
+
+class Options:
+    log_errors: bool
+    def __init__(self) -> None: ...
+
+class _Match: ...
+
+class _Regexp:
+    def search(self, text: str) -> _Match | None: ...
+
+def compile(pattern: str, options: Options | None = ...) -> _Regexp: ...  # noqa: A001
