@@ -1,5 +1,6 @@
 """The revive log: pop checkpoints (CK) and acks (ACK) as messages of a system topic in the
-commit log (RocketMQ's ``rmq_sys_REVIVE_LOG``), plus the revive checkpoint file.
+commit log (RocketMQ's ``rmq_sys_REVIVE_LOG``), with where groups started (INIT), plus the
+revive checkpoint file.
 
 Appending through the normal store puts a CK or ACK into the same ``writev`` (and, under
 sync flush, the same group-commit fsync) as everything else of the event-loop turn, so an
@@ -39,11 +40,14 @@ CHECKPOINT_FILE = "pop_revive_checkpoint.json"
 REPLAY_BATCH = 4096  # records read per step while replaying
 KIND_CK = "ck"
 KIND_ACK = "ack"
+KIND_INIT = "init"  # where a group starts on queues it had no offset for
 
 # (queue_id, offsets, reconsume_times) handed out from one queue
 CkEntry = tuple[int, list[int], list[int]]
 # (topic, queue_id, queue_offset, ck)
 AckEntry = tuple[str, int, int, int]
+# (queue_id, offset): a group's start on a queue (the offset its init mode chose)
+InitEntry = tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,17 @@ class ReviveLog:
     def append_ack(self, group: str, entries: list[AckEntry]) -> PutResult:
         return self._append(ack_record(self.broker_name, group, entries))
 
+    def append_init(self, group: str, topic: str, entries: list[InitEntry]) -> PutResult:
+        """A group's start offsets, replicated with the log: a new master that has no
+        consumer offset for the group yet (the table reaches slaves only every few
+        seconds) starts it there, not at its own end, past what was sent since."""
+        return self._append(
+            msgpack.packb(
+                {"k": KIND_INIT, "b": self.broker_name, "g": group, "t": topic, "e": entries},
+                use_bin_type=True,
+            )
+        )
+
     def check_escaped(self, record: bytes) -> ReviveRecord:
         """A record an acting master of another group escapes here (seed 004), parsed. One
         under this broker's own name is refused: it would change this broker's pop state."""
@@ -90,6 +105,8 @@ class ReviveLog:
             raise InvalidArgument(
                 f"escaped revive record names this broker ({self.broker_name}): refused"
             )
+        if raw.kind == KIND_INIT:  # a master's own record: acting members escape none
+            raise InvalidArgument("escaped revive record: only CK and ACK records escape")
         return raw
 
     def append_escaped(self, record: bytes) -> PutResult:
@@ -184,7 +201,7 @@ def decode_record(revive_offset: int, body: bytes, broker_name: str) -> ReviveRe
 
 
 def parse_record(revive_offset: int, body: bytes) -> ReviveRecord:
-    """Raises ValueError, KeyError or TypeError for what is not a CK or ACK record."""
+    """Raises ValueError, KeyError or TypeError for what is not a CK, ACK or INIT record."""
     raw = msgpack.unpackb(body, raw=False)
     if not isinstance(raw, dict):
         raise ValueError(f"not a map: {raw!r:.200}")
@@ -198,7 +215,7 @@ def parse_record(revive_offset: int, body: bytes) -> ReviveRecord:
         raw.get("d", 0),
         raw["e"],
     )
-    if record.kind not in (KIND_CK, KIND_ACK) or not all(
+    if record.kind not in (KIND_CK, KIND_ACK, KIND_INIT) or not all(
         isinstance(v, t)
         for v, t in (
             (record.ck, int),
@@ -209,7 +226,7 @@ def parse_record(revive_offset: int, body: bytes) -> ReviveRecord:
             (record.entries, list),
         )
     ):
-        raise ValueError(f"not a CK or ACK record: {raw!r:.200}")
+        raise ValueError(f"not a CK, ACK or INIT record: {raw!r:.200}")
     return record
 
 

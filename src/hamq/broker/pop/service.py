@@ -31,7 +31,10 @@ is a new master. What its state holds in flight was handed out by an earlier mas
 consumers lost it: every such message is due at once (RabbitMQ's new master requeues every
 delivered-but-unacked message), not after its invisible time, and comes with
 ``reconsume_times + 1`` (the client shows it as ``redelivered``). Acks that reached the
-revive log the new master took are replayed first, so those messages stay acked. A master
+revive log the new master took are replayed first, so those messages stay acked. Where a
+group started (the offset its init mode chose) is an INIT record of the revive log as well:
+a new master that has no consumer offset for it yet (the table reaches slaves only every
+few seconds) starts it there, not at its own end past what was sent since. A master
 that starts again in its own epoch (its boot in master-slave mode, a restart after a lapsed
 lease) and an acting slave keep the invisible times.
 
@@ -58,6 +61,7 @@ from hamq.broker.pop.escaped import EscapedReviveLog, EscapePut, ReviveEscape
 from hamq.broker.pop.ledger import StateKey, apply_record
 from hamq.broker.pop.revive_log import (
     KIND_CK,
+    KIND_INIT,
     REVIVE_LOG_TOPIC,
     AckEntry,
     CkEntry,
@@ -227,9 +231,12 @@ class PopService:
         self.data_version = DataVersion(**checkpoint.get("data_version", {}))
         replayed = 0
         for record in self.revive.replay(checkpoint.get("revive_offset", 0)):
-            apply_record(self.states, record, self._start_offset)
-            if record.kind != KIND_CK:
-                self._commit_offsets(record.group, record.entries)
+            if record.kind == KIND_INIT:
+                self._start_group(record.group, record.topic, record.entries)
+            else:
+                apply_record(self.states, record, self._start_offset)
+                if record.kind != KIND_CK:
+                    self._commit_offsets(record.group, record.entries)
             replayed += 1
         if replayed:
             self._changed(replayed)
@@ -376,8 +383,18 @@ class PopService:
                     self.store.min_offset if init_mode == INIT_MODE_MIN else self.store.max_offset
                 )(topic, queue_id)
                 self.store.offsets.commit(group, topic, queue_id, offset, self.store.clock_ms())
+                if not self.acting:  # an acting member writes nothing of its own
+                    self.revive.append_init(group, topic, [(queue_id, offset)])
             state = self.states[key] = PopQueueState(offset)
         return state
+
+    def _start_group(self, group: str, topic: str, entries: list) -> None:
+        """An INIT record replayed: the group starts there on queues it has no consumer
+        offset for (``ReviveLog.append_init``); an offset it has is newer."""
+        now = self.store.clock_ms()
+        for queue_id, offset in entries:
+            if self.store.offsets.query(group, topic, queue_id) is None:
+                self.store.offsets.commit(group, topic, queue_id, offset, now)
 
     def _start_offset(self, group: str, topic: str, queue_id: int, offsets: list[int]) -> int:
         """A queue's first CK since the checkpoint: it started at the committed offset, or
