@@ -224,3 +224,22 @@ def test_promotion_with_only_an_unsynchronised_mirror(mc, stop, promote):
     finally:
         mc.restart(master_node)
         mc.restart(victim)
+
+
+def test_a_node_started_again_brings_back_the_copy_it_held(mc):
+    """A topic whose only copy is on one node (``nodes`` with one node): kill -9 of that
+    node, then the node started again, serves everything acknowledged before — the node
+    starts the member it hosted again from its store (with no synchronised copy elsewhere,
+    nothing else can)."""
+    node = "hamq@node2"
+    mc.admin(
+        "set-policy", "ha-one", r"^one\.", json.dumps({"ha-mode": "nodes", "ha-params": [node]})
+    )
+    mc.declare("one.orders", "hamq@node1")
+    mc.placed("one.orders", lambda r: node_of(r["pid"]) == node, f"the master on {node}")
+    acked = send_confirmed(mc.namesrv, "one.orders", SENDS, "one")
+    mc.kill9(node)
+    mc.restart(node)
+    mc.placed("one.orders", lambda r: node_of(r["pid"]) == node, f"the master back on {node}")
+    more = send_confirmed(mc.namesrv, "one.orders", 5, "one-after")
+    wait_readable(mc.namesrv, "one.orders", acked | more)
