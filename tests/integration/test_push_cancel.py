@@ -58,7 +58,8 @@ def test_a_cancelled_orderly_consumer_takes_no_queue_it_was_refused_before(clust
         cancelled.subscribe(TOPIC)
         cancelled.register_message_listener(record, orderly=True)
         cancelled.start()  # its queue's lock is refused: the holder's listener runs
-        assert not cancelled.process_queues
+        # (the retry topic's queue, which the holder does not hold busy, it may take)
+        assert not any(mq.topic == TOPIC for mq in cancelled.process_queues)
 
         cluster.procs["broker"].stop()
         cluster.start_broker(listen=f"127.0.0.1:{free_port()}")
