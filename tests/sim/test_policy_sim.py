@@ -24,11 +24,18 @@ CHUNKS = 5
 # Seeds of bugs found here, fixed: each must pass; the mutation tests below put each bug
 # back and these seeds fail again ("replay: python -m hamq.sim --mode policy --seed N").
 REGRESSION_SEEDS = {
-    248: "F1: REMOVE_BROKER stopped a member elected master after the removal's check",
-    293: "F1: the same",
-    10: "F3: a placement whose SetTopicGroups never committed stayed writable, untracked",
-    22: "F3: the same",
+    57: "F1: REMOVE_BROKER stopped a member elected master after the removal's check",
+    148: "F1: the same",
+    15: "F3: a placement whose SetTopicGroups never committed stayed writable, untracked",
+    32: "F3: the same",
 }
+# Seeds of bugs not fixed yet (findings16-S1.md): the swarm lets them fail, but only the
+# way they are known to; once fixed they move to REGRESSION_SEEDS.
+OPEN_SEEDS = {
+    265: "F4: delete + declare again: a retired leftover recorded as the writable group",
+    360: "F4: the same",
+}
+OPEN_FAILURE = "its writable group"
 SCAN = range(200)  # where a mutation must make some seed fail
 
 
@@ -54,13 +61,22 @@ def quiet() -> Iterator[None]:
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
 def test_policy_chunk(chunk: int, chunk_futures: list[Future[list[PolicyResult]]]) -> None:
-    failures = chunk_futures[chunk].result()
+    failures = [
+        r
+        for r in chunk_futures[chunk].result()
+        if r.seed not in OPEN_SEEDS or OPEN_FAILURE not in (r.failure or "")
+    ]
     assert not failures, _report(failures)
 
 
 def test_regression_seeds() -> None:
     failures = [r for r in map(run_policy_seed, REGRESSION_SEEDS) if not r.ok]
     assert not failures, _report(failures)
+
+
+def test_open_seeds_still_fail_as_known() -> None:
+    """Each open bug's seeds reproduce it (a seed that passes now: move it, with its fix)."""
+    _all_fail(OPEN_FAILURE, list(OPEN_SEEDS))
 
 
 def _all_fail(expected: str, seeds: list[int]) -> None:
@@ -124,10 +140,26 @@ def test_mutation_stop_before_forgetting(monkeypatch: pytest.MonkeyPatch) -> Non
     controller's fence (CleanBrokerData refused for the master of the moment), so a member
     elected in between is stopped and its store deleted."""
     monkeypatch.setattr("hamq.sim.policy_world.PolicyWorld", StopFirst)
-    _all_fail("REMOVE_BROKER stopped master", [248, 293])
+    _all_fail("REMOVE_BROKER stopped master", [57, 148])
 
 
 def test_mutation_untracked_placements_not_collected(monkeypatch: pytest.MonkeyPatch) -> None:
     """F3 put back: a topic created in a group whose SetTopicGroups never committed."""
-    monkeypatch.setattr(driver, "strays", lambda state, group, held: driver.Strays((), ()))
-    _all_fail("is writable in", [10, 22])
+    real = driver.strays
+
+    def undeclared_only(state, group, held):  # type: ignore[no-untyped-def]
+        return driver.Strays(real(state, group, held).undeclared, ())
+
+    monkeypatch.setattr(driver, "strays", undeclared_only)
+    _all_fail("is writable in", [15, 32])
+
+
+def test_mutation_deleted_topics_not_collected(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A topic deleted through the controller (the state only) left in its groups."""
+    real = driver.strays
+
+    def untracked_only(state, group, held):  # type: ignore[no-untyped-def]
+        return driver.Strays((), real(state, group, held).untracked)
+
+    monkeypatch.setattr(driver, "strays", untracked_only)
+    _first_failure("still holds deleted topics")

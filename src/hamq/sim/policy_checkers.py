@@ -15,7 +15,8 @@ Safety, per group (the controller's record, through the production ``apply_event
   groups), where the topic is read-write once placed.
 Liveness: with every node back and no request failing, within ``SETTLE_TICKS`` the plan
 has no steps left, each group has a member on exactly its wanted nodes, all of them
-synchronised, its master on one of them, and each topic lives only in its group.
+synchronised, its master on one of them, each topic lives only in its group, and a deleted
+topic in none.
 """
 
 from __future__ import annotations
@@ -110,6 +111,10 @@ def settled(world: PolicyWorld) -> None:
                 f"group {name}: master {group.master_id}, synchronised "
                 f"{sorted(group.sync_state_set)} of {sorted(group.members)}"
             )
+    for name, data in world.data.items():
+        gone = sorted(t for t in data.perms if ("/", t) not in world.state.topics)
+        if gone:
+            _fail(f"group {name} still holds deleted topics {gone}")
     for (vhost, topic), target in plan.topic_group.items():
         decl = world.state.topics[(vhost, topic)]
         if decl.groups != (target,):

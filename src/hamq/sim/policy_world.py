@@ -39,6 +39,7 @@ from hamq.controller.events import (
     CleanBrokerData,
     ClearPolicy,
     DeclareTopic,
+    DeleteTopic,
     ElectMaster,
     Event,
     RegisterNode,
@@ -206,6 +207,8 @@ class PolicyWorld:
     def __init__(self, seed: int) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
+        # faults added later draw apart, so a seed keeps the schedule it had without them
+        self.later = random.Random(f"later-{seed}")
         self.mix = Mix.draw(self.rng)
         self.tick = 0
         self.faults = True
@@ -287,6 +290,9 @@ class PolicyWorld:
             self._change_policy()
         if rng.random() < mix.declare:
             self._declare()
+        if self.state.topics and self.later.random() < mix.declare / 4:
+            # CONTROLLER_DELETE_TOPIC: the state only; the driver collects the queues
+            self.commit(DeleteTopic("/", self.later.choice(sorted(self.state.topics))[1]))
         if rng.random() < mix.leader_change:
             self._new_leader()
 
@@ -656,6 +662,10 @@ class PolicyWorld:
             return
         self._master_node(name)
         found = driver.strays(self.state, name, list(self.data[name].perms))
+        for vhost, topic in found.undeclared:
+            if (vhost, topic) not in self.state.topics:
+                self._master_node(name)
+                self.data[name].perms.pop(topic, None)
         for vhost, topic in found.untracked:
             decl = self.state.topics.get((vhost, topic))
             if decl is not None and name not in decl.groups:
