@@ -3,7 +3,8 @@
 One group at a time, from its rules (the policy's definition) and what it has now. The
 steps never remove the master and never leave the group without a synchronised member:
 a member is added first, the master moves (election) only to a synchronised member on a
-wanted node, and unwanted members go only once the master stands on a wanted node.
+wanted node, and unwanted members go only once the master stands on a wanted node (with automatic
+sync, an alive one only once every member that stays is synchronised).
 """
 
 from __future__ import annotations
@@ -193,6 +194,15 @@ def plan_group(
         m for m in view.members if m.node not in where.keep and m.broker_id != master.broker_id
     ]
     staying = [m for m in view.members if m not in leaving]
+    # With automatic sync an alive member leaves only once every alive member that stays
+    # is synchronised, which they soon are: it may hold what a new mirror has not copied
+    # yet (right after the master moved, the controller counts only the new master
+    # synchronised, the old one is out of the SyncStateSet too), and removing it then
+    # would leave fewer copies than before the change. With manual sync the new mirrors
+    # may stay unsynchronised for good, and members leave as RabbitMQ's do.
+    settled = rules.ha_sync_mode != "automatic" or all(m.synchronised for m in staying if m.alive)
     if any(m.alive and m.synchronised for m in staying):
-        steps.extend(RemoveMember(name, m.broker_id, m.node) for m in leaving)
+        steps.extend(
+            RemoveMember(name, m.broker_id, m.node) for m in leaving if settled or not m.alive
+        )
     return GroupPlan(name, policy, where.wanted, master.node, rules), steps
