@@ -10,7 +10,9 @@ group's history to a mirror that joined at the tail, while a producer keeps send
    1 KiB messages one at a time; SYNC_QUEUE {batch_size} to m1;
 3. prints one JSON line once m2 is synchronised: bytes synced, seconds from the request
    (the mirror reconnects 0.5 s after it, counted), MB/s, and the producer's sends per
-   second during the sync. Processes run on 127.0.0.1 under a temporary directory.
+   second during the sync, the mirror's CPU seconds per GB synced, the 1-minute load
+   average before and after it. Processes run
+   on 127.0.0.1 under a temporary directory.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -67,6 +70,13 @@ async def preload(namesrv: str, messages: int, per_record: int) -> None:
     await producer.close()
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time of a process so far (user + system): what the mirror spends per byte synced,
+    which, unlike MB/s, the other work on a shared machine does not change much."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", type=int, default=200)
@@ -101,7 +111,7 @@ def run(c: Cluster, args: argparse.Namespace) -> None:
                     raise
                 time.sleep(0.2)
         asyncio.run(preload(c.namesrv, args.mb * 1024 * 1024 // len(BODY), args.per_record))
-        c.start_broker("m2", controller_addr=c.namesrv_addrs, ha_join="tail", **MEMBER)
+        m2 = c.start_broker("m2", controller_addr=c.namesrv_addrs, ha_join="tail", **MEMBER)
         while len(ask(RequestCode.GET_MIRROR_STATUS)["members"]) < 2:
             time.sleep(0.2)
 
@@ -120,7 +130,9 @@ def run(c: Cluster, args: argparse.Namespace) -> None:
         thread.start()
         time.sleep(1)  # the producer at its pace before the sync begins
         status = ask(RequestCode.GET_MIRROR_STATUS)
+        load_before = os.getloadavg()[0]  # other work on the machine skews the figures
         need, sent_before, begun = status["need_offset"], sent[0], time.monotonic()
+        cpu_before = cpu_seconds(m2.pid)
         assert ask(RequestCode.SYNC_QUEUE, {"batch_size": args.batch_size})["members"]
         while True:
             status = ask(RequestCode.GET_MIRROR_STATUS)
@@ -129,6 +141,7 @@ def run(c: Cluster, args: argparse.Namespace) -> None:
                 break
             time.sleep(0.05)
         seconds = time.monotonic() - begun
+        mirror_cpu = cpu_seconds(m2.pid) - cpu_before
         sends = sent[0] - sent_before
         stop.set()
         thread.join(10)
@@ -142,6 +155,8 @@ def run(c: Cluster, args: argparse.Namespace) -> None:
                 "producer_sends_per_s_during_sync": round(sends / seconds),
                 "batch_size": args.batch_size,
                 "messages_per_record": args.per_record,
+                "mirror_cpu_s_per_gb": round(mirror_cpu / synced * 1e9, 2),
+                "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             }
         )
     )
