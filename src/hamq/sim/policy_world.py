@@ -231,6 +231,7 @@ class PolicyWorld:
         self.retired: set[policy.RetireTopic] = set()
         self.tasks: list[Task] = []
         self.acting = 0  # the leader whose task runs now
+        self.plan: policy.Plan | None = None  # the last round's
         self.stats = {"steps": 0, "refused": 0, "elections": 0, "leaders": 0, "acked": 0}
         for i in range(self.rng.randint(2, 4)):
             self._join(f"hamq@n{i + 1}")
@@ -616,10 +617,10 @@ class PolicyWorld:
     def _delay(self) -> int:
         return self.rng.randint(0, self.mix.delay_max) if self.faults else 0
 
-    def _request(self, node: str, effect: bool = True) -> None:
-        """A request to ``node``: it fails unless the node is reachable; with faults, it
-        may fail before its effect or lose its answer after it (``effect``: the caller
-        checks this before acting, and again through ``_answer`` after)."""
+    def _request(self, node: str) -> None:
+        """A request to ``node``, before its effect: it fails unless the node is reachable,
+        and with faults now and then anyway (``_answer``, after the effect, may lose the
+        answer)."""
         if not self.nodes[node].reachable or (self.faults and self.rng.random() < self.mix.fail):
             raise RequestFailed(node)
 
@@ -779,8 +780,6 @@ class PolicyWorld:
         self.mix = replace(self.mix, ship=SETTLE_SHIP)
         for node in self.nodes.values():
             node.up, node.cut = True, False
-
-    plan: policy.Plan | None = None
 
 
 _EMPTY = BrokerGroup(members={})
