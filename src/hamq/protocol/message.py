@@ -228,15 +228,6 @@ def encode_record_header(
     return _RECORD_CHECKED.pack(RECORD_MAGIC, zlib.crc32(tail)) + tail
 
 
-def peek_record_size(buf: bytes | bytearray | memoryview, pos: int = 0) -> int | None:
-    """The total size a record at ``pos`` declares, or None if its header is not all there
-    yet (replication receives the log in arbitrary chunks)."""
-    if len(buf) - pos < RECORD_HEADER_BYTES:
-        return None
-    size: int = _RECORD_TAIL.unpack_from(buf, pos + _HEADER_CRC_FROM)[0]
-    return size
-
-
 def parse_record_header(
     buf: bytes | bytearray | memoryview, pos: int = 0, available: int | None = None
 ) -> RecordHeader:
