@@ -16,7 +16,7 @@ run: $(STAMP)
 	$(BIN)/hamq dev
 
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=40
 
 # Lint, format and types as pyproject.toml configures them; make test runs this first,
 # so CI fails on a finding before it spends minutes on the suite.
