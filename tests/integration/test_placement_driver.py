@@ -19,7 +19,7 @@ import hamq
 from hamq import Message
 from hamq.client.controller import ControllerClient
 from hamq.client.core import TopicRoute
-from hamq.errors import TopicNotExist
+from hamq.errors import HamqError, TopicNotExist
 from hamq.policy.placement import group_for_node, group_for_policy
 from harness import Cluster
 from helpers import free_port, wait_for
@@ -69,6 +69,16 @@ def nodes(tmp_path_factory):
             node_heartbeat_timeout_ms=2000,
             controller_heartbeat_timeout_ms=2000,
         )
+
+        def registered() -> bool:
+            try:
+                listed = ask(controller, lambda client: client.list_nodes())
+            except HamqError:  # no leader yet
+                return False
+            return {n["node"] for n in listed if n["alive"]} == set(NODES)
+
+        # declarations name a home node, which the controller takes only once registered
+        wait_for(registered, WAIT_S, "every node registered and alive")
         yield c, controller, containers
     finally:
         c.stop_all()
