@@ -189,6 +189,15 @@ def test_topics_the_state_does_not_account_for_are_deleted_or_recorded(tmp_path:
                 await placement._take(CollectTopics("ha_g"), nobody)
                 assert core.state.topics[("/", "moved")].groups == ("ha_g", "node_a")
                 assert core.state.topics[("/", "kept")].groups == ("node_a", "ha_g")
+                # held by no group: recorded as the writable one, and made writable (it
+                # may be a read-only leftover of an earlier declaration: S1's F4)
+                await service.propose(DeclareTopic("/", "again", NODE))
+                master.topics += ["again"]
+                await placement._take(CollectTopics("ha_g"), nobody)
+                assert core.state.topics[("/", "again")].groups == ("ha_g",)
+                update = RequestCode.UPDATE_AND_CREATE_TOPIC
+                perms = [(e["topic"], e["perm"]) for c, _, e in master.seen if c == update]
+                assert perms == [("again", 6)]
             finally:
                 await server.close()
 

@@ -627,6 +627,9 @@ class PlacementDriver:
         for vhost, topic in found.untracked:
             decl = self.core.state.topics.get((vhost, topic))
             if decl is not None and group not in decl.groups:
+                if not decl.groups:  # it becomes the writable group: writable it is (it
+                    # may be a read-only leftover of an earlier declaration of the name)
+                    await self._set_perm(vhost, topic, group, PERM_READ_WRITE)
                 # first: not the writable group (unless it is the only one)
                 await self._commit(SetTopicGroups(vhost, topic, (group, *decl.groups)))
                 log.info("placement: %s recorded as held by %s", wire_name(vhost, topic), group)
