@@ -25,6 +25,7 @@ from hamq.broker.lock_quorum import LockQuorum
 from hamq.broker.locks import RebalanceLockManager
 from hamq.broker.mirror_sync import MirrorSyncProcessor
 from hamq.broker.namesrv_requests import NamesrvRequests
+from hamq.broker.need_offset import known_consumers
 from hamq.broker.pop.service import PopService
 from hamq.broker.pre_online import GroupMetadata, PreOnline, may_act, needs_pre_online
 from hamq.broker.processor import BrokerProcessor
@@ -241,6 +242,8 @@ class Broker:
         if self.ha_master is not None:
             mirrors = MirrorSyncProcessor(config, self.role, self.ha_master)
             self.processor.register(mirrors.handlers())
+            self.ha_master.known_consumers = lambda: known_consumers(self.clients, self.pop.states)
+            self.store.offsets.on_start_or_rewind.append(self.ha_master.refresh_need_soon)
         self.processor.register({RequestCode.UPDATE_BROKER_CONFIG: self.alarms.update_config})
         self.pull.watch_arrivals(self.pop.held, self.pop.serve_arrivals)
         self.topics.on_delete.append(self.pop.forget_topic)

@@ -6,9 +6,11 @@ message: that, with being caught up, is what *synchronised* means (docs/ARCHITEC
 
 Per queue, what is still needed starts at the least offset committed by the consumer
 groups that have one there (never past the queue's end), or at the queue's first entry
-when no group has one: a consumer that comes later starts there, so the whole queue
-counts. The broker maps that queue offset to the physical offset of its consume-queue
-entry (``broker/need_offset.py``); this module keeps the rule itself.
+when no group has one (a consumer that comes later starts there) or when a group known to
+consume the queue has none yet (connected and not yet committed, or new with
+consume-from-first): the whole queue counts. The broker maps that queue offset to the
+physical offset of its consume-queue entry (``broker/need_offset.py``); this module keeps
+the rule itself.
 """
 
 from __future__ import annotations
@@ -24,12 +26,15 @@ class QueueProgress:
     min_offset: int
     max_offset: int
     committed: tuple[int, ...]  # one per consumer group with an offset in this queue
+    # a group known to consume the queue (subscribed, or popping) has no offset here yet:
+    # it may start at the queue's first entry
+    unstarted: bool = False
 
 
 def first_needed(queue: QueueProgress) -> int | None:
     """The first queue offset a consumer may still need, or None when every consumer
-    group with an offset here has consumed the whole queue."""
-    if queue.committed:
+    group known here has consumed the whole queue."""
+    if queue.committed and not queue.unstarted:
         first = max(queue.min_offset, min(min(queue.committed), queue.max_offset))
     else:
         first = queue.min_offset

@@ -244,10 +244,18 @@ class ConsumerOffsetManager(ProgressTable):
 
     def __init__(self, directory: Path, now_ms: int, *, disk: Disk = OS_DISK) -> None:
         super().__init__(directory / "consumer_offsets.json", now_ms, disk=disk)
+        # called when a commit moves an offset back (a reset) or starts a group on a
+        # queue: what consumers still need may have grown (a mirrored group's need offset)
+        self.on_start_or_rewind: list[Callable[[], None]] = []
 
     def commit(self, group: str, topic: str, queue_id: int, offset: int, now_ms: int) -> None:
-        self._t.table.setdefault(f"{topic}@{group}", {})[str(queue_id)] = offset
+        queues = self._t.table.setdefault(f"{topic}@{group}", {})
+        before = queues.get(str(queue_id))
+        queues[str(queue_id)] = offset
         self._t.touch(now_ms)
+        if before is None or offset < before:
+            for hook in self.on_start_or_rewind:
+                hook()
 
     def query(self, group: str, topic: str, queue_id: int) -> int | None:
         return self._t.table.get(f"{topic}@{group}", {}).get(str(queue_id))

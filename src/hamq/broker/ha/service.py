@@ -30,7 +30,7 @@ import asyncio
 import logging
 import zlib
 from bisect import bisect_left
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterator, Mapping, Sequence
 
 from hamq.broker.ha.member_group import MemberGroup
 from hamq.broker.need_offset import GroupNeed, group_need
@@ -484,6 +484,10 @@ class HAMaster:
         self._housekeeping = PeriodicTask(
             "HA waiter and session sweep", _WAITER_SWEEP_S, self._sweep
         )
+        # topic -> the consumer groups known to consume it (the broker sets it): a group
+        # with no offset on a queue yet needs the whole queue (broker/need_offset.py)
+        self.known_consumers: Callable[[], Mapping[str, Collection[str]]] = dict
+        self._need_refresh_pending = False
 
     # -- controller mode ----------------------------------------------------------------------
     def _new_sync_state_set(self, broker_id: int, floor: int) -> SyncStateSet:
@@ -550,10 +554,29 @@ class HAMaster:
     def _refresh_need(self) -> GroupNeed:
         """Compute the group's need offset (O(queues × consumer groups)) and gate the
         SyncStateSet on it."""
-        need = group_need(self.store)
+        need = group_need(self.store, self.known_consumers())
         if self.core.sync_state_set is not None:
             self.core.sync_state_set.set_need_offset(need.offset)
         return need
+
+    def refresh_need_soon(self) -> None:
+        """A consumer offset moved back or a group started on a queue: the need offset may
+        have dropped, so it is computed again at the end of this event-loop turn (once for
+        every commit of the turn) rather than at the next check period, where a tail member
+        catching up meanwhile would join the SyncStateSet under the old, higher one."""
+        if self._need_refresh_pending or self.core.sync_state_set is None or self.core.deposed:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a commit outside the event loop (a tool on a stopped store)
+            self._refresh_need()
+            return
+        self._need_refresh_pending = True
+        loop.call_soon(self._refresh_need_now)
+
+    def _refresh_need_now(self) -> None:
+        self._need_refresh_pending = False
+        self._refresh_need()
 
     def sync_mirrors(self, batch_records: int) -> list[int]:
         """sync-queue: every attached slave whose log starts above the need offset (and is
