@@ -143,6 +143,15 @@ class ClientManager:
         self._drop(lambda ch: ch.conn is conn)
 
     def scan_expired(self, now_ms: int) -> None:
+        """Forget channels not heard from for CHANNEL_EXPIRED_TIMEOUT_MS. The time a
+        connection is held back by flow control (credit, an alarm) does not count: its
+        heartbeats wait unread in the socket, and forgetting a held publisher would leave
+        transaction check-backs without a producer until the hold ends."""
+        for table in (self.producers, self.consumers):
+            for members in table.values():
+                for ch in members.values():
+                    if ch.conn.held_back:
+                        ch.last_update_ms = now_ms
         self._drop(lambda ch: now_ms - ch.last_update_ms > CHANNEL_EXPIRED_TIMEOUT_MS)
 
     def consumer_ids(self, group: str) -> list[str]:

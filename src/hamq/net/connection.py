@@ -284,6 +284,11 @@ class Connection(asyncio.BufferedProtocol):
         self._held_back = held
         self._update_reading()
 
+    @property
+    def held_back(self) -> bool:
+        """Flow control holds it back: nothing it sends (a heartbeat too) is read."""
+        return self._held_back
+
     def _update_reading(self) -> None:
         """Read the socket unless the peer is behind on its answers or flow control holds
         it back (server side only)."""
