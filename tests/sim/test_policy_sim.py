@@ -14,6 +14,7 @@ import pytest
 
 import hamq.controller.decide
 import hamq.controller_server.placement as driver
+from hamq.controller.events import SetTopicGroups
 from hamq.replication.sync_state_set import SyncStateSet
 from hamq.sim import policy_checkers as checks
 from hamq.sim.policy_world import PolicyResult, PolicyWorld, failed_policy_seeds, run_policy_seed
@@ -25,17 +26,12 @@ CHUNKS = 5
 # back and these seeds fail again ("replay: python -m hamq.sim --mode policy --seed N").
 REGRESSION_SEEDS = {
     57: "F1: REMOVE_BROKER stopped a member elected master after the removal's check",
-    148: "F1: the same",
+    75: "F1: the same",
     15: "F3: a placement whose SetTopicGroups never committed stayed writable, untracked",
     32: "F3: the same",
+    42: "F4: delete + declare again: a retired leftover recorded as the writable group",
+    167: "F4: the same",
 }
-# Seeds of bugs not fixed yet (findings16-S1.md): the swarm lets them fail, but only the
-# way they are known to; once fixed they move to REGRESSION_SEEDS.
-OPEN_SEEDS = {
-    265: "F4: delete + declare again: a retired leftover recorded as the writable group",
-    360: "F4: the same",
-}
-OPEN_FAILURE = "its writable group"
 SCAN = range(200)  # where a mutation must make some seed fail
 
 
@@ -61,22 +57,13 @@ def quiet() -> Iterator[None]:
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
 def test_policy_chunk(chunk: int, chunk_futures: list[Future[list[PolicyResult]]]) -> None:
-    failures = [
-        r
-        for r in chunk_futures[chunk].result()
-        if r.seed not in OPEN_SEEDS or OPEN_FAILURE not in (r.failure or "")
-    ]
+    failures = chunk_futures[chunk].result()
     assert not failures, _report(failures)
 
 
 def test_regression_seeds() -> None:
     failures = [r for r in map(run_policy_seed, REGRESSION_SEEDS) if not r.ok]
     assert not failures, _report(failures)
-
-
-def test_open_seeds_still_fail_as_known() -> None:
-    """Each open bug's seeds reproduce it (a seed that passes now: move it, with its fix)."""
-    _all_fail(OPEN_FAILURE, list(OPEN_SEEDS))
 
 
 def _all_fail(expected: str, seeds: list[int]) -> None:
@@ -140,7 +127,7 @@ def test_mutation_stop_before_forgetting(monkeypatch: pytest.MonkeyPatch) -> Non
     controller's fence (CleanBrokerData refused for the master of the moment), so a member
     elected in between is stopped and its store deleted."""
     monkeypatch.setattr("hamq.sim.policy_world.PolicyWorld", StopFirst)
-    _all_fail("REMOVE_BROKER stopped master", [57, 148])
+    _all_fail("REMOVE_BROKER stopped master", [57, 75])
 
 
 def test_mutation_untracked_placements_not_collected(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -163,3 +150,21 @@ def test_mutation_deleted_topics_not_collected(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(driver, "strays", untracked_only)
     _first_failure("still holds deleted topics")
+
+
+class RecordedReadOnly(PolicyWorld):
+    """F4 put back: an untracked placement recorded as a topic's only group as it is."""
+
+    def _collect(self, name: str) -> None:
+        if self.serving_master(name) is None:
+            return
+        for vhost, topic in driver.strays(self.state, name, list(self.data[name].perms)).untracked:
+            decl = self.state.topics.get((vhost, topic))
+            if decl is not None and name not in decl.groups:
+                self.propose(SetTopicGroups(vhost, topic, (name, *decl.groups)))
+
+
+def test_mutation_leftover_recorded_read_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A topic deleted and declared again before its retired placement was collected."""
+    monkeypatch.setattr("hamq.sim.policy_world.PolicyWorld", RecordedReadOnly)
+    _all_fail("its writable group", [42, 167])

@@ -658,7 +658,8 @@ class PolicyWorld:
 
     def _collect(self, name: str) -> None:
         """The topics the group's master holds that the state does not account for
-        (``driver.strays``): an untracked placement is recorded as held, not writable."""
+        (``driver.strays``): an untracked placement is recorded as held, not writable,
+        unless it becomes the topic's only group (then it is made writable first)."""
         if self.serving_master(name) is None:
             return
         self._master_node(name)
@@ -670,6 +671,8 @@ class PolicyWorld:
         for vhost, topic in found.untracked:
             decl = self.state.topics.get((vhost, topic))
             if decl is not None and name not in decl.groups:
+                if not decl.groups:  # to be its only, writable, group: made writable first
+                    self._set_perm(topic, name, PERM_READ_WRITE)
                 self.propose(SetTopicGroups(vhost, topic, (name, *decl.groups)))
 
     def _add_member(self, step: policy.AddMember, seen: driver.Observed) -> None:
