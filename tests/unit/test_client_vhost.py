@@ -12,7 +12,7 @@ from hamq.client.message import MessageExt, MessageQueue, user_name
 from hamq.client.producer import AsyncProducer
 from hamq.client.push import AsyncPushConsumer
 from hamq.client.retry import retry_copy
-from hamq.client.simple import AsyncSimpleConsumer
+from hamq.client.simple import AsyncSimpleConsumer, PopMessageExt
 from hamq.policy.definition import PolicyError, split_wire_name
 from hamq.protocol.message import decode_records
 from hamq.protocol.properties import PROPERTY_RETRY_TOPIC, RETRY_GROUP_TOPIC_PREFIX
@@ -80,6 +80,16 @@ def test_retry_topic_of_a_group_in_a_vhost_is_rocketmqs():
     redelivered = consumed(copy.topic, props=copy.properties)
     assert redelivered.topic == "orders"
     assert redelivered.queue.topic == "%RETRY%v1%g"  # where acks and offsets go
+
+
+def test_a_received_pop_message_names_its_topic_in_the_vhost_and_acks_on_the_wire():
+    """A simple consumer in ``v1`` hands out ``orders``, not ``v1%orders``; its receipt
+    handle (and so its ack) still names the stored topic."""
+    popped = decode_records(make_record([b"x"], topic="v1%orders"), 0, PopMessageExt, "b")[0]
+    popped.ck = "ck"
+    assert popped.topic == "orders"
+    assert popped.wire_topic == "v1%orders" == popped.queue.topic
+    assert popped.receipt_handle.split()[0] == "v1%orders"
 
 
 @pytest.mark.parametrize(

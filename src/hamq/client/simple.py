@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 
 from hamq.client.core import ClientCore, TopicRoute
 from hamq.client.master_watch import MasterWatch, failover_notice
-from hamq.client.message import MessageExt
+from hamq.client.message import MessageExt, user_name
 from hamq.client.rebalance import parse_tag_expression
 from hamq.clock import monotonic_s
 from hamq.errors import ConsumerCancelled, HamqError, InvalidArgument, ServiceNotAvailable
@@ -56,8 +56,10 @@ class PopMessageExt(MessageExt):
 
     __slots__ = ("ck", "reconsume_times")
 
-    # Acks name the stored topic; pop redelivers in place, so there is none to restore.
-    topic = property(lambda self: self._record.topic)
+    # Acks name the stored topic, on the wire; pop redelivers in place, so there is no
+    # retry topic to look through. ``topic`` is the name in the consumer's vhost.
+    wire_topic = property(lambda self: self._record.topic)
+    topic = property(lambda self: user_name(self._record.topic))
 
     @property
     def offset(self) -> int:
@@ -65,7 +67,7 @@ class PopMessageExt(MessageExt):
 
     @property
     def receipt_handle(self) -> str:
-        return f"{self.topic} {self.broker_name} {self.queue_id} {self.queue_offset} {self.ck}"
+        return f"{self.wire_topic} {self.broker_name} {self.queue_id} {self.queue_offset} {self.ck}"
 
 
 class AsyncSimpleConsumer:
@@ -215,7 +217,7 @@ class AsyncSimpleConsumer:
             RequestCode.ACK_MESSAGE,
             {
                 "group": self.group,
-                "topic": message.topic,
+                "topic": message.wire_topic,
                 "queue_id": message.queue_id,
                 "offset": message.queue_offset,
                 "ck": message.ck,
@@ -225,7 +227,7 @@ class AsyncSimpleConsumer:
     def ack_async(self, message: PopMessageExt, callback: AckCallback | None = None) -> None:
         """Ack without waiting; ``callback(error_or_None)`` runs on the event loop. The acks
         of one event-loop turn leave as one BATCH_ACK_MESSAGE per broker."""
-        route = self.core.routes.get(message.topic)
+        route = self.core.routes.get(message.wire_topic)
         addr = route.master_addr(message.broker_name) if route is not None else None
         if addr is None:
             if callback is not None:
@@ -262,7 +264,7 @@ class AsyncSimpleConsumer:
                 err = HamqError.for_code(frame.code, frame.remark)
             self._acks_done(batch, err, frame.ext.get("stale", ()) if err is None else ())
 
-        body = pack_body([[m.topic, m.queue_id, m.queue_offset, m.ck] for m, _ in batch])
+        body = pack_body([[m.wire_topic, m.queue_id, m.queue_offset, m.ck] for m, _ in batch])
         conn.request_cb(
             RequestCode.BATCH_ACK_MESSAGE,
             on_response,
@@ -290,7 +292,7 @@ class AsyncSimpleConsumer:
             RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
             {
                 "group": self.group,
-                "topic": message.topic,
+                "topic": message.wire_topic,
                 "queue_id": message.queue_id,
                 "offset": message.queue_offset,
                 "ck": message.ck,
@@ -300,7 +302,7 @@ class AsyncSimpleConsumer:
         message.ck = frame.ext["ck"]
 
     async def _addr(self, message: PopMessageExt) -> str:
-        addr = (await self.core.route(message.topic)).master_addr(message.broker_name)
+        addr = (await self.core.route(message.wire_topic)).master_addr(message.broker_name)
         if addr is None:
             raise ServiceNotAvailable(f"broker group {message.broker_name} has no master")
         return addr
