@@ -39,7 +39,7 @@ from hamq.clock import monotonic_ms
 from hamq.config import BrokerConfig
 from hamq.errors import HamqError, NoPermission
 from hamq.namesrv.routes import acting_master_id
-from hamq.protocol.codes import RequestCode, ResponseCode
+from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import unpack_body
 
 if TYPE_CHECKING:
@@ -179,8 +179,6 @@ class ActingMasterWatch:
         deadline_ms = self._now_ms() + STOPPED_ACTING_WAIT_MS
         while True:
             frame = await metadata.request(addr, RequestCode.GET_BROKER_RUNTIME_INFO)
-            if frame.code != ResponseCode.SUCCESS:
-                raise HamqError.for_code(frame.code, f"runtime info: {frame.remark}")
             info = (unpack_body(frame.body) or {}).get("acting_master") or {}
             if not info.get("acting"):
                 return

@@ -65,6 +65,9 @@ GIVE_UP_S = 120.0
 # How long a member holds off acting and follows this master's announcement: more than a
 # round, so a master that dies during pre-online leaves its group masterless for no longer.
 RETURNING_HOLD_MS = 30_000
+# pop checkpoints and the HA info exchange: a member of an older version answers
+# REQUEST_CODE_NOT_SUPPORTED, which skips that part instead of failing the round
+_SERVED_OR_NOT = (ResponseCode.SUCCESS, ResponseCode.REQUEST_CODE_NOT_SUPPORTED)
 
 
 class VersionedProgress(Protocol):
@@ -134,21 +137,27 @@ class GroupMetadata:
         self.merge_pop_checkpoint = merge_pop_checkpoint
         self.merge_transaction_decisions = merge_transaction_decisions
 
-    async def request(self, addr: str, code: int, ext: dict | None = None) -> Frame:
+    async def request(
+        self,
+        addr: str,
+        code: RequestCode,
+        ext: dict | None = None,
+        ok: tuple[int, ...] = (ResponseCode.SUCCESS,),
+    ) -> Frame:
+        """An answer whose code is not in ``ok`` raises, named after the request: every
+        caller (here and the acting master's watch) needs that check."""
         conn = await self.pool.get(addr)
-        return await conn.request(code, ext or {}, timeout_s=REQUEST_TIMEOUT_S)
+        frame = await conn.request(code, ext or {}, timeout_s=REQUEST_TIMEOUT_S)
+        if frame.code not in ok:
+            raise HamqError.for_code(frame.code, f"{code.name}: {frame.remark}")
+        return frame
 
     async def take(self, addr: str) -> str:
         """What was taken, for the log and runtime info."""
         offsets = await self.request(addr, RequestCode.GET_ALL_CONSUMER_OFFSET)
-        _check(offsets, "GET_ALL_CONSUMER_OFFSET")
         delay = await self.request(addr, RequestCode.GET_ALL_DELAY_OFFSET)
-        _check(delay, "GET_ALL_DELAY_OFFSET")
-        pop = await self.request(addr, RequestCode.GET_POP_CHECKPOINT)
-        if pop.code != ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
-            _check(pop, "GET_POP_CHECKPOINT")
+        pop = await self.request(addr, RequestCode.GET_POP_CHECKPOINT, ok=_SERVED_OR_NOT)
         decisions = await self.request(addr, RequestCode.GET_TRANSACTION_DECISIONS)
-        _check(decisions, "GET_TRANSACTION_DECISIONS")
         taken = {
             "consumer_offsets": merge_if_not_older(
                 self.store.offsets,
@@ -313,13 +322,13 @@ class PreOnline:
                 "master_max_offset": self.store.commitlog.max_offset,
                 "hold_ms": RETURNING_HOLD_MS,
             },
+            ok=_SERVED_OR_NOT,
         )
         if frame.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
             log.warning(
                 "pre-online: member %d (%s) does not serve it: not waited for", broker_id, addr
             )
             return None
-        _check(frame, "EXCHANGE_BROKER_HA_INFO")
         if frame.ext.get("broker_id") != broker_id:
             raise HamqError(
                 f"member at {addr} answered as broker id {frame.ext.get('broker_id')!r}, "
@@ -334,8 +343,3 @@ class PreOnline:
             if monotonic_ms() >= deadline:
                 raise HamqError(f"its HA session did not attach within {HANDSHAKE_WAIT_S:g} s")
             await asyncio.sleep(HANDSHAKE_POLL_S)
-
-
-def _check(frame: Frame, what: str) -> None:
-    if frame.code != ResponseCode.SUCCESS:
-        raise HamqError.for_code(frame.code, f"{what}: {frame.remark}")
