@@ -1,49 +1,43 @@
-"""The placement driver (seed 003): on the serving controller leader, every
-``placement_interval_ms``, the policies, declared topics and nodes of the replicated state,
-with what the nodes and the members report, become a ``policy.placement.World``;
-``reconcile`` turns it into a plan, and the driver carries the plan's steps out against
-real containers and brokers.
-
-Nothing the driver remembers decides anything: each round starts again from the
-replicated state and fresh observations, so a new leader picks up a migration where the
-old one stopped, and a step repeated after a lost answer finds its work done (a container
-holds one member of a group, so a second ADD_BROKER for it is refused; a removed member or
-a dropped topic that is already gone counts as done; topic steps are updates). What it
-keeps in memory only makes it polite: one step in flight per group, each failure's cause
-logged once, read-only retirements sent once a leadership, the last plan for
-CONTROLLER_GET_PLACEMENT.
-
-Safety does not rest on the reconciler alone: right before it removes a member or moves a
-master, the driver checks the group again as the controller sees it at that moment, and it
-never removes the master or the last synchronised member whatever a plan says.
-"""
+"""The ``PlacementDriver``: runs a round on the serving leader and carries its steps out
+against real containers and brokers, each request bounded."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from hamq.broker.topics import is_system_topic
 from hamq.clock import monotonic_ms
 from hamq.controller.core import Applied, Request
 from hamq.controller.events import DeleteTopic, SetTopicGroups
-from hamq.controller.nodes import NodeLiveness
 from hamq.controller.requests import CleanBrokerDataRequest, ElectMasterRequest, ElectTrigger
 from hamq.controller.state import BrokerGroup, ControllerState, GroupKey
+from hamq.controller_server.placement.answer import describe, placement_ext
+from hamq.controller_server.placement.checks import (
+    StepRefused,
+    election_refusal,
+    removal_refusal,
+)
+from hamq.controller_server.placement.cleanup import QueueState, strays, topic_drained
+from hamq.controller_server.placement.rounds import CollectTopics, Step, round_steps
+from hamq.controller_server.placement.world import (
+    Observed,
+    build_world,
+    observe,
+    orphans,
+    unplaced_groups,
+)
 from hamq.errors import HamqError, InvalidArgument, RequestTimeout, TopicNotExist
 from hamq.net.connection import Connection, response_pieces
 from hamq.net.pool import ConnectionPool
 from hamq.net.tasks import PeriodicTask, cancel_all, spawn
 from hamq.policy import placement as policy
-from hamq.policy.definition import PolicyError, split_wire_name, wire_name
+from hamq.policy.definition import wire_name
 from hamq.policy.world import TopicDecl
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.controller_catalog import answer_parts
 from hamq.protocol.frame import Frame, pack_body, unpack_body
-from hamq.protocol.properties import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 from hamq.store.metadata import PERM_READ, PERM_READ_WRITE
 
 if TYPE_CHECKING:
@@ -58,158 +52,7 @@ REQUEST_TIMEOUT_S = 5.0
 ADD_BROKER_TIMEOUT_S = 30.0
 # A request to this peer's own core: decided, committed by a majority, applied.
 COMMIT_TIMEOUT_S = 10.0
-MEMBERSHIP_STEPS = (policy.AddMember, policy.ElectMaster, policy.RemoveMember)
 MANAGED_GROUP_PREFIXES = (policy.POLICY_GROUP_PREFIX, policy.NODE_GROUP_PREFIX)
-
-
-class StepRefused(HamqError):
-    """A step the driver will not take now: the group as the controller sees it makes the
-    step unsafe or impossible (tried again next round, against fresh observations)."""
-
-
-@dataclass(frozen=True)
-class Observed:
-    """The nodes as the leader sees them at one moment: which are alive (heard within
-    ``node_heartbeat_timeout_ms``), where their containers listen, and which node hosts
-    each member of the mirror cluster (the last heartbeat that lists it)."""
-
-    alive: frozenset[str]
-    addresses: Mapping[str, str]
-    where: Mapping[tuple[str, int], str]  # (group, broker id) -> node
-
-
-def observe(state: ControllerState, nodes: NodeLiveness, cluster: str, now_ms: int) -> Observed:
-    """Only nodes the replicated state knows count. A member two nodes list (a report from
-    before a move) is placed on the alive one, then the first by name."""
-    alive = frozenset(name for name in state.nodes if nodes.is_alive(name, now_ms))
-    where: dict[tuple[str, int], str] = {}
-    for name in sorted(state.nodes, key=lambda n: (n not in alive, n), reverse=True):
-        report = nodes.report(name)
-        for member in report.members if report is not None else ():
-            if member.cluster_name == cluster:
-                where[(member.broker_name, member.broker_id)] = name
-    addresses = {
-        name: report.address if (report := nodes.report(name)) is not None else address
-        for name, address in state.nodes.items()
-    }
-    return Observed(alive, addresses, where)
-
-
-@dataclass(frozen=True)
-class CollectTopics:
-    """The topics a managed group's master holds that the state does not account for,
-    read and settled in the group's own task, after its placements of the round (the
-    group's topics change only there). Undeclared ones were deleted through the
-    controller (DELETE_TOPIC, DELETE_VHOST, an exclusive topic whose connection closed),
-    which changes only the replicated state: they leave the group. A declared topic the
-    group holds without the state listing it there was placed by a PlaceTopic whose
-    SetTopicGroups never committed: recorded as held (not writable), it is then retired,
-    drained and dropped like any old placement, or placed again if it is the target."""
-
-    group: str
-
-
-Step = policy.Step | CollectTopics
-
-
-def declared_name(wire: str) -> tuple[str, str] | None:
-    """(vhost, topic) of a topic a client declares, or None for the ones the brokers keep
-    themselves (system topics, a group's retry and dead-letter topics) and names of no
-    vhost: those are never collected."""
-    if is_system_topic(wire) or wire.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)):
-        return None
-    try:
-        return split_wire_name(wire)
-    except PolicyError:
-        return None
-
-
-@dataclass(frozen=True)
-class Strays:
-    undeclared: tuple[tuple[str, str], ...]
-    untracked: tuple[tuple[str, str], ...]
-
-
-def strays(state: ControllerState, group: str, held: Iterable[str]) -> Strays:
-    """The client topics among ``held`` (a group master's topic names) that no
-    declaration names, and the declared ones whose declaration does not list ``group``."""
-    undeclared, untracked = [], []
-    for wire in sorted(held):
-        name = declared_name(wire)
-        decl = None if name is None else state.topics.get(name)
-        if name is not None and decl is None:
-            undeclared.append(name)
-        elif decl is not None and group not in decl.groups:
-            untracked.append((decl.vhost, decl.name))
-    return Strays(tuple(undeclared), tuple(untracked))
-
-
-def orphans(state: ControllerState, seen: Observed, cluster: str) -> list[policy.RemoveMember]:
-    """Members alive nodes still run that their group no longer counts: cleaned by a
-    removal whose REMOVE_BROKER did not reach the node. Counted for nothing (outside the
-    SyncStateSet, never elected), such a member still holds the group's place on its
-    node, where a new member of the group would be refused."""
-    return [
-        policy.RemoveMember(name, broker_id, node)
-        for (name, broker_id), node in sorted(seen.where.items())
-        if node in seen.alive
-        and (group := state.groups.get((cluster, name))) is not None
-        and broker_id not in group.members
-    ]
-
-
-def build_world(
-    state: ControllerState,
-    seen: Observed,
-    alive_members: Callable[[GroupKey], frozenset[int]],
-    cluster: str,
-    drained: frozenset[tuple[str, str, str]],
-    default_locator: str,
-) -> policy.World:
-    """The reconciler's input. A group's members are the controller's; a member's node is
-    the one whose heartbeat lists it ("" when no node does: the reconciler sees it as
-    lost); synchronised = in the SyncStateSet (the master admits only caught-up members
-    holding everything from the need offset)."""
-    groups = []
-    for (group_cluster, name), group in sorted(state.groups.items()):
-        if group_cluster != cluster:
-            continue
-        alive = alive_members((group_cluster, name))
-        members = tuple(
-            policy.MemberView(
-                broker_id,
-                seen.where.get((name, broker_id), ""),
-                broker_id in alive,
-                broker_id in group.sync_state_set,
-            )
-            for broker_id in sorted(group.members)
-        )
-        groups.append(policy.GroupView(name, members, group.master_id))
-    return policy.World(
-        policies=tuple(state.policies.values()),
-        topics=tuple(state.topics.values()),
-        nodes=tuple(policy.NodeView(name, name in seen.alive) for name in sorted(state.nodes)),
-        groups=tuple(groups),
-        drained=drained,
-        default_locator=default_locator,
-    )
-
-
-def unplaced_groups(
-    state: ControllerState,
-    seen: Observed,
-    alive_members: Callable[[GroupKey], frozenset[int]],
-    cluster: str,
-) -> frozenset[str]:
-    """Groups with an alive member no node lists yet (a member just added, before its
-    node's next heartbeat): their membership waits a round, or the reconciler would count
-    that member lost and add or remove one for it."""
-    return frozenset(
-        name
-        for (group_cluster, name) in state.groups
-        if group_cluster == cluster
-        and any((name, i) not in seen.where for i in alive_members((group_cluster, name)))
-    )
 
 
 def member_settings(
@@ -226,113 +69,6 @@ def member_settings(
         "controller_addr": list(controller_addr),
         "all_ack_in_sync_state_set": True,
         "ha_join": ha_join,
-    }
-
-
-def removal_refusal(group: BrokerGroup, broker_id: int, alive: frozenset[int]) -> str | None:
-    """Why ``broker_id`` must not leave ``group`` now, or None: never the master, and a
-    synchronised member only while another synchronised one is alive (an unsynchronised
-    one may always go: it takes no synchronised copy with it)."""
-    if broker_id == group.master_id:
-        return f"member {broker_id} is the master"
-    if broker_id in group.sync_state_set and not (group.sync_state_set & alive) - {broker_id}:
-        return f"member {broker_id} is synchronised and no other synchronised member is alive"
-    return None
-
-
-def election_refusal(group: BrokerGroup, broker_id: int, alive: frozenset[int]) -> str | None:
-    """Why the master must not move to ``broker_id`` now, or None: only to an alive
-    synchronised member (the controller would refuse anything else too, less clearly)."""
-    if broker_id not in group.members:
-        return f"member {broker_id} is not in the group"
-    if broker_id not in group.sync_state_set:
-        return f"member {broker_id} is not synchronised"
-    if broker_id not in alive:
-        return f"member {broker_id} is not alive"
-    return None
-
-
-@dataclass(frozen=True)
-class QueueState:
-    queue_id: int
-    min_offset: int
-    max_offset: int
-
-
-def topic_drained(
-    topic: str, queues: Iterable[QueueState], offsets: Mapping[str, Mapping[Any, int]]
-) -> bool:
-    """Whether a retired placement of ``topic`` (its wire name) has nothing left to give:
-    every queue empty, or consumed to its end by every consumer group with an offset on
-    it. A queue with messages that no group has an offset on is not drained: a consumer
-    may still come for them. ``offsets`` is GET_ALL_CONSUMER_OFFSET's table
-    ("topic@group" -> {queue id: offset})."""
-    mine = [table for key, table in offsets.items() if key.partition("@")[0] == topic]
-    for queue in queues:
-        if queue.max_offset <= queue.min_offset:
-            continue
-        committed = [
-            int(table[key])
-            for table in mine
-            for key in (queue.queue_id, str(queue.queue_id))
-            if key in table
-        ]
-        if not committed or min(committed) < queue.max_offset:
-            return False
-    return True
-
-
-def step_group(step: Step) -> str:
-    return step.group
-
-
-def round_steps(
-    steps: Iterable[Step], busy: Iterable[str], unplaced: frozenset[str]
-) -> dict[str, tuple[Step, ...]]:
-    """What this round carries out, per group not busy: its first membership step (the
-    plan after it is stale until observed), unless the group has a member not placed on a
-    node yet, then its topic steps (idempotent updates, in plan order)."""
-    taken: dict[str, list[Step]] = {}
-    skip = set(busy)
-    for step in steps:
-        group = step_group(step)
-        if group in skip:
-            continue
-        todo = taken.setdefault(group, [])
-        if isinstance(step, MEMBERSHIP_STEPS):
-            if group in unplaced or any(isinstance(s, MEMBERSHIP_STEPS) for s in todo):
-                continue
-            todo.insert(0, step)
-        else:
-            todo.append(step)
-    return {group: tuple(todo) for group, todo in taken.items() if todo}
-
-
-def describe(step: Step) -> str:
-    fields = ", ".join(f"{k}={v!r}" for k, v in vars(step).items())
-    return f"{type(step).__name__}({fields})"
-
-
-def placement_ext(plan: policy.Plan | None, in_flight: Iterable[str]) -> dict[str, Any]:
-    """CONTROLLER_GET_PLACEMENT's answer: the last plan and its pending steps."""
-    if plan is None:
-        return {"groups": [], "topics": [], "pending": [], "in_flight": []}
-    return {
-        "groups": [
-            {
-                "name": g.name,
-                "policy": list(g.policy) if g.policy is not None else None,
-                "nodes": list(g.nodes),
-                "master_node": g.master_node,
-            }
-            for g in sorted(plan.groups.values(), key=lambda g: g.name)
-        ],
-        "topics": [
-            {"vhost": vhost, "topic": topic, "group": group}
-            for (vhost, topic), group in sorted(plan.topic_group.items())
-        ],
-        "pending": [describe(step) for step in plan.steps],
-        "in_flight": sorted(in_flight),
     }
 
 
