@@ -22,10 +22,10 @@ from hamq.client.controller import ControllerClient
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import pack_body
 from harness import Cluster
-from helpers import accepts, free_port, wait_for
+from helpers import accepts, wait_for
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_container import start_container
+from test_placement_driver import start_nodes
 
 NODES = ("hamq@n1", "hamq@n2")
 CLUSTER = "node-test"  # not the placement driver's cluster: these groups are the test's own
@@ -36,27 +36,10 @@ WAIT_S = 30.0
 def node_cluster(tmp_path_factory):
     """The cluster, the controller's address and each node's container address."""
     c = Cluster(tmp_path_factory.mktemp("nodes"))
-    controller = f"127.0.0.1:{free_port()}"
     try:
-        c.start_embedded_controller(
-            "namesrv",
-            controller,
-            node_heartbeat_timeout_ms=1500,
-            controller_heartbeat_timeout_ms=2000,
+        controller, containers = start_nodes(
+            c, NODES, node_heartbeat_timeout_ms=1500, controller_heartbeat_timeout_ms=2000
         )
-        containers = {}
-        for i, node in enumerate(NODES, 1):
-            store = c.root / f"n{i}"
-            store.mkdir()
-            _, containers[node] = start_container(
-                c,
-                f"n{i}",
-                [],
-                node_name=node,
-                controller_addr=[controller],
-                store_root=str(store),
-                node_heartbeat_interval_ms=300,
-            )
         yield c, controller, containers
     finally:
         c.stop_all()
