@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hamq.replication.master import MasterReplication, Probe, Restart
-from hamq.replication.need_offset import QueueProgress, first_needed, need_offset, unconsumed
+from hamq.replication.need_offset import QueueProgress, first_needed, need_offset
 from hamq.replication.quorum import QuorumConfig
 from hamq.replication.sync_state_set import SyncStateSet
 
@@ -51,19 +51,16 @@ def core() -> tuple[MasterReplication, SyncStateSet]:
 # -- the need offset -----------------------------------------------------------------------
 def test_a_queue_no_group_has_an_offset_in_is_needed_whole():
     assert first_needed(QueueProgress(5, 20, ())) == 5
-    assert unconsumed(QueueProgress(5, 20, ())) == 15
 
 
 def test_a_queue_is_needed_from_its_slowest_groups_offset_never_below_its_start():
     assert first_needed(QueueProgress(5, 20, (12, 9, 17))) == 9
     assert first_needed(QueueProgress(5, 20, (2,))) == 5  # retention passed the offset
-    assert unconsumed(QueueProgress(5, 20, (12, 9))) == 11
 
 
 def test_a_queue_every_group_consumed_is_not_needed():
     assert first_needed(QueueProgress(5, 20, (20, 25))) is None
     assert first_needed(QueueProgress(0, 0, ())) is None  # empty
-    assert unconsumed(QueueProgress(5, 20, (20,))) == 0
 
 
 def test_the_need_offset_is_the_least_needed_record_else_the_log_end_never_below_its_start():

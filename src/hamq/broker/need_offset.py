@@ -23,7 +23,7 @@ from hamq.store.message_store import MessageStore
 @dataclass(frozen=True)
 class GroupNeed:
     offset: int  # the need offset: the least commit-log offset a consumer may still need
-    messages: int  # messages some consumer may still need, over every queue
+    messages: int  # messages some consumer may still need, every queue (RabbitMQ's ``messages``)
 
 
 def known_consumers(

@@ -41,12 +41,6 @@ def first_needed(queue: QueueProgress) -> int | None:
     return first if first < queue.max_offset else None
 
 
-def unconsumed(queue: QueueProgress) -> int:
-    """Messages of the queue some consumer may still need (RabbitMQ's ``messages``)."""
-    first = first_needed(queue)
-    return 0 if first is None else queue.max_offset - first
-
-
 def need_offset(needed_physical: Iterable[int], log_min: int, log_end: int) -> int:
     """The group's need offset from the physical offsets where each queue's needed
     messages start: the least of them, the log's end when nothing is needed, and never
