@@ -84,13 +84,24 @@ class SendProcessor:
             return response_pieces(frame, ext=answer)
         flow, size = self.flow, len(frame.body)
         flow.take(size)
+        # An answer decided while this request is handled (all-ack with the master alone
+        # in its SyncStateSet acks at once) is returned, not sent: it leaves with the
+        # read's other answers, after the read's commit wrote the record. Sent at once, a
+        # kill -9 before that write lost an acknowledged send, and a failed write undid one.
+        handling = True
+        at_once: list = []
 
         def stored(code: int, remark: str) -> None:
             flow.give(size)
-            conn.reply(response_pieces(frame, code, ext=answer, remark=remark))
+            pieces = response_pieces(frame, code, ext=answer, remark=remark)
+            if handling:
+                at_once.extend(pieces)
+            else:
+                conn.reply(pieces)
 
         self.when_stored(result, need_ack_nums, stored)
-        return None
+        handling = False
+        return at_once or None
 
     def store_batch(
         self, topic: str, queue_id: int, payload: bytes, count: int, crc: int, born_ts: int
