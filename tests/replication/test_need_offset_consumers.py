@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from hamq.broker.clients import ConsumerGroupEntry, Heartbeat
+from hamq.broker.mirror_sync import mirror_status
 from hamq.broker.pop.state import PopQueueState
 from hamq.broker.server import Broker
 from hamq.config import BrokerConfig
@@ -54,7 +55,7 @@ def fill(broker: Broker, topic: str, queue_id: int) -> list[int]:
 
 
 def need(broker: Broker) -> int:
-    return broker.ha_master.mirror_status("")["need_offset"]
+    return mirror_status(broker.ha_master, "")["need_offset"]
 
 
 def test_a_subscribed_or_popping_group_without_an_offset_keeps_the_queue_needed(tmp_path):

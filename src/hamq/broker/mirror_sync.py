@@ -4,6 +4,8 @@ mirror's log start and ack, and the need offset that decides which are synchroni
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 from hamq.broker.ha.service import HAMaster
 from hamq.broker.role import RoleState
 from hamq.config import BrokerConfig
@@ -50,4 +52,60 @@ class MirrorSyncProcessor:
         return response_pieces(frame, ext={"members": members})
 
     def mirror_status(self, conn: Connection, frame: Frame) -> list:
-        return response_pieces(frame, ext=self._master().mirror_status(self.config.listen))
+        return response_pieces(frame, ext=mirror_status(self._master(), self.config.listen))
+
+
+@dataclass(frozen=True)
+class MirrorMember:
+    """One member in GET_MIRROR_STATUS (``list-queues`` reads its pid, slave_pids and
+    synchronised_slave_pids columns from these)."""
+
+    broker_id: int
+    address: str
+    log_start: int
+    ack_offset: int
+    in_sync_state_set: bool
+    synchronised: bool
+    syncing: bool
+    sync_progress: float  # 0.0 .. 1.0 of the history a syncing member still lacked
+    sync_batches: int = 0  # transfers a sync's batch of records cut short (batches taken)
+
+
+def mirror_status(master: HAMaster, own_addr: str) -> dict:
+    """GET_MIRROR_STATUS: the need offset, what consumers may still need, and each
+    member's log start, ack, place in the SyncStateSet and sync progress."""
+    commitlog, core = master.store.commitlog, master.core
+    end = commitlog.max_offset
+    sss = core.sync_state_set
+    applied = sss.applied if sss is not None else frozenset()
+    need = master.refresh_need()  # before ``syncing``, which reads it
+    syncing = core.syncing()
+    master_id = sss.master_id if sss is not None else master.config.broker_id
+    members = [MirrorMember(master_id, own_addr, commitlog.min_offset, end, True, True, False, 1.0)]
+    for s in sorted(core.slaves.values(), key=lambda s: s.broker_id):
+        synchronised = s.broker_id in applied and s.log_start <= need.offset
+        if synchronised:
+            progress = 1.0
+        elif s.broker_id in syncing and end > (begun := min(s.log_start, s.ack_offset)):
+            progress = min(1.0, (s.ack_offset - begun) / (end - begun))
+        else:
+            progress = 0.0
+        members.append(
+            MirrorMember(
+                s.broker_id,
+                master.members.broker_addrs.get(s.broker_id, ""),
+                s.log_start,
+                s.ack_offset,
+                s.broker_id in applied,
+                synchronised,
+                s.broker_id in syncing,
+                progress,
+                s.sync_batches,
+            )
+        )
+    return {
+        "master_end": end,
+        "need_offset": need.offset,
+        "messages": need.messages,
+        "members": [asdict(member) for member in members],
+    }

@@ -511,7 +511,7 @@ class HAMaster:
             # what this member knew confirmed as a slave, every old member held
             floor = min(self.store.read_cap, self.store.commitlog.max_offset)
             self.core.sync_state_set = self._new_sync_state_set(master_id, floor)
-            self._refresh_need()
+            self.refresh_need()
             self._update_read_cap()
         for conn in list(self._conns):
             conn.close()
@@ -537,7 +537,7 @@ class HAMaster:
         sss = self.core.sync_state_set
         if sss is None or self.core.deposed:
             return None
-        self._refresh_need()
+        self.refresh_need()
         proposal = sss.change(now_ms, self.store.commitlog.max_offset)
         self._update_read_cap()
         return proposal
@@ -551,9 +551,10 @@ class HAMaster:
             self._update_read_cap()
 
     # -- mirrors (seed 003) -------------------------------------------------------------------
-    def _refresh_need(self) -> GroupNeed:
+    def refresh_need(self) -> GroupNeed:
         """Compute the group's need offset (O(queues × consumer groups)) and gate the
-        SyncStateSet on it."""
+        SyncStateSet on it: every check period, and whenever it is read (a sync, a status)
+        so that nothing acts on a stale one."""
         need = group_need(self.store, self.known_consumers())
         if self.core.sync_state_set is not None:
             self.core.sync_state_set.set_need_offset(need.offset)
@@ -569,14 +570,14 @@ class HAMaster:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # a commit outside the event loop (a tool on a stopped store)
-            self._refresh_need()
+            self.refresh_need()
             return
         self._need_refresh_pending = True
         loop.call_soon(self._refresh_need_now)
 
     def _refresh_need_now(self) -> None:
         self._need_refresh_pending = False
-        self._refresh_need()
+        self.refresh_need()
 
     def sync_mirrors(self, batch_records: int) -> list[int]:
         """sync-queue: every attached slave whose log starts above the need offset (and is
@@ -584,7 +585,7 @@ class HAMaster:
         per transfer; producers and consumers go on meanwhile. Its session closes now (a
         member still in the SyncStateSet: once the shrink is applied), and its next
         handshake restarts it. The broker ids restarted."""
-        need = self._refresh_need().offset
+        need = self.refresh_need().offset
         restarted = []
         for conn, broker_id in list(self._conns.items()):
             progress = self.core.slaves.get(conn)
@@ -611,7 +612,7 @@ class HAMaster:
     def cancel_sync(self) -> list[int]:
         """cancel-sync-queue: slaves syncing and not yet synchronised go back to the tail
         (their log restarts at our end) and stay unsynchronised. The broker ids."""
-        self._refresh_need()
+        self.refresh_need()
         cancelled = sorted(self.core.syncing())
         for broker_id in cancelled:
             if self.core.may_be_elected(broker_id):
@@ -622,48 +623,6 @@ class HAMaster:
             if broker_id in cancelled:
                 self._restart_session(conn, broker_id)
         return cancelled
-
-    def mirror_status(self, own_addr: str) -> dict:
-        """GET_MIRROR_STATUS: the need offset, what consumers may still need, and each
-        member's log start, ack, place in the SyncStateSet and sync progress."""
-        end = self.store.commitlog.max_offset
-        sss = self.core.sync_state_set
-        applied = sss.applied if sss is not None else frozenset()
-        need = self._refresh_need()  # before ``syncing``, which reads it
-        syncing = self.core.syncing()
-        master_id = sss.master_id if sss is not None else self.config.broker_id
-        members = [
-            _member_status(
-                master_id, own_addr, self.store.commitlog.min_offset, end, True, True, False, 1.0
-            )
-        ]
-        for s in sorted(self.core.slaves.values(), key=lambda s: s.broker_id):
-            synchronised = s.broker_id in applied and s.log_start <= need.offset
-            if synchronised:
-                progress = 1.0
-            elif s.broker_id in syncing and end > (begun := min(s.log_start, s.ack_offset)):
-                progress = min(1.0, (s.ack_offset - begun) / (end - begun))
-            else:
-                progress = 0.0
-            members.append(
-                _member_status(
-                    s.broker_id,
-                    self.members.broker_addrs.get(s.broker_id, ""),
-                    s.log_start,
-                    s.ack_offset,
-                    s.broker_id in applied,
-                    synchronised,
-                    s.broker_id in syncing,
-                    progress,
-                    s.sync_batches,
-                )
-            )
-        return {
-            "master_end": end,
-            "need_offset": need.offset,
-            "messages": need.messages,
-            "members": members,
-        }
 
     @property
     def sync_state_set(self) -> frozenset[int]:
@@ -1089,32 +1048,6 @@ class HASlave:
             "master_epoch": self.link.known_master_epoch,
             "epochs": epochs_to_wire(self.store.epochs.entries()),
         }
-
-
-def _member_status(
-    broker_id: int,
-    address: str,
-    log_start: int,
-    ack_offset: int,
-    in_sync_state_set: bool,
-    synchronised: bool,
-    syncing: bool,
-    sync_progress: float,
-    sync_batches: int = 0,
-) -> dict:
-    """One member in GET_MIRROR_STATUS; ``sync_batches``: transfers to it that the sync's
-    batch of records cut short (how many batches the history took)."""
-    return {
-        "broker_id": broker_id,
-        "address": address,
-        "log_start": log_start,
-        "ack_offset": ack_offset,
-        "in_sync_state_set": in_sync_state_set,
-        "synchronised": synchronised,
-        "syncing": syncing,
-        "sync_progress": sync_progress,
-        "sync_batches": sync_batches,
-    }
 
 
 def _run(done: list[tuple[AckCallback, ReplicaStatus]]) -> None:
