@@ -221,7 +221,7 @@ def test_an_exclusive_topic_whose_connection_its_alive_node_does_not_list_is_del
 
             async def sweep(owners: frozenset[str] | None, now_ms: int) -> set[str]:
                 core.nodes.record(NodeHeartbeat(NODE, node_addr, (), owners), now_ms)
-                await placement._delete_orphaned_exclusive(core.state, here, now_ms)
+                await placement._delete_orphaned_exclusive(core.state, here, now_ms, core.node.term)
                 return {name for _, name in core.state.topics}
 
             start = monotonic_ms()

@@ -106,6 +106,7 @@ class PlacementDriver:
         self.plan: policy.Plan | None = None
         self.complaints = Complaints()
         self._busy: dict[str, asyncio.Task] = {}
+        self._term: int | None = None  # the term this peer serves in, as last seen
         self._serving_since_ms: int | None = None
         self._retired: set[policy.RetireTopic] = set()  # done while this peer serves
         # exclusive topics whose home node is alive but does not list their owner, since
@@ -139,21 +140,25 @@ class PlacementDriver:
 
     async def run_round(self) -> None:
         now_ms = monotonic_ms()
-        if not self.core.serving:
-            self._serving_since_ms, self.plan = None, None
+        term = self.core.node.term if self.core.serving else None
+        if term != self._term:
+            # a term lost and won again between two rounds is a new term too: another
+            # leader may have undone what this peer remembers doing
+            self._term, self._serving_since_ms, self.plan = term, now_ms, None
             self._retired.clear()
             self._ownerless_since.clear()
+        if term is None or self._serving_since_ms is None:
             return
-        if self._serving_since_ms is None:
-            self._serving_since_ms = now_ms
         # A new leader first hears every node once: members it has no report for would
         # look lost, and be replaced for nothing.
         if now_ms - self._serving_since_ms < self.settings.node_heartbeat_timeout_ms:
             return
         state = self.core.state
         seen = observe(state, self.core.nodes, self.cluster, now_ms)
-        await self._delete_orphaned_exclusive(state, seen, now_ms)
+        await self._delete_orphaned_exclusive(state, seen, now_ms, term)
         drained = await self._drained(state)
+        if not self._leading(term):
+            return  # the plan would be a deposed leader's
         world = build_world(
             state,
             seen,
@@ -173,13 +178,24 @@ class PlacementDriver:
         ]
         steps = (*orphans(state, seen, self.cluster), *plan.steps, *collect)
         for group, todo in round_steps(steps, self._busy, unplaced).items():
-            task = spawn(self._carry_out(todo, seen))
+            task = spawn(self._carry_out(todo, seen, term))
             self._busy[group] = task
             task.add_done_callback(lambda _, g=group: self._busy.pop(g, None))
 
-    async def _carry_out(self, steps: tuple[Step, ...], seen: Observed) -> None:
+    def _leading(self, term: int) -> bool:
+        """Still serving in ``term``. A step of a plan made in an earlier term may undo
+        what a later leader did (a retirement sent after it placed the topic back there
+        leaves the topic's writable queues read-only, and no later plan places it again)."""
+        return self.core.serving and self.core.node.term == term
+
+    async def _carry_out(self, steps: tuple[Step, ...], seen: Observed, term: int) -> None:
         for step in steps:
             key = describe(step)
+            if not self._leading(term):
+                log.info(
+                    "placement: %s and the rest of its plan dropped: term %d is over", key, term
+                )
+                return
             try:
                 await self._take(step, seen)
             except HamqError as err:  # each step of the group is tried on its own
@@ -371,7 +387,7 @@ class PlacementDriver:
                 log.info("placement: %s recorded as held by %s", wire_name(vhost, topic), group)
 
     async def _delete_orphaned_exclusive(
-        self, state: ControllerState, seen: Observed, now_ms: int
+        self, state: ControllerState, seen: Observed, now_ms: int, term: int
     ) -> None:
         """An exclusive topic lives as long as its declaring connection. With its home node
         down so is that connection; on an alive node, a connection that is gone is one the
@@ -384,6 +400,8 @@ class PlacementDriver:
         for key, decl in list(state.topics.items()):
             if not decl.exclusive:
                 continue
+            if not self._leading(term):
+                return
             if decl.home_node in seen.alive:
                 report = self.core.nodes.report(decl.home_node)
                 owners = None if report is None else report.owners
