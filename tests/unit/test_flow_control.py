@@ -267,3 +267,27 @@ def test_the_memory_alarm_clears_once_what_set_it_off_is_freed(tmp_path):
     monitor.check()
     assert flow.blocked is None, f"RSS {read_rss_bytes() / MIB:.0f} MiB after the free"
     assert len(kept) == 128
+
+
+@pytest.mark.parametrize("credit", [1, 2])
+def test_a_tiny_credit_still_lets_publishers_go_once_every_answer_is_out(credit):
+    """With ``max_unconfirmed_bytes`` of 1 (the least the config takes), half the bound is 0
+    and ``unconfirmed < 0`` never held: the first waiting send held its publisher for good."""
+
+    async def scenario() -> None:
+        flow = PublisherFlow(credit)
+        handler, server, address = await serving(flow)
+        client = await connect(address)
+        try:
+            for body in (b"x" * 10, b"y" * 2):
+                sent = client.request(RequestCode.SEND_MESSAGE, body=body, timeout_s=30)
+                await until(lambda: bool(handler.held), 10, "the send read")
+                assert flow.out_of_credit
+                handler.answer_all()
+                assert flow.unconfirmed_bytes == 0 and not flow.out_of_credit
+                await asyncio.wait_for(sent, 10)
+        finally:
+            client.close()
+            await server.close()
+
+    asyncio.run(scenario())

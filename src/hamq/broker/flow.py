@@ -29,8 +29,9 @@ class PublisherFlow:
 
     def __init__(self, max_unconfirmed_bytes: int) -> None:
         self.max_unconfirmed_bytes = max_unconfirmed_bytes
-        # hysteresis: resumed well below the bound, so a full pipe is not paused per ack
-        self.resume_below_bytes = max_unconfirmed_bytes // 2
+        # hysteresis: resumed well below the bound, so a full pipe is not paused per ack;
+        # at least 1, so that no bytes waiting always resumes (a bound of 1 halves to 0)
+        self.resume_below_bytes = max(1, max_unconfirmed_bytes // 2)
         self.unconfirmed_bytes = 0  # bodies of sends whose answer waits for acks
         self.out_of_credit = False
         self.credit_exhausted = 0  # how often credit ran out (runtime info)
