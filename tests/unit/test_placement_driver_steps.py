@@ -22,6 +22,7 @@ from hamq.controller.requests import (
 )
 from hamq.controller.state import BrokerGroup, BrokerMember, ControllerState
 from hamq.controller_server.placement import (
+    MAX_COMPLAINTS,
     Complaints,
     Observed,
     QueueState,
@@ -237,6 +238,15 @@ def test_a_failing_step_is_logged_once_per_cause(caplog: pytest.LogCaptureFixtur
         "placement: AddMember(x) not done: port in use (retried every round)",
         "placement: AddMember(x) done",
     ]
+
+
+def test_causes_of_steps_that_left_the_plan_do_not_pile_up() -> None:
+    """A step that failed and then left the plan (its topic deleted) never succeeds: the
+    causes kept are bounded, the oldest forgotten first."""
+    complaints = Complaints()
+    for i in range(MAX_COMPLAINTS + 10):
+        complaints.failed(f"PlaceTopic(t{i})", "no alive master")
+    assert len(complaints) == MAX_COMPLAINTS
 
 
 def test_the_driver_rechecks_the_group_before_removing_whatever_the_plan_says(tmp_path) -> None:

@@ -33,6 +33,7 @@ from hamq.controller_server.placement.cleanup import (
 )
 from hamq.controller_server.placement.driver import (
     MANAGED_GROUP_PREFIXES,
+    MAX_COMPLAINTS,
     Complaints,
     PlacementDriver,
     member_settings,
@@ -54,6 +55,7 @@ from hamq.controller_server.placement.world import (
 
 __all__ = [
     "MANAGED_GROUP_PREFIXES",
+    "MAX_COMPLAINTS",
     "MEMBERSHIP_STEPS",
     "CollectTopics",
     "Complaints",

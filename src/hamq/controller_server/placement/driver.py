@@ -72,6 +72,13 @@ def member_settings(
     }
 
 
+# Causes remembered at most: a step that fails and then leaves the plan (its topic deleted,
+# its node gone) never succeeds, so without a bound the table grows with every topic and
+# member that ever failed while the leader lives. Past it the oldest is forgotten (logged
+# again if it fails again).
+MAX_COMPLAINTS = 4096
+
+
 class Complaints:
     """Each failing step's cause logged once, not every round: logged again only when the
     cause changes, and a line when it clears."""
@@ -81,8 +88,14 @@ class Complaints:
 
     def failed(self, key: str, cause: str) -> None:
         if self._last.get(key) != cause:
+            self._last.pop(key, None)  # re-inserted: the newest
+            if len(self._last) >= MAX_COMPLAINTS:
+                del self._last[next(iter(self._last))]
             self._last[key] = cause
             log.warning("placement: %s not done: %s (retried every round)", key, cause)
+
+    def __len__(self) -> int:
+        return len(self._last)
 
     def succeeded(self, key: str) -> None:
         if self._last.pop(key, None) is not None:
