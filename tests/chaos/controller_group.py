@@ -15,6 +15,8 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, unpack_body
 from hamq.protocol.message import decode_records, encode_batch
 from hamq.store.epoch_file import EpochFile
+from harness import Cluster
 from helpers import free_port, wait_for
 
 CLUSTER = "TestCluster"
@@ -347,6 +350,22 @@ class ControllerGroup:
             for m in members
         }
         assert len(set(logs.values())) == 1, "the members' commit logs differ"
+
+
+@contextmanager
+def module_group(tmp_path_factory, name: str, **member_settings) -> Iterator[ControllerGroup]:
+    """A ``ControllerGroup`` for a module-scoped fixture: every process it started is
+    stopped afterwards, also when the group fails to come up (no ``cluster_factory`` there
+    to stop them)."""
+    cluster = Cluster(tmp_path_factory.mktemp(name))
+    try:
+        group = ControllerGroup(lambda: cluster, **member_settings)
+        try:
+            yield group
+        finally:
+            group.close()
+    finally:
+        cluster.stop_all()
 
 
 class SteadyProducer(threading.Thread):

@@ -22,10 +22,10 @@ from controller_group import (
     MEMBERS,
     TOPIC,
     Ack,
-    ControllerGroup,
     assert_acked_readable,
     body_of,
     commit_offset,
+    module_group,
     read_all,
 )
 
@@ -33,7 +33,6 @@ import hamq
 from hamq import Message, SendStatus
 from hamq.client.producer import AsyncProducer
 from hamq.protocol.codes import RequestCode
-from harness import Cluster
 from helpers import wait_for
 
 MIB = 1024 * 1024
@@ -62,19 +61,8 @@ def big_body(n: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def group(tmp_path_factory):
-    clusters: list[Cluster] = []
-
-    def make() -> Cluster:
-        clusters.append(Cluster(tmp_path_factory.mktemp("flow")))
-        return clusters[-1]
-
-    g = ControllerGroup(make, **SETTINGS)
-    try:
+    with module_group(tmp_path_factory, "flow", **SETTINGS) as g:
         yield g
-    finally:
-        g.close()
-        for c in clusters:
-            c.stop_all()
 
 
 class Flood(threading.Thread):

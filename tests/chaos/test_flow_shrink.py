@@ -11,10 +11,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from controller_group import MEMBERS, ControllerGroup, assert_acked_readable, read_all
+from controller_group import MEMBERS, assert_acked_readable, module_group, read_all
 from test_flow_control import CREDIT, WINDOW, Flood
 
-from harness import Cluster
 from helpers import wait_for
 
 NOT_CATCHUP_MS = 3000
@@ -27,13 +26,8 @@ SETTINGS = {
 
 @pytest.fixture(scope="module")
 def group(tmp_path_factory):
-    cluster = Cluster(tmp_path_factory.mktemp("shrink"))
-    g = ControllerGroup(lambda: cluster, **SETTINGS)
-    try:
+    with module_group(tmp_path_factory, "shrink", **SETTINGS) as g:
         yield g
-    finally:
-        g.close()
-        cluster.stop_all()
 
 
 def test_producers_resume_once_a_frozen_mirror_leaves_the_sync_state_set(group):

@@ -15,12 +15,11 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
-from controller_group import GROUP, TOPIC, ControllerGroup
+from controller_group import GROUP, TOPIC, ControllerGroup, module_group
 
 import hamq
 from hamq import ConsumeConcurrentlyStatus, Message
 from hamq.errors import ConsumerCancelled, HamqError
-from harness import Cluster
 from helpers import wait_for
 
 pytestmark = pytest.mark.slow
@@ -92,83 +91,74 @@ def push_consumer(namesrv: str, group: str, **kwargs) -> hamq.PushConsumer:
 
 @pytest.fixture(scope="module")
 def failover(tmp_path_factory):
-    clusters: list[Cluster] = []
+    with module_group(tmp_path_factory, "pop_failover") as group:
+        namesrv = group.c.namesrv
+        consumers: list = []
+        try:
+            bodies = [b"p%d" % i for i in range(POPPED)]
+            send(namesrv, bodies)
+            pop = hamq.SimpleConsumer("g-pop", namesrv, {TOPIC: "*"}, await_duration_s=1.0)
+            consumers.append(pop)
+            got = receive_for(pop, time.monotonic() + 30, POPPED)
+            assert sorted(m.body for m in got) == sorted(bodies)
+            assert not any(m.redelivered for m in got)
+            for m in got[:ACKED]:
+                pop.ack(m)
+            cancelling = hamq.SimpleConsumer(
+                "g-cancel", namesrv, {TOPIC: "*"}, await_duration_s=1.0, cancel_on_ha_failover=True
+            )
+            consumers.append(cancelling)
+            for m in receive_for(cancelling, time.monotonic() + 30, POPPED):
+                cancelling.ack(m)
+            cancels: list[str] = []
+            push_cancelling = push_consumer(
+                namesrv, "g-push-cancel", cancel_on_ha_failover=True, on_cancel=cancels.append
+            )
+            plain_got: list[bytes] = []
+            lock = threading.Lock()
 
-    def make() -> Cluster:
-        clusters.append(Cluster(tmp_path_factory.mktemp("pop_failover")))
-        return clusters[-1]
+            def listener(messages):
+                with lock:
+                    plain_got.extend(bytes(m.body) for m in messages)
+                return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
-    group = ControllerGroup(make)
-    namesrv = group.c.namesrv
-    consumers: list = []
-    try:
-        bodies = [b"p%d" % i for i in range(POPPED)]
-        send(namesrv, bodies)
-        pop = hamq.SimpleConsumer("g-pop", namesrv, {TOPIC: "*"}, await_duration_s=1.0)
-        consumers.append(pop)
-        got = receive_for(pop, time.monotonic() + 30, POPPED)
-        assert sorted(m.body for m in got) == sorted(bodies)
-        assert not any(m.redelivered for m in got)
-        for m in got[:ACKED]:
-            pop.ack(m)
-        cancelling = hamq.SimpleConsumer(
-            "g-cancel", namesrv, {TOPIC: "*"}, await_duration_s=1.0, cancel_on_ha_failover=True
-        )
-        consumers.append(cancelling)
-        for m in receive_for(cancelling, time.monotonic() + 30, POPPED):
-            cancelling.ack(m)
-        cancels: list[str] = []
-        push_cancelling = push_consumer(
-            namesrv, "g-push-cancel", cancel_on_ha_failover=True, on_cancel=cancels.append
-        )
-        plain_got: list[bytes] = []
-        lock = threading.Lock()
-
-        def listener(messages):
-            with lock:
-                plain_got.extend(bytes(m.body) for m in messages)
-            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
-
-        push_plain = push_consumer(namesrv, "g-push")
-        for consumer, on_messages in (
-            (push_cancelling, lambda ms: ConsumeConcurrentlyStatus.CONSUME_SUCCESS),
-            (push_plain, listener),
-        ):
-            consumers.append(consumer)
-            consumer.register_message_listener(on_messages)
-            consumer.start()
-        wait_for(lambda: len(plain_got) >= POPPED, 30, "the plain push consumer reading")
-        # A send confirmed by every SyncStateSet member after the acks: the ACK (and CK)
-        # records before it in the commit log are on every member the new master is
-        # elected from.
-        fence = b"fence"
-        send(namesrv, [fence])
-        old = group.master()
-        group.c.procs[old].kill9()
-        killed_at = time.monotonic()
-        group.master(other_than=old)
-        yield Failover(
-            group,
-            killed_at,
-            {m.body for m in got[ACKED:]},
-            {m.body for m in got[:ACKED]},
-            fence,
-            pop,
-            cancelling,
-            push_cancelling,
-            push_plain,
-            cancels,
-            plain_got,
-        )
-    finally:
-        for consumer in consumers:
-            try:
-                consumer.close()
-            except HamqError:
-                pass
-        group.close()
-        for c in clusters:
-            c.stop_all()
+            push_plain = push_consumer(namesrv, "g-push")
+            for consumer, on_messages in (
+                (push_cancelling, lambda ms: ConsumeConcurrentlyStatus.CONSUME_SUCCESS),
+                (push_plain, listener),
+            ):
+                consumers.append(consumer)
+                consumer.register_message_listener(on_messages)
+                consumer.start()
+            wait_for(lambda: len(plain_got) >= POPPED, 30, "the plain push consumer reading")
+            # A send confirmed by every SyncStateSet member after the acks: the ACK (and CK)
+            # records before it in the commit log are on every member the new master is
+            # elected from.
+            fence = b"fence"
+            send(namesrv, [fence])
+            old = group.master()
+            group.c.procs[old].kill9()
+            killed_at = time.monotonic()
+            group.master(other_than=old)
+            yield Failover(
+                group,
+                killed_at,
+                {m.body for m in got[ACKED:]},
+                {m.body for m in got[:ACKED]},
+                fence,
+                pop,
+                cancelling,
+                push_cancelling,
+                push_plain,
+                cancels,
+                plain_got,
+            )
+        finally:
+            for consumer in consumers:
+                try:
+                    consumer.close()
+                except HamqError:
+                    pass
 
 
 def test_unacked_pop_messages_come_again_at_once_marked_redelivered(failover):
