@@ -43,12 +43,11 @@ RECORD_MAGIC = 0x48414D51  # "HAMQ"
 _RECORD_CHECKED = struct.Struct(">II")
 _RECORD_TAIL = struct.Struct(">IIQQqqIIHH")
 RECORD_HEADER_BYTES = _RECORD_CHECKED.size + _RECORD_TAIL.size
-_HEADER_CRC_FROM = _RECORD_CHECKED.size
+HEADER_CRC_FROM = _RECORD_CHECKED.size  # the header CRC covers what follows it
 # The fixed header in one unpack, for walks over many records without a ``RecordHeader``
 # each (a slave appending a transfer): fields as above, header_crc over
 # [HEADER_CRC_FROM, RECORD_HEADER_BYTES + topic_len).
 RECORD_FIXED_HEADER = struct.Struct(_RECORD_CHECKED.format + _RECORD_TAIL.format[1:])
-HEADER_CRC_FROM = _HEADER_CRC_FROM
 
 
 @dataclass(slots=True)
@@ -239,12 +238,12 @@ def parse_record_header(
     if magic != RECORD_MAGIC:
         raise CrcMismatch(f"bad record magic {magic:#x}")
     (total, payload_crc, phys, base, store_ts, born_ts, count, sys_flag, queue_id, topic_len) = (
-        _RECORD_TAIL.unpack_from(buf, pos + _HEADER_CRC_FROM)
+        _RECORD_TAIL.unpack_from(buf, pos + HEADER_CRC_FROM)
     )
     payload_start = RECORD_HEADER_BYTES + topic_len
     if pos + payload_start > end:
         raise CrcMismatch("record header truncated")
-    if zlib.crc32(buf[pos + _HEADER_CRC_FROM : pos + payload_start]) != header_crc:
+    if zlib.crc32(buf[pos + HEADER_CRC_FROM : pos + payload_start]) != header_crc:
         raise CrcMismatch("record header CRC mismatch")
     if total < payload_start:
         raise CrcMismatch("record declares a size smaller than its header")
