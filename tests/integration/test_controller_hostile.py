@@ -24,9 +24,6 @@ OTHER_ADDR = f"127.0.0.1:{free_port()}"
 def controller(tmp_path_factory):
     cluster = Cluster(tmp_path_factory.mktemp("hostile"))
     addr = f"127.0.0.1:{free_port()}"
-    cluster.start_controller(
-        "controller1", addr, controller_election_timeout_ms=300, node_heartbeat_timeout_ms=3000
-    )
 
     async def ready() -> None:
         client = ControllerClient([addr], timeout_s=20.0)
@@ -35,9 +32,14 @@ def controller(tmp_path_factory):
         finally:
             await client.close()
 
-    asyncio.run(ready())
-    yield addr
-    cluster.stop_all()
+    try:  # stopped also when it never becomes ready
+        cluster.start_controller(
+            "controller1", addr, controller_election_timeout_ms=300, node_heartbeat_timeout_ms=3000
+        )
+        asyncio.run(ready())
+        yield addr
+    finally:
+        cluster.stop_all()
 
 
 def _run(addr: str, scenario) -> None:
