@@ -29,6 +29,7 @@ from hamq.controller.state import BrokerGroup, BrokerMember, ControllerState
 from hamq.controller_server.placement import (
     CollectTopics,
     Observed,
+    StepRefused,
     orphans,
     strays,
 )
@@ -245,3 +246,55 @@ def test_node_heartbeats_carry_their_open_connections_and_older_nodes_none() -> 
     assert catalog.node_heartbeat(ext).owners is None
     with pytest.raises(InvalidArgument, match="owners"):
         catalog.node_heartbeat({**ext, "owners": [""]})
+
+
+class FillingMaster(Recording):
+    """An old group's master whose queue was empty at the round's drain check and then
+    took a message from a producer routed before the move (it is still writable): from
+    the first update of the topic on, queue 0 holds one message nobody consumed."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda: None, ["t"])
+        self.max_offset = 0
+
+    def handle(self, conn: Connection, frame: Frame) -> list | None:
+        answer = super().handle(conn, frame)
+        if frame.code == RequestCode.UPDATE_AND_CREATE_TOPIC:
+            self.max_offset = 1
+        if frame.code in (RequestCode.GET_MIN_OFFSET, RequestCode.GET_MAX_OFFSET):
+            high = frame.code == RequestCode.GET_MAX_OFFSET and frame.ext["queue_id"] == 0
+            return response_pieces(frame, ext={"offset": self.max_offset if high else 0})
+        return answer
+
+
+def test_a_drained_placement_is_read_only_and_still_drained_before_it_is_dropped(
+    tmp_path: Path,
+) -> None:
+    """Dropped the round after the move, an old placement was never made read-only: a
+    message a producer sent to it between the drain check and the delete was acknowledged
+    and then deleted unread."""
+
+    async def scenario() -> None:
+        async with peer(tmp_path) as service:
+            master = FillingMaster()
+            addr = f"127.0.0.1:{free_port()}"
+            server = Server(master)
+            await server.start(addr)
+            try:
+                await group_of_two(service, addr)
+                await service.propose(RegisterNode(NODE, addr))
+                await service.propose(DeclareTopic("/", "t", NODE))
+                await service.propose(SetTopicGroups("/", "t", ("ha_g", "node_a")))
+                nobody = Observed(frozenset(), {}, {})
+                with pytest.raises(StepRefused, match="not drained once read-only"):
+                    await service.placement._take(policy.DropTopic("/", "t", "ha_g"), nobody)
+                codes = [c for c, _, _ in master.seen]
+                assert RequestCode.DELETE_TOPIC_IN_BROKER not in codes
+                update = codes.index(RequestCode.UPDATE_AND_CREATE_TOPIC)
+                assert master.seen[update][2]["perm"] == 4
+                groups = service.driver.core.state.topics[("/", "t")].groups
+                assert groups == ("ha_g", "node_a")
+            finally:
+                await server.close()
+
+    asyncio.run(scenario())

@@ -331,8 +331,22 @@ class PlacementDriver:
     async def _drop(self, vhost: str, topic: str, group: str) -> None:
         """The topic leaves the group's master (its slaves follow its topic config); the
         master's next registration takes its queues out of the route. Not
-        DELETE_TOPIC_IN_NAMESRV: that would drop the topic's route to every group."""
-        await self._delete_in(group, wire_name(vhost, topic))
+        DELETE_TOPIC_IN_NAMESRV: that would drop the topic's route to every group.
+
+        Read-only first, and drained again once read-only: the round's drain check may
+        come before any retirement (a placement drained the round after the move is
+        dropped at once), and a producer whose route is from before the move still writes
+        to a writable old placement: a message it sent between that check and the delete
+        would be acknowledged, then deleted unread."""
+        wire = wire_name(vhost, topic)
+        decl = self.core.state.topics.get((vhost, topic))
+        if decl is not None:
+            if decl.groups[-1:] == (group,):
+                raise StepRefused(f"{wire} in {group} is its writable placement")
+            await self._set_perm(vhost, topic, group, PERM_READ)
+            if not await self._placement_drained(wire, group, decl.queue_nums):
+                raise StepRefused(f"{wire} in {group} is not drained once read-only")
+        await self._delete_in(group, wire)
         decl = self.core.state.topics.get((vhost, topic))
         if decl is not None and group in decl.groups:
             groups = tuple(g for g in decl.groups if g != group)
