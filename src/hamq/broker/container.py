@@ -50,6 +50,7 @@ from hamq.errors import (
     InvalidArgument,
     NoPermission,
     RequestCodeNotSupported,
+    ServiceNotAvailable,
 )
 from hamq.net.connection import Connection, error_pieces, response_pieces
 from hamq.net.metrics import remove_gauges, serve_metrics
@@ -219,6 +220,9 @@ class BrokerContainer:
         self.server.on_connection_closed.append(processor.connection_closed)
         self.metrics: WSGIServer | None = None
         self._changing = asyncio.Lock()  # one add or remove at a time
+        # Set by ``stop``: an add that waited for the lock behind it (an ADD_BROKER read
+        # before the port closed) would start a member nothing ever stops.
+        self._stopping = False
 
     async def start(self, members: list[BrokerConfig]) -> None:
         """Serve, then start the configured members in order; if one cannot start, the
@@ -274,6 +278,11 @@ class BrokerContainer:
 
     async def add(self, config: BrokerConfig) -> Broker:
         async with self._changing:
+            if self._stopping:
+                raise ServiceNotAvailable(
+                    f"broker {config.broker_name} id {config.broker_id} not started: the "
+                    "container is stopping"
+                )
             refuse_duplicate(config, (broker.config for broker in self.brokers.values()))
             check_can_start(config)  # ports free, store creatable: ConfigError, nothing opened
             if not config.enable_controller_mode:  # its id is the controller's, fenced there
@@ -412,6 +421,7 @@ class BrokerContainer:
     async def stop(self) -> None:
         """No more requests, then every member stops (latest first; a member being added
         finishes starting first), then the shared connections."""
+        self._stopping = True
         await self.server.close()
         if self.node is not None:
             await self.node.stop()
