@@ -11,6 +11,7 @@ Field shapes (names, ranges, the policy definition) are checked earlier, on the 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import replace
 from typing import Final
 
@@ -68,34 +69,20 @@ def decide_catalog(
 
 def _over_limit(state: ControllerState, event: CatalogEvent) -> ControllerError | None:
     """A new vhost, policy, topic or node past its bound (one already there may change)."""
+    held: Collection[object]
+    key: object
     if isinstance(event, AddVhost):
-        new, count, limit, what = (
-            event.vhost not in state.vhosts,
-            len(state.vhosts),
-            MAX_VHOSTS,
-            "vhosts",
-        )
+        held, key, limit, what = state.vhosts, event.vhost, MAX_VHOSTS, "vhosts"
     elif isinstance(event, SetPolicy):
-        key = (event.policy.vhost, event.policy.name)
-        new, count, limit, what = (
-            key not in state.policies,
-            len(state.policies),
-            MAX_POLICIES,
-            "policies",
-        )
+        held, key = state.policies, (event.policy.vhost, event.policy.name)
+        limit, what = MAX_POLICIES, "policies"
     elif isinstance(event, DeclareTopic):
-        key = (event.vhost, event.topic)
-        new, count, limit, what = key not in state.topics, len(state.topics), MAX_TOPICS, "topics"
+        held, key, limit, what = state.topics, (event.vhost, event.topic), MAX_TOPICS, "topics"
     elif isinstance(event, RegisterNode):
-        new, count, limit, what = (
-            event.name not in state.nodes,
-            len(state.nodes),
-            MAX_NODES,
-            "nodes",
-        )
+        held, key, limit, what = state.nodes, event.name, MAX_NODES, "nodes"
     else:
         return None
-    if not new or count < limit:
+    if key in held or len(held) < limit:
         return None
     return _refused(f"the controller already holds {limit} {what}, its limit")
 

@@ -176,9 +176,6 @@ def policy_ext(policy: Policy) -> Ext:
     }
 
 
-# -- declared topics ------------------------------------------------------------------------
-
-
 def policies_ext(state: ControllerState, vhost: str | None) -> Ext:
     """LIST_POLICIES' answer: the policies of ``vhost`` (None: of every vhost)."""
     return {
@@ -188,6 +185,9 @@ def policies_ext(state: ControllerState, vhost: str | None) -> Ext:
             if vhost in (None, v)
         ]
     }
+
+
+# -- declared topics ------------------------------------------------------------------------
 
 
 def declare_topic_request(ext: object) -> DeclareTopic:
