@@ -106,3 +106,28 @@ def test_an_offset_moved_back_refreshes_the_need_offset_in_the_same_turn(tmp_pat
             broker.store.close()
 
     asyncio.run(scenario())
+
+
+def test_a_new_subscription_refreshes_the_need_offset_in_the_same_turn(tmp_path):
+    """A group that subscribes by heartbeat (nothing committed yet) drops the need offset
+    to the queue's first message; computed only at the next check period, a tail member
+    catching up meanwhile joined the SyncStateSet under the old one, electable without the
+    messages that group will read first."""
+
+    async def scenario() -> None:
+        broker = mirrored_broker(tmp_path)
+        try:
+            starts = fill(broker, "T", 0)
+            broker.ha_master.start_epoch(1, broker_id=0)
+            broker.store.offsets.commit("A", "T", 0, MESSAGES, 0)
+            await asyncio.sleep(0)  # the refresh that commit asked for runs
+            sync_state_set = broker.ha_master.core.sync_state_set
+            assert sync_state_set.need_offset == broker.store.commitlog.max_offset
+            entry = ConsumerGroupEntry("B", "clustering", {"T": "*"})
+            broker.clients.heart_beat(Connection(), Heartbeat("b-1", [], [entry]), 0)
+            await asyncio.sleep(0)  # the turn ends; no check period passes
+            assert sync_state_set.need_offset == starts[0]
+        finally:
+            broker.store.close()
+
+    asyncio.run(scenario())

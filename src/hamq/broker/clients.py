@@ -109,20 +109,31 @@ class ClientManager:
     def __init__(self) -> None:
         self.producers: dict[str, dict[str, ClientChannel]] = {}
         self.consumers: dict[str, dict[str, ClientChannel]] = {}
+        # called when a consumer's heartbeat subscribes to a topic it did not before: a
+        # group with no offset there yet may read from a queue's first message (the need
+        # offset of a mirrored group drops at once, not at its next check)
+        self.on_subscribe: list[Callable[[], None]] = []
 
     def heart_beat(self, conn: Connection, heartbeat: Heartbeat, now_ms: int) -> None:
         client_id = heartbeat.client_id
         for group in heartbeat.producer_groups:
             self.producers.setdefault(group, {})[client_id] = ClientChannel(client_id, conn, now_ms)
+        subscribed = False
         for entry in heartbeat.consumer_groups:
             members = self.consumers.setdefault(entry.group, {})
-            joined = client_id not in members or members[client_id].conn is not conn
+            before = members.get(client_id)
+            joined = before is None or before.conn is not conn
+            if before is None or not entry.subscriptions.keys() <= before.subscriptions.keys():
+                subscribed = True
             members[client_id] = ClientChannel(
                 client_id, conn, now_ms, entry.message_model, entry.subscriptions
             )
             if joined:
                 log.info("consumer %s joined group %s", client_id, entry.group)
                 self._notify(entry.group)
+        if subscribed:
+            for hook in self.on_subscribe:
+                hook()
 
     def is_registered(self, client_id: str) -> bool:
         """``client_id`` heartbeats to this broker (on a live connection), in any group."""

@@ -244,6 +244,7 @@ class Broker:
             self.processor.register(mirrors.handlers())
             self.ha_master.known_consumers = lambda: known_consumers(self.clients, self.pop.states)
             self.store.offsets.on_start_or_rewind.append(self.ha_master.refresh_need_soon)
+            self.clients.on_subscribe.append(self.ha_master.refresh_need_soon)
         self.processor.register({RequestCode.UPDATE_BROKER_CONFIG: self.alarms.update_config})
         self.pull.watch_arrivals(self.pop.held, self.pop.serve_arrivals)
         self.topics.on_delete.append(self.pop.forget_topic)
