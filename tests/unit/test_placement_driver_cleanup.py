@@ -298,3 +298,29 @@ def test_a_drained_placement_is_read_only_and_still_drained_before_it_is_dropped
                 await server.close()
 
     asyncio.run(scenario())
+
+
+def test_the_drain_check_asks_each_old_master_for_its_offset_table_once(tmp_path: Path) -> None:
+    """The table holds every topic's offsets: asked per placement, a migration of a
+    thousand topics fetched it a thousand times a round."""
+
+    async def scenario() -> None:
+        async with peer(tmp_path) as service:
+            master = FillingMaster()
+            addr = f"127.0.0.1:{free_port()}"
+            server = Server(master)
+            await server.start(addr)
+            try:
+                await group_of_two(service, addr)
+                await service.propose(RegisterNode(NODE, addr))
+                for topic in ("t", "u"):
+                    await service.propose(DeclareTopic("/", topic, NODE))
+                    await service.propose(SetTopicGroups("/", topic, ("ha_g", "node_a")))
+                drained = await service.placement._drained(service.driver.core.state)
+                assert drained == {("/", "t", "ha_g"), ("/", "u", "ha_g")}
+                codes = [c for c, _, _ in master.seen]
+                assert codes.count(RequestCode.GET_ALL_CONSUMER_OFFSET) == 1
+            finally:
+                await server.close()
+
+    asyncio.run(scenario())

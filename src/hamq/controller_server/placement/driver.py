@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from hamq.clock import monotonic_ms
@@ -354,30 +354,54 @@ class PlacementDriver:
 
     async def _drained(self, state: ControllerState) -> frozenset[tuple[str, str, str]]:
         """(vhost, topic, group) for every retired placement with nothing left to consume,
-        asked of each old group's master now (one that does not answer: not drained)."""
-        asks = [
-            (decl.vhost, decl.name, group, decl.queue_nums)
-            for decl in state.topics.values()
-            for group in decl.groups[:-1]
-        ]
+        asked of each old group's master now (one that does not answer: not drained). The
+        master's consumer offset table is asked once per group, not once per placement: it
+        holds every topic's, and a migration of many topics would fetch it that many times
+        a round."""
+        retired: dict[str, list[TopicDecl]] = {}
+        for decl in state.topics.values():
+            for group in decl.groups[:-1]:
+                retired.setdefault(group, []).append(decl)
+        found = await asyncio.gather(
+            *(self._group_drained(group, decls) for group, decls in retired.items())
+        )
+        return frozenset(key for keys in found for key in keys)
+
+    async def _group_drained(
+        self, group: str, decls: list[TopicDecl]
+    ) -> list[tuple[str, str, str]]:
+        try:
+            addr = self._master_addr(group)
+            offsets = await self._offsets(addr)
+        except HamqError as err:
+            for decl in decls:
+                self.complaints.failed(f"drain check of {decl.name} in {group}", err.message)
+            return []
         answers = await asyncio.gather(
-            *(self._placement_drained(wire_name(v, t), g, n) for v, t, g, n in asks),
+            *(self._queues(addr, wire_name(d.vhost, d.name), d.queue_nums) for d in decls),
             return_exceptions=True,
         )
-        done = set()
-        for (vhost, topic, group, _), answer in zip(asks, answers):
-            if answer is True:
-                done.add((vhost, topic, group))
-            elif isinstance(answer, HamqError):
-                self.complaints.failed(f"drain check of {topic} in {group}", answer.message)
+        done = []
+        for decl, answer in zip(decls, answers):
+            if isinstance(answer, HamqError):
+                self.complaints.failed(f"drain check of {decl.name} in {group}", answer.message)
             elif isinstance(answer, BaseException):
                 raise answer
-        return frozenset(done)
+            elif topic_drained(wire_name(decl.vhost, decl.name), answer, offsets):
+                done.append((decl.vhost, decl.name, group))
+        return done
 
     async def _placement_drained(self, topic: str, group: str, queue_nums: int) -> bool:
         addr = self._master_addr(group)
+        offsets = await self._offsets(addr)  # first: an offset read later only moves on
+        return topic_drained(topic, await self._queues(addr, topic, queue_nums), offsets)
+
+    async def _offsets(self, addr: str) -> Mapping[str, Mapping[Any, int]]:
+        """GET_ALL_CONSUMER_OFFSET's table: "topic@group" -> {queue id: offset}."""
         frame = await self._request(addr, RequestCode.GET_ALL_CONSUMER_OFFSET)
-        offsets = unpack_body(frame.body) or {}
+        return unpack_body(frame.body) or {}
+
+    async def _queues(self, addr: str, topic: str, queue_nums: int) -> list[QueueState]:
         queues = []
         for queue_id in range(queue_nums):
             ext = {"topic": topic, "queue_id": queue_id}
@@ -386,7 +410,7 @@ class PlacementDriver:
                 self._request(addr, RequestCode.GET_MAX_OFFSET, ext),
             )
             queues.append(QueueState(queue_id, int(low.ext["offset"]), int(high.ext["offset"])))
-        return topic_drained(topic, queues, offsets)
+        return queues
 
     async def _collect(self, group: str) -> None:
         """``CollectTopics``: each finding checked again against the state right before
