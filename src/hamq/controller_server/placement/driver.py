@@ -1,25 +1,29 @@
-"""The ``PlacementDriver``: runs a round on the serving leader and carries its steps out
-against real containers and brokers, each request bounded."""
+"""The ``PlacementDriver``, the one part of placement with a memory: which groups have a
+task in flight, the term its plan belongs to, the retirements sent in that term, the last
+plan. It keeps the order that makes steps safe against real containers and brokers
+(forget a member before stopping it, read-only before dropping); what it decides from
+comes afresh from the state each round (see the package docstring)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from hamq.clock import monotonic_ms
 from hamq.controller.core import Applied, Request
 from hamq.controller.events import DeleteTopic, SetTopicGroups
 from hamq.controller.requests import CleanBrokerDataRequest, ElectMasterRequest, ElectTrigger
-from hamq.controller.state import BrokerGroup, ControllerState, GroupKey
+from hamq.controller.state import ControllerState, GroupKey
 from hamq.controller_server.placement.answer import describe, placement_ext
+from hamq.controller_server.placement.brokers import Brokers
 from hamq.controller_server.placement.checks import (
     StepRefused,
     election_refusal,
     removal_refusal,
 )
-from hamq.controller_server.placement.cleanup import QueueState, strays, topic_drained
+from hamq.controller_server.placement.cleanup import strays, topic_drained
 from hamq.controller_server.placement.rounds import CollectTopics, Step, round_steps
 from hamq.controller_server.placement.world import (
     Observed,
@@ -28,14 +32,13 @@ from hamq.controller_server.placement.world import (
     orphans,
     unplaced_groups,
 )
-from hamq.errors import HamqError, InvalidArgument, RequestTimeout, TopicNotExist
+from hamq.errors import HamqError, InvalidArgument, RequestTimeout
 from hamq.net.connection import Connection, response_pieces
-from hamq.net.pool import ConnectionPool
 from hamq.net.tasks import PeriodicTask, cancel_all, spawn
 from hamq.policy import placement as policy
 from hamq.policy.definition import wire_name
 from hamq.policy.world import TopicDecl
-from hamq.protocol.codes import RequestCode, ResponseCode
+from hamq.protocol.codes import RequestCode
 from hamq.protocol.controller_catalog import answer_parts
 from hamq.protocol.frame import Frame, pack_body, unpack_body
 from hamq.store.metadata import PERM_READ, PERM_READ_WRITE
@@ -45,9 +48,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Every request the driver sends is bounded: a hung broker or container costs one round
-# of its group, never the driver.
-REQUEST_TIMEOUT_S = 5.0
 # A member's start: its store opened, its id applied and registered with the controller.
 ADD_BROKER_TIMEOUT_S = 30.0
 # A request to this peer's own core: decided, committed by a majority, applied.
@@ -115,7 +115,7 @@ class PlacementDriver:
         self.not_serving = service.processor.not_serving
         service.processor.register(RequestCode.CONTROLLER_GET_PLACEMENT, self._get_placement)
         self.cluster = self.settings.mirror_cluster_name
-        self.pool = ConnectionPool(connect_timeout_s=REQUEST_TIMEOUT_S)
+        self.brokers = Brokers(self.core, self.cluster)
         self.plan: policy.Plan | None = None
         self.complaints = Complaints()
         self._busy: dict[str, asyncio.Task] = {}
@@ -123,7 +123,7 @@ class PlacementDriver:
         self._serving_since_ms: int | None = None
         self._retired: set[policy.RetireTopic] = set()  # done while this peer serves
         # exclusive topics whose home node is alive but does not list their owner, since
-        # when (this peer's clock): deleted after a grace (see _delete_ownerless)
+        # when (this peer's clock): deleted after a grace (see _delete_orphaned_exclusive)
         self._ownerless_since: dict[tuple[str, str], int] = {}
         self._rounds = PeriodicTask(
             "placement driver",
@@ -138,7 +138,7 @@ class PlacementDriver:
     async def stop(self) -> None:
         await self._rounds.stop()
         await cancel_all(list(self._busy.values()))
-        await self.pool.close()
+        await self.brokers.close()
 
     def _get_placement(self, conn: Connection, frame: Frame) -> list:
         refusal = self.not_serving(frame)
@@ -226,7 +226,7 @@ class PlacementDriver:
         elif isinstance(step, policy.RemoveMember):
             await self._remove_member(step, seen)
         elif isinstance(step, policy.PlaceTopic):
-            await self._set_perm(step.vhost, step.topic, step.group, PERM_READ_WRITE)
+            await self.brokers.set_perm(step.vhost, step.topic, step.group, PERM_READ_WRITE)
             decl = self.core.state.topics.get((step.vhost, step.topic))
             if decl is not None and decl.groups[-1:] != (step.group,):
                 groups = (*(g for g in decl.groups if g != step.group), step.group)
@@ -235,7 +235,7 @@ class PlacementDriver:
             # asked every round while the topic drains; sent once a term (an update of the
             # topic rewrites the broker's topic file and registers it again)
             if step not in self._retired:
-                await self._set_perm(step.vhost, step.topic, step.group, PERM_READ)
+                await self.brokers.set_perm(step.vhost, step.topic, step.group, PERM_READ)
                 self._retired.add(step)
         elif isinstance(step, policy.DropTopic):
             await self._drop(step.vhost, step.topic, step.group)
@@ -243,19 +243,13 @@ class PlacementDriver:
             await self._collect(step.group)
 
     # -- membership ----------------------------------------------------------------------------
-    def _group(self, name: str) -> BrokerGroup:
-        group = self.core.state.groups.get((self.cluster, name))
-        if group is None:
-            raise StepRefused(f"group {name} is not known to the controller")
-        return group
-
     async def _add_member(self, step: policy.AddMember, seen: Observed) -> None:
         if step.node not in seen.alive:
             raise StepRefused(f"node {step.node} is not alive")
         settings = member_settings(
             step.group, step.ha_join, self.cluster, self.driver.peers.values()
         )
-        await self._request(
+        await self.brokers.request(
             seen.addresses[step.node],
             RequestCode.ADD_BROKER,
             body=pack_body(settings),
@@ -264,10 +258,10 @@ class PlacementDriver:
         log.info("placement: added a member of %s on %s (%s)", step.group, step.node, step.ha_join)
 
     async def _elect(self, step: policy.ElectMaster) -> None:
-        group = self._group(step.group)
+        group = self.brokers.group(step.group)
         if group.master_id == step.broker_id:
             return
-        why = election_refusal(group, step.broker_id, self._alive((self.cluster, step.group)))
+        why = election_refusal(group, step.broker_id, self.brokers.alive(step.group))
         if why is not None:
             raise StepRefused(f"master of {step.group} not moved: {why}")
         request = ElectMasterRequest(self.cluster, step.group, ElectTrigger.ADMIN, step.broker_id)
@@ -281,12 +275,12 @@ class PlacementDriver:
         stopped; once cleaned it is never elected nor counted synchronised, so stopping
         it loses nothing. Cleaned but not stopped (its node did not answer), it is an
         orphan the next rounds remove (``orphans``)."""
-        group = self._group(step.group)
+        group = self.brokers.group(step.group)
         # On a node that is down the member went with it: only forgotten, once the
         # controller too has stopped hearing from it.
         on_node = step.node in seen.alive
         if step.broker_id in group.members:
-            why = removal_refusal(group, step.broker_id, self._alive((self.cluster, step.group)))
+            why = removal_refusal(group, step.broker_id, self.brokers.alive(step.group))
             if why is not None:
                 raise StepRefused(f"member {step.broker_id} of {step.group} kept: {why}")
             clean = CleanBrokerDataRequest(
@@ -294,13 +288,15 @@ class PlacementDriver:
             )
             await self._commit(clean)
             # an apply that found it master (elected between decide and apply) is a no-op
-            if step.broker_id in self._group(step.group).members:
+            if step.broker_id in self.brokers.group(step.group).members:
                 raise StepRefused(f"member {step.broker_id} of {step.group} became master")
             log.info("placement: member %d of %s forgotten", step.broker_id, step.group)
         if on_node:
             ext = {"broker_name": step.group, "broker_id": step.broker_id, "delete_store": True}
             try:
-                await self._request(seen.addresses[step.node], RequestCode.REMOVE_BROKER, ext)
+                await self.brokers.request(
+                    seen.addresses[step.node], RequestCode.REMOVE_BROKER, ext
+                )
             except InvalidArgument:
                 return  # not a member there (any more): removed by an earlier attempt
             log.info(
@@ -309,25 +305,6 @@ class PlacementDriver:
             )
 
     # -- topics --------------------------------------------------------------------------------
-    def _master_addr(self, name: str) -> str:
-        group = self._group(name)
-        alive = self._alive((self.cluster, name))
-        if group.master_id is None or group.master_id not in alive:
-            raise StepRefused(f"group {name} has no alive master")
-        return group.members[group.master_id].address
-
-    async def _set_perm(self, vhost: str, topic: str, group: str, perm: int) -> None:
-        decl = self.core.state.topics.get((vhost, topic))
-        if decl is None:
-            return  # deleted meanwhile: the next plan drops it
-        ext = {
-            "topic": wire_name(vhost, topic),
-            "read_queue_nums": decl.queue_nums,
-            "write_queue_nums": decl.queue_nums,
-            "perm": perm,
-        }
-        await self._request(self._master_addr(group), RequestCode.UPDATE_AND_CREATE_TOPIC, ext)
-
     async def _drop(self, vhost: str, topic: str, group: str) -> None:
         """The topic leaves the group's master (its slaves follow its topic config); the
         master's next registration takes its queues out of the route. Not
@@ -343,10 +320,10 @@ class PlacementDriver:
         if decl is not None:
             if decl.groups[-1:] == (group,):
                 raise StepRefused(f"{wire} in {group} is its writable placement")
-            await self._set_perm(vhost, topic, group, PERM_READ)
-            if not await self._placement_drained(wire, group, decl.queue_nums):
+            await self.brokers.set_perm(vhost, topic, group, PERM_READ)
+            if not await self.brokers.placement_drained(wire, group, decl.queue_nums):
                 raise StepRefused(f"{wire} in {group} is not drained once read-only")
-        await self._delete_in(group, wire)
+        await self.brokers.delete_in(group, wire)
         decl = self.core.state.topics.get((vhost, topic))
         if decl is not None and group in decl.groups:
             groups = tuple(g for g in decl.groups if g != group)
@@ -371,14 +348,14 @@ class PlacementDriver:
         self, group: str, decls: list[TopicDecl]
     ) -> list[tuple[str, str, str]]:
         try:
-            addr = self._master_addr(group)
-            offsets = await self._offsets(addr)
+            addr = self.brokers.master_addr(group)
+            offsets = await self.brokers.offsets(addr)
         except HamqError as err:
             for decl in decls:
                 self.complaints.failed(f"drain check of {decl.name} in {group}", err.message)
             return []
         answers = await asyncio.gather(
-            *(self._queues(addr, wire_name(d.vhost, d.name), d.queue_nums) for d in decls),
+            *(self.brokers.queues(addr, wire_name(d.vhost, d.name), d.queue_nums) for d in decls),
             return_exceptions=True,
         )
         done = []
@@ -391,48 +368,27 @@ class PlacementDriver:
                 done.append((decl.vhost, decl.name, group))
         return done
 
-    async def _placement_drained(self, topic: str, group: str, queue_nums: int) -> bool:
-        addr = self._master_addr(group)
-        offsets = await self._offsets(addr)  # first: an offset read later only moves on
-        return topic_drained(topic, await self._queues(addr, topic, queue_nums), offsets)
-
-    async def _offsets(self, addr: str) -> Mapping[str, Mapping[Any, int]]:
-        """GET_ALL_CONSUMER_OFFSET's table: "topic@group" -> {queue id: offset}."""
-        frame = await self._request(addr, RequestCode.GET_ALL_CONSUMER_OFFSET)
-        return unpack_body(frame.body) or {}
-
-    async def _queues(self, addr: str, topic: str, queue_nums: int) -> list[QueueState]:
-        queues = []
-        for queue_id in range(queue_nums):
-            ext = {"topic": topic, "queue_id": queue_id}
-            low, high = await asyncio.gather(
-                self._request(addr, RequestCode.GET_MIN_OFFSET, ext),
-                self._request(addr, RequestCode.GET_MAX_OFFSET, ext),
-            )
-            queues.append(QueueState(queue_id, int(low.ext["offset"]), int(high.ext["offset"])))
-        return queues
-
     async def _collect(self, group: str) -> None:
         """``CollectTopics``: each finding checked again against the state right before
         it is acted on (a topic declared again since stays)."""
         try:
-            addr = self._master_addr(group)
+            addr = self.brokers.master_addr(group)
         except StepRefused:
             return  # no alive master: nothing to ask, nothing to delete from
-        frame = await self._request(addr, RequestCode.GET_ALL_TOPIC_CONFIG)
+        frame = await self.brokers.request(addr, RequestCode.GET_ALL_TOPIC_CONFIG)
         table = unpack_body(frame.body) or {}
         found = strays(self.core.state, group, [n for n in table if isinstance(n, str)])
         for vhost, topic in found.undeclared:
             if (vhost, topic) in self.core.state.topics or not self.core.serving:
                 continue
-            await self._delete_in(group, wire_name(vhost, topic))
+            await self.brokers.delete_in(group, wire_name(vhost, topic))
             log.info("placement: %s left %s: no longer declared", wire_name(vhost, topic), group)
         for vhost, topic in found.untracked:
             decl = self.core.state.topics.get((vhost, topic))
             if decl is not None and group not in decl.groups:
                 if not decl.groups:  # it becomes the writable group: writable it is (it
                     # may be a read-only leftover of an earlier declaration of the name)
-                    await self._set_perm(vhost, topic, group, PERM_READ_WRITE)
+                    await self.brokers.set_perm(vhost, topic, group, PERM_READ_WRITE)
                 # first: not the writable group (unless it is the only one)
                 await self._commit(SetTopicGroups(vhost, topic, (group, *decl.groups)))
                 log.info("placement: %s recorded as held by %s", wire_name(vhost, topic), group)
@@ -466,7 +422,7 @@ class PlacementDriver:
             else:
                 why = f"its node {decl.home_node} is down"
             try:
-                await self.unplace(decl)
+                await self._unplace(decl)
                 await self._commit(DeleteTopic(decl.vhost, decl.name))
             except HamqError as err:
                 self.complaints.failed(f"deleting exclusive topic {decl.name}", err.message)
@@ -475,43 +431,19 @@ class PlacementDriver:
         for key in set(self._ownerless_since) - missing:
             del self._ownerless_since[key]
 
-    async def unplace(self, decl: TopicDecl) -> None:
+    async def _unplace(self, decl: TopicDecl) -> None:
         """A deleted topic's queues leave every group holding it, best effort: a group with
         no alive master (its node is down) is skipped, and one that fails is logged."""
         topic = wire_name(decl.vhost, decl.name)
         for group in decl.groups:
             try:
-                await self._delete_in(group, topic)
+                await self.brokers.delete_in(group, topic)
             except StepRefused:
                 continue
             except HamqError as err:
                 log.warning("placement: %s not deleted from %s: %s", topic, group, err.message)
 
-    async def _delete_in(self, group: str, topic: str) -> None:
-        """DELETE_TOPIC_IN_BROKER on the group's master; a topic it no longer has was
-        deleted by an earlier attempt."""
-        try:
-            await self._request(
-                self._master_addr(group), RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic}
-            )
-        except TopicNotExist:
-            pass
-
     # -- requests ------------------------------------------------------------------------------
-    async def _request(
-        self,
-        addr: str,
-        code: int,
-        ext: dict[str, Any] | None = None,
-        body: bytes = b"",
-        timeout_s: float = REQUEST_TIMEOUT_S,
-    ) -> Frame:
-        conn = await self.pool.get(addr)
-        frame = await conn.request(code, ext, body, timeout_s)
-        if frame.code != ResponseCode.SUCCESS:
-            raise HamqError.for_code(frame.code, frame.remark)
-        return frame
-
     async def _commit(self, request: Request) -> Applied:
         """``request`` decided by this peer's core and applied, or the refusal raised."""
         try:
