@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from hamq.broker.clients import ConsumerGroupEntry, Heartbeat
 from hamq.broker.mirror_sync import mirror_status
 from hamq.broker.pop.state import PopQueueState
@@ -90,43 +92,35 @@ def test_a_subscribed_or_popping_group_without_an_offset_keeps_the_queue_needed(
     asyncio.run(scenario())
 
 
-def test_an_offset_moved_back_refreshes_the_need_offset_in_the_same_turn(tmp_path):
+def rewind(broker: Broker) -> int:
+    """An admin reset of A's offset to 3: the queue is needed from its fourth message."""
+    broker.store.offsets.commit("A", "T", 0, 3, 0)
+    return 3
+
+
+def subscribe(broker: Broker) -> int:
+    """Group B subscribes by heartbeat, nothing committed yet: needed from the first (a
+    tail member catching up before the next check period joined the SyncStateSet under
+    the old need offset, electable without the messages B reads first)."""
+    entry = ConsumerGroupEntry("B", "clustering", {"T": "*"})
+    broker.clients.heart_beat(Connection(), Heartbeat("b-1", [], [entry]), 0)
+    return 0
+
+
+@pytest.mark.parametrize("event", [rewind, subscribe])
+def test_a_rewind_or_a_subscription_refreshes_the_need_offset_in_the_same_turn(tmp_path, event):
     async def scenario() -> None:
         broker = mirrored_broker(tmp_path)
         try:
             starts = fill(broker, "T", 0)
             broker.ha_master.start_epoch(1, broker_id=0)
             broker.store.offsets.commit("A", "T", 0, MESSAGES, 0)
-            sync_state_set = broker.ha_master.core.sync_state_set
-            assert need(broker) == broker.store.commitlog.max_offset
-            broker.store.offsets.commit("A", "T", 0, 3, 0)  # an admin reset
-            await asyncio.sleep(0)  # the turn ends; no check period passes
-            assert sync_state_set.need_offset == starts[3]
-        finally:
-            broker.store.close()
-
-    asyncio.run(scenario())
-
-
-def test_a_new_subscription_refreshes_the_need_offset_in_the_same_turn(tmp_path):
-    """A group that subscribes by heartbeat (nothing committed yet) drops the need offset
-    to the queue's first message; computed only at the next check period, a tail member
-    catching up meanwhile joined the SyncStateSet under the old one, electable without the
-    messages that group will read first."""
-
-    async def scenario() -> None:
-        broker = mirrored_broker(tmp_path)
-        try:
-            starts = fill(broker, "T", 0)
-            broker.ha_master.start_epoch(1, broker_id=0)
-            broker.store.offsets.commit("A", "T", 0, MESSAGES, 0)
-            await asyncio.sleep(0)  # the refresh that commit asked for runs
+            await asyncio.sleep(0)  # the refresh that first commit asked for runs
             sync_state_set = broker.ha_master.core.sync_state_set
             assert sync_state_set.need_offset == broker.store.commitlog.max_offset
-            entry = ConsumerGroupEntry("B", "clustering", {"T": "*"})
-            broker.clients.heart_beat(Connection(), Heartbeat("b-1", [], [entry]), 0)
+            first = event(broker)
             await asyncio.sleep(0)  # the turn ends; no check period passes
-            assert sync_state_set.need_offset == starts[0]
+            assert sync_state_set.need_offset == starts[first]
         finally:
             broker.store.close()
 
