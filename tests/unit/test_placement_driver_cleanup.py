@@ -324,3 +324,38 @@ def test_the_drain_check_asks_each_old_master_for_its_offset_table_once(tmp_path
                 await server.close()
 
     asyncio.run(scenario())
+
+
+class GarbledMaster(FillingMaster):
+    """A master whose offset answers lack the offset (a broker of another version, a bug)."""
+
+    def handle(self, conn: Connection, frame: Frame) -> list | None:
+        if frame.code in (RequestCode.GET_MIN_OFFSET, RequestCode.GET_MAX_OFFSET):
+            self.seen.append((frame.code, None, dict(frame.ext)))
+            return response_pieces(frame, ext={"offsets": "?"})
+        return super().handle(conn, frame)
+
+
+def test_a_garbled_drain_answer_leaves_the_placement_undrained_not_the_round_undone(
+    tmp_path: Path,
+) -> None:
+    """The drain checks run before the plan: one master's malformed answer raised out of
+    them and every group's steps (elections, removals, placements) waited for the next
+    round, which failed the same way."""
+
+    async def scenario() -> None:
+        async with peer(tmp_path) as service:
+            master = GarbledMaster()
+            addr = f"127.0.0.1:{free_port()}"
+            server = Server(master)
+            await server.start(addr)
+            try:
+                await group_of_two(service, addr)
+                await service.propose(RegisterNode(NODE, addr))
+                await service.propose(DeclareTopic("/", "t", NODE))
+                await service.propose(SetTopicGroups("/", "t", ("ha_g", "node_a")))
+                assert await service.placement._drained(service.driver.core.state) == set()
+            finally:
+                await server.close()
+
+    asyncio.run(scenario())
