@@ -127,8 +127,8 @@ class BrokerConfig(StoreConfig, ServerConfig):
     consumer_offset_update_version_step: int = 500  # consumerOffsetUpdateVersionStep
     delay_offset_update_version_step: int = 200  # delayOffsetUpdateVersionStep
     # mirrored-queue policies (seed 003)
-    ha_join: str = "history"  # an empty member's first HA transfer: "history" copies what a
-    #   consumer may still need (ha-sync-mode automatic), "tail" starts at the master's end
+    ha_join: str = "history"  # an empty member's first HA transfer: "history" copies the
+    #   master's whole retained log (ha-sync-mode automatic), "tail" starts at its end
     #   (manual: an unsynchronised mirror until consumers pass its start or sync-queue)
     memory_high_watermark_bytes: int = 0  # vm_memory_high_watermark: RSS at which publishers
     #   are blocked (CONNECTION_BLOCKED) until it falls; 0 = off
