@@ -32,6 +32,7 @@ from hamq.controller_server.placement import (
     StepRefused,
     orphans,
     strays,
+    unwritable,
 )
 from hamq.controller_server.service import ControllerService
 from hamq.errors import InvalidArgument
@@ -52,18 +53,20 @@ HEARTBEAT_TIMEOUT_MS = 400
 
 class Recording:
     """The node's container and the group's master in one: answers REMOVE_BROKER,
-    GET_ALL_TOPIC_CONFIG (``topics``) and DELETE_TOPIC_IN_BROKER, and records each with
-    what ``probe()`` says at that moment."""
+    GET_ALL_TOPIC_CONFIG (``topics``, read-write unless ``perms`` says otherwise) and
+    DELETE_TOPIC_IN_BROKER, and records each with what ``probe()`` says at that moment."""
 
     def __init__(self, probe: Callable[[], object], topics: list[str]) -> None:
         self.probe = probe
         self.topics = topics
+        self.perms: dict[str, int] = {}
         self.seen: list[tuple[int, object, dict]] = []
 
     def handle(self, conn: Connection, frame: Frame) -> list | None:
         self.seen.append((frame.code, self.probe(), dict(frame.ext)))
         if frame.code == RequestCode.GET_ALL_TOPIC_CONFIG:
-            return response_pieces(frame, body=pack_body({t: {"perm": 6} for t in self.topics}))
+            table = {t: {"perm": self.perms.get(t, 6)} for t in self.topics}
+            return response_pieces(frame, body=pack_body(table))
         return response_pieces(frame)
 
     def after_batch(self) -> None:
@@ -96,6 +99,22 @@ async def group_of_two(service: ControllerService, addr: str) -> None:
             BrokerHeartbeat(CLUSTER, "ha_g", broker_id, addr, 0, 0), monotonic_ms()
         )
     await service.propose(ElectMasterRequest(CLUSTER, "ha_g", ElectTrigger.ADMIN, 1))
+
+
+@contextlib.asynccontextmanager
+async def group_master(service: ControllerService, topics: list[str]) -> AsyncIterator[Recording]:
+    """Group ``ha_g`` (``group_of_two``) and node ``NODE`` at a ``Recording`` holding
+    ``topics``, which is its master."""
+    addr = f"127.0.0.1:{free_port()}"
+    master = Recording(lambda: None, topics)
+    server = Server(master)
+    await server.start(addr)
+    try:
+        await group_of_two(service, addr)
+        await service.propose(RegisterNode(NODE, addr))
+        yield master
+    finally:
+        await server.close()
 
 
 def test_a_removed_member_is_forgotten_before_it_is_stopped(tmp_path: Path) -> None:
@@ -171,14 +190,9 @@ def test_topics_the_state_does_not_account_for_are_deleted_or_recorded(tmp_path:
     async def scenario() -> None:
         async with peer(tmp_path) as service:
             core, placement = service.driver.core, service.placement
-            addr = f"127.0.0.1:{free_port()}"
-            master = Recording(lambda: None, ["kept", "deleted", "%RETRY%g", "TBW102"])
-            server = Server(master)
-            await server.start(addr)
             nobody = Observed(frozenset(), {}, {})
-            try:
-                await group_of_two(service, addr)
-                await service.propose(RegisterNode(NODE, addr))
+            held = ["kept", "deleted", "%RETRY%g", "TBW102"]
+            async with group_master(service, held) as master:
                 await service.propose(DeclareTopic("/", "kept", NODE))
                 await service.propose(SetTopicGroups("/", "kept", ("node_a", "ha_g")))
                 await service.propose(DeclareTopic("/", "moved", NODE))
@@ -199,8 +213,44 @@ def test_topics_the_state_does_not_account_for_are_deleted_or_recorded(tmp_path:
                 update = RequestCode.UPDATE_AND_CREATE_TOPIC
                 perms = [(e["topic"], e["perm"]) for c, _, e in master.seen if c == update]
                 assert perms == [("again", 6)]
-            finally:
-                await server.close()
+
+    asyncio.run(scenario())
+
+
+def test_unwritable_are_topics_whose_writable_group_lacks_them_read_write() -> None:
+    state = ControllerState()
+    state.topics = {
+        ("/", "here"): policy.TopicDecl("/", "here", NODE, groups=("node_a", "ha_g")),
+        ("v", "gone"): policy.TopicDecl("v", "gone", NODE, groups=("ha_g",)),
+        ("/", "retired"): policy.TopicDecl("/", "retired", NODE, groups=("ha_g",)),
+        ("/", "old"): policy.TopicDecl("/", "old", NODE, groups=("ha_g", "node_a")),
+        ("/", "new"): policy.TopicDecl("/", "new", NODE),
+    }
+    perms = {"here": 6, "retired": 4}
+    assert unwritable(state, "ha_g", perms) == (("/", "retired"), ("v", "gone"))
+
+
+def test_a_writable_placement_a_deposed_leader_deleted_is_created_again(tmp_path: Path) -> None:
+    """A deposed leader's DropTopic (or RetireTopic) still in flight lands after the next
+    leader moved the topic back to that group: the group is its writable one, so no plan
+    places it there again, and producers were refused for good (S1's F5, sim seed 543)."""
+
+    async def scenario() -> None:
+        async with peer(tmp_path) as service:
+            nobody = Observed(frozenset(), {}, {})
+            async with group_master(service, ["retired", "elsewhere"]) as master:
+                master.perms["retired"] = 4
+                for name, groups in (
+                    ("dropped", ("node_a", "ha_g")),
+                    ("retired", ("ha_g",)),
+                    ("elsewhere", ("ha_g", "node_a")),
+                ):
+                    await service.propose(DeclareTopic("/", name, NODE))
+                    await service.propose(SetTopicGroups("/", name, groups))
+                await service.placement._take(CollectTopics("ha_g"), nobody)
+                update = RequestCode.UPDATE_AND_CREATE_TOPIC
+                perms = [(e["topic"], e["perm"]) for c, _, e in master.seen if c == update]
+                assert perms == [("dropped", 6), ("retired", 6)]
 
     asyncio.run(scenario())
 

@@ -12,7 +12,8 @@ groups. Each member has a log (start, end, message ids); a master ships to its s
 acks a send once every member of its effective SyncStateSet holds it (all-ack), and one
 consumer per group commits as it reads. The driver runs a round every ``ROUND_TICKS``
 and carries each group's steps out in the driver's order (``_take``, ``_remove_member``,
-``_collect`` mirror ``controller_server/placement.py`` step by step) with delays, failed
+``_collect``, ``_drop`` mirror ``controller_server/placement/driver.py`` step by step,
+and like it a task stops once its leader's term is over) with delays, failed
 requests, lost answers and repeats; now and then a new leader takes over remembering
 nothing (the old leader's steps in flight still reach the brokers, its commits fail).
 The checkers (``policy_checkers``) run after every commit and every tick; then the faults
@@ -59,6 +60,7 @@ CLUSTER = "hamq"
 TICK_MS = 100
 ROUND_TICKS = 2  # placement_interval_ms
 HEARTBEAT_TIMEOUT_TICKS = 3  # node and member heartbeats
+SLOW_REQUEST = 0.5  # a drop's delete landing late (``_slow``)
 NOT_CATCHUP_MS = 1_000
 # the controller looks for masters it no longer hears every few ticks, not every tick:
 # between two scans a dead master is still the group's master
@@ -209,6 +211,7 @@ class PolicyWorld:
         self.rng = random.Random(seed)
         # faults added later draw apart, so a seed keeps the schedule it had without them
         self.later = random.Random(f"later-{seed}")
+        self.slow = random.Random(f"slow-{seed}")
         self.mix = Mix.draw(self.rng)
         self.tick = 0
         self.faults = True
@@ -545,23 +548,25 @@ class PolicyWorld:
 
     def drained(self) -> frozenset[tuple[str, str, str]]:
         """The driver's drain check against each old group's serving master."""
-        done = set()
-        for decl in self.state.topics.values():
-            for name in decl.groups[:-1]:
-                master = self.serving_master(name)
-                if master is None:
-                    continue
-                consumed = self.data[name].consumed
-                mine = [
-                    i
-                    for i in range(master.start, master.end)
-                    if self.msg_topic.get(master.log[i]) == decl.name
-                ]
-                queue = driver.QueueState(0, 0, 0 if not mine else mine[-1] + 1)
-                offsets = {} if consumed is None else {f"{decl.name}@c": {0: consumed}}
-                if driver.topic_drained(decl.name, [queue], offsets):
-                    done.add((decl.vhost, decl.name, name))
-        return frozenset(done)
+        return frozenset(
+            (decl.vhost, decl.name, name)
+            for decl in self.state.topics.values()
+            for name in decl.groups[:-1]
+            if self._placement_drained(decl.name, name)
+        )
+
+    def _placement_drained(self, topic: str, name: str) -> bool:
+        """``topic_drained`` on what the group's serving master holds (none: not drained)."""
+        master = self.serving_master(name)
+        if master is None:
+            return False
+        consumed = self.data[name].consumed
+        mine = [
+            i for i in range(master.start, master.end) if self.msg_topic.get(master.log[i]) == topic
+        ]
+        queue = driver.QueueState(0, 0, 0 if not mine else mine[-1] + 1)
+        offsets = {} if consumed is None else {f"{topic}@c": {0: consumed}}
+        return driver.topic_drained(topic, [queue], offsets)
 
     def _round(self) -> None:
         if self.tick - self.serving_since < HEARTBEAT_TIMEOUT_TICKS:
@@ -599,8 +604,12 @@ class PolicyWorld:
                 task.due = self.tick + delay
 
     def _carry_out(self, steps: tuple[driver.Step, ...], seen: driver.Observed) -> Iterator[int]:
+        """``PlacementDriver._carry_out``: each step only while its leader still leads (a
+        step already under way may still land)."""
         for step in steps:
             yield self._delay()
+            if self.acting != self.leader:
+                return
             try:
                 yield from self._take(step, seen)
             except driver.StepRefused:
@@ -609,6 +618,8 @@ class PolicyWorld:
                 pass
             if self.faults and self.rng.random() < self.mix.repeat:
                 yield self._delay()
+                if self.acting != self.leader:
+                    return
                 try:
                     yield from self._take(step, seen)
                 except (driver.StepRefused, RequestFailed):
@@ -616,6 +627,14 @@ class PolicyWorld:
 
     def _delay(self) -> int:
         return self.rng.randint(0, self.mix.delay_max) if self.faults else 0
+
+    def _slow(self) -> int:
+        """Now and then a request lands long after it was sent, later than a new leader's
+        first round (a real one may take its 5 s timeout; a new leader waits one node
+        heartbeat timeout): a deposed leader's step then lands on what the next did."""
+        if self.faults and self.slow.random() < SLOW_REQUEST:
+            return self.slow.randint(HEARTBEAT_TIMEOUT_TICKS, 20 * HEARTBEAT_TIMEOUT_TICKS)
+        return 0
 
     def _request(self, node: str) -> None:
         """A request to ``node``, before its effect: it fails unless the node is reachable,
@@ -649,17 +668,32 @@ class PolicyWorld:
         elif isinstance(step, driver.CollectTopics):
             self._collect(step.group)
         elif isinstance(step, policy.DropTopic):
-            self._master_node(step.group)
-            self.data[step.group].perms.pop(step.topic, None)
-            decl = self.state.topics.get((step.vhost, step.topic))
-            if decl is not None and step.group in decl.groups:
-                groups = tuple(g for g in decl.groups if g != step.group)
-                self.propose(SetTopicGroups(step.vhost, step.topic, groups))
+            yield from self._drop(step)
+
+    def _drop(self, step: policy.DropTopic) -> Iterator[int]:
+        """``PlacementDriver._drop``: never the writable group; read-only, then drained
+        again, then deleted (a request later: the state may have moved on meanwhile)."""
+        decl = self.state.topics.get((step.vhost, step.topic))
+        if decl is not None:
+            if decl.groups[-1:] == (step.group,):
+                raise driver.StepRefused(f"{step.topic} in {step.group} is writable there")
+            self._set_perm(step.topic, step.group, PERM_READ)
+            if not self._placement_drained(step.topic, step.group):
+                raise driver.StepRefused(f"{step.topic} in {step.group} is not drained")
+            yield self._slow()
+        self._master_node(step.group)
+        self.data[step.group].perms.pop(step.topic, None)
+        decl = self.state.topics.get((step.vhost, step.topic))
+        if decl is not None and step.group in decl.groups:
+            groups = tuple(g for g in decl.groups if g != step.group)
+            self.propose(SetTopicGroups(step.vhost, step.topic, groups))
 
     def _collect(self, name: str) -> None:
-        """The topics the group's master holds that the state does not account for
-        (``driver.strays``): an untracked placement is recorded as held, not writable,
-        unless it becomes the topic's only group (then it is made writable first)."""
+        """``PlacementDriver._collect``, in its order: the topics the group's master holds
+        that the state does not account for (``driver.strays``): an untracked placement is
+        recorded as held, not writable, unless it becomes the topic's only group (then it
+        is made writable first); then the topics whose writable group it is that its
+        master lacks read-write (``driver.unwritable``) are made writable again."""
         if self.serving_master(name) is None:
             return
         self._master_node(name)
@@ -674,6 +708,10 @@ class PolicyWorld:
                 if not decl.groups:  # to be its only, writable, group: made writable first
                     self._set_perm(topic, name, PERM_READ_WRITE)
                 self.propose(SetTopicGroups(vhost, topic, (name, *decl.groups)))
+        for vhost, topic in driver.unwritable(self.state, name, self.data[name].perms):
+            decl = self.state.topics.get((vhost, topic))
+            if decl is not None and decl.groups[-1:] == (name,) and self.acting == self.leader:
+                self._set_perm(topic, name, PERM_READ_WRITE)
 
     def _add_member(self, step: policy.AddMember, seen: driver.Observed) -> None:
         if step.node not in seen.alive:

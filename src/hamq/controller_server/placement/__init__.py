@@ -30,6 +30,7 @@ from hamq.controller_server.placement.cleanup import (
     declared_name,
     strays,
     topic_drained,
+    unwritable,
 )
 from hamq.controller_server.placement.driver import (
     MANAGED_GROUP_PREFIXES,
@@ -79,4 +80,5 @@ __all__ = [
     "strays",
     "topic_drained",
     "unplaced_groups",
+    "unwritable",
 ]

@@ -1,6 +1,7 @@
-"""What a group holds that it should not keep: topics no declaration accounts for, and
-retired placements with nothing left to consume. Pure readings of what a group's master
-answers; the driver acts on them."""
+"""What a group holds that it should not keep (topics no declaration accounts for, and
+retired placements with nothing left to consume) and what it lacks (the topics it is the
+writable group of). Pure readings of what a group's master answers; the driver acts on
+them."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Any
 
 from hamq.broker.topics import is_system_topic
 from hamq.controller.state import ControllerState
-from hamq.policy.definition import PolicyError, split_wire_name
+from hamq.policy.definition import PolicyError, split_wire_name, wire_name
 from hamq.protocol.properties import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
+from hamq.store.metadata import PERM_READ_WRITE
 
 
 def declared_name(wire: str) -> tuple[str, str] | None:
@@ -44,6 +46,22 @@ def strays(state: ControllerState, group: str, held: Iterable[str]) -> Strays:
         elif decl is not None and group not in decl.groups:
             untracked.append((decl.vhost, decl.name))
     return Strays(tuple(undeclared), tuple(untracked))
+
+
+def unwritable(
+    state: ControllerState, group: str, perms: Mapping[str, int]
+) -> tuple[tuple[str, str], ...]:
+    """The declared topics ``group`` is the writable group of (last of their groups) that
+    its master, whose topics and their perms are ``perms`` (wire name -> perm), does not
+    hold read-write. A deposed leader's step still in flight can delete or retire a topic
+    in a group the next leader has just made its writable one again; no plan places it
+    there again (it is placed already), so producers would be refused until it moves."""
+    return tuple(
+        (decl.vhost, decl.name)
+        for decl in sorted(state.topics.values(), key=lambda d: (d.vhost, d.name))
+        if decl.groups[-1:] == (group,)
+        and perms.get(wire_name(decl.vhost, decl.name), 0) & PERM_READ_WRITE != PERM_READ_WRITE
+    )
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from hamq.controller_server.placement.checks import (
     election_refusal,
     removal_refusal,
 )
-from hamq.controller_server.placement.cleanup import strays, topic_drained
+from hamq.controller_server.placement.cleanup import strays, topic_drained, unwritable
 from hamq.controller_server.placement.rounds import CollectTopics, Step, round_steps
 from hamq.controller_server.placement.world import (
     Observed,
@@ -386,7 +386,12 @@ class PlacementDriver:
             return  # no alive master: nothing to ask, nothing to delete from
         frame = await self.brokers.request(addr, RequestCode.GET_ALL_TOPIC_CONFIG)
         table = unpack_body(frame.body) or {}
-        found = strays(self.core.state, group, [n for n in table if isinstance(n, str)])
+        perms = {
+            name: int(config.get("perm", 0))
+            for name, config in table.items()
+            if isinstance(name, str) and isinstance(config, dict)
+        }
+        found = strays(self.core.state, group, list(perms))
         for vhost, topic in found.undeclared:
             if (vhost, topic) in self.core.state.topics or not self.core.serving:
                 continue
@@ -401,6 +406,13 @@ class PlacementDriver:
                 # first: not the writable group (unless it is the only one)
                 await self._commit(SetTopicGroups(vhost, topic, (group, *decl.groups)))
                 log.info("placement: %s recorded as held by %s", wire_name(vhost, topic), group)
+        for vhost, topic in unwritable(self.core.state, group, perms):
+            decl = self.core.state.topics.get((vhost, topic))
+            if decl is None or decl.groups[-1:] != (group,) or not self.core.serving:
+                continue
+            # PlaceTopic's broker side again (an update: no data lost if it is there)
+            await self.brokers.set_perm(vhost, topic, group, PERM_READ_WRITE)
+            log.info("placement: %s writable in %s again", wire_name(vhost, topic), group)
 
     async def _delete_orphaned_exclusive(
         self, state: ControllerState, seen: Observed, now_ms: int, term: int

@@ -20,7 +20,9 @@ class CollectTopics:
     which changes only the replicated state: they leave the group. A declared topic the
     group holds without the state listing it there was placed by a PlaceTopic whose
     SetTopicGroups never committed: recorded as held (not writable), it is then retired,
-    drained and dropped like any old placement, or placed again if it is the target."""
+    drained and dropped like any old placement, or placed again if it is the target. A
+    topic whose writable group it is but whose master lacks it read-write (a deposed
+    leader's delete or retirement landed after the move back) is made writable again."""
 
     group: str
 
