@@ -137,8 +137,9 @@ def test_a_plan_made_while_the_leadership_is_lost_is_not_carried_out(tmp_path: P
                 await asyncio.gather(placement.run_round(), lose_leadership())
                 await until(lambda: not placement._busy, 10.0, "the round's tasks done")
                 asked = [c for c, _ in master.seen]
+                # Who leads afterwards is not the point (with 200 ms elections on a loaded
+                # machine the leadership may move back): the deposed round sent nothing.
                 assert RequestCode.UPDATE_AND_CREATE_TOPIC not in asked
-                assert follower.driver.core.is_leader
         finally:
             await server.close()
 
