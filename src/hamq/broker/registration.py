@@ -63,6 +63,7 @@ class NamesrvRegistration:
         self.role = role  # the id registered follows it: 0 while this member is the master
         self._authority = config.enable_controller_mode or config.replication_mode == "dledger"
         self.isolated = False  # unseen by the name servers until go_online() (pre-online)
+        self._going_online = False
         # Controller mode: a name server refused this member as master (a newer epoch holds
         # brokerId 0, it has been deposed): re-read the role now, not at the next poll.
         self.on_master_refused: Callable[[], Awaitable[None]] | None = None
@@ -125,7 +126,13 @@ class NamesrvRegistration:
         self.isolated = False
         self._accepted_at.clear()
         self._lapse_told = False
-        await self._register_all()
+        # The heartbeat rounds wait for this registration: one woken meanwhile would send
+        # a heartbeat (or a second registration) ahead of it.
+        self._going_online = True
+        try:
+            await self._register_all()
+        finally:
+            self._going_online = False
 
     def watch_lease(self, on_lapsed: Callable[[], None]) -> None:
         """Call ``on_lapsed`` while this member, master or acting master, finds the lease of
@@ -196,7 +203,7 @@ class NamesrvRegistration:
         await asyncio.gather(*(self._register(addr) for addr in self.config.namesrv))
 
     async def _heartbeat(self, addr: str) -> None:
-        if self._held_back():
+        if self._held_back() or self._going_online:
             return
         if self._accepted.get(addr) != self.state_version:
             await self._register(addr)
