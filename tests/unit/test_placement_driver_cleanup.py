@@ -12,6 +12,7 @@ import contextlib
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -45,6 +46,8 @@ from hamq.protocol.frame import Frame, pack_body
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from helpers import free_port, until
+
+M = TypeVar("M")
 
 CLUSTER = "hamq"
 NODE = "hamq@a"
@@ -105,8 +108,14 @@ async def group_of_two(service: ControllerService, addr: str) -> None:
 async def group_master(service: ControllerService, topics: list[str]) -> AsyncIterator[Recording]:
     """Group ``ha_g`` (``group_of_two``) and node ``NODE`` at a ``Recording`` holding
     ``topics``, which is its master."""
+    async with serving_master(service, Recording(lambda: None, topics)) as master:
+        yield master
+
+
+@contextlib.asynccontextmanager
+async def serving_master(service: ControllerService, master: M) -> AsyncIterator[M]:
+    """Group ``ha_g`` (``group_of_two``) and node ``NODE`` at ``master``, served on a port."""
     addr = f"127.0.0.1:{free_port()}"
-    master = Recording(lambda: None, topics)
     server = Server(master)
     await server.start(addr)
     try:
@@ -325,27 +334,18 @@ def test_a_drained_placement_is_read_only_and_still_drained_before_it_is_dropped
     and then deleted unread."""
 
     async def scenario() -> None:
-        async with peer(tmp_path) as service:
-            master = FillingMaster()
-            addr = f"127.0.0.1:{free_port()}"
-            server = Server(master)
-            await server.start(addr)
-            try:
-                await group_of_two(service, addr)
-                await service.propose(RegisterNode(NODE, addr))
-                await service.propose(DeclareTopic("/", "t", NODE))
-                await service.propose(SetTopicGroups("/", "t", ("ha_g", "node_a")))
-                nobody = Observed(frozenset(), {}, {})
-                with pytest.raises(StepRefused, match="not drained once read-only"):
-                    await service.placement._take(policy.DropTopic("/", "t", "ha_g"), nobody)
-                codes = [c for c, _, _ in master.seen]
-                assert RequestCode.DELETE_TOPIC_IN_BROKER not in codes
-                update = codes.index(RequestCode.UPDATE_AND_CREATE_TOPIC)
-                assert master.seen[update][2]["perm"] == 4
-                groups = service.driver.core.state.topics[("/", "t")].groups
-                assert groups == ("ha_g", "node_a")
-            finally:
-                await server.close()
+        async with peer(tmp_path) as service, serving_master(service, FillingMaster()) as master:
+            await service.propose(DeclareTopic("/", "t", NODE))
+            await service.propose(SetTopicGroups("/", "t", ("ha_g", "node_a")))
+            nobody = Observed(frozenset(), {}, {})
+            with pytest.raises(StepRefused, match="not drained once read-only"):
+                await service.placement._take(policy.DropTopic("/", "t", "ha_g"), nobody)
+            codes = [c for c, _, _ in master.seen]
+            assert RequestCode.DELETE_TOPIC_IN_BROKER not in codes
+            update = codes.index(RequestCode.UPDATE_AND_CREATE_TOPIC)
+            assert master.seen[update][2]["perm"] == 4
+            groups = service.driver.core.state.topics[("/", "t")].groups
+            assert groups == ("ha_g", "node_a")
 
     asyncio.run(scenario())
 
@@ -355,23 +355,14 @@ def test_the_drain_check_asks_each_old_master_for_its_offset_table_once(tmp_path
     thousand topics fetched it a thousand times a round."""
 
     async def scenario() -> None:
-        async with peer(tmp_path) as service:
-            master = FillingMaster()
-            addr = f"127.0.0.1:{free_port()}"
-            server = Server(master)
-            await server.start(addr)
-            try:
-                await group_of_two(service, addr)
-                await service.propose(RegisterNode(NODE, addr))
-                for topic in ("t", "u"):
-                    await service.propose(DeclareTopic("/", topic, NODE))
-                    await service.propose(SetTopicGroups("/", topic, ("ha_g", "node_a")))
-                drained = await service.placement._drained(service.driver.core.state)
-                assert drained == {("/", "t", "ha_g"), ("/", "u", "ha_g")}
-                codes = [c for c, _, _ in master.seen]
-                assert codes.count(RequestCode.GET_ALL_CONSUMER_OFFSET) == 1
-            finally:
-                await server.close()
+        async with peer(tmp_path) as service, serving_master(service, FillingMaster()) as master:
+            for topic in ("t", "u"):
+                await service.propose(DeclareTopic("/", topic, NODE))
+                await service.propose(SetTopicGroups("/", topic, ("ha_g", "node_a")))
+            drained = await service.placement._drained(service.driver.core.state)
+            assert drained == {("/", "t", "ha_g"), ("/", "u", "ha_g")}
+            codes = [c for c, _, _ in master.seen]
+            assert codes.count(RequestCode.GET_ALL_CONSUMER_OFFSET) == 1
 
     asyncio.run(scenario())
 
@@ -394,18 +385,9 @@ def test_a_garbled_drain_answer_leaves_the_placement_undrained_not_the_round_und
     round, which failed the same way."""
 
     async def scenario() -> None:
-        async with peer(tmp_path) as service:
-            master = GarbledMaster()
-            addr = f"127.0.0.1:{free_port()}"
-            server = Server(master)
-            await server.start(addr)
-            try:
-                await group_of_two(service, addr)
-                await service.propose(RegisterNode(NODE, addr))
-                await service.propose(DeclareTopic("/", "t", NODE))
-                await service.propose(SetTopicGroups("/", "t", ("ha_g", "node_a")))
-                assert await service.placement._drained(service.driver.core.state) == set()
-            finally:
-                await server.close()
+        async with peer(tmp_path) as service, serving_master(service, GarbledMaster()):
+            await service.propose(DeclareTopic("/", "t", NODE))
+            await service.propose(SetTopicGroups("/", "t", ("ha_g", "node_a")))
+            assert await service.placement._drained(service.driver.core.state) == set()
 
     asyncio.run(scenario())
