@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint pipeline clean
+.PHONY: run test lint browser pipeline clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,8 +15,14 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/hamq dev
 
-test: lint
+test: lint browser
 	$(BIN)/python -m pytest -q --durations=40
+
+# The console tests drive Debian's chromium through Playwright (a browser Playwright downloads
+# itself cannot run here); installed once, as root, when missing.
+browser:
+	test -x /usr/bin/chromium || (apt-get update -q && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -q chromium chromium-driver)
 
 # Lint, format and types as pyproject.toml configures them; make test runs this first,
 # so CI fails on a finding before it spends minutes on the suite.

@@ -199,6 +199,8 @@ class NamesrvConfig(ControllerSettings, ServerConfig):
     max_route_entries: int = 1_000_000  # live members plus (topic, group) routes held (about
     #   0.5 KiB each), past which a registration that would add more is SYSTEM_BUSY
     metrics_listen: str = ""  # HOST:PORT of /metrics, "" = off
+    web_listen: str = ""  # HOST:PORT of the management HTTP API and web console (web/),
+    #   "" = off; not authenticated yet, so keep it on 127.0.0.1
     enable_controller_in_namesrv: bool = False  # enableControllerInNamesrv (recommended)
     support_acting_master: bool = False  # supportActingMaster: route a masterless group's
     #   smallest-id alive member as brokerId 0, read-only (seed 004)

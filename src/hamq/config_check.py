@@ -363,6 +363,8 @@ def namesrv_binds(config: NamesrvConfig) -> dict[str, str]:
     binds = {"listen": config.listen}
     if config.metrics_listen:
         binds["metrics_listen"] = config.metrics_listen
+    if config.web_listen:
+        binds["web_listen"] = config.web_listen
     return binds
 
 
