@@ -7,7 +7,8 @@ import pytest
 from click.testing import CliRunner
 
 from hamq.cli.main import cli
-from hamq.cli.policies import _member_nodes, _mirrors, _pid_text, _table
+from hamq.cli.policies import _pid_text, _table
+from hamq.manage.queues import member_nodes, mirrors
 
 # Nothing listens here: a definition that got as far as the controller would fail with
 # exit code 1 (connection refused), not 2.
@@ -68,13 +69,13 @@ def test_list_queues_columns_from_a_group():
             {"broker_id": 4, "address": "127.0.0.1:1004", "alive": False},
         ],
     }
-    node_of = _member_nodes(
+    node_of = member_nodes(
         [
             {"node": f"hamq@node{i}", "members": [{"address": f"127.0.0.1:100{i}"}]}
             for i in (1, 2, 3)
         ]
     )
-    row = {"name": "ha.orders", **_mirrors(group, node_of)}
+    row = {"name": "ha.orders", **mirrors(group, node_of)}
     assert _table(
         ["name", "pid", "slave_pids", "synchronised_slave_pids"],
         [[_pid_text(row[c]) for c in ("name", "pid", "slave_pids", "synchronised_slave_pids")]],
@@ -84,4 +85,4 @@ def test_list_queues_columns_from_a_group():
         "[<hamq@node2 127.0.0.1:1002>, <hamq@node3 127.0.0.1:1003>]\t"
         "[<hamq@node3 127.0.0.1:1003>]",
     ]
-    assert _mirrors({**group, "master_id": None, "master_addr": None}, node_of)["pid"] is None
+    assert mirrors({**group, "master_id": None, "master_addr": None}, node_of)["pid"] is None

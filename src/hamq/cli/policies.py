@@ -3,9 +3,8 @@ topics and their mirrors, as rabbitmqctl names them.
 
 A policy's definition is checked here, before anything is sent, so a typo is one line naming
 the key and exit code 2 (bad usage), as rabbitmqctl refuses it; the controller checks it
-again. ``list-queues`` joins what the controller knows (declared topics, the group each lives
-in, the group's master and SyncStateSet, which node hosts which member) with the master's
-message counts from the name servers' routes."""
+again. What the commands read and do is ``hamq.manage``'s, shared with the web API; this
+module is the command line around it."""
 
 from __future__ import annotations
 
@@ -18,27 +17,18 @@ import click
 from hamq.aio import AsyncAdmin
 from hamq.cli.admin import controller_admin, controller_option
 from hamq.cli.common import emit, json_option, namesrv_option, run_async
-from hamq.client.admin import AsyncControllerAdmin
-from hamq.errors import HamqError, InvalidArgument
-from hamq.net.connection import connect
-from hamq.policy.definition import (
-    DEFAULT_VHOST,
-    Policy,
-    check_policy_name,
-    check_vhost,
-    make_policy,
-    wire_name,
-)
+from hamq.errors import InvalidArgument
+from hamq.manage.policies import set_policy as store_policy
+from hamq.manage.queues import node_request, queue_rows
+from hamq.manage.queues import sync_queue as sync_topic
+from hamq.policy.definition import DEFAULT_VHOST, check_policy_name, check_vhost, make_policy
 from hamq.protocol.address import address
-from hamq.protocol.codes import RequestCode, ResponseCode
+from hamq.protocol.codes import RequestCode
 from hamq.protocol.controller_catalog import check_topic
-from hamq.protocol.frame import unpack_body
 
 # rabbitmqctl list_queues' columns that hamq answers, and its default pair.
 QUEUE_COLUMNS = ("name", "policy", "pid", "slave_pids", "synchronised_slave_pids", "messages")
 DEFAULT_QUEUE_COLUMNS = ("name", "messages")
-# A sync restarts the slaves' HA; the master answers once it has told them.
-SYNC_TIMEOUT_S = 10.0
 DECLARE_TIMEOUT_S = 10.0
 
 
@@ -84,19 +74,6 @@ vhost_option = click.option(
     callback=_vhost,
     help="Virtual host (rabbitmqctl -p).",
 )
-
-
-def _policy_of(row: Mapping[str, Any]) -> Policy:
-    """A policy as the controller lists it (the definition as JSON text or a map)."""
-    definition = row["definition"]
-    return make_policy(
-        row["vhost"],
-        row["name"],
-        row["pattern"],
-        json.loads(definition) if isinstance(definition, str) else definition,
-        priority=row["priority"],
-        apply_to=row["apply_to"],
-    )
 
 
 def _definition_text(row: Mapping[str, Any]) -> str:
@@ -202,18 +179,10 @@ async def set_policy(
         policy = make_policy(vhost, name, pattern, raw, priority=priority, apply_to=apply_to)
     except InvalidArgument as err:
         raise BadDefinition(err.message) from None
-    definition = policy.definition.to_json()
     async with controller_admin(controllers) as admin:
-        await admin.client.set_policy(vhost, name, pattern, definition, priority, apply_to)
+        stored = await store_policy(admin, policy)
     emit(
-        {
-            "vhost": vhost,
-            "name": name,
-            "pattern": pattern,
-            "definition": definition,
-            "priority": priority,
-            "apply_to": apply_to,
-        },
+        stored,
         as_json,
         lambda o: (
             f'set policy "{o["name"]}" for pattern "{o["pattern"]}" to '
@@ -265,18 +234,6 @@ async def list_policies(vhost: str | None, controllers: list[str], as_json: bool
 # -- topics ---------------------------------------------------------------------------------
 
 
-async def _node_request(addr: str, code: int, ext: dict, timeout_s: float) -> dict:
-    """One request to a node's (container's) port or a group master's port."""
-    conn = await connect(addr)
-    try:
-        frame = await conn.request(code, ext, timeout_s=timeout_s)
-    finally:
-        conn.close()
-    if frame.code != ResponseCode.SUCCESS:
-        raise HamqError.for_code(frame.code, frame.remark)
-    return unpack_body(frame.body) or dict(frame.ext or {})
-
-
 @click.command("declare-topic")
 @click.argument("name")
 @vhost_option
@@ -308,7 +265,7 @@ async def declare_topic(
         if not alive:
             raise click.ClickException("no node is alive to declare the topic through")
         node_addr = alive[0][1]
-    await _node_request(
+    await node_request(
         node_addr,
         RequestCode.DECLARE_TOPIC,
         {"vhost": vhost, "topic": name, "exclusive": False, "queue_nums": queues},
@@ -321,72 +278,12 @@ async def declare_topic(
     )
 
 
-def _member_nodes(nodes: Iterable[Mapping[str, Any]]) -> dict[str, str]:
-    """Member listen address -> the node hosting it, from the nodes' last heartbeats."""
-    return {member["address"]: node["node"] for node in nodes for member in node["members"]}
-
-
-def _pid(node_of: Mapping[str, str], addr: str) -> dict[str, str | None]:
-    """A member as a pid: its node (None until a heartbeat of its node lists it: just
-    added) and its listen address."""
-    return {"node": node_of.get(addr), "address": addr}
-
-
 def _pid_text(pid: object) -> str:
     if isinstance(pid, list):
         return "[" + ", ".join(map(_pid_text, pid)) + "]"
     if isinstance(pid, dict):
         return f"<{pid['node'] or '?'} {pid['address']}>"
     return "" if pid is None else str(pid)
-
-
-async def _queue_rows(
-    admin: AsyncControllerAdmin, namesrv: AsyncAdmin, vhost: str
-) -> list[dict[str, Any]]:
-    """Every declared topic of ``vhost`` with its policy, master, mirrors and messages: its
-    mirrors are the members of the group it is written in now (the last of its groups)."""
-    topics = sorted(await admin.client.list_topics(vhost), key=lambda t: t["name"])
-    node_of = _member_nodes(await admin.client.list_nodes())
-    writable = {t["groups"][-1] for t in topics if t["groups"]}
-    groups = {
-        g["broker_name"]: g
-        for g in (await admin.client.sync_state_data(sorted(writable)) if writable else [])
-    }
-    rows = []
-    for topic in topics:
-        group = groups.get(topic["groups"][-1]) if topic["groups"] else None
-        row: dict[str, Any] = {"name": topic["name"], "policy": topic["policy"] or ""}
-        row.update(_mirrors(group, node_of))
-        row["messages"] = await _messages(namesrv, wire_name(vhost, topic["name"])) if group else 0
-        rows.append(row)
-    return rows
-
-
-def _mirrors(group: Mapping[str, Any] | None, node_of: Mapping[str, str]) -> dict[str, Any]:
-    """A group's master and alive slaves (and which of them are synchronised) as pids."""
-    if group is None:
-        return {"pid": None, "slave_pids": [], "synchronised_slave_pids": []}
-    slaves = sorted(
-        (m for m in group["members"] if m["broker_id"] != group["master_id"] and m["alive"]),
-        key=lambda m: m["broker_id"],
-    )
-    in_sync = set(group["sync_state_set"])
-    return {
-        "pid": _pid(node_of, group["master_addr"]) if group["master_id"] is not None else None,
-        "slave_pids": [_pid(node_of, m["address"]) for m in slaves],
-        "synchronised_slave_pids": [
-            _pid(node_of, m["address"]) for m in slaves if m["broker_id"] in in_sync
-        ],
-    }
-
-
-async def _messages(namesrv: AsyncAdmin, wire: str) -> int | None:
-    """Messages held over every queue of the topic (None while no master routes it)."""
-    try:
-        offsets = await namesrv.topic_offsets(wire)
-    except HamqError:
-        return None
-    return sum(q["max_offset"] - q["min_offset"] for q in offsets)
 
 
 @click.command("list-queues")
@@ -405,7 +302,7 @@ async def list_queues(
     reader = AsyncAdmin(namesrv)
     try:
         async with controller_admin(controllers) as admin:
-            rows = await _queue_rows(admin, reader, vhost)
+            rows = await queue_rows(reader, admin, vhost)
     finally:
         await reader.close()
     picked = [{c: row[c] for c in shown} for row in rows]
@@ -413,38 +310,6 @@ async def list_queues(
 
 
 # -- sync -----------------------------------------------------------------------------------
-
-
-async def _sync(vhost: str, name: str, controllers: list[str], cancel: bool) -> dict:
-    """SYNC_QUEUE to the master of the group the topic is written in, with its policy's
-    ha-sync-batch-size."""
-    _checked(lambda: check_topic(vhost, name))
-    async with controller_admin(controllers) as admin:
-        topic = next((t for t in await admin.client.list_topics(vhost) if t["name"] == name), None)
-        if topic is None:
-            raise click.ClickException(f"no topic {name} in vhost {vhost}")
-        if not topic.get("groups"):
-            raise click.ClickException(f"topic {name} is not placed on any node yet")
-        policy = next(
-            (
-                _policy_of(p)
-                for p in await admin.client.list_policies(vhost)
-                if p["name"] == topic["policy"]
-            ),
-            None,
-        )
-        group = await admin.sync_state(topic["groups"][-1])
-    if group["master_id"] is None:
-        raise click.ClickException(f"topic {name} has no master (group {group['broker_name']})")
-    if policy is None or policy.definition.ha_mode is None:
-        raise click.ClickException(f"topic {name} is not mirrored (no ha policy applies)")
-    answer = await _node_request(
-        group["master_addr"],
-        RequestCode.SYNC_QUEUE,
-        {"cancel": cancel, "batch_size": policy.definition.ha_sync_batch_size},
-        SYNC_TIMEOUT_S,
-    )
-    return {"vhost": vhost, "name": name, "group": group["broker_name"], **answer}
 
 
 def _sync_command(command: str, cancel: bool, doc: str, said: str) -> click.Command:
@@ -457,7 +322,9 @@ def _sync_command(command: str, cancel: bool, doc: str, said: str) -> click.Comm
     @json_option
     @run_async
     async def sync(name: str, vhost: str, controllers: list[str], as_json: bool) -> None:
-        done = await _sync(vhost, name, controllers, cancel=cancel)
+        _checked(lambda: check_topic(vhost, name))
+        async with controller_admin(controllers) as admin:
+            done = await sync_topic(admin, vhost, name, cancel=cancel)
         emit(
             done,
             as_json,
