@@ -131,10 +131,13 @@ class AsyncAdmin:
         perm: int = PERM_READ_WRITE,
         cluster: str | None = None,
         wait_s: float = 5.0,
+        write_queue_nums: int | None = None,
     ) -> dict[str, str]:
         """Create (or update) ``topic`` on every master of ``cluster`` (RocketMQ's
-        ``updateTopic -c``); waits until the name servers route it."""
+        ``updateTopic -c``), ``queue_nums`` read queues and as many write queues unless
+        ``write_queue_nums`` says otherwise; waits until the name servers route it."""
         topic = self.core.wire(topic)
+        write_queue_nums = queue_nums if write_queue_nums is None else write_queue_nums
         masters = await self.master_addrs(cluster)
         if not masters:
             raise BrokerNotFound(
@@ -143,7 +146,7 @@ class AsyncAdmin:
         ext = {
             "topic": topic,
             "read_queue_nums": queue_nums,
-            "write_queue_nums": queue_nums,
+            "write_queue_nums": write_queue_nums,
             "perm": perm,
         }
         await asyncio.gather(
@@ -158,7 +161,7 @@ class AsyncAdmin:
                 route = await self.core.route(topic, refresh=True)
                 if {q.broker_name for q in route.write_queues} >= set(masters) and len(
                     route.write_queues
-                ) >= queue_nums * len(masters):
+                ) >= write_queue_nums * len(masters):
                     break
             except TopicNotExist:
                 pass
