@@ -12,7 +12,7 @@ from hamq.client.controller import ControllerClient
 from hamq.client.core import DEFAULT_TIMEOUT_S, MASTER_ID, ClientCore, TopicRoute
 from hamq.client.message import MessageQueue
 from hamq.clock import monotonic_s
-from hamq.errors import BrokerNotFound, HamqError, NotLeader, TopicNotExist
+from hamq.errors import BrokerNotFound, HamqError, NoPermission, NotLeader, TopicNotExist
 from hamq.net.connection import Connection, connect
 from hamq.net.tasks import PeriodicTask, spawn
 from hamq.policy.definition import DEFAULT_VHOST
@@ -172,8 +172,9 @@ class AsyncAdmin:
 
     async def delete_topic(self, topic: str) -> None:
         """Delete ``topic`` on every member of every group that has it, then on the name
-        servers. A DLedger follower answers NOT_LEADER: it applies the delete from its
-        group's log, so only the leader (brokerId 0) must take it."""
+        servers. A DLedger follower answers NOT_LEADER (it applies the delete from its
+        group's log) and a slave NO_PERMISSION (it copies its master's topic table), so
+        only the master or leader (brokerId 0) must take it."""
         topic = self.core.wire(topic)
         route = await self.core.route(topic, refresh=True)
         members = [
@@ -187,7 +188,7 @@ class AsyncAdmin:
             return_exceptions=True,
         )
         for (broker_id, _), result in zip(members, results):
-            if isinstance(result, NotLeader) and broker_id != MASTER_ID:
+            if isinstance(result, (NotLeader, NoPermission)) and broker_id != MASTER_ID:
                 continue
             if isinstance(result, BaseException):
                 raise result
