@@ -102,7 +102,7 @@ class ClientProcessor:
         async def by_quorum() -> list:
             return _held_pieces(frame, await quorum.lock(group, client_id, queues, held, renewed))
 
-        _answer_later(conn, frame, by_quorum())
+        answer_later(conn, frame, by_quorum())
         return None
 
     def _forgetful(self, now_ms: int) -> bool:
@@ -125,7 +125,7 @@ class ClientProcessor:
             await quorum.unlock(group, client_id, frame.body)
             return response_pieces(frame)
 
-        _answer_later(conn, frame, everywhere())
+        answer_later(conn, frame, everywhere())
         return None
 
     def _quorum_for(self, frame: Frame) -> LockQuorum | None:
@@ -152,8 +152,9 @@ class ClientProcessor:
         return group, client_id, [(t, q) for t, q in body]
 
 
-def _answer_later(conn: Connection, frame: Frame, answer: Coroutine[object, object, list]) -> None:
-    """Answer once the other members answered (a one-way request: not at all)."""
+def answer_later(conn: Connection, frame: Frame, answer: Coroutine[object, object, list]) -> None:
+    """Answer once ``answer`` is done (the other members answered, a scan ended); a
+    one-way request not at all."""
 
     async def run() -> None:
         try:

@@ -13,6 +13,7 @@ from hamq.broker.acting_master import ActingMasterWatch
 from hamq.broker.alarms import ResourceMonitor
 from hamq.broker.client_processor import ClientProcessor
 from hamq.broker.clients import ClientManager
+from hamq.broker.consumer_admin import ConsumerAdmin
 from hamq.broker.dledger.driver import DLedgerCommitLog
 from hamq.broker.escape import EscapeBridge
 from hamq.broker.flow import PublisherFlow
@@ -23,6 +24,7 @@ from hamq.broker.ha.slave_sync import SlaveSynchronize
 from hamq.broker.held_back import HeldBackPut
 from hamq.broker.lock_quorum import LockQuorum
 from hamq.broker.locks import RebalanceLockManager
+from hamq.broker.message_lookup import MessageLookup
 from hamq.broker.mirror_sync import MirrorSyncProcessor
 from hamq.broker.namesrv_requests import NamesrvRequests
 from hamq.broker.need_offset import known_consumers
@@ -239,6 +241,17 @@ class Broker:
             escape=self.escape,
         )
         self.processor.register(self.pop.handlers())
+        self.processor.register(MessageLookup(self.store, self.topics).handlers())
+        self.processor.register(
+            ConsumerAdmin(
+                config.broker_name,
+                self.store,
+                self.topics,
+                self.clients,
+                self.pop.reset_offset,
+                lambda: self.processor.check_offset_commit(),
+            ).handlers()
+        )
         if self.ha_master is not None:
             mirrors = MirrorSyncProcessor(config, self.role, self.ha_master)
             self.processor.register(mirrors.handlers())

@@ -8,22 +8,36 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any
 
+from hamq.client.consumer import AsyncPullConsumer
 from hamq.client.controller import ControllerClient
 from hamq.client.core import DEFAULT_TIMEOUT_S, MASTER_ID, ClientCore, TopicRoute
-from hamq.client.message import MessageQueue
+from hamq.client.message import MessageExt, MessageQueue
 from hamq.clock import monotonic_s
-from hamq.errors import BrokerNotFound, HamqError, NoPermission, NotLeader, TopicNotExist
+from hamq.errors import (
+    BrokerNotFound,
+    HamqError,
+    NoPermission,
+    NotLeader,
+    QueryNotFound,
+    ServiceNotAvailable,
+    TopicNotExist,
+)
 from hamq.net.connection import Connection, connect
 from hamq.net.tasks import PeriodicTask, spawn
 from hamq.policy.definition import DEFAULT_VHOST
 from hamq.protocol.codes import RequestCode, ResponseCode
-from hamq.protocol.frame import unpack_body
+from hamq.protocol.frame import check_int, unpack_body
+from hamq.protocol.message import decode_records, offset_msg_id, parse_offset_msg_id
 from hamq.store.metadata import PERM_READ_WRITE
 
 # An exclusive declaration's connection says it is alive this often: the node closes a
 # connection idle for connection_idle_timeout_ms (120 s by default), and that would
 # delete the topic.
 EXCLUSIVE_KEEPALIVE_S = 30.0
+# A key query scans up to max_scan messages per queue on each broker group.
+QUERY_MESSAGE_TIMEOUT_S = 30.0
+# The group a one-message browse pull names (RocketMQ's TOOLS_CONSUMER); it commits nothing.
+TOOLS_CONSUMER_GROUP = "TOOLS_CONSUMER"
 
 
 class DeclaredTopic:
@@ -213,11 +227,7 @@ class AsyncAdmin:
         """Every topic the name servers route; outside ``/`` only the vhost's, by their
         names there."""
         frame = await self.core.invoke_namesrv(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
-        topics: list[str] = unpack_body(frame.body)
-        if self.core.vhost == DEFAULT_VHOST:
-            return topics
-        prefix = self.core.wire("")
-        return [t.removeprefix(prefix) for t in topics if t.startswith(prefix)]
+        return self._in_vhost(unpack_body(frame.body))
 
     async def broker_runtime_info(self, addr: str) -> dict:
         frame = await self.core.invoke(addr, RequestCode.GET_BROKER_RUNTIME_INFO)
@@ -334,6 +344,124 @@ class AsyncAdmin:
         raise BrokerNotFound(
             f"member {member_id} of {broker_name} did not take over within {wait_s} s"
         )
+
+    # -- the message browser and consumer groups (broker/message_lookup.py,
+    #    broker/consumer_admin.py) ------------------------------------------------------
+    async def view_message(self, topic: str, msg_id: str) -> list[MessageExt]:
+        """The message ``msg_id`` names (RocketMQ's queryMsgById), from every broker group
+        serving ``topic`` whose record at the id's commit-log offset is of that topic: an
+        id holds no broker, so two groups may each have a record there."""
+        phys, index = parse_offset_msg_id(msg_id)
+        wanted = offset_msg_id(phys, index)  # the id as the broker spells it
+        route = await self.topic_route(topic)
+
+        async def one(broker_name: str) -> list[MessageExt]:
+            try:
+                frame = await self.core.invoke_group(
+                    route.topic,
+                    broker_name,
+                    RequestCode.VIEW_MESSAGE_BY_ID,
+                    {"physical_offset": phys},
+                )
+            except QueryNotFound:
+                return []
+            return [
+                m
+                for m in decode_records(frame.body, 0, MessageExt, broker_name)
+                if m.queue.topic == route.topic and m.offset_msg_id == wanted
+            ]
+
+        found = await asyncio.gather(*(one(name) for name in sorted(route.brokers)))
+        return [m for group in found for m in group]
+
+    async def query_messages_by_key(
+        self, topic: str, key: str, max_scan: int = 10_000
+    ) -> tuple[list[MessageExt], bool]:
+        """Messages of ``topic`` whose KEYS or UNIQ_KEY is ``key``, newest first
+        (RocketMQ's queryMsgByKey). There is no key index: each broker group scans its
+        queues backwards, at most ``max_scan`` messages each; the flag says whether a scan
+        stopped before a queue's start (or at the answer's size limit)."""
+        route = await self.topic_route(topic)
+        ext = {"topic": route.topic, "key": key, "max_scan": max_scan}
+
+        async def one(broker_name: str) -> tuple[list[MessageExt], bool]:
+            frame = await self.core.invoke_group(
+                route.topic,
+                broker_name,
+                RequestCode.QUERY_MESSAGE,
+                ext,
+                timeout_s=QUERY_MESSAGE_TIMEOUT_S,
+            )
+            ids = set(frame.ext["msg_ids"])
+            messages = decode_records(frame.body, 0, MessageExt, broker_name)
+            return [m for m in messages if m.offset_msg_id in ids], frame.ext["truncated"]
+
+        groups = sorted({mq.broker_name for mq in route.read_queues})
+        answers = await asyncio.gather(*(one(name) for name in groups))
+        messages = [m for found, _ in answers for m in found]
+        messages.sort(key=lambda m: (m.store_timestamp_ms, m.queue_offset), reverse=True)
+        return messages, any(truncated for _, truncated in answers)
+
+    async def message_at(
+        self, topic: str, broker_name: str, queue_id: int, offset: int
+    ) -> MessageExt | None:
+        """The message at ``offset`` of one queue, None past its end or below its start:
+        a one-message pull that commits nothing."""
+        check_int("offset", offset)
+        mq = MessageQueue(self.core.wire(topic), broker_name, queue_id)
+        result = await AsyncPullConsumer(TOOLS_CONSUMER_GROUP, core=self.core).pull(mq, offset, 1)
+        found = [m for m in result.messages if m.queue_offset == offset]
+        return found[0] if found else None
+
+    async def consumer_groups(self) -> list[str]:
+        """Groups with committed offsets or a client connected now, on any broker group."""
+        groups: set[str] = set()
+        for addr in (await self.read_addrs()).values():
+            offsets, live = await asyncio.gather(
+                self.core.invoke(addr, RequestCode.GET_ALL_CONSUMER_OFFSET),
+                self.core.invoke(addr, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG),
+            )
+            groups.update(key.partition("@")[2] for key in unpack_body(offsets.body) or {})
+            groups.update(unpack_body(live.body) or {})
+        return sorted(self._in_vhost(groups))
+
+    async def consumer_members(self, group: str) -> list[str]:
+        """The client ids of ``group`` connected to any broker group now."""
+        ext = {"group": self.core.wire(group)}
+        members: set[str] = set()
+        for addr in (await self.read_addrs()).values():
+            frame = await self.core.invoke(addr, RequestCode.GET_CONSUMER_LIST_BY_GROUP, ext)
+            members.update(unpack_body(frame.body) or [])
+        return sorted(members)
+
+    async def reset_offset(self, group: str, topic: str, timestamp_ms: int) -> list[dict]:
+        """Move ``group``'s offsets of ``topic`` to the first message stored at or after
+        ``timestamp_ms`` (RocketMQ's resetOffsetByTime) on each broker group's master;
+        its live consumers take the new offsets. Per queue: broker_name, queue_id,
+        old_offset (None: never committed), new_offset."""
+        check_int("timestamp_ms", timestamp_ms)
+        route = await self.topic_route(topic)
+        ext = {"group": self.core.wire(group), "topic": route.topic, "timestamp_ms": timestamp_ms}
+
+        async def one(broker_name: str) -> list[dict]:
+            addr = route.master_addr(broker_name)
+            if addr is None:
+                raise ServiceNotAvailable(
+                    f"broker group {broker_name} has no master to reset offsets on"
+                )
+            frame = await self.core.invoke(addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, ext)
+            return [{"broker_name": broker_name, **row} for row in unpack_body(frame.body)]
+
+        groups = sorted({mq.broker_name for mq in route.read_queues})
+        rows = await asyncio.gather(*(one(name) for name in groups))
+        return [row for group_rows in rows for row in group_rows]
+
+    def _in_vhost(self, wire_names: Iterable[str]) -> list[str]:
+        """The names of this vhost among wire names, as its users know them."""
+        if self.core.vhost == DEFAULT_VHOST:
+            return list(wire_names)
+        prefix = self.core.wire("")
+        return [n.removeprefix(prefix) for n in wire_names if n.startswith(prefix)]
 
 
 def controller_list(controllers: str | Iterable[str]) -> list[str]:

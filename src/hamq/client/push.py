@@ -337,10 +337,30 @@ class AsyncPushConsumer:
         if frame.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
             self._rebalances.wake()
             return None
+        if frame.code == RequestCode.RESET_CONSUMER_CLIENT_OFFSET:
+            self._reset_offsets(unpack_body(frame.body))
+            return None
         raise HamqError(f"consumer does not serve request code {frame.code}")
 
     def after_batch(self) -> None:
         pass
+
+    def _reset_offsets(self, notice: object) -> None:
+        """An operator reset the group's offsets (RESET_CONSUMER_CLIENT_OFFSET): each of
+        these queues is released as at a rebalance, but at the new offset, which it
+        commits again once the batch in hand is done (so a commit of the old position
+        sent before the notice arrived does not stand); the next rebalance takes it again
+        from there."""
+        if not isinstance(notice, dict) or notice.get("group") != self.group:
+            return
+        offsets = notice.get("offsets") or {}
+        for mq, pq in list(self.process_queues.items()):
+            if mq.topic != notice.get("topic") or mq.broker_name != notice.get("broker_name"):
+                continue
+            offset = offsets.get(mq.queue_id)
+            if isinstance(offset, int) and not pq.dropped:
+                log.info("%s: offset of %s reset to %d", self.client_id, mq, offset)
+                self._release_later(pq, reset_to=offset)
 
     # -- heartbeats -------------------------------------------------------------------------
     async def _broker_addrs(self) -> set[str]:
@@ -499,16 +519,17 @@ class AsyncPushConsumer:
         pq.task = asyncio.create_task(self._pull_loop(pq))
         log.info("%s now consumes %s from offset %d", self.client_id, mq, pq.offset)
 
-    def _release_later(self, pq: ProcessQueue) -> None:
+    def _release_later(self, pq: ProcessQueue, reset_to: int | None = None) -> None:
         pq.dropped = True
-        task = asyncio.create_task(self._release(pq))
+        task = asyncio.create_task(self._release(pq, reset_to))
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
 
-    async def _release(self, pq: ProcessQueue) -> None:
+    async def _release(self, pq: ProcessQueue, reset_to: int | None = None) -> None:
         """A dropped queue: wait for the listener (an orderly one as long as it runs, its
         lock renewed meanwhile — RocketMQ keeps the lock when ``tryLock`` of the consume
-        lock fails), stop pulling, commit, unlock, forget the queue."""
+        lock fails), stop pulling, commit (``reset_to`` instead, after a reset), unlock,
+        forget the queue."""
         try:
             if self.orderly:
                 await pq.wait_idle()
@@ -523,6 +544,8 @@ class AsyncPushConsumer:
         if pq.task is not None:
             pq.task.cancel()
             await asyncio.gather(pq.task, return_exceptions=True)
+        if reset_to is not None:
+            pq.offset, pq.kept, pq.committed = reset_to, [], None
         await self._commit(pq)
         if self.orderly:
             await self._unlock([pq])

@@ -7,6 +7,7 @@ from enum import IntEnum
 class RequestCode(IntEnum):
     SEND_MESSAGE = 10
     PULL_MESSAGE = 11
+    QUERY_MESSAGE = 12  # by key: a bounded scan of the topic's queues (broker/message_lookup.py)
     QUERY_CONSUMER_OFFSET = 14
     UPDATE_CONSUMER_OFFSET = 15
     UPDATE_AND_CREATE_TOPIC = 17
@@ -17,6 +18,7 @@ class RequestCode(IntEnum):
     GET_MAX_OFFSET = 30
     GET_MIN_OFFSET = 31
     GET_EARLIEST_MSG_STORETIME = 32
+    VIEW_MESSAGE_BY_ID = 33  # the commit-log record at a msg id's physical offset
     HEART_BEAT = 34
     UNREGISTER_CLIENT = 35
     CONSUMER_SEND_MSG_BACK = 36
@@ -32,9 +34,12 @@ class RequestCode(IntEnum):
     UNREGISTER_BROKER = 104
     GET_ROUTEINFO_BY_TOPIC = 105
     GET_BROKER_CLUSTER_INFO = 106
+    GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 201  # hamq: the consumer groups connected now
     GET_ALL_TOPIC_LIST_FROM_NAMESERVER = 206
     DELETE_TOPIC_IN_BROKER = 215
     DELETE_TOPIC_IN_NAMESRV = 216
+    RESET_CONSUMER_CLIENT_OFFSET = 220  # broker -> consumer, oneway: offsets were reset
+    INVOKE_BROKER_TO_RESET_OFFSET = 222  # admin -> master: reset a group's offsets by time
     SEND_BATCH_MESSAGE = 320
     # pop consumption (RocketMQ 5 numbers)
     POP_MESSAGE = 200050

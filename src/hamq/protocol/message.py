@@ -311,3 +311,13 @@ def offset_msg_id(physical_offset: int, index: int) -> str:
     """RocketMQ's offsetMsgId idea: where the message sits in its group's commit log (the
     same on every replica, since replicas copy the log byte for byte)."""
     return f"{physical_offset:016X}{index:08X}"
+
+
+def parse_offset_msg_id(msg_id: object) -> tuple[int, int]:
+    """(physical_offset, index) of an ``offset_msg_id``; ``InvalidArgument`` for anything
+    else (an operator's typo, a producer's UNIQ_KEY given where a msg id is wanted)."""
+    if not isinstance(msg_id, str) or len(msg_id) != 24 or not set(msg_id) <= set(string.hexdigits):
+        raise InvalidArgument(
+            f"msg id {msg_id!r:.80} is not 24 hex digits (a commit-log offset and an index)"
+        )
+    return int(msg_id[:16], 16), int(msg_id[16:], 16)

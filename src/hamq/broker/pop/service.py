@@ -186,6 +186,13 @@ class PopService:
         for key in [k for k in self.states if k[1] == topic]:
             del self.states[key]
 
+    def reset_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """An operator reset the group's offset (broker/consumer_admin.py): its pops go on
+        from there; what was in flight is forgotten (its acks answer as stale)."""
+        if (group, topic, queue_id) in self.states:
+            self.states[(group, topic, queue_id)] = PopQueueState(offset)
+            self._changed()
+
     def handlers(self) -> dict[int, Callable[[Connection, Frame], list | None]]:
         return {
             RequestCode.POP_MESSAGE: self.pop,
