@@ -9,6 +9,7 @@ from hamq.cli.bench import bench
 from hamq.cli.policies import POLICY_COMMANDS
 from hamq.cli.servers import broker, container, controller, dev, namesrv
 from hamq.cli.tools import cluster, consume, produce, topic
+from hamq.cli.web import web
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -29,6 +30,7 @@ for command in (
     cluster,
     bench,
     admin,
+    web,
 ):
     cli.add_command(command)
 for command in POLICY_COMMANDS:  # vhosts, policies and mirrors (seed 003)

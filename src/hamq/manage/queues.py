@@ -77,6 +77,33 @@ async def consumer_offsets(namesrv: AsyncAdmin) -> ConsumerOffsets:
     return offsets
 
 
+async def consumer_lag(namesrv: AsyncAdmin) -> dict[str, int]:
+    """Wire topic -> how far every consumer group together is behind its queues' ends
+    (one max-offset read per queue some group consumes; a group not answering counts 0)."""
+    consumed = await consumer_offsets(namesrv)
+    reads = await namesrv.read_addrs()
+    queues = sorted(key for key in consumed if key[1] in reads)
+    tops = await asyncio.gather(
+        *(
+            namesrv.core.invoke(
+                reads[broker_name],
+                RequestCode.GET_MAX_OFFSET,
+                {"topic": topic, "queue_id": queue_id},
+            )
+            for topic, broker_name, queue_id in queues
+        ),
+        return_exceptions=True,
+    )
+    lag: dict[str, int] = defaultdict(int)
+    for key, top in zip(queues, tops):
+        if isinstance(top, BaseException):
+            if not isinstance(top, HamqError):
+                raise top
+            continue
+        lag[key[0]] += sum(max(top.ext["offset"] - offset, 0) for offset in consumed[key])
+    return dict(lag)
+
+
 async def _counts(
     namesrv: AsyncAdmin, wire: str, consumed: ConsumerOffsets
 ) -> tuple[int | None, int | None]:

@@ -7,9 +7,11 @@ import asyncio
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hamq.clock import monotonic_ms
 from hamq.config import NamesrvConfig
+from hamq.controller_server.driver import peer_map
 from hamq.controller_server.processor import ControllerProcessor
 from hamq.controller_server.service import ControllerService
 from hamq.errors import NoPermission, RequestCodeNotSupported, TopicNotExist
@@ -23,6 +25,9 @@ from hamq.protocol.address import address
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, pack_body, require_name
 from hamq.protocol.message import validate_topic
+
+if TYPE_CHECKING:
+    from hamq.web.server import WebServer
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +175,18 @@ class NamesrvProcessor:
         return response_pieces(frame)
 
 
+async def _serve_web(config: NamesrvConfig) -> WebServer:
+    """The management API and console for this name server's cluster; the controller
+    routes go to its embedded controller's peers (none without one: they answer 503)."""
+    # imported here: a name server without web_listen does not load FastAPI and uvicorn
+    from hamq.web.access import ClusterAccess
+    from hamq.web.server import start_web
+
+    peers = sorted(peer_map(config, config.listen).items())
+    controllers = [addr for _, addr in peers] if config.enable_controller_in_namesrv else []
+    return await start_web(ClusterAccess([config.listen], controllers), config.web_listen)
+
+
 async def serve_namesrv(config: NamesrvConfig, stop: asyncio.Event) -> None:
     Path(config.data_dir).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, before serving)
     processor = NamesrvProcessor(config)
@@ -195,10 +212,13 @@ async def serve_namesrv(config: NamesrvConfig, stop: asyncio.Event) -> None:
         )
         if controller is not None:
             controller.register_metrics()
+    web = await _serve_web(config) if config.web_listen else None
     log.info("name server listening on %s", config.listen)
-    ready = {"event": "ready", "role": "namesrv", "listen": config.listen}
+    ready: dict[str, object] = {"event": "ready", "role": "namesrv", "listen": config.listen}
     if controller is not None:
         ready["controller_self_id"] = config.controller_self_id
+    if web is not None:
+        ready["web"] = {"url": web.url, "listen": web.listen}
     print(json.dumps(ready), flush=True)
     scan = PeriodicTask(
         "scan of silent brokers",
@@ -208,6 +228,8 @@ async def serve_namesrv(config: NamesrvConfig, stop: asyncio.Event) -> None:
     scan.start()
     await stop.wait()
     await scan.stop()
+    if web is not None:
+        await web.stop()
     await server.close()
     if controller is not None:
         await controller.stop()

@@ -1,0 +1,59 @@
+"""``hamq web``: the management HTTP API and web console on their own, for a cluster whose
+name servers do not serve them (``web_listen``). It prints one JSON ready line like the
+other servers and stops cleanly on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import click
+
+from hamq.cli.admin import controller_option
+from hamq.cli.common import namesrv_option, setup_logging
+from hamq.config_check import address
+from hamq.errors import ConfigError
+from hamq.net.server import run_until_signalled
+from hamq.web.access import ClusterAccess
+from hamq.web.server import start_web
+
+# RabbitMQ's management port: a RabbitMQ user's scripts find the API where they expect it.
+DEFAULT_WEB_LISTEN = "127.0.0.1:15672"
+
+
+def _listen(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        address("--listen", value)
+    except ConfigError as err:
+        raise click.BadParameter(err.message) from None
+    return value
+
+
+async def serve_web(access: ClusterAccess, listen: str, stop: asyncio.Event) -> None:
+    server = await start_web(access, listen)
+    print(
+        json.dumps({"event": "ready", "role": "web", "listen": server.listen, "url": server.url}),
+        flush=True,
+    )
+    await stop.wait()
+    await server.stop()
+
+
+@click.command()
+@namesrv_option
+@controller_option
+@click.option(
+    "--listen",
+    default=DEFAULT_WEB_LISTEN,
+    show_default=True,
+    callback=_listen,
+    help="HOST:PORT to serve on. There is no authentication yet: keep it on 127.0.0.1.",
+)
+def web(namesrv: str, controllers: list[str], listen: str) -> None:
+    """Serve the management HTTP API (/api, OpenAPI at /api/openapi.json) and the console (/)."""
+    setup_logging()
+    access = ClusterAccess(namesrv.split(";"), controllers)
+    try:
+        run_until_signalled(lambda stop: serve_web(access, listen, stop))
+    except OSError as err:
+        raise click.ClickException(f"cannot serve on {listen}: {err.strerror or err}") from None
