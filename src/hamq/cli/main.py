@@ -6,6 +6,7 @@ import click
 
 from hamq.cli.admin import admin
 from hamq.cli.bench import bench
+from hamq.cli.messages import MESSAGE_COMMANDS
 from hamq.cli.policies import POLICY_COMMANDS
 from hamq.cli.servers import broker, container, controller, dev, namesrv
 from hamq.cli.tools import cluster, consume, produce, topic
@@ -34,6 +35,8 @@ for command in (
 ):
     cli.add_command(command)
 for command in POLICY_COMMANDS:  # vhosts, policies and mirrors (seed 003)
+    admin.add_command(command)
+for command in MESSAGE_COMMANDS:  # the message browser and offset reset
     admin.add_command(command)
 
 
