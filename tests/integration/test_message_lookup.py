@@ -167,6 +167,37 @@ def test_reset_by_time_is_taken_by_a_live_push_consumer(lookup):
         consumer.shutdown()
 
 
+def test_reset_by_time_moves_a_pop_group(lookup):
+    """Pop consumers read where the broker's pop state says: the reset moves it."""
+    cluster, _, _ = lookup
+    with hamq.Admin(cluster.namesrv) as admin:
+        admin.create_topic("PopReset", 1)
+        start_ms = int(time.time() * 1000) - 1
+        with hamq.Producer(cluster.namesrv) as producer:
+            for i in range(5):
+                producer.send(Message("PopReset", b"p%d" % i))
+        with hamq.SimpleConsumer(
+            "popper", cluster.namesrv, {"PopReset": "*"}, await_duration_s=0.5
+        ) as consumer:
+            first = _receive(consumer, 5)
+            for m in first:
+                consumer.ack(m)
+            assert consumer.receive(32, 30) == []
+            rows = admin.reset_offset("popper", "PopReset", start_ms)
+            assert [(r["old_offset"], r["new_offset"]) for r in rows] == [(5, 0)]
+            again = _receive(consumer, 5)
+            assert sorted(m.body for m in again) == sorted(m.body for m in first)
+            assert all(m.reconsume_times == 0 for m in again)  # read anew, not redelivered
+
+
+def _receive(consumer, count: int) -> list:
+    got: list = []
+    deadline = time.monotonic() + 10
+    while len(got) < count and time.monotonic() < deadline:
+        got += consumer.receive(32, 30)
+    return got
+
+
 def test_cli_query_and_reset(lookup, hamq_cli):
     cluster, sent, _ = lookup
     ns = ("--namesrv", cluster.namesrv, "--json")

@@ -10,8 +10,8 @@ the middle of another record.
 A key query has no index to read. RocketMQ's IndexFile costs an entry per message at
 dispatch; hamq keeps the send and pull paths free of per-message work, so a key query
 scans instead: the topic's consume queues on this broker backwards, newest first, at most
-``max_scan`` messages per queue, matching the KEYS property (space-separated, as
-RocketMQ's) and the UNIQ_KEY. The records are read in a worker thread, on duplicated file
+``max_scan`` messages per queue (and ``MAX_SCAN_TOTAL`` over them all), matching the
+KEYS property (space-separated, as RocketMQ's) and the UNIQ_KEY. The records are read in a worker thread, on duplicated file
 descriptors (retention may close a segment meanwhile), so a long scan never holds up the
 event loop; the answer says whether the scan stopped before a queue's first message.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+from array import array
 from dataclasses import dataclass, field
 
 from hamq.broker.client_processor import answer_later
@@ -44,9 +45,10 @@ from hamq.store.commitlog import CommitLog
 from hamq.store.message_store import MessageStore
 
 DEFAULT_MAX_SCAN = 10_000  # messages per queue a key query looks at unless told
-# A bigger max_scan is cut to this: a million small messages read in well under a
-# minute, and no answer should take longer.
-MAX_SCAN_MESSAGES = 1_000_000
+# Messages one key query looks at, over all the topic's queues on a broker (each gets an
+# equal share when max_scan asks for more): a million small messages read in well under
+# a minute, and no answer should take longer.
+MAX_SCAN_TOTAL = 1_000_000
 # Messages one key query answers with (RocketMQ's defaultQueryMaxNum is 32); their
 # records stop at MAX_PULL_BYTES so the answer fits a frame.
 MAX_QUERY_MESSAGES = 64
@@ -68,9 +70,9 @@ class MessageLookup:
         """The whole record at ``physical_offset`` (the client picks the message by its
         index): one record, read like a pull reads it."""
         phys = require_int(frame.ext, "physical_offset")
-        return response_pieces(frame, body=bytes(self._record_at(phys)))
+        return response_pieces(frame, body=bytes(self.record_at(phys)))
 
-    def _record_at(self, phys: int) -> bytearray:
+    def record_at(self, phys: int) -> bytearray:
         log = self.store.commitlog
         end = min(log.max_offset, self.store.read_cap)
         if not log.min_offset <= phys <= end - RECORD_HEADER_BYTES:
@@ -96,9 +98,9 @@ class MessageLookup:
         if not 0 < len(key) <= MAX_PROPERTIES_BYTES:  # a longer key fits no message
             raise InvalidArgument(f"key must be 1..{MAX_PROPERTIES_BYTES} characters")
         self.topics.for_read(topic, 0)
-        max_scan = min(optional(ext, "max_scan", DEFAULT_MAX_SCAN, low=1), MAX_SCAN_MESSAGES)
+        max_scan = optional(ext, "max_scan", DEFAULT_MAX_SCAN, low=1)
         plan = scan_plan(self.store, topic, max_scan)
-        reader = DetachedReader(self.store.commitlog, plan.spans)
+        reader = DetachedReader(self.store.commitlog, plan.queues)
 
         async def scan() -> list:
             try:
@@ -115,11 +117,18 @@ class MessageLookup:
 
 
 @dataclass
-class ScanPlan:
-    """What a key query reads: per record (newest first) its offset, size and how many of
-    its first messages lie beyond the queue's ``max_scan`` (not looked at)."""
+class QueueSpan:
+    """One queue's records a key query reads (copies of its consume-queue columns): the
+    oldest may start with ``skip`` messages past the queue's ``max_scan``, not looked at."""
 
-    spans: list[tuple[int, int, int]] = field(default_factory=list)
+    phys: array[int]
+    size: array[int]
+    skip: int
+
+
+@dataclass
+class ScanPlan:
+    queues: list[QueueSpan] = field(default_factory=list)
     truncated: bool = False  # some queue has older messages than the scan reaches
 
 
@@ -131,20 +140,22 @@ class KeyMatches:
 
 
 def scan_plan(store: MessageStore, topic: str, max_scan: int) -> ScanPlan:
-    """Taken on the event loop, where the consume queues change: readable records only
-    (below the read cap), so a scan never shows a message a consumer could not read."""
+    """Taken on the event loop, where the consume queues change, in time independent of
+    their length (two bisects and two array copies per queue); readable records only
+    (below the read cap), so a scan never shows a message a consumer could not read. The
+    topic's queues share ``MAX_SCAN_TOTAL`` between them."""
     plan = ScanPlan()
-    for (name, queue_id), cq in list(store.queues.items()):
-        if name != topic:
+    queues = [(q, cq) for (name, q), cq in list(store.queues.items()) if name == topic]
+    budget = min(max_scan, MAX_SCAN_TOTAL // max(1, len(queues)))
+    for queue_id, cq in queues:
+        end_offset = store.readable_max_offset(topic, queue_id)
+        hi = bisect.bisect_left(cq.base, end_offset)
+        if hi == 0:
             continue
-        i = bisect.bisect_left(cq.base, store.readable_max_offset(name, queue_id)) - 1
-        budget = max_scan
-        while i >= 0 and budget > 0:
-            count = cq.count[i]
-            plan.spans.append((cq.phys[i], cq.size[i], max(0, count - budget)))
-            budget -= count
-            i -= 1
-        plan.truncated |= i >= 0 or budget < 0
+        first = max(end_offset - budget, cq.base[0])
+        lo = bisect.bisect_right(cq.base, first) - 1
+        plan.queues.append(QueueSpan(cq.phys[lo:hi], cq.size[lo:hi], first - cq.base[lo]))
+        plan.truncated |= first > cq.base[0]
     return plan
 
 
@@ -154,10 +165,10 @@ class DetachedReader:
     cannot make the thread read a reused descriptor (``CommitLog.detach_flush`` does the
     same for fsync). A cut or a deleted segment shows as a record that fails its checks."""
 
-    def __init__(self, log: CommitLog, spans: list[tuple[int, int, int]]) -> None:
+    def __init__(self, log: CommitLog, queues: list[QueueSpan]) -> None:
         log.write_pending()
-        lo = min((phys for phys, _, _ in spans), default=0)
-        hi = max((phys + size for phys, size, _ in spans), default=0)
+        lo = min((q.phys[0] for q in queues), default=0)
+        hi = max((q.phys[-1] + q.size[-1] for q in queues), default=0)
         segments = [s for s in log.segments if s.end > lo and s.start < hi]
         self._starts = [s.start for s in segments]
         self._files = [s.file.dup() for s in segments]
@@ -173,27 +184,30 @@ class DetachedReader:
 
 
 def scan_for_key(reader: DetachedReader, plan: ScanPlan, topic: str, key: str) -> KeyMatches:
-    """Runs in a worker thread: the records of ``plan`` whose messages carry ``key``."""
+    """Runs in a worker thread: the records of ``plan``, each queue newest first, whose
+    messages carry ``key``."""
     found = KeyMatches()
     budget = MAX_PULL_BYTES
-    for phys, size, skip in plan.spans:
-        record = reader.read(phys, size)
-        try:
-            h = parse_record_header(record)
-            check_record_payload(record, 0, h)
-        except CrcMismatch:
-            continue  # cut or deleted since the plan was made
-        if h.physical_offset != phys or h.topic != topic:
-            continue
-        ids = _matching(record, h, skip, key)
-        if not ids:
-            continue
-        if len(record) > budget or len(found.msg_ids) >= MAX_QUERY_MESSAGES:
-            found.full = True
-            break
-        budget -= len(record)
-        found.records.append(record)
-        found.msg_ids += ids[: MAX_QUERY_MESSAGES - len(found.msg_ids)]
+    for queue in plan.queues:
+        for i in range(len(queue.phys) - 1, -1, -1):
+            phys = queue.phys[i]
+            record = reader.read(phys, queue.size[i])
+            try:
+                h = parse_record_header(record)
+                check_record_payload(record, 0, h)
+            except CrcMismatch:
+                continue  # cut or deleted since the plan was made
+            if h.physical_offset != phys or h.topic != topic:
+                continue
+            ids = _matching(record, h, queue.skip if i == 0 else 0, key)
+            if not ids:
+                continue
+            if len(record) > budget or len(found.msg_ids) >= MAX_QUERY_MESSAGES:
+                found.full = True
+                return found
+            budget -= len(record)
+            found.records.append(record)
+            found.msg_ids += ids[: MAX_QUERY_MESSAGES - len(found.msg_ids)]
     return found
 
 
