@@ -39,4 +39,9 @@ def test_consumer_progress_of_an_unknown_group_is_empty(cluster, hamq_cli):
         "admin", "consumer-progress", "--group", "nobody", "--json", "--namesrv", cluster.namesrv
     )
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"group": "nobody", "total_lag": 0, "queues": []}
+    assert json.loads(done.stdout) == {
+        "group": "nobody",
+        "members": [],
+        "total_lag": 0,
+        "queues": [],
+    }

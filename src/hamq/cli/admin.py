@@ -22,6 +22,8 @@ from hamq.client.admin import AsyncControllerAdmin, controller_list
 from hamq.config import BrokerConfig, load_config
 from hamq.config_check import address
 from hamq.errors import ConfigError, ControllerRefused, HamqError
+from hamq.manage.consumers import consumer_group
+from hamq.manage.groups import controller_members
 from hamq.net.connection import connect
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import pack_body, unpack_body
@@ -43,18 +45,18 @@ def admin() -> None:
 @json_option
 @run_async
 async def consumer_progress(group: str, namesrv: str, as_json: bool) -> None:
-    """Lag per queue of a consumer group."""
+    """Lag per queue of a consumer group, and its connected clients."""
     client = AsyncAdmin(namesrv)
     try:
-        rows = await client.consumer_progress(group)
+        progress = await consumer_group(client, group)
     finally:
         await client.close()
-    total = sum(r["lag"] for r in rows)
     emit(
-        {"group": group, "total_lag": total, "queues": rows},
+        progress,
         as_json,
         lambda o: "\n".join(
-            [
+            [f"members {', '.join(o['members']) or '-'}"]
+            + [
                 f"{'topic':<24} {'broker':<12} {'queue':>5} {'broker offset':>14} "
                 f"{'consumer offset':>16} {'lag':>10}"
             ]
@@ -230,7 +232,6 @@ async def clean_broker_metadata(
 
 
 def _group_text(group: dict) -> str:
-    in_sync = set(group["sync_state_set"])
     head = (
         f"{group['broker_name']} (cluster {group['cluster_name']}): "
         + (
@@ -238,18 +239,17 @@ def _group_text(group: dict) -> str:
             if group["master_id"] is not None
             else "no master"
         )
-        + f", master epoch {group['master_epoch']}; SyncStateSet {sorted(in_sync)} "
-        f"(epoch {group['sync_state_set_epoch']})"
+        + f", master epoch {group['master_epoch']}; SyncStateSet "
+        f"{sorted(group['sync_state_set'])} (epoch {group['sync_state_set_epoch']})"
     )
     rows = [
         f"{'id':>4}  {'address':<22} {'role':<7} {'alive':<6} {'in sync':<8} {'epoch':>6} "
         f"{'max offset':>14} {'confirm offset':>14}"
     ] + [
-        f"{m['broker_id']:>4}  {m['address']:<22} "
-        f"{'master' if m['broker_id'] == group['master_id'] else 'slave':<7} "
-        f"{'yes' if m['alive'] else 'no':<6} {'yes' if m['broker_id'] in in_sync else 'no':<8} "
+        f"{m['broker_id']:>4}  {m['address']:<22} {m['role']:<7} "
+        f"{'yes' if m['alive'] else 'no':<6} {'yes' if m['in_sync'] else 'no':<8} "
         f"{m['epoch']:>6} {m['max_offset']:>14} {m['confirm_offset']:>14}"
-        for m in sorted(group["members"], key=lambda m: m["broker_id"])
+        for m in controller_members(group)
     ]
     return "\n".join([head, *rows])
 

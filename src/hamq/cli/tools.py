@@ -20,6 +20,7 @@ from hamq.aio import (
 from hamq.cli.common import emit, json_option, namesrv_option, run_async
 from hamq.clock import monotonic_s
 from hamq.errors import HamqError, MessageIllegal
+from hamq.manage.groups import member_rows
 from hamq.protocol.properties import MAX_DELAY_LEVEL, validate_properties
 
 PRODUCE_INFLIGHT = 64
@@ -112,23 +113,7 @@ def cluster() -> None:
 async def cluster_status(namesrv: str, as_json: bool) -> None:
     admin = AsyncAdmin(namesrv)
     try:
-        info = await admin.cluster_info()
-        rows = []
-        for name, entry in sorted(info["broker_addr_table"].items()):
-            for broker_id, addr in sorted(entry["broker_addrs"].items()):
-                try:
-                    runtime = await admin.broker_runtime_info(addr)
-                except HamqError as err:
-                    runtime = {"error": err.message}
-                rows.append(
-                    {
-                        "cluster": entry["cluster"],
-                        "broker_name": name,
-                        "broker_id": int(broker_id),
-                        "address": addr,
-                        **runtime,
-                    }
-                )
+        rows = await member_rows(admin)
     finally:
         await admin.close()
     emit(
