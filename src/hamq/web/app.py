@@ -16,6 +16,7 @@ from hamq.web import console, errors, rabbit, rocket
 from hamq.web.access import ClusterAccess
 from hamq.web.auth import authorize
 from hamq.web.history import History, sample_forever
+from hamq.web.json_body import JsonBodies
 
 
 def create_app(access: ClusterAccess, *, sample_interval_s: float = 2.0) -> FastAPI:
@@ -44,6 +45,7 @@ def create_app(access: ClusterAccess, *, sample_interval_s: float = 2.0) -> Fast
     app.state.access = access
     app.state.history = history
     errors.install(app)
+    app.add_middleware(JsonBodies)
     for router in (rabbit.router, rocket.router, console.router):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=console.STATIC_DIR), name="static")

@@ -103,7 +103,9 @@ async def _on_validation(request: Request, err: Exception) -> JSONResponse:
     """The first problem pydantic found, naming its field (``definition.ha-mode``)."""
     assert isinstance(err, RequestValidationError)
     first = err.errors()[0] if err.errors() else {"loc": (), "msg": "invalid request"}
-    field = _field(tuple(first.get("loc", ())))
+    # a body that is no JSON at all has no field to name (pydantic gives its byte position)
+    invalid_json = first.get("type") == "json_invalid"
+    field = None if invalid_json else _field(tuple(first.get("loc", ())))
     reason = f"{field}: {first['msg']}" if field else str(first["msg"])
     return _answer(400, ResponseCode.INVALID_ARGUMENT, reason, field)
 

@@ -141,6 +141,7 @@ async def get_policy(vhost: str, name: str, access: AccessDep) -> PolicyOut:
 @router.put(
     "/policies/{vhost:path}/{name}",
     status_code=201,
+    response_class=Response,
     responses={201: {"description": "created"}, 204: {"description": "updated"}},
 )
 async def put_policy(vhost: str, name: str, body: PolicyBody, access: AccessDep) -> Response:
@@ -244,6 +245,7 @@ async def get_vhost(name: str, access: AccessDep) -> VhostOut:
 @router.put(
     "/vhosts/{name:path}",
     status_code=201,
+    response_class=Response,
     responses={201: {"description": "created"}, 204: {"description": "already there"}},
 )
 async def put_vhost(name: str, access: AccessDep) -> Response:
@@ -316,6 +318,13 @@ def _details(history: History, rate: str) -> RateDetails:
     )
 
 
+async def _node_count(access: ClusterAccess, groups: list[GroupOut]) -> int:
+    """The nodes (containers) the controller knows; without a controller, the brokers."""
+    if access.controllers:
+        return len(await access.controller_admin().client.list_nodes())
+    return sum(len(g.members) for g in groups)
+
+
 @router.get("/overview", response_model=Overview)
 async def overview(access: AccessDep, history: HistoryDep) -> Overview:
     """The cluster at a glance; rates are the history sampler's (a few seconds old)."""
@@ -326,7 +335,7 @@ async def overview(access: AccessDep, history: HistoryDep) -> Overview:
     groups = _groups(info)
     return Overview(
         cluster_name=", ".join(sorted(info["cluster_addr_table"])),
-        node_count=len({a for g in groups for a in (m.address for m in g.members)}),
+        node_count=await _node_count(access, groups),
         object_totals=ObjectTotals(
             topics=len(topics),
             groups=len(groups),
