@@ -19,6 +19,7 @@ from controller_group import (
     start_traffic,
 )
 
+from hamq.cli.bench_timeline import timeline_of
 from helpers import wait_for
 
 # the followers' last word from the killed controller leader may predate the kill by a
@@ -28,9 +29,12 @@ KILLS = 3  # in CI; the failover bench (hamq bench failover) does at least 10
 FAILOVER_LIMIT_S = 10.0  # a loaded 2-core machine; the bench holds the 2 s target
 
 
-def _kill_master(group: ControllerGroup, producer: SteadyProducer, kill_controller: bool) -> float:
-    """kill -9 the master (and the controller leader); the seconds until the first send
-    begun after it is acknowledged (by the new master: the old one is dead by then)."""
+def _kill_master(
+    group: ControllerGroup, producer: SteadyProducer, kill_controller: bool
+) -> tuple[float, float]:
+    """kill -9 the master (and the controller leader); when (monotonic), and the seconds
+    until the first send begun after it is acknowledged (by the new master: the old one is
+    dead by then)."""
     wait_for(lambda: len(producer.acks) > 50, 30, "steady sends")
     old = group.master()
     epoch = group.role(old)["epoch"]
@@ -47,18 +51,30 @@ def _kill_master(group: ControllerGroup, producer: SteadyProducer, kill_controll
     for name in victims:
         group.c.procs[name].start()
     group.wait_routed_everywhere()
-    return failover_s
+    return killed_at, failover_s
 
 
 @pytest.mark.slow
-def test_master_kill9_again_and_again_loses_nothing(cluster_factory):
+def test_master_kill9_again_and_again_loses_nothing(cluster_factory, tmp_path):
+    """The run's sends are plotted (hamq.plot) to the test's tmp_path: failover.png."""
     group = ControllerGroup(cluster_factory)
     try:
+        started = time.monotonic()
         producer, reader = start_traffic(group)
         took = []
+        kills = []
         for _ in range(KILLS):
-            took.append(_kill_master(group, producer, kill_controller=False))
+            killed_at, failover_s = _kill_master(group, producer, kill_controller=False)
+            took.append(failover_s)
+            kills.append(killed_at)
             group.wait_full_sync_state_set()  # or the next kill leaves no one to elect
+        timeline = timeline_of(
+            [(a.began, a.at) for a in producer.acks], started, str(tmp_path / "failover.png")
+        )
+        for killed_at, failover_s in zip(kills, took, strict=True):
+            timeline.mark("kill -9 master", killed_at)
+            timeline.mark("new master acks", killed_at + failover_s)
+        timeline.draw(f"chaos: {KILLS} kill -9s of a controller-mode master", "acked sends/s")
         print(
             f"\nmaster kill -9 -> first acknowledged send, {KILLS} kills: "
             f"min {min(took):.2f} s, median {statistics.median(took):.2f} s, "
@@ -102,7 +118,7 @@ def test_controller_leader_and_master_killed_together_lose_nothing(cluster_facto
     try:
         producer, reader = start_traffic(group)
         old_master = group.master()
-        took = _kill_master(group, producer, kill_controller=True)
+        _, took = _kill_master(group, producer, kill_controller=True)
         new_master = group.master()
         assert new_master in MEMBERS and new_master != old_master
         # a controller leader election (>= one election timeout) and then the new leader's

@@ -179,7 +179,7 @@ def test_manual_mirror_stays_unsynchronised_until_sync_queue(mc):
     _, victim = lose_mirror_with_unconsumed_messages(mc, "manual.orders")
     try:
         stays(mc, "manual.orders", lambda r: r["synchronised_slave_pids"] == [])
-        mc.admin("sync-queue", "manual.orders")
+        mc.admin("sync-queue", "manual.orders", "--wait", "--timeout", "60")  # no bar: not a tty
         mc.placed("manual.orders", mirrored_on(2), "the new mirror synchronised by sync-queue")
     finally:
         mc.restart(victim)

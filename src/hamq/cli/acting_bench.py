@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hamq.aio import AsyncAdmin, AsyncProducer, AsyncPullConsumer, Message, MessageQueue, PullStatus
+from hamq.cli.bench_timeline import Timeline
 from hamq.cli.failover import READY_TIMEOUT_S, _ready_line, _topic_on_every_member
 from hamq.cli.servers import _spawn, _stop_children
 from hamq.clock import monotonic_s, wall_ms
@@ -223,18 +224,26 @@ class Escape:
     stored: int  # backlog messages B's master held at the end
 
 
-async def _escape(admin: AsyncAdmin, b_master: str, backlog: int, deadline: float) -> Escape | None:
+@dataclass
+class Stored:
+    """Backlog messages B's master held at the last look (--plot and the bar follow it)."""
+
+    count: int = 0
+
+
+async def _escape(
+    admin: AsyncAdmin, b_master: str, backlog: int, deadline: float, seen: Stored
+) -> Escape | None:
     empty_at = last_at = 0.0
-    stored = 0
-    while stored < backlog and monotonic_s() < deadline:
+    while seen.count < backlog and monotonic_s() < deadline:
         looked_at = monotonic_s()
         count = await _stored_count(admin, b_master, BACKLOG_TOPIC)
         if not count:
             empty_at = looked_at
-        elif count > stored:
-            last_at, stored = monotonic_s(), count
+        elif count > seen.count:
+            last_at, seen.count = monotonic_s(), count
         await asyncio.sleep(POLL_S)
-    return Escape(empty_at, last_at, stored) if stored else None
+    return Escape(empty_at, last_at, seen.count) if seen.count else None
 
 
 async def _read_back(namesrv: str, b_master_count: int) -> tuple[int, int]:
@@ -260,7 +269,9 @@ async def _read_back(namesrv: str, b_master_count: int) -> tuple[int, int]:
     return len(seen), repeated
 
 
-async def measure(servers: Servers, backlog: int, max_seconds: float) -> dict:
+async def measure(servers: Servers, backlog: int, max_seconds: float, timeline: Timeline) -> dict:
+    """The run; ``timeline`` (on monotonic_s) follows the backlog stored in B from the kill
+    and marks the kill and each measurement."""
     namesrv = servers.addrs["namesrv"]
     a_master, slave, b_master = (servers.addrs[n] for n in ("a0", "a1", "b0"))
     admin = AsyncAdmin(namesrv)
@@ -299,6 +310,8 @@ async def measure(servers: Servers, backlog: int, max_seconds: float) -> dict:
         servers.kill9("a0")
         killed, killed_ms = monotonic_s(), wall_ms()
         deadline = killed + max_seconds
+        escaped = Stored()
+        timeline.follow(lambda: escaped.count)
 
         async def probe_escaped() -> bool:
             return await _stored_count(admin, b_master, PROBE_TOPIC) > 0
@@ -310,11 +323,21 @@ async def measure(servers: Servers, backlog: int, max_seconds: float) -> dict:
             asyncio.create_task(_until(acting_routed, deadline)),
             asyncio.create_task(_first_lock(admin, slave, deadline)),
             asyncio.create_task(_until(probe_escaped, deadline)),
-            asyncio.create_task(_escape(admin, b_master, backlog, deadline)),
+            asyncio.create_task(_escape(admin, b_master, backlog, deadline, escaped)),
         ]
         routed_at, locked_at, probe_at, escape = await asyncio.gather(*tasks)
+        await timeline.stop()
+        timeline.mark("kill -9 master", killed)
+        for at, label in (
+            (routed_at, "acting master in routes"),
+            (locked_at, "first lock"),
+            (probe_at, "first escaped delay msg"),
+        ):
+            if at is not None:
+                timeline.mark(label, at)
         distinct, repeated = await _read_back(namesrv, escape.stored) if escape else (0, 0)
     finally:
+        await timeline.stop()
         await cancel_all(tasks)
         await producer.close()
         await admin.close()
@@ -349,7 +372,13 @@ async def run_acting_bench(
     max_seconds: float,
     broker_not_active_timeout_ms: int,
     scan_not_active_broker_interval_ms: int,
+    plot: str | None = None,
+    escaped: Callable[[int], None] | None = None,
 ) -> dict:
+    """The bench; ``escaped(n)`` as B's master is seen holding n more backlog messages,
+    and with ``plot`` their rate from the kill on, with the kill and each measurement
+    marked, drawn to that PNG."""
+    timeline = Timeline(plot, escaped, clock=monotonic_s)
     servers = await asyncio.to_thread(Servers.in_dir, data_dir, port_base)
     namesrv_settings = {
         "support_acting_master": True,
@@ -358,12 +387,18 @@ async def run_acting_bench(
     }
     try:
         await asyncio.to_thread(servers.start_all, namesrv_settings)
-        result = await measure(servers, escape_backlog, max_seconds)
+        result = await measure(servers, escape_backlog, max_seconds, timeline)
     finally:
         await asyncio.to_thread(servers.stop)
     clean = result["escape"]["distinct"] == escape_backlog and not result["escape"]["repeated"]
     if data_dir is None and clean:  # a run that lost or repeated a message keeps its logs
         await asyncio.to_thread(shutil.rmtree, servers.root, ignore_errors=True)
+    e = result["escape"]
+    timeline.draw(
+        f"hamq bench acting-master: {e['stored_in_b']} of {escape_backlog} due delay msgs "
+        f"escaped to B, {e['msgs_per_s']} msgs/s",
+        "escaped to B, msgs/s",
+    )
     result["params"] = {
         "escape_backlog": escape_backlog,
         "max_seconds": max_seconds,

@@ -10,6 +10,7 @@ import asyncio
 import os
 import time
 from array import array
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import click
@@ -27,8 +28,10 @@ from hamq.cli.acting_bench import (
     acting_text,
     run_acting_bench,
 )
+from hamq.cli.bench_timeline import INTERVAL_S, Timeline
 from hamq.cli.common import emit, namesrv_option, run_async
 from hamq.cli.failover import failover_text, run_failover
+from hamq.cli.progress import progress
 from hamq.client.consumer import PullStatus
 from hamq.clock import wall_ms
 from hamq.errors import HamqError, InvalidArgument, TopicNotExist
@@ -91,6 +94,7 @@ async def run_produce(
     inflight: int,
     queues: int,
     max_seconds: float,
+    timeline: Timeline | None = None,
 ) -> dict:
     await ensure_topic(namesrv, topic, queues)
     producer = AsyncProducer(namesrv)
@@ -145,11 +149,15 @@ async def run_produce(
     try:
         await producer.warm_up(topic)
         start = perf()
+        if timeline is not None:
+            timeline.follow(lambda: delivered, latencies, lambda: errors)
         for _ in range(min(inflight, requests)):
             issue()
         await finished
         elapsed = perf() - start
     finally:
+        if timeline is not None:
+            await timeline.stop()
         await producer.close()
     result = summary(
         "produce",
@@ -173,7 +181,14 @@ async def run_produce(
     return result
 
 
-async def run_consume(namesrv: str, topic: str, count: int, group: str, max_seconds: float) -> dict:
+async def run_consume(
+    namesrv: str,
+    topic: str,
+    count: int,
+    group: str,
+    max_seconds: float,
+    timeline: Timeline | None = None,
+) -> dict:
     consumer = AsyncPullConsumer(group, namesrv)
     latencies = array("d")
     consumed = 0
@@ -184,6 +199,8 @@ async def run_consume(namesrv: str, topic: str, count: int, group: str, max_seco
         offsets = {mq: await consumer.min_offset(mq) for mq in queues}
         deadline = perf() + max_seconds
         start = perf()
+        if timeline is not None:
+            timeline.follow(lambda: consumed, latencies)
 
         async def drain(mq) -> None:
             nonlocal consumed, nbytes
@@ -203,6 +220,8 @@ async def run_consume(namesrv: str, topic: str, count: int, group: str, max_seco
         await asyncio.gather(*(drain(mq) for mq in queues))
         elapsed = perf() - start
     finally:
+        if timeline is not None:
+            await timeline.stop()
         await consumer.close()
     size = nbytes // consumed if consumed else 0
     return summary(
@@ -223,7 +242,12 @@ async def run_consume(namesrv: str, topic: str, count: int, group: str, max_seco
 
 
 async def run_push_consume(
-    namesrv: str, topic: str, count: int, group: str, max_seconds: float
+    namesrv: str,
+    topic: str,
+    count: int,
+    group: str,
+    max_seconds: float,
+    timeline: Timeline | None = None,
 ) -> dict:
     """A push consumer from the first offset; the listener counts bodies (the cost of the
     consumer's own machinery is what is measured)."""
@@ -249,10 +273,14 @@ async def run_push_consume(
     consumer.subscribe(topic)
     consumer.register_message_listener(listener)
     await consumer.start()
+    if timeline is not None:  # no latencies: a push consumer's pulls are its own
+        timeline.follow(lambda: state["consumed"])
     try:
         await asyncio.wait_for(done.wait(), max_seconds)
     except TimeoutError:
         pass
+    if timeline is not None:
+        await timeline.stop()
     elapsed = time.perf_counter() - state["first"] if state["consumed"] else 0.0
     await consumer.shutdown()
     consumed = state["consumed"]
@@ -289,12 +317,38 @@ _common = [
     namesrv_option,
     click.option("--json", "as_json", is_flag=True, help="Print one JSON object."),
 ]
+plot_option = click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, writable=True),
+    help=f"Draw throughput and latency per {INTERVAL_S} s of the run to this PNG.",
+)
+_common.append(plot_option)
 
 
 def _with_common(fn):
     for option in reversed(_common):
         fn = option(fn)
     return fn
+
+
+async def _watched(
+    name: str,
+    total: int,
+    plot: str | None,
+    as_json: bool,
+    run: Callable[[Timeline], Awaitable[dict]],
+) -> dict:
+    """A run with its progress bar (``total`` messages) and, with ``--plot``, its timeline
+    drawn once it is over."""
+    with progress(total, f"bench {name}", not as_json) as advance:
+        timeline = Timeline(plot, advance)
+        result = await run(timeline)
+    result["bench"] = name
+    latency = f", p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms" if result["p99_ms"] else ""
+    timeline.draw(
+        f"hamq bench {name}: {result['messages']} msgs, {result['msgs_per_s']} msgs/s{latency}"
+    )
+    return result
 
 
 def _text(r: dict) -> str:
@@ -323,13 +377,16 @@ async def bench_produce(
     max_seconds: float,
     namesrv: str,
     as_json: bool,
+    plot: str | None,
 ) -> None:
     """Throughput of (batched, pipelined) sends."""
-    emit(
-        await run_produce(namesrv, topic, count, size, batch, inflight, queues, max_seconds),
-        as_json,
-        _text,
-    )
+
+    def run(timeline: Timeline) -> Awaitable[dict]:
+        return run_produce(
+            namesrv, topic, count, size, batch, inflight, queues, max_seconds, timeline
+        )
+
+    emit(await _watched("produce", count, plot, as_json, run), as_json, _text)
 
 
 @bench.command("latency")
@@ -339,12 +396,21 @@ async def bench_produce(
 @_with_common
 @run_async
 async def bench_latency(
-    count: int, size: int, queues: int, topic: str, max_seconds: float, namesrv: str, as_json: bool
+    count: int,
+    size: int,
+    queues: int,
+    topic: str,
+    max_seconds: float,
+    namesrv: str,
+    as_json: bool,
+    plot: str | None,
 ) -> None:
     """One send at a time: latency percentiles."""
-    result = await run_produce(namesrv, topic, count, size, 1, 1, queues, max_seconds)
-    result["bench"] = "latency"
-    emit(result, as_json, _text)
+
+    def run(timeline: Timeline) -> Awaitable[dict]:
+        return run_produce(namesrv, topic, count, size, 1, 1, queues, max_seconds, timeline)
+
+    emit(await _watched("latency", count, plot, as_json, run), as_json, _text)
 
 
 @bench.command("consume")
@@ -371,42 +437,37 @@ async def bench_consume(
     max_seconds: float,
     namesrv: str,
     as_json: bool,
+    plot: str | None,
 ) -> None:
     """Pull (or pop, or push) throughput from the start of every queue of TOPIC."""
+    run: Callable[[Timeline], Awaitable[dict]]
     if push:
-        emit(
-            await run_push_consume(
-                namesrv, topic, count, group or f"bench_push_{wall_ms()}", max_seconds
-            ),
-            as_json,
-            _text,
-        )
-        return
-    if pop:
-        from hamq.cli.pop import run_pop_consume
+        name = "consume_push"
 
-        consumed, nbytes, errors, elapsed, latencies, params = await run_pop_consume(
-            namesrv, topic, count, group or f"bench_pop_{wall_ms()}", max_seconds
-        )
-        emit(
-            summary(
-                "consume_pop",
-                consumed,
-                nbytes // consumed if consumed else 0,
-                elapsed,
-                latencies,
-                errors,
-                params,
-            ),
-            as_json,
-            _text,
-        )
-        return
-    emit(
-        await run_consume(namesrv, topic, count, group or "bench_consumer", max_seconds),
-        as_json,
-        _text,
-    )
+        def run(timeline: Timeline) -> Awaitable[dict]:
+            push_group = group or f"bench_push_{wall_ms()}"
+            return run_push_consume(namesrv, topic, count, push_group, max_seconds, timeline)
+
+    elif pop:
+        name = "consume_pop"
+
+        async def run(timeline: Timeline) -> dict:
+            from hamq.cli.pop import run_pop_consume
+
+            consumed, nbytes, errors, elapsed, latencies, params = await run_pop_consume(
+                namesrv, topic, count, group or f"bench_pop_{wall_ms()}", max_seconds, timeline
+            )
+            size = nbytes // consumed if consumed else 0
+            return summary(name, consumed, size, elapsed, latencies, errors, params)
+
+    else:
+        name = "consume"
+
+        def run(timeline: Timeline) -> Awaitable[dict]:
+            pull_group = group or "bench_consumer"
+            return run_consume(namesrv, topic, count, pull_group, max_seconds, timeline)
+
+    emit(await _watched(name, count, plot, as_json, run), as_json, _text)
 
 
 @bench.command("failover")
@@ -430,12 +491,15 @@ async def bench_consume(
 )
 @click.option("--topic", default="FailoverTopic", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@plot_option
 @run_async
 async def bench_failover(as_json: bool, **params: Any) -> None:
     """kill -9 a controller-mode master KILLS times under a steady stream of sends (on its
     own `hamq dev --mode controller`): time to the first send the new master acknowledges,
     and every acknowledged message read back."""
-    emit(await run_failover(**params), as_json, failover_text)
+    with progress(params["kills"], "bench failover: kill -9s", not as_json) as killed:
+        result = await run_failover(**params, killed=killed)
+    emit(result, as_json, failover_text)
 
 
 @bench.command("acting-master")
@@ -476,9 +540,13 @@ async def bench_failover(as_json: bool, **params: Any) -> None:
     help="The name server's scanNotActiveBrokerInterval.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@plot_option
 @run_async
 async def bench_acting_master(as_json: bool, **params: Any) -> None:
     """kill -9 a master-slave group's master with slave acting master on (its own name
     server and two groups): time to the acting master in routes, its first queue lock and
     its first escaped delay message, and the escape throughput of a due backlog."""
-    emit(await run_acting_bench(**params), as_json, acting_text)
+    total = params["escape_backlog"]
+    with progress(total, "bench acting-master: escaped", not as_json) as escaped:
+        result = await run_acting_bench(**params, escaped=escaped)
+    emit(result, as_json, acting_text)

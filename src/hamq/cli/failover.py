@@ -24,10 +24,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hamq.aio import AsyncAdmin, AsyncProducer, AsyncPullConsumer, Message, PullStatus
+from hamq.cli.bench_timeline import Timeline
 from hamq.cli.dev_controller import wait_whole
 from hamq.client.controller import ControllerClient
 from hamq.clock import monotonic_s
@@ -61,6 +64,7 @@ class Stream:
     first_ack: asyncio.Event = field(default_factory=asyncio.Event)
     first_ack_at: float = 0.0
     stopping: bool = False
+    latencies: array | None = None  # seconds per acknowledged send, kept for --plot only
     _next_seq: int = 0
 
     def body(self, seq: int) -> bytes:
@@ -83,6 +87,8 @@ class Stream:
                 await asyncio.sleep(RETRY_PAUSE_S)
                 continue
             self.acked[seq] = (result.queue.queue_id, result.queue_offset)
+            if self.latencies is not None:
+                self.latencies.append(time.perf_counter() - issued)
             if self.kill_at is not None and issued >= self.kill_at and not self.first_ack.is_set():
                 self.first_ack_at = time.perf_counter()
                 self.first_ack.set()
@@ -107,7 +113,7 @@ class DevCluster:
         proc = subprocess.Popen(
             [sys.executable, "-m", "hamq.cli.main", "dev", "--mode", "controller", *args]
             + ["--data", str(root / "dev"), "--port-base", str(port_base)]
-            + (["--embedded"] if embedded else []),
+            + (["--embedded"] if embedded else ["--standalone"]),
             stdout=subprocess.PIPE,
             stderr=open(root / "dev.log", "ab"),  # noqa: SIM115 (the child holds it)
             start_new_session=True,
@@ -238,19 +244,31 @@ class Outcome:
     elections: int  # master epochs the run went through; more than kills = a false failover
 
 
-async def measure(cluster: DevCluster, kills: int, size: int, senders: int, topic: str) -> Outcome:
+async def measure(
+    cluster: DevCluster,
+    kills: int,
+    size: int,
+    senders: int,
+    topic: str,
+    timeline: Timeline,
+    killed: Callable[[int], None],
+) -> Outcome:
     """The kill loop (a kill without a successor within ``FAILOVER_TIMEOUT_S`` raises),
-    then the read-back check."""
+    then the read-back check. ``timeline`` follows the stream and marks each kill and the
+    new master's first acknowledgement; ``killed(1)`` after each sample."""
     namesrv, replicas = cluster.ready["namesrv"], len(cluster.ready["brokers"])
     controller = ControllerClient(cluster.controllers)
     admin = AsyncAdmin(namesrv)
     stream = Stream(AsyncProducer(namesrv), topic, os.urandom(max(0, size - SEQ_BYTES)))
+    if timeline.plot is not None:
+        stream.latencies = array("d")
     tasks: list[asyncio.Task] = []
     samples: list[float] = []
     try:
         await admin.create_topic(topic, QUEUES)
         await _topic_on_every_member(admin, topic, [b["address"] for b in cluster.ready["brokers"]])
         tasks = [asyncio.create_task(stream.sender()) for _ in range(senders)]
+        timeline.follow(lambda: len(stream.acked), stream.latencies, lambda: stream.errors)
         first = await wait_whole(controller, admin, BROKER_NAME, replicas, WHOLE_TIMEOUT_S)
         for _ in range(kills):
             group = await wait_whole(controller, admin, BROKER_NAME, replicas, WHOLE_TIMEOUT_S)
@@ -271,13 +289,18 @@ async def measure(cluster: DevCluster, kills: int, size: int, senders: int, topi
                     f"{master}; last error {stream.first_error}"
                 ) from None
             samples.append(stream.first_ack_at - (stream.kill_at or 0.0))
+            timeline.mark("kill -9 master", stream.kill_at)
+            timeline.mark("new master acks", stream.first_ack_at)
+            killed(1)
             await asyncio.to_thread(cluster.restart, master)
         last = await wait_whole(controller, admin, BROKER_NAME, replicas, WHOLE_TIMEOUT_S)
         stream.stopping = True
         await asyncio.gather(*tasks)
+        await timeline.stop()
         missing, mismatched = await _read_back(namesrv, stream)
     finally:
         stream.stopping = True
+        await timeline.stop()
         await cancel_all(tasks)
         await stream.producer.close()
         await admin.close()
@@ -302,18 +325,28 @@ async def run_failover(
     size: int,
     senders: int,
     topic: str,
+    plot: str | None = None,
+    killed: Callable[[int], None] = lambda n: None,
 ) -> dict:
+    """The bench; with ``plot``, the stream's throughput and latency over the whole run
+    with every kill and recovery marked, drawn to that PNG."""
+    timeline = Timeline(plot)
     cluster = await asyncio.to_thread(
         DevCluster.start, data_dir, port_base, replicas, controllers, embedded
     )
     try:
-        outcome = await measure(cluster, kills, size, senders, topic)
+        outcome = await measure(cluster, kills, size, senders, topic, timeline, killed)
     finally:
         await asyncio.to_thread(cluster.stop)
     # a run that lost a message keeps its logs
     if data_dir is None and not (outcome.missing or outcome.mismatched):
         await asyncio.to_thread(shutil.rmtree, cluster.root, ignore_errors=True)
     ms = sorted(round(s * 1000, 1) for s in outcome.samples_s)
+    timeline.draw(
+        f"hamq bench failover: {len(ms)} kill -9s of the master, failover median "
+        f"{round(statistics.median(ms), 1)} ms, {outcome.acked} sends acked",
+        "acked sends/s",
+    )
     return {
         "bench": "failover",
         "kills": len(ms),

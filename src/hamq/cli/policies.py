@@ -17,6 +17,8 @@ import click
 from hamq.aio import AsyncAdmin
 from hamq.cli.admin import controller_admin, controller_option
 from hamq.cli.common import emit, json_option, namesrv_option, run_async
+from hamq.cli.progress import progress
+from hamq.cli.sync_progress import PERCENT, wait_synchronised
 from hamq.errors import InvalidArgument
 from hamq.manage.policies import set_policy as store_policy
 from hamq.manage.queues import node_request, queue_rows
@@ -30,6 +32,7 @@ from hamq.protocol.controller_catalog import check_topic
 QUEUE_COLUMNS = ("name", "policy", "pid", "slave_pids", "synchronised_slave_pids", "messages")
 DEFAULT_QUEUE_COLUMNS = ("name", "messages")
 DECLARE_TIMEOUT_S = 10.0
+SYNC_WAIT_S = 600.0  # sync-queue --wait's default bound
 
 
 class BadDefinition(click.ClickException):
@@ -321,10 +324,20 @@ def _sync_command(command: str, cancel: bool, doc: str, said: str) -> click.Comm
     @controller_option
     @json_option
     @run_async
-    async def sync(name: str, vhost: str, controllers: list[str], as_json: bool) -> None:
+    async def sync(
+        name: str,
+        vhost: str,
+        controllers: list[str],
+        as_json: bool,
+        wait: bool = False,
+        timeout: float = SYNC_WAIT_S,
+    ) -> None:
         _checked(lambda: check_topic(vhost, name))
         async with controller_admin(controllers) as admin:
             done = await sync_topic(admin, vhost, name, cancel=cancel)
+            if wait and done.get("members"):
+                with progress(PERCENT, f"synchronising {name} (%)", not as_json) as advance:
+                    await wait_synchronised(admin, done["group"], done["members"], timeout, advance)
         emit(
             done,
             as_json,
@@ -334,6 +347,15 @@ def _sync_command(command: str, cancel: bool, doc: str, said: str) -> click.Comm
             ),
         )
 
+    if not cancel:  # a cancel takes effect at once: nothing to wait for
+        sync = click.option(
+            "--timeout", default=SYNC_WAIT_S, show_default=True, help="With --wait: seconds."
+        )(sync)
+        sync = click.option(
+            "--wait",
+            is_flag=True,
+            help="Return once the mirrors are synchronised (a progress bar on a terminal).",
+        )(sync)
     return sync
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import click
 
+from hamq.cli.bench_timeline import Timeline
 from hamq.client.simple import AsyncSimpleConsumer, PopMessageExt
 from hamq.clock import monotonic_s
 from hamq.errors import HamqError
@@ -71,7 +72,12 @@ async def consume_pop(
 
 
 async def run_pop_consume(
-    namesrv: str, topic: str, count: int, group: str, max_seconds: float
+    namesrv: str,
+    topic: str,
+    count: int,
+    group: str,
+    max_seconds: float,
+    timeline: Timeline | None = None,
 ) -> tuple[int, int, int, float, array, dict]:
     """Pop ``count`` messages and ack each one; returns (acked, bytes, errors, elapsed_s,
     pop latencies, params). Stops early when a pop finds nothing left."""
@@ -114,11 +120,15 @@ async def run_pop_consume(
         await consumer.start()
         deadline = perf() + max_seconds
         start = perf()
+        if timeline is not None:
+            timeline.follow(lambda: acked - errors, latencies, lambda: errors)
         await asyncio.gather(*(receiver() for _ in range(BENCH_RECEIVERS)))
         while acked < received and perf() < deadline:
             await asyncio.sleep(0.001)
         elapsed = perf() - start
     finally:
+        if timeline is not None:
+            await timeline.stop()
         await consumer.close()
     params = {
         "count": count,
