@@ -179,6 +179,10 @@ def test_first_election_admin_election_and_restart_keep_ids(group, hamq_cli):
     assert len(lines) == 3 and all("sync_state_set=[1, 2, 3]@" in line for line in lines)
     assert f"id=0 {group.addr(master)}" in status.stdout
     assert f"controller_id={ids[master]} " in status.stdout
+    with hamq.Admin(group.c.namesrv) as admin:  # the slaves' NO_PERMISSION is no failure
+        admin.create_topic("Doomed", 1)
+        admin.delete_topic("Doomed")
+        assert "Doomed" not in admin.topic_list()
 
     with hamq.Producer(group.c.namesrv) as producer:
         sent = group.send(producer, 20, "first")
