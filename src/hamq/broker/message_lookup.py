@@ -11,9 +11,10 @@ A key query has no index to read. RocketMQ's IndexFile costs an entry per messag
 dispatch; hamq keeps the send and pull paths free of per-message work, so a key query
 scans instead: the topic's consume queues on this broker backwards, newest first, at most
 ``max_scan`` messages per queue (and ``MAX_SCAN_TOTAL`` over them all), matching the
-KEYS property (space-separated, as RocketMQ's) and the UNIQ_KEY. The records are read in a worker thread, on duplicated file
-descriptors (retention may close a segment meanwhile), so a long scan never holds up the
-event loop; the answer says whether the scan stopped before a queue's first message.
+KEYS property (space-separated, as RocketMQ's) and the UNIQ_KEY. The records are read in
+a worker thread, on duplicated file descriptors (retention may close a segment
+meanwhile), so a long scan never holds up the event loop; the answer says whether the
+scan stopped before a queue's first message.
 """
 
 from __future__ import annotations
