@@ -12,6 +12,7 @@ import subprocess
 import pytest
 from mirrored_cluster import send_confirmed
 
+import hamq
 from helpers import wait_for
 
 SEED_BODY = '{"pattern":"^ha.", "definition":{"ha-mode":"all"}}'
@@ -79,6 +80,12 @@ def test_ha_topic_shows_its_policy_and_three_copies(web_cluster):
 
     send_confirmed(web_cluster.namesrv, "ha.x", SENDS, "web")
     assert web_cluster.get("api/queues/%2f/ha.x")["messages"] == SENDS
+    with hamq.PullConsumer("web-lag", web_cluster.namesrv) as consumer:
+        queues = consumer.fetch_message_queues("ha.x")
+        for mq in queues:  # the first queue consumed to its end, the others not at all
+            consumer.commit_offset(mq, consumer.max_offset(mq) if mq == queues[0] else 0)
+        behind = SENDS - consumer.max_offset(queues[0])
+    assert web_cluster.get("api/queues/%2f/ha.x")["lag"] == behind
     for action in ("sync", "cancel_sync"):
         answer = web_cluster.request("POST", "api/queues/%2f/ha.x/actions", {"action": action})
         assert answer.status == 204, answer
@@ -90,6 +97,11 @@ def test_ha_topic_shows_its_policy_and_three_copies(web_cluster):
         "the sends counted in the overview",
     )
     assert overview["queue_totals"]["messages"] >= SENDS
+    wait_for(
+        lambda: web_cluster.get("api/overview")["queue_totals"]["lag"] == behind,
+        15,
+        "the consumer group's lag sampled",
+    )
     assert overview["node_count"] == 3
     assert overview["object_totals"]["groups"] >= 1
     history = web_cluster.get("api/history?age_s=60")
