@@ -158,19 +158,22 @@ function policyForm(onSaved) {
     return [key, value];
   }
 
-  function definition() {
-    if (asJson.checked) {
-      let parsed;
-      try {
-        parsed = JSON.parse(json.value);
-      } catch (err) {
-        throw fieldError("definition", `not JSON: ${err.message}`);
-      }
-      if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) throw fieldError("definition", "must be a JSON object of policy keys");
-      return parsed;
+  function jsonDefinition() {
+    let parsed;
+    try {
+      parsed = JSON.parse(json.value);
+    } catch (err) {
+      throw fieldError("definition", `not JSON: ${err.message}`);
     }
+    if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) throw fieldError("definition", "must be a JSON object of policy keys");
+    return parsed;
+  }
+
+  function rowsDefinition() {
     return Object.fromEntries([...rows.children].filter((r) => r.querySelector(".kv-key").value.trim()).map(rowValue));
   }
+
+  const definition = () => (asJson.checked ? jsonDefinition() : rowsDefinition());
 
   function setRows(def) {
     rows.replaceChildren();
@@ -224,8 +227,8 @@ function policyForm(onSaved) {
   asJson.addEventListener("change", () => {
     clearErrors();
     try {
-      if (asJson.checked) json.value = JSON.stringify(definition(), null, 2);
-      else setRows(JSON.parse(json.value || "{}"));
+      if (asJson.checked) json.value = JSON.stringify(rowsDefinition(), null, 2);
+      else setRows(jsonDefinition());
     } catch (err) {
       asJson.checked = !asJson.checked; // stay where the user can fix it
       errorSlot("definition").textContent = err.message;
