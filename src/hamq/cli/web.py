@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import click
 
@@ -56,4 +57,5 @@ def web(namesrv: str, controllers: list[str], listen: str) -> None:
     try:
         run_until_signalled(lambda stop: serve_web(access, listen, stop))
     except OSError as err:
-        raise click.ClickException(f"cannot serve on {listen}: {err.strerror or err}") from None
+        why = os.strerror(err.errno) if err.errno else str(err)
+        raise click.ClickException(f"cannot serve on {listen}: {why}") from None
