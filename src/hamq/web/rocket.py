@@ -16,6 +16,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Response
 
 from hamq.client.admin import AsyncAdmin, AsyncControllerAdmin
+from hamq.client.core import MASTER_ID
 from hamq.client.message import MessageExt
 from hamq.errors import InvalidArgument, QueryNotFound
 from hamq.manage.consumers import consumer_group
@@ -23,7 +24,7 @@ from hamq.manage.groups import broker_group, broker_groups, elect_master
 from hamq.manage.messages import message_json
 from hamq.policy.definition import DEFAULT_VHOST, PolicyError, check_vhost, wire_name
 from hamq.protocol.controller_catalog import check_topic
-from hamq.protocol.limits import INT64_MAX, MAX_NAME_LENGTH, MAX_QUEUE_NUMS
+from hamq.protocol.limits import INT64_MAX, MAX_NAME_LENGTH, MAX_QUEUE_NUMS, MAX_TOPIC_LENGTH
 from hamq.protocol.message import parse_offset_msg_id, validate_name
 from hamq.protocol.properties import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 from hamq.web.access import ClusterAccess, cluster_access
@@ -42,6 +43,7 @@ from hamq.web.rocket_models import (
     ResetOffset,
     TopicCreated,
     TopicDetail,
+    TopicKind,
     TopicSpec,
     TopicSummary,
 )
@@ -52,7 +54,7 @@ SYSTEM_TOPIC_PREFIXES = ("rmq_sys_", "RMQ_SYS_", "SCHEDULE_TOPIC_")
 DEFAULT_MAX_SCAN = 10_000
 MAX_SCAN_LIMIT = 1_000_000
 
-router = APIRouter(tags=["rocketmq"], responses=ERROR_RESPONSES)  # type: ignore[arg-type]
+router = APIRouter(tags=["rocketmq"], responses=ERROR_RESPONSES)
 
 Access = Annotated[ClusterAccess, Depends(cluster_access)]
 
@@ -98,7 +100,11 @@ def _controllers(access: ClusterAccess) -> AsyncControllerAdmin | None:
 
 
 def _topic(topic: str, vhost: str) -> str:
+    """A topic name in ``vhost``; in ``/`` a retry or dead-letter topic (``%RETRY%g``) too,
+    as the topic list shows it."""
     with _field("topic"):
+        if vhost == DEFAULT_VHOST:
+            return validate_name(topic, "topic", MAX_TOPIC_LENGTH)
         return check_topic(vhost, topic)
 
 
@@ -127,7 +133,7 @@ async def clusters(access: Access) -> list[Cluster]:
                         ClusterMember(
                             broker_id=int(broker_id),
                             addr=addr,
-                            role="master" if int(broker_id) == 0 else "slave",
+                            role="master" if int(broker_id) == MASTER_ID else "slave",
                         )
                         for broker_id, addr in sorted(
                             groups[name]["broker_addrs"].items(), key=lambda kv: int(kv[0])
@@ -170,7 +176,7 @@ async def group_action(access: Access, broker_name: str, action: ElectMaster) ->
 # -- topics -----------------------------------------------------------------------------------
 
 
-def _kind(topic: str) -> str:
+def _kind(topic: str) -> TopicKind:
     if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
         return "retry"
     if topic.startswith(DLQ_GROUP_TOPIC_PREFIX):
@@ -181,7 +187,7 @@ def _kind(topic: str) -> str:
 @router.get("/api/topics", response_model=list[TopicSummary])
 async def topics(admin: Admin) -> list[TopicSummary]:
     """The vhost's topics the name servers route, with their kind."""
-    return [TopicSummary(name=t, kind=_kind(t)) for t in sorted(await admin.topic_list())]  # type: ignore[arg-type]
+    return [TopicSummary(name=t, kind=_kind(t)) for t in sorted(await admin.topic_list())]
 
 
 @router.get("/api/topics/{topic}", response_model=TopicDetail)

@@ -73,9 +73,12 @@ class ElectMaster(_Body):
 # -- topics -----------------------------------------------------------------------------------
 
 
+TopicKind = Literal["normal", "retry", "dlq", "system"]
+
+
 class TopicSummary(BaseModel):
     name: str
-    kind: Literal["normal", "retry", "dlq", "system"]
+    kind: TopicKind
 
 
 class QueueData(BaseModel):
