@@ -122,6 +122,11 @@ async def _counts(
     return messages, lag
 
 
+async def _nothing() -> tuple[int, int]:
+    """A topic not placed yet holds nothing and nobody lags behind it."""
+    return 0, 0
+
+
 async def queue_rows(
     namesrv: AsyncAdmin, controllers: AsyncControllerAdmin, vhost: str | None
 ) -> list[dict[str, Any]]:
@@ -138,9 +143,15 @@ async def queue_rows(
         for g in (await controllers.client.sync_state_data(sorted(writable)) if writable else [])
     }
     consumed = await consumer_offsets(namesrv) if groups else {}
+    placed = [groups.get(t["groups"][-1]) if t["groups"] else None for t in topics]
+    counts = await asyncio.gather(
+        *(
+            _counts(namesrv, topic["wire_name"], consumed) if group else _nothing()
+            for topic, group in zip(topics, placed)
+        )
+    )
     rows = []
-    for topic in topics:
-        group = groups.get(topic["groups"][-1]) if topic["groups"] else None
+    for topic, group, (messages, lag) in zip(topics, placed, counts):
         row: dict[str, Any] = {
             "name": topic["name"],
             "vhost": topic["vhost"],
@@ -148,7 +159,6 @@ async def queue_rows(
             "broker_name": group["broker_name"] if group else None,
         }
         row.update(mirrors(group, node_of))
-        messages, lag = await _counts(namesrv, topic["wire_name"], consumed) if group else (0, 0)
         row.update(messages=messages, lag=lag)
         rows.append(row)
     return rows

@@ -91,8 +91,8 @@ def _policy_out(row: dict[str, Any]) -> PolicyOut:
 def _policy_field(message: str, definition: dict[str, Any]) -> str | None:
     """The body field a ``PolicyError`` is about (its message starts with the name)."""
     if message.startswith("definition key "):
-        unknown = next(iter(k for k in definition if message.startswith(f"definition key {k!r}")))
-        return f"definition.{unknown}"
+        unknown = (k for k in definition if message.startswith(f"definition key {k!r}"))
+        return f"definition.{next(unknown, '')}".rstrip(".")
     for prefix, field in _POLICY_FIELDS:
         if message.startswith(prefix):
             return field
