@@ -53,7 +53,7 @@ async def serve_web(access: ClusterAccess, listen: str, stop: asyncio.Event) -> 
 def web(namesrv: str, controllers: list[str], listen: str) -> None:
     """Serve the management HTTP API (/api, OpenAPI at /api/openapi.json) and the console (/)."""
     setup_logging()
-    access = ClusterAccess(namesrv.split(";"), controllers)
+    access = ClusterAccess([a.strip() for a in namesrv.split(";") if a.strip()], controllers)
     try:
         run_until_signalled(lambda stop: serve_web(access, listen, stop))
     except OSError as err:
