@@ -14,10 +14,13 @@ export function columns(series) {
   return [times.map((t) => t / 1000), ...at.map((m) => times.map((t) => (m.has(t) ? m.get(t) : null)))];
 }
 
+const MIN_SPAN_S = 60;
+// Tick steps of a count (lag): whole numbers only.
+const WHOLE_STEPS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6, 1e7];
+
 export class TimeChart {
-  constructor(title, unit) {
-    this.title = title;
-    this.unit = unit;
+  constructor(title, { whole = false } = {}) {
+    this.whole = whole;
     this.plot = null;
     this.labels = null;
     this.el = h("div", { class: "chart" }, h("h3", {}, title));
@@ -47,14 +50,24 @@ export class TimeChart {
     }
     if (this.plot) this.plot.destroy();
     this.labels = labels;
-    const unit = this.unit;
     this.plot = new window.uPlot(
       {
         ...this.size(),
         legend: { live: true },
         cursor: { drag: { x: false, y: false } },
-        scales: { y: { range: (u, min, max) => [0, Math.max(1, max * 1.1)] } },
-        axes: [{}, { size: 60, values: (u, ticks) => ticks.map((v) => `${formatShort(v)}${unit}`) }],
+        scales: {
+          // at least MIN_SPAN_S wide, so a young history reads as "the last minutes", not seconds
+          x: { time: true, range: (u, min, max) => [Math.min(min, max - MIN_SPAN_S), max] },
+          y: { range: (u, min, max) => [0, Math.max(1, max * 1.1)] },
+        },
+        axes: [
+          {},
+          {
+            size: 60,
+            ...(this.whole ? { incrs: WHOLE_STEPS } : {}),
+            values: (u, ticks) => ticks.map(formatShort),
+          },
+        ],
         series: [
           {},
           ...Object.keys(series).map((label, i) => ({
@@ -63,7 +76,7 @@ export class TimeChart {
             width: 2,
             fill: i === 0 ? `${COLORS[0]}18` : undefined,
             spanGaps: false,
-            value: (u, v) => (v === null || v === undefined ? "—" : `${formatShort(v)}${unit}`),
+            value: (u, v) => (v === null || v === undefined ? "—" : formatShort(v)),
           })),
         ],
       },

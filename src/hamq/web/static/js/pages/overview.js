@@ -9,8 +9,8 @@ const HISTORY_AGE_S = 600;
 
 export function mount(root) {
   const totals = h("div", { class: "totals" });
-  const throughput = new TimeChart("Throughput (messages/s)", "");
-  const lag = new TimeChart("Consumer lag (messages)", "");
+  const throughput = new TimeChart("Throughput (messages/s)");
+  const lag = new TimeChart("Consumer lag (messages)", { whole: true });
   const nodes = h("div");
   const groups = h("div");
   root.append(
