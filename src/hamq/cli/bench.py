@@ -346,7 +346,7 @@ async def _watched(
     result["bench"] = name
     latency = f", p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms" if result["p99_ms"] else ""
     timeline.draw(
-        f"hamq bench {name}: {result['messages']} msgs, {result['msgs_per_s']} msgs/s{latency}"
+        f"hamq bench {name}: {result['messages']:,} msgs, {result['msgs_per_s']:,} msgs/s{latency}"
     )
     return result
 

@@ -74,7 +74,7 @@ class Timeline:
         self._sampler = PeriodicTask("bench timeline", self.interval_s, self._sample)
         self._sampler.start()
 
-    def _sample(self) -> None:
+    def _sample(self, last: bool = False) -> None:
         c = self._counters
         assert c is not None
         now, done = self.clock(), c.count()
@@ -82,6 +82,8 @@ class Timeline:
             return
         if self.advance is not None:
             self.advance(done - c.done)
+        if last and now - c.at < self.interval_s / 4 and self.rate:
+            return  # a sliver of an interval: its rate and percentiles would be noise
         fresh = None
         if c.latencies_s is not None:
             fresh = c.latencies_s[c.looked :]
@@ -122,7 +124,7 @@ class Timeline:
         if self._sampler is not None:
             await self._sampler.stop()
             self._sampler = None
-            self._sample()
+            self._sample(last=True)
 
     def draw(self, title: str, rate_label: str = "msgs/s") -> None:
         """Writes ``plot`` (if asked for): throughput, then latency when there is any."""

@@ -344,7 +344,7 @@ async def run_failover(
     ms = sorted(round(s * 1000, 1) for s in outcome.samples_s)
     timeline.draw(
         f"hamq bench failover: {len(ms)} kill -9s of the master, failover median "
-        f"{round(statistics.median(ms), 1)} ms, {outcome.acked} sends acked",
+        f"{round(statistics.median(ms), 1)} ms, {outcome.acked:,} sends acked",
         "acked sends/s",
     )
     return {
