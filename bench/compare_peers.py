@@ -133,7 +133,7 @@ def children_cpu_s():
 
 
 def ports_for(base: int, replicas: int):
-    ports = [base]
+    ports = [base, base + 1000]  # the name server, hamq dev's web console
     for i in range(replicas):
         ports += [base + 1035 + 10 * i, base + 1036 + 10 * i]
     return ports

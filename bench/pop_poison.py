@@ -1,7 +1,7 @@
 """Pop throughput with a poison message present, and what the broker keeps for the acks
 behind it (issue 11, item 12).
 
-    hamq dev &    # any running cluster
+    hamq dev --mode single &    # any running cluster
     HAMQ_NAMESRV=127.0.0.1:9876 .venv/bin/python bench/pop_poison.py [--count 3000000]
 
 1. topic PopPoison (1 queue): one message "poison", then ``--count`` small messages

@@ -1,6 +1,6 @@
 """Broker memory with many pending timer messages (issue 11, item 13).
 
-    hamq dev --port-base 19976 &    # any running cluster
+    hamq dev --mode single --port-base 19976 &    # any running cluster
     HAMQ_NAMESRV=127.0.0.1:19976 .venv/bin/python bench/timer_memory.py [--count 1000000]
 
 1. topic TimerMemory (1 queue): ``--count`` timer messages (``deliver_time_ms``) of 100

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import time
@@ -114,6 +115,20 @@ def scrape_metrics(addr: str) -> dict[str, float]:
         for line in text.splitlines()
         if line and not line.startswith("#")
     }
+
+
+def dev_console_overview(ready: dict) -> dict:
+    """The web console a ``hamq dev`` ready line names is its first name server's, at port
+    base + WEB_PORT_OFFSET, and answers ``GET /api/overview`` with 200 and JSON (returned)."""
+    from hamq.cli.dev_web import WEB_PORT_OFFSET
+
+    port_base = int(ready["namesrv"].split(";")[0].rpartition(":")[2])
+    listen = f"127.0.0.1:{port_base + WEB_PORT_OFFSET}"
+    assert ready["web"] == {"url": f"http://{listen}/", "listen": listen}
+    with urllib.request.urlopen(f"{ready['web']['url']}api/overview", timeout=10) as response:
+        assert response.status == 200
+        assert response.headers.get_content_type() == "application/json"
+        return json.loads(response.read())
 
 
 def read_queue(store, topic: str, queue_id: int = 0) -> dict[int, bytes]:

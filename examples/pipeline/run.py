@@ -39,6 +39,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from hamq.cli.dev_web import WEB_PORT_OFFSET
 from hamq.client.sync import Admin
 
 sys.path.insert(0, str(Path(__file__).parent))  # the sibling modules, however run.py runs
@@ -69,11 +70,11 @@ def _port_free(port: int) -> bool:
 
 
 def free_port_base() -> int:
-    """A name server port whose broker ports (``hamq dev``: base+1035, HA base+1036) are
-    free as well."""
+    """A name server port whose web console and broker ports (``hamq dev --mode single``:
+    base+1000, base+1035, HA base+1036) are free as well."""
     for _ in range(200):
         base = random.randint(20_000, 50_000)
-        if all(_port_free(p) for p in (base, base + 1035, base + 1036)):
+        if all(_port_free(p) for p in (base, base + WEB_PORT_OFFSET, base + 1035, base + 1036)):
             return base
     raise RuntimeError("no free port base found for hamq dev")
 
@@ -121,6 +122,8 @@ class DevCluster:
                 "-m",
                 "hamq.cli.main",
                 "dev",
+                "--mode",
+                "single",
                 "--data",
                 str(self.data),
                 "--port-base",

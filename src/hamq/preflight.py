@@ -10,18 +10,21 @@ import socket
 from pathlib import Path
 
 from hamq import config_check as check
-from hamq.config import BrokerConfig, NamesrvConfig
+from hamq.config import BrokerConfig, ControllerConfig, NamesrvConfig
 
 
-def check_can_start(config: BrokerConfig | NamesrvConfig) -> None:
+def check_can_start(config: BrokerConfig | NamesrvConfig | ControllerConfig) -> None:
     if isinstance(config, BrokerConfig):
         can_create("store_dir", config.store_dir)
         binds = check.broker_binds(config)
+    elif isinstance(config, ControllerConfig):
+        can_create("data_dir", config.data_dir)
+        binds = check.controller_binds(config)
     else:
         can_create("data_dir", config.data_dir)
         binds = check.namesrv_binds(config)
     for key, value in binds.items():
-        _can_bind(key, value)
+        can_bind(key, value)
 
 
 def can_create(key: str, directory: str) -> None:
@@ -33,7 +36,7 @@ def can_create(key: str, directory: str) -> None:
         raise check.bad(key, directory, f"cannot be created: {path} is not a directory")
 
 
-def _can_bind(key: str, value: str) -> None:
+def can_bind(key: str, value: str) -> None:
     """Bind as asyncio's server will (every address the host resolves to, SO_REUSEADDR,
     IPv6 only on an IPv6 socket) and let go at once."""
     host, port = check.address(key, value)

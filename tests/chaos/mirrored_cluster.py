@@ -25,6 +25,7 @@ from click.testing import CliRunner
 import hamq
 from hamq import SendStatus
 from hamq.cli.dev_container import CONTAINER_PORT_OFFSET
+from hamq.cli.dev_web import WEB_PORT_OFFSET
 from hamq.cli.main import cli
 from hamq.errors import HamqError
 from harness import Proc
@@ -34,8 +35,13 @@ NODES = 3
 PEERS = 3
 PLACEMENT_TIMEOUT_S = 30.0  # a group's members started, registered and synchronised
 READY_TIMEOUT_S = 120.0  # three name servers, three nodes registered (a loaded machine)
-# hamq dev lays its ports out from --port-base: the peers from it, node k at +1000+k.
-DEV_PORT_OFFSETS = (*range(PEERS), *(CONTAINER_PORT_OFFSET + k for k in range(1, NODES + 1)))
+# hamq dev lays its ports out from --port-base: the peers from it, the web console at +1000,
+# node k at +1000+k.
+DEV_PORT_OFFSETS = (
+    *range(PEERS),
+    WEB_PORT_OFFSET,
+    *(CONTAINER_PORT_OFFSET + k for k in range(1, NODES + 1)),
+)
 # Below Linux's ephemeral range (32768 up): the servers' own outgoing connections take
 # ports there, and one took a node's port between the check and its bind.
 QUIET_PORTS = (20000, 32768 - max(DEV_PORT_OFFSETS))

@@ -1,9 +1,11 @@
-"""Controller mode as an operator meets it (issue 14 scope 7): ``hamq dev --mode controller``
-prints one ready line naming every member's role, epoch, address and pid and the
-controller peers; ``hamq admin sync-state-set``, ``controller-metadata``, ``elect-master``
-and ``clean-broker-metadata`` answer from the real controller, as text and as JSON, and a
-refusal is its CONTROLLER_* name and remark with exit code 1; ``hamq bench failover``
-times kill -9s of the master and reads every acknowledged message back."""
+"""Controller mode as an operator meets it (issue 14 scope 7): ``hamq dev`` (its default,
+``--mode controller``: three members, the controller peers embedded in the name servers)
+prints one ready line naming every member's role, epoch, address and pid, the controller
+peers and the web console, which answers; ``hamq admin sync-state-set``,
+``controller-metadata``, ``elect-master`` and ``clean-broker-metadata`` answer from the
+real controller, as text and as JSON, and a refusal is its CONTROLLER_* name and remark
+with exit code 1; ``hamq bench failover`` times kill -9s of the master and reads every
+acknowledged message back."""
 
 from __future__ import annotations
 
@@ -20,13 +22,18 @@ import pytest
 
 import hamq
 from hamq import Message
-from helpers import free_port_base, pid_alive, wait_for
+from hamq.cli.dev_web import WEB_PORT_OFFSET
+from helpers import dev_console_overview, free_port_base, pid_alive, wait_for
 
 READY_TIMEOUT_S = 120.0  # three members register, elect and fill the SyncStateSet
-# hamq dev: name servers and controllers from port-base up; member i listens on
-# port-base + 1035 + 10 * i, its HA port one above
-DEV_PORT_OFFSETS = [*range(5), *(1035 + 10 * i + j for i in range(3) for j in (0, 1))]
-HAMQ_DEV = [sys.executable, "-m", "hamq.cli.main", "dev", "--mode", "controller", "--replicas", "3"]
+# hamq dev: name servers and controllers from port-base up, the web console at +1000;
+# member i listens on port-base + 1035 + 10 * i, its HA port one above
+DEV_PORT_OFFSETS = [
+    *range(5),
+    WEB_PORT_OFFSET,
+    *(1035 + 10 * i + j for i in range(3) for j in (0, 1)),
+]
+HAMQ_DEV = [sys.executable, "-m", "hamq.cli.main", "dev"]
 TOPIC = "AdminT"
 REFUSAL = re.compile(r"CONTROLLER_[A-Z_]+: \S")
 
@@ -39,8 +46,8 @@ def ready_pids(ready: dict) -> list[int]:
 
 @contextlib.contextmanager
 def dev_controller(root, *args: str):
-    """``hamq dev --mode controller`` running; yields (Popen, ready line). Whatever is
-    still alive at the end is killed by PID."""
+    """``hamq dev *args`` running; yields (Popen, ready line). Whatever is still alive at
+    the end is killed by PID."""
     proc = subprocess.Popen(
         [
             *HAMQ_DEV,
@@ -72,8 +79,9 @@ def dev_controller(root, *args: str):
 
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory):
-    """One cluster for the admin tests: three name servers embedding the controller."""
-    with dev_controller(tmp_path_factory.mktemp("embedded"), "--embedded") as (_, ready):
+    """One cluster for the admin tests, ``hamq dev``'s default: three name servers embedding
+    the controller, a group of three."""
+    with dev_controller(tmp_path_factory.mktemp("embedded")) as (_, ready):
         with hamq.Admin(ready["namesrv"]) as admin:
             admin.create_topic(TOPIC, 1)
         yield ready
@@ -101,12 +109,20 @@ def check_ready_line(ready: dict, embedded: bool) -> None:
     assert all(pid_alive(pid) for pid in ready_pids(ready))
 
 
-def test_dev_embedded_ready_line(embedded):
+def test_dev_default_is_a_controller_group_of_three_with_its_console(embedded):
+    """What ``make run`` shows a user evaluating hamq: a group of three with an elected
+    master (the ready line says so) and the console, served by the first name server."""
     check_ready_line(embedded, embedded=True)
+    [group] = dev_console_overview(embedded)["groups"]
+    members = {m["address"] for m in group["members"]}
+    assert members == {b["address"] for b in embedded["brokers"]}
+    assert group["master_address"] in members  # the other tests of this module may elect
 
 
 def test_dev_standalone_controllers_ready_line_and_sigterm(tmp_path):
-    with dev_controller(tmp_path, "--controllers", "3") as (proc, ready):
+    with dev_controller(
+        tmp_path, "--mode", "controller", "--standalone", "--replicas", "3", "--controllers", "3"
+    ) as (proc, ready):
         check_ready_line(ready, embedded=False)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0

@@ -1,6 +1,7 @@
-"""The ``hamq`` command as a user runs it: ``hamq dev`` starts a local cluster and prints
-one JSON ready line; topic create, produce from stdin, consume and bench work against it;
-SIGTERM stops ``hamq dev`` together with its children."""
+"""The ``hamq`` command as a user runs it: ``hamq dev --mode single`` starts a local cluster
+and prints one JSON ready line naming its web console, which answers; topic create, produce
+from stdin, consume and bench work against it; SIGTERM stops ``hamq dev`` together with its
+children."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import time
 
 import pytest
 
-from helpers import free_port_base, pid_alive
+from hamq.cli.dev_web import WEB_PORT_OFFSET
+from helpers import dev_console_overview, free_port_base, pid_alive
 
-READY_TIMEOUT_S = 30.0
+READY_TIMEOUT_S = 60.0  # the name server starts the web console too (FastAPI): slow when loaded
 BROKER_PORT_OFFSET = 1035  # hamq dev: the broker listens on port-base + 1035
 BENCH_KEYS = {"msgs_per_s", "mb_per_s", "p50_ms", "p99_ms", "p999_ms", "params"}
 
@@ -32,13 +34,15 @@ def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
 def dev_cluster(tmp_path):
     """``hamq dev`` running; yields (Popen, ready dict). Everything it started is killed
     by PID at the end, whatever the test did."""
-    base = free_port_base([BROKER_PORT_OFFSET])
+    base = free_port_base([WEB_PORT_OFFSET, BROKER_PORT_OFFSET, BROKER_PORT_OFFSET + 1])
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "hamq.cli.main",
             "dev",
+            "--mode",
+            "single",
             "--data",
             str(tmp_path / "dev"),
             "--port-base",
@@ -74,6 +78,8 @@ def test_dev_topic_produce_consume_bench_and_sigterm(dev_cluster, hamq_cli):
     assert broker["address"].endswith(str(int(ready["namesrv"].split(":")[1]) + 1035))
     child_pids = [ready["namesrv_pid"], broker["pid"]]
     assert all(pid_alive(p) for p in child_pids)
+    [group] = dev_console_overview(ready)["groups"]
+    assert group["broker_name"] == "broker-a" and group["master_address"] == broker["address"]
     ns = ["--namesrv", ready["namesrv"]]
 
     created = hamq_cli("topic", "create", "CliT", "--queues", "2", "--json", *ns)

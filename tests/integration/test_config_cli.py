@@ -4,6 +4,8 @@ created nothing on disk (no store, no name server data, no ``hamq dev`` director
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from helpers import assert_config_refused as assert_refused
@@ -65,7 +67,27 @@ def test_dev_with_an_impossible_flag_combination(tmp_path, hamq_cli):
         "options: in_sync_replicas = 3: must not exceed total_replicas (2)",
     )
     assert_refused(
-        hamq_cli("dev", "--data", str(data), "--port-base", "65000"),
+        hamq_cli("dev", "--mode", "single", "--data", str(data), "--port-base", "65000"),
         "options: listen = '127.0.0.1:66035': must be HOST:PORT with a port in 1..65535",
+    )
+    assert not data.exists()
+
+
+def test_dev_web_port_taken_or_in_the_layout(tmp_path, hamq_cli):
+    """The console's port is checked before anything starts: one taken by another process,
+    or one a server of the layout would take (a member binds only after the console runs)."""
+    data = tmp_path / "dev"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert_refused(
+            hamq_cli("dev", "--mode", "single", "--data", str(data), "--web-port", str(port)),
+            f"options: --web-port = '127.0.0.1:{port}': cannot listen there: "
+            "Address already in use",
+        )
+    assert_refused(
+        hamq_cli("dev", "--data", str(data), "--port-base", "20000", "--web-port", "21045"),
+        "options: --web-port = '127.0.0.1:21045': is broker-a-1's listen too",
     )
     assert not data.exists()

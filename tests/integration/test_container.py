@@ -16,6 +16,7 @@ import pytest
 
 import hamq
 from hamq import Message
+from hamq.cli.dev_web import WEB_PORT_OFFSET
 from hamq.client.consumer import PullStatus
 from hamq.client.message import MessageQueue
 from hamq.config import dump_toml
@@ -274,8 +275,15 @@ def test_bad_container_config_is_refused_clearly(
     assert "Traceback" not in result.stderr
 
 
-# hamq dev --mode container's ports, from --port-base: name server, containers, members (+HA)
-DEV_PORT_OFFSETS = [0, 1001, 1002, *(1035 + 10 * i + ha for i in range(4) for ha in (0, 1))]
+# hamq dev --mode container's ports, from --port-base: name server, web console, containers,
+# members (+HA)
+DEV_PORT_OFFSETS = [
+    0,
+    WEB_PORT_OFFSET,
+    1001,
+    1002,
+    *(1035 + 10 * i + ha for i in range(4) for ha in (0, 1)),
+]
 DEV_READY_TIMEOUT_S = 90.0
 
 

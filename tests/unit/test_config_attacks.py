@@ -67,7 +67,9 @@ def test_dev_total_replicas_zero_is_refused_not_replaced(tmp_path):
     # have failed with a traceback instead (and on a good path, a cluster would have run).
     in_the_way = tmp_path / "a-file"
     in_the_way.write_text("")
-    result = CliRunner().invoke(dev, ["--data", str(in_the_way / "dev"), "--total-replicas", "0"])
+    result = CliRunner().invoke(
+        dev, ["--mode", "single", "--data", str(in_the_way / "dev"), "--total-replicas", "0"]
+    )
     assert result.exit_code == 2, result.output
     assert result.output == "config error: options: total_replicas = 0: must be > 0\n"
     assert result.exception is None or isinstance(result.exception, SystemExit)
@@ -76,7 +78,7 @@ def test_dev_total_replicas_zero_is_refused_not_replaced(tmp_path):
 def test_dev_data_under_a_file_is_refused(tmp_path):
     in_the_way = tmp_path / "a-file"
     in_the_way.write_text("")
-    result = CliRunner().invoke(dev, ["--data", str(in_the_way / "dev")])
+    result = CliRunner().invoke(dev, ["--mode", "single", "--data", str(in_the_way / "dev")])
     assert result.exit_code == 2, result.output
     assert result.output == (
         f"config error: options: --data = '{in_the_way / 'dev'}': "

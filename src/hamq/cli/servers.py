@@ -18,6 +18,7 @@ from hamq.broker.server import serve_broker
 from hamq.cli import dev_cluster, dev_container
 from hamq.cli.common import BadConfig, config_file_option, setup_logging
 from hamq.cli.dev_controller import ControllerLayout, controller_ready
+from hamq.cli.dev_web import WEB_PORT_OFFSET, check_web_listen, web_listen, web_ready
 from hamq.client.sync import Admin
 from hamq.clock import monotonic_s
 from hamq.config import (
@@ -28,6 +29,7 @@ from hamq.config import (
     dump_toml,
     load_config,
 )
+from hamq.config_check import broker_binds, controller_binds, namesrv_binds
 from hamq.controller_server.service import serve_controller
 from hamq.errors import ConfigError, HamqError
 from hamq.namesrv.server import serve_namesrv
@@ -36,6 +38,13 @@ from hamq.preflight import can_create, check_can_start
 
 READY_TIMEOUT_S = 30.0
 STOP_GRACE_S = 10.0
+# What a user evaluating hamq wants to see: a group that fails over on its own.
+DEFAULT_CONTROLLER_REPLICAS = 3
+DevConfig = BrokerConfig | ControllerConfig | NamesrvConfig | ContainerConfig
+SERVER_CONFIGS: dict[str, type[NamesrvConfig | ControllerConfig]] = {
+    "namesrv": NamesrvConfig,
+    "controller": ControllerConfig,
+}
 
 
 def _load(cls, path, **overrides):
@@ -127,18 +136,19 @@ def container(config_path: str) -> None:
     "--port-base",
     default=9876,
     show_default=True,
-    help="Name server port; member i of the group listens on port-base + 1035 + 10*i "
-    "(its HA port one above).",
+    help="The first name server's port; member i of the group listens on port-base + 1035 "
+    "+ 10*i (its HA port one above).",
 )
 @click.option(
     "--mode",
     type=click.Choice(["single", "master-slave", "dledger", "controller", "container", "cluster"]),
-    default="single",
+    default="controller",
     show_default=True,
-    help="One broker; one group of a master and slaves; one DLedger (Raft) group; one "
-    "group whose master the controller elects; two groups of a master and a slave "
-    "hosted crosswise by two broker containers, with slave acting master; or nodes "
-    "(containers hamq@node1..N) where the controller places groups by policy.",
+    help="One broker (the smallest setup); one group of a master and slaves; one DLedger "
+    "(Raft) group; one group whose master the controller elects, again when it dies; two "
+    "groups of a master and a slave hosted crosswise by two broker containers, with slave "
+    "acting master; or nodes (containers hamq@node1..N) where the controller places groups "
+    "by policy.",
 )
 @click.option(
     "--nodes",
@@ -153,20 +163,28 @@ def container(config_path: str) -> None:
     type=click.IntRange(min=1),
     default=3,
     show_default=True,
-    help="Controller peers (--mode controller); the first listens on port-base + 2.",
+    help="Controller peers (--mode controller): name servers from port-base up, or with "
+    "--standalone controllers from port-base + 2.",
 )
 @click.option(
-    "--embedded",
-    is_flag=True,
-    help="--mode controller: the controller peers are name servers (from port-base up) "
-    "with enable_controller_in_namesrv, instead of standalone `hamq controller`s.",
+    "--embedded/--standalone",
+    default=None,
+    help="--mode controller: the controller peers are the name servers (from port-base up, "
+    "enable_controller_in_namesrv; the default), or standalone `hamq controller`s beside "
+    "one name server.",
 )
 @click.option(
     "--replicas",
     type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Members of the group (master-slave: a master and replicas-1 slaves).",
+    help="Members of the group (master-slave: a master and replicas-1 slaves)  "
+    f"[default: {DEFAULT_CONTROLLER_REPLICAS} in controller mode, else 1]",
+)
+@click.option(
+    "--web-port",
+    type=click.IntRange(1, 65535),
+    help="Port of the HTTP API and web console, served by the first name server on "
+    f"127.0.0.1  [default: port-base + {WEB_PORT_OFFSET}: above the name servers and "
+    "controllers, below the containers (+1001 and up) and the members (+1035 and up)]",
 )
 @click.option(
     "--flush-disk-type", type=click.Choice(["async", "sync"]), default="async", show_default=True
@@ -204,7 +222,7 @@ def dev(
     data_dir: str,
     port_base: int,
     mode: str,
-    replicas: int,
+    replicas: int | None,
     flush_disk_type: str,
     broker_role: str | None,
     total_replicas: int | None,
@@ -213,16 +231,22 @@ def dev(
     auto_degrade: bool,
     ha_max_gap_not_in_sync: int,
     controllers: int,
-    embedded: bool,
+    embedded: bool | None,
     nodes: int,
+    web_port: int | None,
 ) -> None:
     """Run a local cluster (name servers, controllers, broker groups, broker containers) as
-    child processes."""
+    child processes; the first name server serves the HTTP API and web console. By default
+    a group of three whose master the controllers, embedded in the name servers, elect."""
+    if replicas is None:
+        replicas = DEFAULT_CONTROLLER_REPLICAS if mode == "controller" else 1
     if mode == "single" and replicas != 1:
         raise click.BadParameter("--replicas needs --mode master-slave", param_hint="--replicas")
     clustered = mode == "cluster"
-    if embedded and mode != "controller":
-        raise click.BadParameter("--embedded needs --mode controller", param_hint="--embedded")
+    if embedded is not None and mode != "controller":
+        raise click.BadParameter(
+            "--embedded/--standalone needs --mode controller", param_hint="--embedded"
+        )
     if mode in ("container", "cluster") and replicas != 1:
         raise click.BadParameter(
             f"--mode {mode} takes no --replicas (its groups are not started by hand)",
@@ -230,10 +254,11 @@ def dev(
         )
     root = Path(data_dir).resolve()
     layout = (
-        ControllerLayout.of(port_base, controllers, embedded or clustered)
+        ControllerLayout.of(port_base, controllers, clustered or embedded is not False)
         if mode in ("controller", "cluster")
         else None
     )
+    web = web_listen(port_base, web_port)
     namesrv_addrs = layout.addrs if layout and layout.embedded else [f"127.0.0.1:{port_base}"]
     namesrv_addr = ";".join(namesrv_addrs)
     members: dict[str, dict] = {}  # name: settings
@@ -279,21 +304,25 @@ def dev(
             settings.update(layout.broker_settings())
         if hosted:  # a masterless group's slave serves master-only work (seed 004)
             settings["enable_slave_acting_master"] = True
-        _load(BrokerConfig, None, **settings)  # a bad flag combination fails here, clearly
         members[name] = settings
     # name: (command, settings)
     peer_extra = dev_cluster.PEER_SETTINGS if clustered else {}
-    servers = _server_configs(root, namesrv_addrs, layout, acting=hosted, peer_extra=peer_extra)
+    servers = _server_configs(root, namesrv_addrs, layout, hosted, peer_extra, web)
     if hosted:
         containers = dev_container.container_settings(port_base, root, namesrv_addrs)
     elif clustered and layout:
         containers = dev_cluster.node_settings(port_base, root, namesrv_addrs, layout, nodes)
     else:
         containers = {}
-    for settings in containers.values():
-        _load(ContainerConfig, None, **settings)
+    # a bad flag combination fails here, clearly, before anything starts
+    configs: dict[str, DevConfig] = {
+        **{name: _load(BrokerConfig, None, **s) for name, s in members.items()},
+        **{name: _load(SERVER_CONFIGS[c], None, **s) for name, (c, s) in servers.items()},
+        **{name: _load(ContainerConfig, None, **s) for name, s in containers.items()},
+    }
     try:
         can_create("--data", data_dir)
+        check_web_listen(web, _layout_binds(configs))
     except ConfigError as err:
         raise BadConfig(f"options: {err.message}") from None
     root.mkdir(parents=True, exist_ok=True)  # only once every config is known to be good
@@ -351,6 +380,7 @@ def dev(
             "event": "ready",
             "mode": mode,
             "namesrv": namesrv_addr,
+            "web": web_ready(web),
             "data": str(root),
             "namesrv_pid": pids[namesrv_addrs[0]],
             "brokers": brokers,
@@ -371,8 +401,9 @@ def dev(
             ]
         click.echo(json.dumps(ready))
         click.echo(
-            f"hamq dev: connect with --namesrv {namesrv_addr} "
-            f"(or export HAMQ_NAMESRV='{namesrv_addr}'); logs in {root}; Ctrl-C stops",
+            f"hamq dev: console {ready['web']['url']} (127.0.0.1 only, no login yet); "
+            f"connect with --namesrv {namesrv_addr}\n"
+            f"hamq dev: or export HAMQ_NAMESRV='{namesrv_addr}'; logs in {root}; Ctrl-C stops",
             err=True,
         )
         for name, settings in containers.items() if hosted else ():
@@ -391,9 +422,11 @@ def dev(
                 err=True,
             )
         elif layout:
+            master = next(b for b in brokers if b["role"] == "master")
             click.echo(
-                f"hamq dev: hamq admin sync-state-set -b broker-a --controller "
-                f"{','.join(layout.addrs)} shows the group",
+                f"hamq dev: broker-a's master is {master['address']}: kill -9 {master['pid']} "
+                "and the controllers elect another; hamq admin sync-state-set -b broker-a "
+                f"--controller {','.join(layout.addrs)} shows the group",
                 err=True,
             )
         reported: set[int] = set()
@@ -417,11 +450,12 @@ def _server_configs(
     layout: ControllerLayout | None,
     acting: bool,
     peer_extra: dict,
+    web: str,
 ) -> dict[str, tuple[str, dict]]:
     """Every server but the brokers and containers, in start order: name -> (command,
-    settings), each settings checked here so a bad flag combination fails before anything
-    starts. ``acting``: the name server routes a masterless group's slave as its master;
-    ``peer_extra``: what each controller peer adds to its layout's settings."""
+    settings). ``acting``: the name server routes a masterless group's slave as its master;
+    ``peer_extra``: what each controller peer adds to its layout's settings; ``web``: where
+    the first name server serves the HTTP API and web console."""
     servers: dict[str, tuple[str, dict]] = {}
     if not (layout and layout.embedded):
         servers["namesrv"] = ("namesrv", {"listen": namesrv_addrs[0]})
@@ -434,10 +468,28 @@ def _server_configs(
                 command,
                 {**layout.peer_settings(peer_id), **peer_extra},
             )
-    for name, (command, settings) in servers.items():
+    for name, (_, settings) in servers.items():
         settings["data_dir"] = str(root / name)
-        _load(ControllerConfig if command == "controller" else NamesrvConfig, None, **settings)
+    next(s for c, s in servers.values() if c == "namesrv")["web_listen"] = web
     return servers
+
+
+def _layout_binds(configs: dict[str, DevConfig]) -> dict[str, str]:
+    """Every address the layout's servers listen on but the console's: "name's key" ->
+    HOST:PORT (a container's members are in ``configs`` themselves)."""
+    binds: dict[str, str] = {}
+    for name, config in configs.items():
+        if isinstance(config, BrokerConfig):
+            found = broker_binds(config)
+        elif isinstance(config, ControllerConfig):
+            found = controller_binds(config)
+        elif isinstance(config, NamesrvConfig):
+            found = namesrv_binds(config)
+            found.pop("web_listen", None)
+        else:  # dev sets no metrics_listen on a container
+            found = {"listen": config.listen}
+        binds.update({f"{name}'s {key}": addr for key, addr in found.items()})
+    return binds
 
 
 def _spawn(args: list[str], root: Path, name: str) -> subprocess.Popen:
