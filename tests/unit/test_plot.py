@@ -11,7 +11,7 @@ from array import array
 import pytest
 
 from hamq.cli.bench_timeline import Timeline, timeline_of
-from hamq.plot import Panel, plot_series
+from hamq.plot import Panel, _label_sides, plot_series
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -44,6 +44,12 @@ def test_plot_series_writes_a_png_with_a_panel_each(tmp_path):
     width_two, height_two = png_size(two.read_bytes())
     assert width_one == width_two >= 800  # readable without zooming
     assert height_two > height_one  # the second panel is stacked under the first
+
+
+def test_labels_of_close_events_go_either_side_of_their_lines():
+    """Two events within 2% of the time axis: the earlier label left, the later right."""
+    events = [(20.0, "first lock"), (1.9, "in routes"), (2.0, "lock"), (0.1, "kill")]
+    assert _label_sides(events, span=30.0) == [False, True, False, False]
 
 
 def test_plot_series_refuses_no_panels(tmp_path):
