@@ -68,7 +68,10 @@ def test_ha_topic_shows_its_policy_and_three_copies(web_cluster):
     def mirrored():
         answer = web_cluster.request("GET", "api/queues/%2f/ha.x")
         queue = answer.body if answer.status == 200 else None
-        return queue if queue and len(queue["synchronised_slave_nodes"]) == 2 else None
+        if not queue or len(queue["synchronised_slave_nodes"]) != 2:
+            return None
+        # a just-added member has no node until its node's next heartbeat lists it
+        return queue if None not in (queue["node"], *queue["slave_nodes"]) else None
 
     queue = wait_for(mirrored, PLACEMENT_TIMEOUT_S, "ha.x on three nodes")
     assert queue["policy"] == "ha-all"
@@ -104,9 +107,15 @@ def test_ha_topic_shows_its_policy_and_three_copies(web_cluster):
     )
     assert overview["node_count"] == 3
     assert overview["object_totals"]["groups"] >= 1
-    history = web_cluster.get("api/history?age_s=60")
-    assert history["interval_s"] == 2.0
-    assert any(rate > 0 for _, rate in history["series"]["topics"]["ha.x"]["publish_rate"])
+    # A rate needs two readings of the master: its first may already hold the first sends.
+    send_confirmed(web_cluster.namesrv, "ha.x", SENDS, "again")
+
+    def publish_rate_seen():
+        history = web_cluster.get("api/history?age_s=60")
+        topic = history["series"]["topics"].get("ha.x", {"publish_rate": []})
+        return history if any(rate > 0 for _, rate in topic["publish_rate"]) else None
+
+    assert wait_for(publish_rate_seen, 15, "a publish rate for ha.x")["interval_s"] == 2.0
 
 
 def test_vhost_lifecycle(web_cluster):

@@ -15,10 +15,16 @@ class PolicyBody(BaseModel):
 
     model_config = ConfigDict(populate_by_name=True)
 
-    pattern: str
-    definition: dict[str, Any]
+    pattern: str = Field(description="Regular expression over topic names", examples=["^ha."])
+    definition: dict[str, Any] = Field(
+        description="RabbitMQ's keys: ha-mode (all, exactly, nodes), ha-params (a count for "
+        "exactly, node names hamq@host for nodes), ha-sync-mode (manual, automatic), "
+        "ha-sync-batch-size, ha-promote-on-shutdown and ha-promote-on-failure (when-synced, "
+        "always), queue-master-locator",
+        examples=[{"ha-mode": "all"}, {"ha-mode": "exactly", "ha-params": 2}],
+    )
     priority: int = 0
-    apply_to: str = Field("topics", alias="apply-to")
+    apply_to: str = Field("topics", alias="apply-to", description="topics (or queues), all")
 
 
 class PolicyOut(BaseModel):
