@@ -17,6 +17,7 @@ import functools
 from collections.abc import Callable, Container
 from dataclasses import dataclass
 
+from hamq.broker.stats import BrokerStats
 from hamq.broker.topics import TopicService
 from hamq.net.connection import Connection, response_pieces
 from hamq.net.metrics import COUNTS
@@ -38,10 +39,17 @@ class HeldPull:
 
 
 class PullProcessor:
-    def __init__(self, store: MessageStore, topics: TopicService, max_wait_ms: int) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicService,
+        max_wait_ms: int,
+        stats: BrokerStats | None = None,
+    ) -> None:
         self.store = store
         self.topics = topics
         self.max_wait_ms = max_wait_ms
+        self.stats = stats or BrokerStats()  # the broker's, shared with sends and pops
         self._held: dict[tuple[str, int], list[HeldPull]] = {}
         self._arrived: set[tuple[str, int]] = set()
         # queues that got records the read cap held back: arrivals again once it rises
@@ -143,6 +151,13 @@ class PullProcessor:
             "max_offset": result.max_offset,
         }
         if result.status is GetStatus.FOUND:
+            self.stats.consumed(
+                ext.get("group"),
+                ext["topic"],
+                result.next_begin_offset - ext["queue_offset"],
+                result.records,
+                self.store.clock_ms(),
+            )
             return response_pieces(frame, ext=answer, body=result.records)
         if result.status in _NOT_FOUND:
             return response_pieces(frame, ResponseCode.PULL_NOT_FOUND, ext=answer)

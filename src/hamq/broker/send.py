@@ -6,11 +6,13 @@ use up the member's credit (``broker/flow.py``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from time import monotonic_ns
 
 from hamq.broker.dledger.driver import DLedgerCommitLog
 from hamq.broker.dledger.wire import encode_entry
 from hamq.broker.flow import PublisherFlow
 from hamq.broker.ha.service import HAMaster
+from hamq.broker.stats import BrokerStats
 from hamq.broker.topics import TopicService
 from hamq.errors import HamqError, MessageIllegal
 from hamq.net.connection import Connection, error_pieces, response_pieces
@@ -42,6 +44,7 @@ class SendProcessor:
         on_put: Callable[[str, int], None],
         put_held_back: Callable[[str, int, bytes, int, int], PutResult],
         flow: PublisherFlow,
+        stats: BrokerStats | None = None,
     ) -> None:
         self.store = store
         self.topics = topics
@@ -52,6 +55,12 @@ class SendProcessor:
         self.dledger = dledger  # DLedger mode: sends are Raft proposals
         self.max_message_bytes = store.config.max_message_size
         self.flow = flow  # credit for answers that wait, and which connections publish
+        self.stats = stats or BrokerStats()  # the broker's, shared with pulls and pops
+        # Sends of the read being handled answered at once, and when the first of them was
+        # handled: their answers leave together after the read's write (``after_write``),
+        # so their latency is observed once per read, not per request.
+        self._answered_at_once = 0
+        self._read_ns = 0
 
     def send(self, conn: Connection, frame: Frame, batch: bool) -> list | None:
         if not conn.publishes:
@@ -81,7 +90,11 @@ class SendProcessor:
             "queue_offset": result.base_queue_offset,
         }
         if not self.flush.sync and need_ack_nums <= 1:
+            if not self._answered_at_once:
+                self._read_ns = monotonic_ns()
+            self._answered_at_once += 1
             return response_pieces(frame, ext=answer)
+        latency, arrived_ns = self.stats.send_latency_us, monotonic_ns()
         flow, size = self.flow, len(frame.body)
         flow.take(size)
         # An answer decided while this request is handled (all-ack with the master alone
@@ -93,6 +106,7 @@ class SendProcessor:
 
         def stored(code: int, remark: str) -> None:
             flow.give(size)
+            latency.observe((monotonic_ns() - arrived_ns) // 1000)
             pieces = response_pieces(frame, code, ext=answer, remark=remark)
             if handling:
                 at_once.extend(pieces)
@@ -103,6 +117,15 @@ class SendProcessor:
         handling = False
         return at_once or None
 
+    def after_write(self) -> None:
+        """After a read's commit-log write: the answers given at once leave now. (When the
+        write fails they never leave, and count with the next read's.)"""
+        answered = self._answered_at_once
+        if answered:
+            self._answered_at_once = 0
+            latency_us = (monotonic_ns() - self._read_ns) // 1000
+            self.stats.send_latency_us.observe(latency_us, answered)
+
     def store_batch(
         self, topic: str, queue_id: int, payload: bytes, count: int, crc: int, born_ts: int
     ) -> tuple[PutResult, int]:
@@ -112,6 +135,7 @@ class SendProcessor:
         COUNTS.send_requests += 1
         COUNTS.messages_in += count
         COUNTS.bytes_in += len(payload)
+        self.stats.produced(topic, count, len(payload))
         if first_message_is_held_back(payload):
             result = self.put_held_back(topic, queue_id, payload, count, born_ts)
         else:
@@ -154,6 +178,7 @@ class SendProcessor:
                 "delay, timer and transaction messages are not supported by "
                 'DLedger groups yet (replication_mode = "dledger")'
             )
+        self.stats.produced(topic, count, len(frame.body))
         ext = frame.ext
         entry = encode_entry(
             topic,
@@ -168,10 +193,13 @@ class SendProcessor:
         flow, size = self.flow, len(frame.body)
         flow.take(size)
 
+        latency, arrived_ns = self.stats.send_latency_us, monotonic_ns()
+
         def committed(result: PutResult | None, err: HamqError | None) -> None:
             flow.give(size)
             if frame.is_oneway:
                 return
+            latency.observe((monotonic_ns() - arrived_ns) // 1000)
             if err is not None:
                 conn.reply(error_pieces(frame, err))
             else:

@@ -36,8 +36,10 @@ from hamq.broker.registration import NamesrvRegistration
 from hamq.broker.replicas_manager import ReplicasManager
 from hamq.broker.role import BrokerRole, RoleService, RoleServices, RoleState
 from hamq.broker.schedule.service import ScheduleMessageService
+from hamq.broker.scrape import add_broker_sources
 from hamq.broker.send import SendProcessor
 from hamq.broker.send_back import ConsumerSendMsgBackProcessor
+from hamq.broker.stats import BrokerStats
 from hamq.broker.store_lock import StoreDirLock
 from hamq.broker.topics import TopicService
 from hamq.broker.transaction.check import TransactionalMessageCheckService
@@ -163,7 +165,10 @@ class Broker:
             self.registration.on_master_refused = self.replicas.refresh
 
         # -- request processors -----------------------------------------------------------
-        self.pull = PullProcessor(self.store, self.topics, config.long_polling_max_wait_ms)
+        self.stats = BrokerStats()  # traffic by topic and group, latencies (broker/stats.py)
+        self.pull = PullProcessor(
+            self.store, self.topics, config.long_polling_max_wait_ms, self.stats
+        )
         # where an acting master's delay, transaction and pop writes go (seed 004)
         self.escape = EscapeBridge(config, siblings)
         self.schedule = ScheduleMessageService(
@@ -195,6 +200,7 @@ class Broker:
             on_put=self.pull.message_arrived,
             put_held_back=HeldBackPut(self.schedule, self.transactions),
             flow=self.flow,
+            stats=self.stats,
         )
         self.clients = ClientManager()
         self.locks = RebalanceLockManager(config.rebalance_lock_max_live_time_ms)
@@ -215,6 +221,8 @@ class Broker:
             runtime_info=self.runtime_info,
             on_written=on_written,
         )
+        # sends answered at once: their latency, once their read's write is done
+        self.processor.register({}, after_write=self.send.after_write)
         send_back = ConsumerSendMsgBackProcessor(
             self.store, self.topics, self.schedule, self.flush, on_put=self.pull.message_arrived
         )
@@ -239,6 +247,7 @@ class Broker:
             on_written=on_written,
             on_put=self.pull.message_arrived,
             escape=self.escape,
+            stats=self.stats,
         )
         self.processor.register(self.pop.handlers())
         self.processor.register(MessageLookup(self.store, self.topics).handlers())
@@ -486,6 +495,7 @@ class Broker:
             "acting_master": self.acting.info(),
             "queue_locks": self.locks.owners(monotonic_ms()),
             "flow": self.flow.status(),
+            "stats": self.stats.runtime_info(),
         }
 
     def _ha_status(self) -> dict:
@@ -545,6 +555,7 @@ class Broker:
         ):
             gauge(name, documentation, read, labels)
         self.alarms.add_gauges(labels)
+        add_broker_sources(self, labels)
 
     def _scan_clients(self) -> None:
         self.clients.scan_expired(monotonic_ms())

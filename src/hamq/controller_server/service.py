@@ -58,6 +58,16 @@ class ControllerService:
         )
         gauge("hamq_controller_term", "The controller peer's Raft term", lambda: core.node.term)
         gauge(
+            "hamq_controller_commit_index",
+            "Raft entries committed (as this peer knows)",
+            lambda: core.node.committed_index,
+        )
+        gauge(
+            "hamq_controller_last_index",
+            "Raft entries this peer holds",
+            lambda: core.node.log.ledger_end_index,
+        )
+        gauge(
             "hamq_controller_elections",
             "Master elections applied while leading",
             lambda: stats.elections,

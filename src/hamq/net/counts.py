@@ -1,7 +1,11 @@
-"""Counts a server process keeps on its hot paths: plain integers, read by the metrics
-collector at scrape time (``net/metrics.py``) and importable without prometheus_client."""
+"""Counts a server process keeps on its hot paths: plain integers (histograms too: a list
+of ints and a ``bisect``), read by the metrics collector at scrape time
+(``net/metrics.py``) and importable without prometheus_client."""
 
 from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
 
 
 class Counts:
@@ -33,3 +37,34 @@ class Counts:
 
 
 COUNTS = Counts()
+
+
+# Upper bounds (µs) of the latency histograms' buckets: send answers, fsyncs.
+LATENCY_US_BOUNDS = (
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
+    500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000,
+)  # fmt: skip
+
+
+class Histogram:
+    """Fixed buckets as a list of ints: ``counts[i]`` holds observations at most
+    ``bounds[i]`` and above the bound before it; the last, those above every bound."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: Sequence[int]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.total = 0
+
+    def observe(self, value: int, times: int = 1) -> None:
+        self.counts[bisect_left(self.bounds, value)] += times
+        self.total += value * times
+
+    def cumulative(self, per_unit: int) -> list[tuple[float, int]]:
+        """(upper bound / ``per_unit``, observations up to it), ending with (inf, all)."""
+        out, running = [], 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += count
+            out.append((bound / per_unit, running))
+        return out

@@ -18,12 +18,12 @@ from collections.abc import Callable, Iterator
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import REGISTRY, make_wsgi_app
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from hamq.net.connection import split_address
-from hamq.net.counts import COUNTS
+from hamq.net.counts import COUNTS, Histogram
 
 _COUNTER_HELP = {
     "send_requests": "Send requests stored (one per batch)",
@@ -45,9 +45,56 @@ _COUNTER_HELP = {
 Labels = tuple[tuple[str, str], ...]
 
 
+class Families:
+    """The labelled series of one scrape, by family name: every source (each member of a
+    broker container, say) adds its series to the one family of that name, as the
+    exposition format wants each family once."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, Metric] = {}
+
+    def _family(self, name: str, documentation: str, kind: str) -> Metric:
+        family = self.by_name.get(name)
+        if family is None:
+            family = self.by_name[name] = Metric(name, documentation, kind)
+        return family
+
+    def counter(self, name: str, documentation: str, labels: dict[str, str], value: float) -> None:
+        self._family(name, documentation, "counter").add_sample(f"{name}_total", labels, value)
+
+    def gauge(self, name: str, documentation: str, labels: dict[str, str], value: float) -> None:
+        self._family(name, documentation, "gauge").add_sample(name, labels, value)
+
+    def histogram(
+        self,
+        name: str,
+        documentation: str,
+        labels: dict[str, str],
+        histogram: Histogram,
+        per_unit: int,
+    ) -> None:
+        """``histogram`` counts in units of 1 / ``per_unit`` of the metric's (µs: 1_000_000
+        for seconds)."""
+        family = self._family(name, documentation, "histogram")
+        buckets = histogram.cumulative(per_unit)
+        for bound, count in buckets:
+            family.add_sample(f"{name}_bucket", {**labels, "le": _bound_text(bound)}, count)
+        family.add_sample(f"{name}_count", labels, buckets[-1][1])
+        family.add_sample(f"{name}_sum", labels, histogram.total / per_unit)
+
+
+def _bound_text(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
+# A source adds its series to a scrape's families; it gets the labels it was added with.
+Source = Callable[[Families, dict[str, str]], None]
+
+
 class _HamqCollector(Collector):
     def __init__(self) -> None:
         self.gauges: dict[str, tuple[str, dict[Labels, Callable[[], float]]]] = {}
+        self.sources: dict[tuple[str, Labels], Source] = {}
 
     def collect(self) -> Iterator:
         for name, help_text in _COUNTER_HELP.items():
@@ -58,6 +105,10 @@ class _HamqCollector(Collector):
             for labels, read in list(series.items()):
                 family.add_sample(name, dict(labels), read())
             yield family
+        families = Families()
+        for (_, labels), add in list(self.sources.items()):
+            add(families, dict(labels))
+        yield from families.by_name.values()
 
 
 _COLLECTOR = _HamqCollector()
@@ -77,10 +128,18 @@ def gauge(
     ] = read
 
 
+def source(name: str, add: Source, labels: dict[str, str] | None = None) -> None:
+    """Series that ``add`` puts into each scrape's families (labelled counters and
+    histograms, series that come and go); ``labels`` as for ``gauge``."""
+    _COLLECTOR.sources[(name, tuple(sorted((labels or {}).items())))] = add
+
+
 def remove_gauges(labels: dict[str, str]) -> None:
     """Drop every series carrying these labels (a container member that stopped), whatever
-    other labels it has (``hamq_alarm``'s resource)."""
+    other labels it has (``hamq_alarm``'s resource), and the sources added with them."""
     wanted = set(labels.items())
+    for key in [key for key in _COLLECTOR.sources if wanted <= set(key[1])]:
+        del _COLLECTOR.sources[key]
     for name, (_, series) in list(_COLLECTOR.gauges.items()):
         for key in [key for key in series if wanted <= set(key)]:
             del series[key]

@@ -146,6 +146,11 @@ class SlaveProgress:
     batch_records: int = 0  # records per transfer at most (0: bytes alone bound it)
     sync_start: int | None = None  # where a sync-queue restarted its log (None: no sync)
     sync_batches: int = 0  # transfers its batch of records cut short since that restart
+    # Its replication lag in time (RocketMQ's lastCaughtUpTime): the master's max offset and
+    # the time at the last transfer; an ack reaching that offset means it had caught up then.
+    transfer_max_offset: int = 0
+    transfer_ms: int = 0
+    caught_up_ms: int = 0
 
 
 AckCallback = Callable[[ReplicaStatus], None]
@@ -300,6 +305,7 @@ class MasterReplication:
             held_from,
             batch_records,
             sync_start,
+            caught_up_ms=now_ms,  # its lag in time counts from its attach
         )
         if self.sync_state_set is not None:
             self.sync_state_set.on_connect(broker_id, start, now_ms, held_from)
@@ -372,6 +378,7 @@ class MasterReplication:
                 end = batch_end
                 s.sync_batches += 1
         start, s.sent_offset = s.sent_offset, end
+        s.transfer_max_offset, s.transfer_ms = master_max_offset, now_ms
         if self.sync_state_set is not None:
             self.sync_state_set.on_transfer(s.broker_id, master_max_offset, now_ms)
         return start, end
@@ -398,6 +405,8 @@ class MasterReplication:
         s.received_offset = max(s.received_offset, min(received, s.sent_offset))
         if ack_offset > s.ack_offset:
             s.ack_offset = ack_offset
+        if s.ack_offset >= s.transfer_max_offset:
+            s.caught_up_ms = max(s.caught_up_ms, s.transfer_ms)
         if log_start is not None:
             s.log_start = log_start
         if self.sync_state_set is not None:

@@ -14,9 +14,11 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
+from time import monotonic_ns
 
 from hamq.clock import monotonic_s
 from hamq.errors import BrokerSystemError
+from hamq.net.counts import LATENCY_US_BOUNDS, Histogram
 from hamq.net.tasks import PeriodicTask, cancel_all
 from hamq.store.message_store import MessageStore
 
@@ -40,6 +42,8 @@ class FlushService:
         self._sync_flush: asyncio.Task | None = None  # group commit (sync flush)
         self._duties: list[PeriodicTask] = []
         store.after_cut.append(self._release_cut)
+        # commit-log fsyncs (in a worker thread), the hop there and back included
+        self.fsync_us = Histogram(LATENCY_US_BOUNDS)
 
     def wait_flushed(self, offset: int, callback: FlushCallback) -> None:
         """Call ``callback(True)`` once the log is durable up to ``offset`` (sync flush)."""
@@ -108,11 +112,7 @@ class FlushService:
             self._wake.clear()
             commitlog.write_pending()
             try:
-                flushed = (
-                    await asyncio.to_thread(commitlog.detach_flush())
-                    if commitlog.unflushed
-                    else commitlog.flushed_offset
-                )
+                flushed = await self._fsync() if commitlog.unflushed else commitlog.flushed_offset
             except BrokerSystemError:
                 self.store.check_disk()  # refuses writes: none could become durable
                 return
@@ -125,10 +125,19 @@ class FlushService:
     async def _flush_commitlog(self) -> None:
         if self.store.commitlog.fsync_error:
             return
+        if not self.store.commitlog.unflushed:
+            return
         try:
-            await asyncio.to_thread(self.store.commitlog.detach_flush())
+            await self._fsync()
         except BrokerSystemError:
             self.store.check_disk()  # refuses writes: none could become durable
+
+    async def _fsync(self) -> int:
+        """Fsync the commit log in a worker thread; returns the durable offset."""
+        started = monotonic_ns()
+        flushed = await asyncio.to_thread(self.store.commitlog.detach_flush())
+        self.fsync_us.observe((monotonic_ns() - started) // 1000)
+        return flushed
 
     async def _checkpoint(self) -> None:
         if self.store.fsync_error:  # none is written again: recovery rebuilds from the last

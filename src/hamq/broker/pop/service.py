@@ -72,6 +72,7 @@ from hamq.broker.pop.revive_log import (
 from hamq.broker.pop.state import AckResult, PopQueueState
 from hamq.broker.role import RoleState
 from hamq.broker.send_back import copy_properties, put_dead_letter
+from hamq.broker.stats import BrokerStats
 from hamq.broker.stored_message import read_message
 from hamq.broker.topics import TopicService
 from hamq.clock import monotonic_ms, wall_ms
@@ -124,10 +125,12 @@ class PopService:
         on_written: Callable[[], None],
         on_put: Callable[[str, int], None],
         escape: EscapeBridge | EscapePut | None = None,
+        stats: BrokerStats | None = None,
     ) -> None:
         self.store = store
         self.topics = topics
         self.flush = flush
+        self.stats = stats or BrokerStats()  # the broker's, shared with sends and pulls
         self.revive = ReviveLog(store, config.broker_name)
         self.broker_name = config.broker_name
         # an acting master's CK/ACK records (no escape: this member never acts), and where
@@ -543,10 +546,12 @@ class PopService:
         for qid, offsets, times in entries:
             self.states[(group, topic, qid)].check_out(offsets, times, deadline, ck)
         self._changed()
+        body = b"".join(bodies)
+        self.stats.consumed(group, topic, sum(len(e[1]) for e in entries), body, now)
         return response_pieces(
             frame,
             ext={"ck": ck, "pop_time_ms": now, "deadline_ms": deadline, "chunks": chunks},
-            body=b"".join(bodies),
+            body=body,
         )
 
     def _write_ck(self, group: str, topic: str, deadline_ms: int, entries: list[CkEntry]) -> int:
