@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,8 +16,9 @@ from hamq.cli.common import namesrv_option, setup_logging
 from hamq.config_check import address
 from hamq.errors import ConfigError
 from hamq.net.server import run_until_signalled
-from hamq.web.access import ClusterAccess
-from hamq.web.server import start_web
+
+if TYPE_CHECKING:
+    from hamq.web.access import ClusterAccess
 
 # RabbitMQ's management port: a RabbitMQ user's scripts find the API where they expect it.
 DEFAULT_WEB_LISTEN = "127.0.0.1:15672"
@@ -31,6 +33,8 @@ def _listen(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 
 async def serve_web(access: ClusterAccess, listen: str, stop: asyncio.Event) -> None:
+    from hamq.web.server import start_web  # FastAPI loads only for the command that serves it
+
     server = await start_web(access, listen)
     print(
         json.dumps({"event": "ready", "role": "web", "listen": server.listen, "url": server.url}),
@@ -52,6 +56,8 @@ async def serve_web(access: ClusterAccess, listen: str, stop: asyncio.Event) -> 
 )
 def web(namesrv: str, controllers: list[str], listen: str) -> None:
     """Serve the management HTTP API (/api, OpenAPI at /api/openapi.json) and the console (/)."""
+    from hamq.web.access import ClusterAccess
+
     setup_logging()
     access = ClusterAccess([a.strip() for a in namesrv.split(";") if a.strip()], controllers)
     try:
