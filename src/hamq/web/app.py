@@ -17,6 +17,7 @@ from hamq.web.access import ClusterAccess
 from hamq.web.auth import authorize
 from hamq.web.history import History, sample_forever
 from hamq.web.json_body import JsonBodies
+from hamq.web.origin import SameOrigin
 
 
 def create_app(access: ClusterAccess, *, sample_interval_s: float = 2.0) -> FastAPI:
@@ -46,6 +47,7 @@ def create_app(access: ClusterAccess, *, sample_interval_s: float = 2.0) -> Fast
     app.state.history = history
     errors.install(app)
     app.add_middleware(JsonBodies)
+    app.add_middleware(SameOrigin)  # no cross-site writes, no DNS-rebinding Host
     for router in (rabbit.router, rocket.router, console.router):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=console.STATIC_DIR), name="static")

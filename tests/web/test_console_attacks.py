@@ -1,0 +1,157 @@
+"""The console and API attacked from a browser (real headless Chromium) on one cluster:
+
+- another origin's page (a second local port) cannot change the cluster with the requests a
+  browser sends without asking first (a form POST, a ``no-cors`` fetch with ``text/plain``),
+  though scripts without an ``Origin`` (curl) still can;
+- a DNS-rebinding page (a name that is not this server's) reads nothing;
+- names and message contents holding markup are shown as text, never run as HTML.
+"""
+
+from __future__ import annotations
+
+import html
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from urllib.parse import quote
+
+import pytest
+from playwright.sync_api import Page, sync_playwright
+
+import hamq
+from helpers import free_port, wait_for
+from web.test_console import CHROMIUM, CHROMIUM_ARGS, UI_TIMEOUT_MS
+
+TOPIC = "attack.t"
+SCRIPTED = "<img src=x onerror=\"window.__xss='{}'\">"  # runs if inserted as HTML
+ROUTE_TIMEOUT_S = 30.0
+VICTIM = "csrf-victim"  # a consumer group nobody reads with
+RESET = {"action": "reset_offset", "topic": TOPIC, "timestamp_ms": 0}
+
+
+@pytest.fixture(scope="module")
+def topic(web_cluster) -> str:
+    """A declared, routed topic with one message whose every field holds markup."""
+    web_cluster.mc.admin("declare-topic", TOPIC)
+
+    def routed() -> bool:
+        answer = web_cluster.request("GET", f"api/topics/{TOPIC}")
+        return answer.status == 200 and bool(answer.body["queues"])
+
+    wait_for(routed, ROUTE_TIMEOUT_S, f"{TOPIC} placed and routed")
+    return TOPIC
+
+
+@pytest.fixture(scope="module")
+def page(web_cluster, topic) -> Iterator[Page]:
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser.new_page()
+        browser.close()
+
+
+@dataclass
+class OtherOrigin:
+    """Another origin than the console's (a second local port): ``url`` serves ``pages``."""
+
+    url: str
+    pages: dict[str, str] = field(default_factory=dict)
+
+
+@pytest.fixture(scope="module")
+def other_origin() -> Iterator[OtherOrigin]:
+    pages: dict[str, str] = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = pages.get(self.path, "").encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield OtherOrigin(f"http://127.0.0.1:{server.server_port}/", pages)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_another_origin_cannot_act_without_a_preflight(web_cluster, page, other_origin):
+    """A form (text/plain: the JSON split so that its "=" lands in a string) asks for a
+    queue sync; a no-cors fetch resets a consumer group's offsets, which would create them."""
+    sync = f"{web_cluster.url}api/queues/%2f/{TOPIC}/actions"
+    name, value = '{"action": "sync", "pad": "', '"}'
+    other_origin.pages["/form"] = (
+        f'<form method="post" enctype="text/plain" action="{html.escape(sync)}">'
+        f'<input name="{html.escape(name)}" value="{html.escape(value)}"></form>'
+        "<script>document.forms[0].submit()</script>"
+    )
+    reset = f"{web_cluster.url}api/consumer-groups/{VICTIM}/actions"
+    other_origin.pages["/fetch"] = (
+        f"<script>fetch({json.dumps(reset)}, {{method: 'POST', mode: 'no-cors', "
+        f"headers: {{'content-type': 'text/plain'}}, body: {json.dumps(json.dumps(RESET))}}})"
+        "</script>"
+    )
+    for attack, action in (("form", sync), ("fetch", reset)):
+        with page.expect_response(lambda r, url=action: r.url == url) as sent:
+            page.goto(other_origin.url + attack)
+        assert sent.value.status == 403, (attack, sent.value.status, sent.value.text())
+    assert web_cluster.request("GET", f"api/consumer-groups/{VICTIM}").status == 404
+    # what the browser was refused, curl (no Origin) and the console (its own origin) do
+    path = f"api/consumer-groups/{VICTIM}/actions"
+    assert web_cluster.request("POST", path, raw=json.dumps(RESET).encode()).status == 200
+    own = {"origin": web_cluster.url.rstrip("/")}
+    assert web_cluster.request("POST", path, RESET, headers=own).status == 200
+
+
+def test_a_rebinding_host_reads_nothing(web_cluster):
+    port = web_cluster.url.rstrip("/").rsplit(":", 1)[1]
+    refused = web_cluster.request("GET", "api/overview", headers={"host": f"evil.example:{port}"})
+    assert refused.status == 403 and refused.body["field"] is None, refused
+    assert "evil.example" in refused.body["reason"]
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"):
+        assert web_cluster.request("GET", "api/vhosts", headers={"host": host}).status == 200
+
+
+def test_markup_in_names_and_messages_is_text(web_cluster, page, topic):
+    policy = SCRIPTED.format("policy")
+    put = web_cluster.request(
+        "PUT",
+        f"api/policies/%2f/{quote(policy, safe='')}",
+        {"pattern": "^nothing-matches$", "definition": {"ha-mode": "all"}},
+    )
+    assert put.status == 201, put
+    properties = {SCRIPTED.format("key"): SCRIPTED.format("value")}
+    with hamq.Producer(web_cluster.namesrv) as producer:
+        sent = producer.send(
+            hamq.Message(
+                TOPIC,
+                b"</script>" + SCRIPTED.format("body").encode(),
+                keys="k\"'><svg/onload=window.__xss=1>",
+                tags=SCRIPTED.format("tag"),
+                properties=properties,
+            )
+        )
+    try:
+        for path, shown in (
+            ("policies", policy),
+            (f"messages?topic={TOPIC}&msg_id={sent.msg_id}", SCRIPTED.format("body")),
+            (f"messages?topic={TOPIC}&msg_id={sent.msg_id}", SCRIPTED.format("value")),
+        ):
+            page.goto(web_cluster.url + path)
+            page.wait_for_selector("#status.ok", timeout=UI_TIMEOUT_MS)
+            page.get_by_text(shown).first.wait_for(timeout=UI_TIMEOUT_MS)
+            assert page.evaluate("window.__xss") is None, path
+            assert page.locator("#page img, #page svg").count() == 0, path
+    finally:
+        deleted = web_cluster.request("DELETE", f"api/policies/%2f/{quote(policy, safe='')}")
+        assert deleted.status == 204, deleted
