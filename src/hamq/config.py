@@ -201,6 +201,9 @@ class NamesrvConfig(ControllerSettings, ServerConfig):
     metrics_listen: str = ""  # HOST:PORT of /metrics, "" = off
     web_listen: str = ""  # HOST:PORT of the management HTTP API and web console (web/),
     #   "" = off; not authenticated yet, so keep it on 127.0.0.1
+    web_controllers: tuple[str, ...] = ()  # HOST:PORT of every controller peer the web API
+    #   manages policies, vhosts and elections through; () = this name server's embedded
+    #   peers (none without an embedded controller: those routes answer 503)
     enable_controller_in_namesrv: bool = False  # enableControllerInNamesrv (recommended)
     support_acting_master: bool = False  # supportActingMaster: route a masterless group's
     #   smallest-id alive member as brokerId 0, read-only (seed 004)

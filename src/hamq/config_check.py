@@ -316,6 +316,8 @@ def check_namesrv(config: NamesrvConfig) -> None:
     path("data_dir", config.data_dir)
     check_ranges(config, NAMESRV_RANGES)
     check_controller_settings(config)
+    for addr in config.web_controllers:
+        address("web_controllers", addr)
     _distinct_ports(namesrv_binds(config))
 
 

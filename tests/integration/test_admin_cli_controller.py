@@ -17,6 +17,7 @@ import select
 import signal
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
@@ -119,11 +120,23 @@ def test_dev_default_is_a_controller_group_of_three_with_its_console(embedded):
     assert group["master_address"] in members  # the other tests of this module may elect
 
 
+def console_get(ready: dict, path: str):
+    """``GET path`` of the console the ready line names, answered 200 with JSON."""
+    with urllib.request.urlopen(ready["web"]["url"] + path, timeout=10) as response:
+        assert response.status == 200
+        return json.loads(response.read())
+
+
 def test_dev_standalone_controllers_ready_line_and_sigterm(tmp_path):
     with dev_controller(
         tmp_path, "--mode", "controller", "--standalone", "--replicas", "3", "--controllers", "3"
     ) as (proc, ready):
         check_ready_line(ready, embedded=False)
+        # the name server serving the console does not embed the controller: its controller
+        # routes reach the standalone peers (web_controllers), not a 503
+        group = console_get(ready, "api/groups/broker-a")
+        assert (group["mode"], group["master_epoch"]) == ("controller", ready["master_epoch"])
+        assert "/" in {v["name"] for v in console_get(ready, "api/vhosts")}
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         wait_for(

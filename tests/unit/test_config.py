@@ -285,6 +285,8 @@ def test_checks_run_however_the_config_is_built():
         NamesrvConfig(max_route_entries=0)
     with pytest.raises(ConfigError, match=r"^metrics_listen = '127.0.0.1:9876': collides"):
         NamesrvConfig(metrics_listen="127.0.0.1:9876")
+    with pytest.raises(ConfigError, match=r"^web_controllers = 'x': must be HOST:PORT"):
+        NamesrvConfig(web_controllers=("x",))
 
 
 def test_long_values_are_cut_to_keep_one_line():

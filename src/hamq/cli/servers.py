@@ -461,6 +461,8 @@ def _server_configs(
         servers["namesrv"] = ("namesrv", {"listen": namesrv_addrs[0]})
         if acting:
             servers["namesrv"][1]["support_acting_master"] = True
+        if layout:  # standalone peers: the console's controller routes go to them
+            servers["namesrv"][1]["web_controllers"] = layout.addrs
     if layout:
         command = "namesrv" if layout.embedded else "controller"
         for peer_id in layout.peers:

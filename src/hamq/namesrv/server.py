@@ -177,13 +177,16 @@ class NamesrvProcessor:
 
 async def _serve_web(config: NamesrvConfig) -> WebServer:
     """The management API and console for this name server's cluster; the controller
-    routes go to its embedded controller's peers (none without one: they answer 503)."""
+    routes go to ``web_controllers`` (standalone peers), else to its embedded controller's
+    peers (none without one: they answer 503)."""
     # imported here: a name server without web_listen does not load FastAPI and uvicorn
     from hamq.web.access import ClusterAccess
     from hamq.web.server import start_web
 
     peers = sorted(peer_map(config, config.listen).items())
-    controllers = [addr for _, addr in peers] if config.enable_controller_in_namesrv else []
+    controllers = list(config.web_controllers) or (
+        [addr for _, addr in peers] if config.enable_controller_in_namesrv else []
+    )
     return await start_web(ClusterAccess([config.listen], controllers), config.web_listen)
 
 
