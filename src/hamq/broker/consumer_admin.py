@@ -61,10 +61,12 @@ class ConsumerAdmin:
         for queue_id in range(config.read_queue_nums):
             new = self.store.offset_by_timestamp(topic, queue_id, timestamp_ms)
             old = offsets.query(group, topic, queue_id)
-            offsets.commit(group, topic, queue_id, new, now)
-            self.pop_reset(group, topic, queue_id, new)
             rows.append({"queue_id": queue_id, "old_offset": old, "new_offset": new})
             table[queue_id] = new
+        # under a new reset generation: the slaves take the rewind (store/metadata.py)
+        offsets.reset(group, topic, table, now)
+        for queue_id, new in table.items():
+            self.pop_reset(group, topic, queue_id, new)
         body = pack_body(
             {"broker_name": self.broker_name, "group": group, "topic": topic, "offsets": table}
         )

@@ -36,6 +36,7 @@ worse than consumers going back over what those members alone saw.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import Frame, unpack_body
 from hamq.store.delay_offset import DelayOffsetManager
 from hamq.store.message_store import MessageStore
-from hamq.store.metadata import DataVersion
+from hamq.store.metadata import DataVersion, reset_generations_from_wire
 
 log = logging.getLogger(__name__)
 
@@ -79,13 +80,19 @@ class VersionedProgress(Protocol):
     def merge(self, table: dict, version: DataVersion) -> None: ...
 
 
-def merge_if_not_older(target: VersionedProgress, table: dict, version: DataVersion) -> bool:
+def merge_if_not_older(
+    target: VersionedProgress,
+    table: dict,
+    version: DataVersion,
+    merge: Callable[[dict, DataVersion], None] | None = None,
+) -> bool:
     """Take a member's table if its version is not older than ours (RocketMQ's pre-online
     rule: an equal version means neither side stepped past the other, so taking it loses
-    nothing); the merge never moves an offset back. True if taken."""
+    nothing); the merge (``merge``, else the table's own) never moves an offset back but
+    by a newer reset generation. True if taken."""
     if version < target.data_version:
         return False
-    target.merge(table, version)
+    (merge or target.merge)(table, version)
     return True
 
 
@@ -163,6 +170,12 @@ class GroupMetadata:
                 self.store.offsets,
                 unpack_body(offsets.body) or {},
                 DataVersion.from_wire(offsets.ext.get("data_version")),
+                functools.partial(
+                    self.store.offsets.merge,
+                    reset_generations=reset_generations_from_wire(
+                        offsets.ext.get("reset_generations")
+                    ),
+                ),
             ),
             "delay_offsets": merge_if_not_older(
                 self.delay_offsets,

@@ -157,11 +157,15 @@ class BrokerProcessor:
         return response_pieces(frame, body=pack_body(body))
 
     def _get_all_consumer_offset(self, conn: Connection, frame: Frame) -> list:
-        """The offset table; its DataVersion in ``ext`` (pre-online and slave sync compare it)."""
+        """The offset table; its DataVersion in ``ext`` (pre-online and slave sync compare it)
+        with the groups' reset generations (they let a reset move the others' offsets back)."""
         offsets = self.store.offsets
         return response_pieces(
             frame,
-            ext={"data_version": asdict(offsets.data_version)},
+            ext={
+                "data_version": asdict(offsets.data_version),
+                "reset_generations": offsets.reset_generations(),
+            },
             body=pack_body(offsets.table()),
         )
 

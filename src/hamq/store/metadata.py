@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 PERM_READ = 4  # RocketMQ PermName.PERM_READ
 PERM_WRITE = 2  # RocketMQ PermName.PERM_WRITE
 PERM_READ_WRITE = PERM_READ | PERM_WRITE
+_RESETS = "reset_generations"  # the offsets file's section of reset generations
 
 
 @dataclass(frozen=True, order=True)
@@ -74,7 +75,8 @@ class TableSnapshot(bytes):
 
 
 class VersionedTable:
-    """A dict persisted as ``{"data_version": ..., "table": {...}}``. Snapshots are taken on
+    """A dict persisted as ``{"data_version": ..., "table": {...}}`` (plus any ``sections``:
+    further dicts that must reach the disk together with the table). Snapshots are taken on
     the event loop and may be written from worker threads: the file never goes back from a
     newer snapshot to an older one (a topic delete persisted on the loop must not be undone
     by a periodic write that started before it), and a failed write leaves the table due
@@ -88,6 +90,7 @@ class VersionedTable:
         disk: Disk = OS_DISK,
         version_step: int = 1,
         state_version: int | None = None,
+        sections: tuple[str, ...] = (),
     ) -> None:
         """``version_step``: changes per DataVersion step; ``state_version``: fixed for a
         table compared with other members' (None: the creation time, for one that is not).
@@ -96,6 +99,7 @@ class VersionedTable:
         self.path = path
         self.disk = disk
         self.table: dict[str, Any] = {}
+        self.sections: dict[str, dict[str, Any]] = {name: {} for name in sections}
         self.data_version = (
             DataVersion(now_ms, 0, now_ms)
             if state_version is None
@@ -111,6 +115,7 @@ class VersionedTable:
             try:
                 raw = json.loads(disk.read_bytes(path))
                 self.table = raw["table"]
+                self.sections.update((name, raw.get(name, {})) for name in sections)
                 self.data_version = DataVersion(**raw["data_version"])
                 if state_version is not None:
                     self.data_version = replace(self.data_version, state_version=state_version)
@@ -144,7 +149,7 @@ class VersionedTable:
         if not self.dirty:
             return None
         self.dirty = False
-        payload = {"data_version": asdict(self.data_version), "table": self.table}
+        payload = {"data_version": asdict(self.data_version), "table": self.table, **self.sections}
         snapshot = TableSnapshot(json.dumps(payload, sort_keys=True).encode())
         self._taken += 1
         snapshot.number = self._taken
@@ -209,8 +214,10 @@ class ProgressTable:
     progress): its version steps every ``version_step`` changes (settable: the broker's
     config names the step) and its state version is 0 (module docstring)."""
 
-    def __init__(self, path: Path, now_ms: int, *, disk: Disk = OS_DISK) -> None:
-        self._t = VersionedTable(path, now_ms, disk=disk, state_version=0)
+    def __init__(
+        self, path: Path, now_ms: int, *, disk: Disk = OS_DISK, sections: tuple[str, ...] = ()
+    ) -> None:
+        self._t = VersionedTable(path, now_ms, disk=disk, state_version=0, sections=sections)
 
     @property
     def data_version(self) -> DataVersion:
@@ -237,13 +244,36 @@ class ProgressTable:
         self._t.write(snapshot)
 
 
+def reset_generations_from_wire(raw: object) -> dict[str, int]:
+    """The reset generations another member sent with its offsets (none from a member that
+    predates them); ``InvalidArgument`` if they are not ``topic@group`` -> integer."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or any(
+        not isinstance(key, str) or type(generation) is not int for key, generation in raw.items()
+    ):
+        raise InvalidArgument(
+            f"reset_generations must map topic@group to integers, not {raw!r:.200}"
+        )
+    return raw
+
+
 class ConsumerOffsetManager(ProgressTable):
     """Committed offsets by ``topic@group`` then queue id; persisted periodically and at
     shutdown (RocketMQ: flushConsumerOffsetInterval), as losing the last seconds of commits
-    only means redelivery."""
+    only means redelivery.
+
+    Members merge each other's offsets never moving one back (``merge``), so an operator's
+    reset, the one deliberate move back, carries a generation per ``topic@group`` kept in
+    the same file: a member takes smaller offsets only with a newer generation, so a reset
+    reaches the slaves (and survives a failover) while a stale copy still cannot rewind a
+    live group."""
 
     def __init__(self, directory: Path, now_ms: int, *, disk: Disk = OS_DISK) -> None:
-        super().__init__(directory / "consumer_offsets.json", now_ms, disk=disk)
+        super().__init__(
+            directory / "consumer_offsets.json", now_ms, disk=disk, sections=(_RESETS,)
+        )
+        self._resets: dict[str, int] = self._t.sections[_RESETS]
         # called when a commit moves an offset back (a reset) or starts a group on a
         # queue: what consumers still need may have grown (a mirrored group's need offset)
         self.on_start_or_rewind: list[Callable[[], None]] = []
@@ -257,6 +287,19 @@ class ConsumerOffsetManager(ProgressTable):
             for hook in self.on_start_or_rewind:
                 hook()
 
+    def reset(self, group: str, topic: str, offsets: dict[int, int], now_ms: int) -> None:
+        """An operator's move of the group's offsets (back or on), under a new generation:
+        after the last one, and a clock time when that is later (a member that became
+        master after a reset elsewhere continues from the generation it took)."""
+        key = f"{topic}@{group}"
+        for queue_id, offset in offsets.items():
+            self.commit(group, topic, queue_id, offset, now_ms)
+        self._resets[key] = max(self._resets.get(key, 0) + 1, now_ms)
+
+    def reset_generations(self) -> dict[str, int]:
+        """``topic@group`` -> the generation of its last reset (groups never reset: none)."""
+        return self._resets
+
     def query(self, group: str, topic: str, queue_id: int) -> int | None:
         return self._t.table.get(f"{topic}@{group}", {}).get(str(queue_id))
 
@@ -268,15 +311,29 @@ class ConsumerOffsetManager(ProgressTable):
         if changed:
             self._t.touch(now_ms)
 
-    def merge(self, table: dict[str, dict[str, int]], version: DataVersion) -> None:
-        """Take offsets from another member whose table is at ``version``, never moving
-        one backwards (a consumer may have committed here while the other was away, and
-        no operation moves an offset back on purpose): this table is then at least as new
-        as that one. Not counted as a change of this member's own."""
+    def merge(
+        self,
+        table: dict[str, dict[str, int]],
+        version: DataVersion,
+        reset_generations: dict[str, int] | None = None,
+    ) -> None:
+        """Take offsets from another member whose table is at ``version``: per group, by
+        reset generation first (the other's newer reset replaces our offsets; its offsets
+        from before our newer reset are ignored), then never moving one backwards (a
+        consumer may have committed here while the other was away). This table is then at
+        least as new as that one. Not counted as a change of this member's own."""
+        theirs_reset = reset_generations or {}
         for key, queues in table.items():
+            generation, ours = theirs_reset.get(key, 0), self._resets.get(key, 0)
+            if generation < ours:
+                continue
+            if generation > ours:
+                self._resets[key] = generation
+                self._t.dirty = True
             mine = self._t.table.setdefault(key, {})
             for queue_id, offset in queues.items():
-                if offset > mine.get(queue_id, -1):
+                before = mine.get(queue_id, -1)
+                if offset > before or (generation > ours and offset != before):
                     mine[queue_id] = offset
                     self._t.dirty = True
         self._t.adopt(version)
@@ -284,4 +341,5 @@ class ConsumerOffsetManager(ProgressTable):
     def delete_topic(self, topic: str, now_ms: int) -> None:
         for key in [k for k in self._t.table if k.split("@", 1)[0] == topic]:
             del self._t.table[key]
+            self._resets.pop(key, None)
         self._t.touch(now_ms)

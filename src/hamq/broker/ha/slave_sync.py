@@ -3,8 +3,9 @@ and delay offsets every ``slave_sync_interval_ms``, so it can serve reads (and r
 consumers at their committed offsets) when the master is gone.
 
 Nothing newer here is overwritten by an older master's copy (seed 004: this member may have
-acted as master): offsets and delay progress are merged, never moving back, and keep the
-newer DataVersion. The topic table is replaced whole, as it must carry deletions, and that
+acted as master): offsets and delay progress are merged, never moving back (an offset reset
+moves them back by its newer generation: ``store/metadata.py``), and keep the newer
+DataVersion. The topic table is replaced whole, as it must carry deletions, and that
 cannot lose anything newer: topics change only on a master (a slave, acting or not,
 refuses topic changes), and the master persists each change before answering it.
 
@@ -25,7 +26,7 @@ from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import unpack_body
 from hamq.store.delay_offset import DelayOffsetManager
 from hamq.store.message_store import MessageStore
-from hamq.store.metadata import DataVersion, TopicConfig
+from hamq.store.metadata import DataVersion, TopicConfig, reset_generations_from_wire
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +87,16 @@ class SlaveSynchronize:
                 }
             )
         # Offsets and delay progress are merged, never overwritten: an offset never moves
-        # back, so a master that returned without pre-online (skip_pre_online, or a slave
-        # it could not wait for) cannot undo what consumers committed on this member while
-        # it acted as master; the version taken is the newer of the two.
+        # back (but by a group's newer reset generation: an operator's reset), so a master
+        # that returned without pre-online (skip_pre_online, or a slave it could not wait
+        # for) cannot undo what consumers committed on this member while it acted as
+        # master; the version taken is the newer of the two.
         try:
             if offsets.code == 0:
                 self.store.offsets.merge(
                     unpack_body(offsets.body) or {},
                     DataVersion.from_wire(offsets.ext.get("data_version")),
+                    reset_generations_from_wire(offsets.ext.get("reset_generations")),
                 )
             if delay.code == 0:
                 self.delay_offsets.merge(
