@@ -17,7 +17,7 @@ from typing import Final
 from hamq.config_check import NODE_NAME, QUEUE_MASTER_LOCATORS, did_you_mean
 from hamq.errors import InvalidArgument
 from hamq.policy.pattern import PatternError, compile_pattern, search
-from hamq.protocol.limits import MAX_NAME_LENGTH
+from hamq.protocol.limits import INT64_MAX, MAX_NAME_LENGTH
 from hamq.protocol.properties import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 
 DEFAULT_VHOST: Final = "/"
@@ -32,6 +32,9 @@ APPLY_TO: Final = ("topics", "all")
 # RabbitMQ's word for what hamq calls a topic: its policies say "queues".
 _APPLY_TO_ALIASES: Final = {"queues": "topics"}
 MAX_SYNC_BATCH_SIZE: Final = 1_000_000
+# The controller stores a priority as a 32-bit integer (CONTROLLER_SET_POLICY checks it).
+MIN_PRIORITY: Final = -(2**31)
+MAX_PRIORITY: Final = 2**31 - 1
 
 _KEYS: Final = (
     "ha-mode",
@@ -123,7 +126,7 @@ def _ha_params(mode: HaMode, value: object) -> int | tuple[str, ...] | None:
     if value is None:
         raise PolicyError(f"ha-params: required with ha-mode {mode.value!r}")
     if mode is HaMode.EXACTLY:
-        return _positive_int("ha-params", value)
+        return _positive_int("ha-params", value, INT64_MAX)  # what the wire can carry
     if not isinstance(value, list | tuple) or not value:
         raise PolicyError(
             f"ha-params = {value!r}: ha-mode 'nodes' needs a non-empty list of node names"
@@ -192,11 +195,21 @@ def check_policy_name(name: object) -> str:
     return name
 
 
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _check_pattern(pattern: object) -> str:
     if not isinstance(pattern, str) or len(pattern) > MAX_NAME_LENGTH:
         raise PolicyError(
             f"pattern = {pattern!r:.80}: must be a string of at most {MAX_NAME_LENGTH} characters"
         )
+    if not _is_utf8(pattern):
+        raise PolicyError(f"pattern = {pattern!r}: not valid Unicode text (a lone surrogate)")
     try:
         compile_pattern(pattern)
     except PatternError as err:
@@ -218,6 +231,8 @@ def make_policy(
     """A policy with every field checked (``apply_to`` "queues" is read as "topics")."""
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise PolicyError(f"priority = {priority!r}: must be an integer")
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise PolicyError(f"priority = {priority}: must be in {MIN_PRIORITY}..{MAX_PRIORITY}")
     apply_to = _APPLY_TO_ALIASES.get(apply_to, apply_to) if isinstance(apply_to, str) else apply_to
     return Policy(
         vhost=check_vhost(vhost),

@@ -63,12 +63,24 @@ class ApiError(Exception):
         self.status, self.code, self.reason, self.field = status, code, reason, field
 
 
+def _utf8(text: str) -> str:
+    """``text`` as UTF-8 can carry it: a JSON body may hold a lone surrogate (``"\\ud800"``)
+    that a reason or field echoes, and the answer must still encode."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def error_body(
     status: int, code: ResponseCode, reason: str, field: str | None = None
 ) -> dict[str, Any]:
     """The one error shape: ``error`` is HTTP's reason phrase in snake_case."""
     error = HTTPStatus(status).phrase.lower().replace(" ", "_").replace("-", "_")
-    body = ErrorBody(error=error, reason=reason, code=int(code), name=code.name, field=field)
+    body = ErrorBody(
+        error=error,
+        reason=_utf8(reason),
+        code=int(code),
+        name=code.name,
+        field=None if field is None else _utf8(field),
+    )
     return body.model_dump()
 
 
@@ -121,7 +133,13 @@ async def _on_http_error(request: Request, err: Exception) -> JSONResponse:
     )
 
 
+async def _on_unexpected(request: Request, err: Exception) -> JSONResponse:
+    """A fault of the API itself is still the one error shape (the traceback is logged)."""
+    return _answer(500, ResponseCode.SYSTEM_ERROR, f"internal error: {type(err).__name__}")
+
+
 def install(app: FastAPI) -> None:
+    app.add_exception_handler(Exception, _on_unexpected)
     app.add_exception_handler(ApiError, _on_api_error)
     app.add_exception_handler(HamqError, _on_hamq_error)
     app.add_exception_handler(RequestValidationError, _on_validation)
