@@ -6,6 +6,12 @@ name server must keep answering while it lasts."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from urllib.parse import urlsplit
+
+from hamq.web.body_limit import MAX_BODY_BYTES
+
 GOOD_POLICY = {"pattern": "^attack\\.", "definition": {"ha-mode": "all"}}
 ROUTE_ANSWER_S = 2.0  # a name server's answer to a client, even while its web port is attacked
 
@@ -37,3 +43,33 @@ def test_policy_values_the_wire_cannot_carry_are_400_naming_the_field(web_cluste
     assert answer.body["field"] == "definition.\\ud800", answer.body
     assert web_cluster.request("PUT", "api/policies/%2f/attack", GOOD_POLICY).status == 201
     assert web_cluster.request("DELETE", "api/policies/%2f/attack").status == 204
+
+
+def _name_server_web(web_cluster) -> tuple[str, int]:
+    url = urlsplit(web_cluster.ready["web"]["url"])
+    assert url.hostname and url.port
+    return url.hostname, url.port
+
+
+def test_a_body_over_the_limit_is_refused_as_it_streams_in(web_cluster):
+    """A 300 MB body was read whole and parsed on the name server's loop (its routes
+    stalled 3 s); now a body over MAX_BODY_BYTES is a 413 in the one error shape, answered
+    before the body is sent (here: only its first bytes ever are)."""
+    host, port = _name_server_web(web_cluster)
+
+    async def put_big() -> tuple[bytes, dict]:
+        reader, writer = await asyncio.open_connection(host, port)
+        head = (
+            "PUT /api/policies/%2f/big HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Length: {300 * MAX_BODY_BYTES}\r\n\r\n"
+        )
+        writer.write(head.encode() + b'{"pattern": "' + b"a" * 65536)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        status_line, _, rest = answer.partition(b"\r\n")
+        return status_line, json.loads(rest.partition(b"\r\n\r\n")[2])
+
+    status_line, body = asyncio.run(put_big())
+    assert b" 413 " in status_line, (status_line, body)
+    assert body["name"] == "INVALID_ARGUMENT", body

@@ -15,6 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from hamq.web import console, errors, rabbit, rocket
 from hamq.web.access import ClusterAccess
 from hamq.web.auth import authorize
+from hamq.web.body_limit import BodyLimit
 from hamq.web.history import History, sample_forever
 from hamq.web.json_body import JsonBodies
 from hamq.web.origin import SameOrigin
@@ -47,6 +48,7 @@ def create_app(access: ClusterAccess, *, sample_interval_s: float = 2.0) -> Fast
     app.state.history = history
     errors.install(app)
     app.add_middleware(JsonBodies)
+    app.add_middleware(BodyLimit)
     app.add_middleware(SameOrigin)  # no cross-site writes, no DNS-rebinding Host
     for router in (rabbit.router, rocket.router, console.router):
         app.include_router(router)

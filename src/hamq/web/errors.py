@@ -39,6 +39,7 @@ CODE_OF_STATUS: dict[int, ResponseCode] = {
     400: ResponseCode.INVALID_ARGUMENT,
     404: ResponseCode.QUERY_NOT_FOUND,
     405: ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+    413: ResponseCode.INVALID_ARGUMENT,
     415: ResponseCode.INVALID_ARGUMENT,
 }
 
@@ -148,5 +149,5 @@ def install(app: FastAPI) -> None:
 
 # Declared on routes so the OpenAPI schema names the error shape for each status.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody} for status in (400, 403, 404, 409, 502, 503)
+    status: {"model": ErrorBody} for status in (400, 403, 404, 409, 413, 502, 503)
 }
