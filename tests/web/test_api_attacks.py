@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from urllib.parse import urlsplit
 
+from hamq.client.admin import AsyncAdmin
 from hamq.web.body_limit import MAX_BODY_BYTES
+from hamq.web.http_guard import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
 
 GOOD_POLICY = {"pattern": "^attack\\.", "definition": {"ha-mode": "all"}}
 ROUTE_ANSWER_S = 2.0  # a name server's answer to a client, even while its web port is attacked
@@ -51,6 +54,18 @@ def _name_server_web(web_cluster) -> tuple[str, int]:
     return url.hostname, url.port
 
 
+async def _route_answer_s(namesrv: str) -> float:
+    """How long the name server serving the web takes to answer a cluster-info request
+    (on a connection opened now: a descriptor it must still be able to accept)."""
+    admin = AsyncAdmin([namesrv])
+    try:
+        started = time.monotonic()
+        await asyncio.wait_for(admin.cluster_info(), 10)
+        return time.monotonic() - started
+    finally:
+        await admin.close()
+
+
 def test_a_body_over_the_limit_is_refused_as_it_streams_in(web_cluster):
     """A 300 MB body was read whole and parsed on the name server's loop (its routes
     stalled 3 s); now a body over MAX_BODY_BYTES is a 413 in the one error shape, answered
@@ -73,3 +88,50 @@ def test_a_body_over_the_limit_is_refused_as_it_streams_in(web_cluster):
     status_line, body = asyncio.run(put_big())
     assert b" 413 " in status_line, (status_line, body)
     assert body["name"] == "INVALID_ARGUMENT", body
+
+
+async def _half_sent(host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(b"GET /api/overview HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never finished
+    await writer.drain()
+    return reader, writer
+
+
+async def _closed_by_server(reader: asyncio.StreamReader, timeout_s: float) -> bytes | None:
+    """What the server sent before closing, or None if it kept the connection open."""
+    try:
+        return await asyncio.wait_for(reader.read(), timeout_s)
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        return b""
+
+
+def test_half_sent_requests_are_closed_and_connections_bounded(web_cluster):
+    """Slowloris on the web port of a name server: connections beyond MAX_CONNECTIONS are
+    closed at once, every half-sent request is closed after REQUEST_TIMEOUT_S, and
+    the name server answers its own clients quickly throughout. (uvicorn kept every one
+    open for ever: each a descriptor of the name server's process.)"""
+    host, port = _name_server_web(web_cluster)
+    namesrv = web_cluster.namesrv.split(";")[0]  # the name server serving it
+
+    async def attack() -> None:
+        extra = 20
+        conns = [await _half_sent(host, port) for _ in range(MAX_CONNECTIONS + extra)]
+        try:
+            assert await _route_answer_s(namesrv) < ROUTE_ANSWER_S
+            # the connections past the cap are closed right away
+            early = await asyncio.gather(*(_closed_by_server(r, 3.0) for r, _ in conns[-extra:]))
+            assert None not in early, f"{early.count(None)} of {extra} past the cap still open"
+            # every other one is closed once its request is overdue
+            late = await asyncio.gather(
+                *(_closed_by_server(r, REQUEST_TIMEOUT_S + 5) for r, _ in conns[:-extra])
+            )
+            assert all(x is not None for x in late), f"{late.count(None)} still open"
+            assert await _route_answer_s(namesrv) < ROUTE_ANSWER_S
+        finally:
+            for _, writer in conns:
+                writer.close()
+
+    asyncio.run(attack())
+    assert web_cluster.get("api/vhosts") == [{"name": "/"}]

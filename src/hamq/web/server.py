@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from hamq.web.access import ClusterAccess
 from hamq.web.app import create_app
 from hamq.web.auth import NO_AUTH_NOTICE
+from hamq.web.http_guard import GuardedH11Protocol
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 10.0
@@ -38,7 +39,13 @@ class WebServer:
         self._sock = socket.create_server((host, int(port)))
         self.listen = f"{host}:{self._sock.getsockname()[1]}"
         config = uvicorn.Config(
-            app, loop="none", lifespan="on", log_config=None, access_log=False, ws="none"
+            app,
+            loop="none",
+            http=GuardedH11Protocol,
+            lifespan="on",
+            log_config=None,
+            access_log=False,
+            ws="none",
         )
         self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None
