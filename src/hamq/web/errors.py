@@ -5,6 +5,7 @@ nothing a caller sends can make a 500."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -139,12 +140,32 @@ async def _on_unexpected(request: Request, err: Exception) -> JSONResponse:
     return _answer(500, ResponseCode.SYSTEM_ERROR, f"internal error: {type(err).__name__}")
 
 
+def _without_unused_422(app: FastAPI) -> Callable[[], dict[str, Any]]:
+    """``app.openapi`` without FastAPI's 422 ``HTTPValidationError``, which this API never
+    answers (bad input is 400 with ``ErrorBody``), so clients generated from the schema
+    read the error shape they get."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            for operations in schema["paths"].values():
+                for operation in operations.values():
+                    operation.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+        return app.openapi_schema  # type: ignore[return-value]
+
+    return openapi
+
+
 def install(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _on_unexpected)
     app.add_exception_handler(ApiError, _on_api_error)
     app.add_exception_handler(HamqError, _on_hamq_error)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(HTTPException, _on_http_error)
+    app.openapi = _without_unused_422(app)  # type: ignore[method-assign]
 
 
 # Declared on routes so the OpenAPI schema names the error shape for each status.
