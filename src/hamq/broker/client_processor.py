@@ -163,7 +163,7 @@ def answer_later(conn: Connection, frame: Frame, answer: Coroutine[object, objec
             pieces = error_pieces(frame, err)
         except Exception as exc:  # a bug must not leave the client waiting for nothing
             COUNTS.internal_errors += 1
-            log.exception("lock quorum failed on %r", frame)
+            log.exception("answer to %r failed", frame)
             pieces = error_pieces(frame, HamqError(f"internal error: {exc!r}"))
         if not frame.is_oneway:
             conn.reply(pieces)

@@ -14,7 +14,10 @@ scans instead: the topic's consume queues on this broker backwards, newest first
 KEYS property (space-separated, as RocketMQ's) and the UNIQ_KEY. The records are read in
 a worker thread, on duplicated file descriptors (retention may close a segment
 meanwhile), so a long scan never holds up the event loop; the answer says whether the
-scan stopped before a queue's first message.
+scan stopped before a queue's first message. Scans run one at a time (RocketMQ gives
+queries their own small thread pool): side by side they took every worker of the default
+executor, and the commit log's fsync waited behind them (a sync-flush send took seconds).
+A few more queries wait their turn; beyond ``MAX_WAITING_SCANS`` one is SYSTEM_BUSY.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 from hamq.broker.client_processor import answer_later
 from hamq.broker.topics import TopicService
 from hamq.client.message import PROPERTY_KEYS
-from hamq.errors import CrcMismatch, InvalidArgument, QueryNotFound
+from hamq.errors import CrcMismatch, InvalidArgument, QueryNotFound, SystemBusy
 from hamq.net.connection import Connection, response_pieces
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import Frame, optional, require, require_int
@@ -54,12 +57,15 @@ MAX_SCAN_TOTAL = 1_000_000
 # records stop at MAX_PULL_BYTES so the answer fits a frame.
 MAX_QUERY_MESSAGES = 64
 _HEADER_PEEK_BYTES = RECORD_HEADER_BYTES + MAX_TOPIC_LENGTH
+MAX_WAITING_SCANS = 8  # key queries queued behind the running one
 
 
 class MessageLookup:
     def __init__(self, store: MessageStore, topics: TopicService) -> None:
         self.store = store
         self.topics = topics
+        self._scan_turn = asyncio.Semaphore(1)
+        self._scans = 0  # running or waiting their turn
 
     def handlers(self) -> dict:
         return {
@@ -100,14 +106,21 @@ class MessageLookup:
             raise InvalidArgument(f"key must be 1..{MAX_PROPERTIES_BYTES} characters")
         self.topics.for_read(topic, 0)
         max_scan = optional(ext, "max_scan", DEFAULT_MAX_SCAN, low=1)
-        plan = scan_plan(self.store, topic, max_scan)
-        reader = DetachedReader(self.store.commitlog, plan.queues)
+        if self._scans > MAX_WAITING_SCANS:
+            raise SystemBusy(f"{self._scans} key queries are running or waiting; try later")
+        self._scans += 1
 
         async def scan() -> list:
             try:
-                found = await asyncio.to_thread(scan_for_key, reader, plan, topic, key)
+                async with self._scan_turn:  # the plan taken at its turn: the log moved on
+                    plan = scan_plan(self.store, topic, max_scan)
+                    reader = DetachedReader(self.store.commitlog, plan.queues)
+                    try:
+                        found = await asyncio.to_thread(scan_for_key, reader, plan, topic, key)
+                    finally:
+                        reader.close()
             finally:
-                reader.close()
+                self._scans -= 1
             return response_pieces(
                 frame,
                 ext={"msg_ids": found.msg_ids, "truncated": plan.truncated or found.full},
