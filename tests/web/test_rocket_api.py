@@ -105,15 +105,34 @@ def test_put_topic_bad_body_names_the_field(web_cluster, body, field):
     assert_error(answer, 400, "INVALID_ARGUMENT", field)
 
 
-def test_put_topic_creates_it_on_the_masters(web_cluster, placed):
-    """Created on every master and routed before the answer (this cluster's placement
-    driver collects undeclared topics later, so the answer is what is checked)."""
-    group_name, _ = placed
-    created = web_cluster.request("PUT", "api/topics/plain.t", {"read_queues": 2})
+def test_put_topic_declares_it_where_nodes_place_topics(web_cluster, placed):
+    """This cluster's controller places topics on nodes, and collects one created on the
+    masters alone within a round: the PUT declares the topic through the node named (as
+    ``hamq admin declare-topic --node``) and answers once it is placed and routed."""
+    body = {"read_queues": 2, "node": "hamq@node2"}
+    created = web_cluster.request("PUT", "api/topics/plain.t", body)
     assert created.status == 200, created
-    assert created.body == {"name": "plain.t", "vhost": "/", "brokers": [group_name]}
-    answer = web_cluster.request("PUT", "api/topics/plain.t", {"cluster": "nope"})
-    assert_error(answer, 404, "BROKER_NOT_FOUND")
+    (group,) = created.body["brokers"]
+    assert created.body == {
+        "name": "plain.t",
+        "vhost": "/",
+        "brokers": [group],
+        "node": body["node"],
+    }
+    queue = web_cluster.get("api/queues/%2f/plain.t")  # declared: the controller keeps it
+    assert (queue["node"], queue["broker_name"], queue["policy"]) == (body["node"], group, None)
+    (queue_data,) = web_cluster.get("api/topics/plain.t")["queue_datas"]
+    assert (queue_data["broker_name"], queue_data["read_queue_nums"]) == (group, 2)
+    assert web_cluster.request("PUT", "api/topics/plain.t", body).body == created.body  # alike
+
+    for refused, field in (
+        ({"node": "hamq@nope"}, "node"),
+        ({"read_queues": 2, "write_queues": 3}, "write_queues"),
+        ({"perm": 4}, "perm"),
+        ({"cluster": "hamq"}, "cluster"),
+    ):
+        answer = web_cluster.request("PUT", "api/topics/plain.u", refused)
+        assert_error(answer, 400, "INVALID_ARGUMENT", field)
 
 
 def test_message_by_id_key_and_queue_offset(web_cluster, placed):

@@ -21,17 +21,17 @@ from hamq.cli.progress import progress
 from hamq.cli.sync_progress import PERCENT, wait_synchronised
 from hamq.errors import InvalidArgument
 from hamq.manage.policies import set_policy as store_policy
-from hamq.manage.queues import node_request, queue_rows
+from hamq.manage.queues import queue_rows
 from hamq.manage.queues import sync_queue as sync_topic
+from hamq.manage.topics import declare_topic as declare_in_cluster
+from hamq.manage.topics import declaring_node
 from hamq.policy.definition import DEFAULT_VHOST, check_policy_name, check_vhost, make_policy
 from hamq.protocol.address import address
-from hamq.protocol.codes import RequestCode
 from hamq.protocol.controller_catalog import check_topic
 
 # rabbitmqctl list_queues' columns that hamq answers, and its default pair.
 QUEUE_COLUMNS = ("name", "policy", "pid", "slave_pids", "synchronised_slave_pids", "messages")
 DEFAULT_QUEUE_COLUMNS = ("name", "messages")
-DECLARE_TIMEOUT_S = 10.0
 SYNC_WAIT_S = 600.0  # sync-queue --wait's default bound
 
 
@@ -263,17 +263,8 @@ async def declare_topic(
     _checked(lambda: check_topic(vhost, name))
     if not node_addr:
         async with controller_admin(controllers) as admin:
-            nodes = await admin.client.list_nodes()
-        alive = sorted((n["node"], n["address"]) for n in nodes if n["alive"])
-        if not alive:
-            raise click.ClickException("no node is alive to declare the topic through")
-        node_addr = alive[0][1]
-    await node_request(
-        node_addr,
-        RequestCode.DECLARE_TOPIC,
-        {"vhost": vhost, "topic": name, "exclusive": False, "queue_nums": queues},
-        DECLARE_TIMEOUT_S,
-    )
+            node_addr = declaring_node(await admin.client.list_nodes(), None)["address"]
+    await declare_in_cluster(node_addr, vhost, name, queues)
     emit(
         {"vhost": vhost, "name": name, "queues": queues, "node": node_addr},
         as_json,

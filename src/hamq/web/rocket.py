@@ -22,13 +22,16 @@ from hamq.errors import InvalidArgument, QueryNotFound
 from hamq.manage.consumers import consumer_group
 from hamq.manage.groups import broker_group, broker_groups, elect_master
 from hamq.manage.messages import message_json
+from hamq.manage.topics import declare_topic, declaring_node, wait_placed
 from hamq.policy.definition import DEFAULT_VHOST, PolicyError, check_vhost, wire_name
+from hamq.protocol.codes import ResponseCode
 from hamq.protocol.controller_catalog import check_topic
 from hamq.protocol.limits import INT64_MAX, MAX_NAME_LENGTH, MAX_QUEUE_NUMS, MAX_TOPIC_LENGTH
 from hamq.protocol.message import parse_offset_msg_id, validate_name
 from hamq.protocol.properties import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
+from hamq.store.metadata import PERM_READ_WRITE
 from hamq.web.access import ClusterAccess, cluster_access
-from hamq.web.errors import ERROR_RESPONSES, ApiError
+from hamq.web.errors import ERROR_RESPONSES, ApiError, ErrorBody
 from hamq.web.rocket_models import (
     BrokerGroup,
     Cluster,
@@ -53,6 +56,9 @@ SYSTEM_TOPIC_PREFIXES = ("rmq_sys_", "RMQ_SYS_", "SCHEDULE_TOPIC_")
 # A key search reads at most this many index entries unless told otherwise.
 DEFAULT_MAX_SCAN = 10_000
 MAX_SCAN_LIMIT = 1_000_000
+# A declared topic's first placement may start a group on its node (a new member elects).
+PLACED_TIMEOUT_S = 20.0
+INVALID = ResponseCode.INVALID_ARGUMENT
 
 router = APIRouter(tags=["rocketmq"], responses=ERROR_RESPONSES)
 
@@ -205,12 +211,26 @@ async def topic(admin: Admin, vhost: Vhost, topic: str) -> dict:
     }
 
 
-@router.put("/api/topics/{topic}", response_model=TopicCreated)
-async def put_topic(admin: Admin, vhost: Vhost, topic: str, spec: TopicSpec) -> TopicCreated:
-    """Create or update the topic on every master (of ``cluster``), as ``updateTopic``.
-    Groups the controller places by policy (``hamq dev --mode cluster``) keep only
-    declared topics (``hamq admin declare-topic``): one created here is collected there."""
+@router.put(
+    "/api/topics/{topic}",
+    response_model=TopicCreated,
+    responses={504: {"model": ErrorBody, "description": "Declared but not placed in time."}},
+)
+async def put_topic(
+    access: Access, admin: Admin, vhost: Vhost, topic: str, spec: TopicSpec
+) -> TopicCreated:
+    """In a cluster with nodes (the controller places groups by policy, ``hamq dev --mode
+    cluster``) declare the topic through a node, as ``hamq admin declare-topic`` does, and
+    answer once it is placed and routed: a topic created on the masters there is not
+    declared, so the placement driver would delete it. Otherwise create or update it on
+    every master (of ``cluster``), as ``updateTopic``."""
     name = _topic(topic, vhost)
+    controllers = _controllers(access)
+    nodes = await controllers.client.list_nodes() if controllers is not None else []
+    if controllers is not None and nodes:
+        return await _declare(controllers, admin, vhost, name, spec, nodes)
+    if spec.node is not None:
+        raise ApiError(400, INVALID, "the cluster has no node to declare the topic on", "node")
     masters = await admin.create_topic(
         name,
         spec.read_queues,
@@ -219,6 +239,40 @@ async def put_topic(admin: Admin, vhost: Vhost, topic: str, spec: TopicSpec) -> 
         write_queue_nums=spec.write_queues,
     )
     return TopicCreated(name=name, vhost=vhost, brokers=sorted(masters))
+
+
+async def _declare(
+    controllers: AsyncControllerAdmin,
+    admin: AsyncAdmin,
+    vhost: str,
+    name: str,
+    spec: TopicSpec,
+    nodes: list[dict],
+) -> TopicCreated:
+    """Declare through ``spec.node`` (or the first alive node) and wait for placement. A
+    declared topic is read-write with one queue count, so the body must say no more."""
+    with _field("topic"):  # "/" also opens %RETRY% topics, which nobody declares
+        check_topic(vhost, name)
+    given = spec.model_fields_set
+    counts = {getattr(spec, f) for f in ("read_queues", "write_queues") if f in given}
+    if len(counts) > 1:
+        raise ApiError(400, INVALID, "a declared topic has one queue count", "write_queues")
+    if spec.perm != PERM_READ_WRITE:
+        raise ApiError(400, INVALID, "a declared topic is read-write (perm 6)", "perm")
+    if spec.cluster is not None:
+        raise ApiError(400, INVALID, "the controller places a declared topic", "cluster")
+    with _field("node"):
+        node = declaring_node(nodes, spec.node)
+    await declare_topic(node["address"], vhost, name, counts.pop() if counts else spec.read_queues)
+    groups = await wait_placed(controllers, admin, vhost, name, PLACED_TIMEOUT_S)
+    if groups is None:
+        raise ApiError(
+            504,
+            ResponseCode.SERVICE_NOT_AVAILABLE,
+            f"topic {name} declared through {node['node']} but not placed and routed within "
+            f"{PLACED_TIMEOUT_S:g} s (GET /api/queues shows when it is)",
+        )
+    return TopicCreated(name=name, vhost=vhost, brokers=groups, node=node["node"])
 
 
 @router.delete("/api/topics/{topic}", status_code=204, response_class=Response)

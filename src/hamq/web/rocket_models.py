@@ -116,12 +116,18 @@ class TopicSpec(_Body):
         PERM_READ_WRITE, description="RocketMQ's PermName: 4 read, 2 write, 6 both."
     )
     cluster: str | None = Field(None, description="Only this cluster's masters (default: all).")
+    node: str | None = Field(
+        None,
+        description="In a cluster with nodes, the node (hamq@host) the topic is declared "
+        "through, its home (default: the first alive node); its policy places it.",
+    )
 
 
 class TopicCreated(BaseModel):
     name: str
     vhost: str
-    brokers: list[str]
+    brokers: list[str] = Field(description="The broker groups holding the topic.")
+    node: str | None = Field(None, description="The node it was declared through, if any.")
 
 
 # -- consumer groups ------------------------------------------------------------------------
