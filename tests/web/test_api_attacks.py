@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 from hamq.client.admin import AsyncAdmin
@@ -16,6 +17,7 @@ from hamq.web.body_limit import MAX_BODY_BYTES
 from hamq.web.http_guard import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
 
 GOOD_POLICY = {"pattern": "^attack\\.", "definition": {"ha-mode": "all"}}
+RACERS = 8
 ROUTE_ANSWER_S = 2.0  # a name server's answer to a client, even while its web port is attacked
 
 
@@ -46,6 +48,21 @@ def test_policy_values_the_wire_cannot_carry_are_400_naming_the_field(web_cluste
     assert answer.body["field"] == "definition.\\ud800", answer.body
     assert web_cluster.request("PUT", "api/policies/%2f/attack", GOOD_POLICY).status == 201
     assert web_cluster.request("DELETE", "api/policies/%2f/attack").status == 204
+
+
+def test_concurrent_deletes_one_wins_the_others_are_404(web_cluster):
+    """The losers of a DELETE race were 400 bad_request (the controller refuses them at
+    apply: "a concurrent change to the catalog came first"); they came second: 404."""
+
+    def race(path: str) -> list[int]:
+        with ThreadPoolExecutor(RACERS) as pool:
+            answers = list(pool.map(lambda _: web_cluster.request("DELETE", path), range(RACERS)))
+        return sorted(a.status for a in answers)
+
+    assert web_cluster.request("PUT", "api/policies/%2f/race", GOOD_POLICY).status == 201
+    assert race("api/policies/%2f/race") == [204] + [404] * (RACERS - 1)
+    assert web_cluster.request("PUT", "api/vhosts/race").status == 201
+    assert race("api/vhosts/race") == [204] + [404] * (RACERS - 1)
 
 
 def _name_server_web(web_cluster) -> tuple[str, int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Response
@@ -71,6 +72,20 @@ async def _known_vhost(ctl: AsyncControllerAdmin, vhost: str) -> str:
 
 def _not_found(what: str) -> ApiError:
     return ApiError(404, ResponseCode.QUERY_NOT_FOUND, f"{what} does not exist")
+
+
+async def _delete(
+    delete: Awaitable[None], still_there: Callable[[], Awaitable[bool]], what: str
+) -> None:
+    """Run ``delete``; when a concurrent DELETE of the same thing won, the controller
+    refuses this one at apply ("a concurrent change came first"): that is the 404 of a
+    DELETE that came second, not the caller's bad request."""
+    try:
+        await delete
+    except HamqError as err:
+        if err.code != ResponseCode.CONTROLLER_INVALID_REQUEST or await still_there():
+            raise
+        raise _not_found(what) from None
 
 
 # -- policies ---------------------------------------------------------------------------------
@@ -156,9 +171,14 @@ async def put_policy(vhost: str, name: str, body: PolicyBody, access: AccessDep)
 @router.delete("/policies/{vhost:path}/{name}", status_code=204)
 async def delete_policy(vhost: str, name: str, access: AccessDep) -> Response:
     ctl = access.controller_admin()
+    what = f"policy {name!r} in vhost {vhost!r}"
     if await find_policy(ctl, await _known_vhost(ctl, vhost), name) is None:
-        raise _not_found(f"policy {name!r} in vhost {vhost!r}")
-    await ctl.client.clear_policy(vhost, name)
+        raise _not_found(what)
+
+    async def still_there() -> bool:
+        return await find_policy(ctl, vhost, name) is not None
+
+    await _delete(ctl.client.clear_policy(vhost, name), still_there, what)
     return Response(status_code=204)
 
 
@@ -259,7 +279,12 @@ async def put_vhost(name: str, access: AccessDep) -> Response:
 async def delete_vhost(name: str, access: AccessDep) -> Response:
     """Deletes the vhost with its policies and declared topics; ``/`` cannot go (400)."""
     ctl = access.controller_admin()
-    await ctl.client.delete_vhost(await _known_vhost(ctl, name))
+    await _known_vhost(ctl, name)
+
+    async def still_there() -> bool:
+        return name in await ctl.client.list_vhosts()
+
+    await _delete(ctl.client.delete_vhost(name), still_there, f"vhost {name!r}")
     return Response(status_code=204)
 
 
