@@ -123,3 +123,22 @@ def test_timeline_of_recorded_sends_bins_them_by_acknowledgement(tmp_path):
     assert timeline.events == [(0.55, "kill -9 master")]
     timeline.draw("recorded sends")
     assert png_size((tmp_path / "sends.png").read_bytes())[0] >= 800
+
+
+def test_plot_path_that_cannot_be_written_is_refused_before_the_bench_runs(tmp_path):
+    """The PNG is drawn after the run: a --plot path whose directory does not exist (or is
+    a file) was found out then, with a traceback, the bench's minutes and result lost.
+    (Every bench's --plot is the one option, ``plot_option``.)"""
+    from click.testing import CliRunner
+
+    from hamq.cli.main import cli
+
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    for path in (tmp_path / "missing" / "run.png", not_a_dir / "run.png", tmp_path):
+        # a name server nobody serves: the bench must not even try it
+        args = ["bench", "produce", "--namesrv", "127.0.0.1:1", "--plot", str(path)]
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2, (path, result.output, result.exception)
+        assert "--plot" in result.output and "unreachable" not in result.output, result.output
+    assert not (tmp_path / "missing").exists() and not_a_dir.read_text() == ""

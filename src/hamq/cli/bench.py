@@ -317,9 +317,28 @@ _common = [
     namesrv_option,
     click.option("--json", "as_json", is_flag=True, help="Print one JSON object."),
 ]
+
+
+def _plot_path(ctx: click.Context, param: click.Parameter, path: str | None) -> str | None:
+    """The PNG is written once the run is over: a path that cannot be written is refused
+    now, not after minutes of bench (whose result the failed write lost). Opening it is
+    the one true test (a missing or read-only directory, a file in the way)."""
+    if path is None:
+        return None
+    existed = os.path.exists(path)
+    try:
+        open(path, "ab").close()
+    except OSError as e:
+        raise click.BadParameter(f"cannot write {path!r}: {e.strerror}") from None
+    if not existed:
+        os.unlink(path)
+    return path
+
+
 plot_option = click.option(
     "--plot",
     type=click.Path(dir_okay=False, writable=True),
+    callback=_plot_path,
     help=f"Draw throughput and latency per {INTERVAL_S} s of the run to this PNG.",
 )
 _common.append(plot_option)
