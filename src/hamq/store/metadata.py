@@ -263,11 +263,12 @@ class ConsumerOffsetManager(ProgressTable):
     shutdown (RocketMQ: flushConsumerOffsetInterval), as losing the last seconds of commits
     only means redelivery.
 
-    Members merge each other's offsets never moving one back (``merge``), so an operator's
-    reset, the one deliberate move back, carries a generation per ``topic@group`` kept in
-    the same file: a member takes smaller offsets only with a newer generation, so a reset
-    reaches the slaves (and survives a failover) while a stale copy still cannot rewind a
-    live group."""
+    Members merge each other's offsets never moving one back (``merge``), so a move back
+    here (an operator's reset, or a commit below the last one: a push consumer commits the
+    reset offset again after the notice, as a commit of its old position may have landed
+    after the reset) steps a generation per ``topic@group`` kept in the same file: a member
+    takes smaller offsets only with a newer generation, so the move reaches the slaves (and
+    survives a failover) while a stale copy still cannot rewind a live group."""
 
     def __init__(self, directory: Path, now_ms: int, *, disk: Disk = OS_DISK) -> None:
         super().__init__(
@@ -283,21 +284,25 @@ class ConsumerOffsetManager(ProgressTable):
         before = queues.get(str(queue_id))
         queues[str(queue_id)] = offset
         self._t.touch(now_ms)
+        if before is not None and offset < before:
+            self._step_generation(f"{topic}@{group}", now_ms)
         if before is None or offset < before:
             for hook in self.on_start_or_rewind:
                 hook()
 
     def reset(self, group: str, topic: str, offsets: dict[int, int], now_ms: int) -> None:
-        """An operator's move of the group's offsets (back or on), under a new generation:
-        after the last one, and a clock time when that is later (a member that became
-        master after a reset elsewhere continues from the generation it took)."""
-        key = f"{topic}@{group}"
+        """An operator's move of the group's offsets (back or on), under a new generation."""
         for queue_id, offset in offsets.items():
             self.commit(group, topic, queue_id, offset, now_ms)
+        self._step_generation(f"{topic}@{group}", now_ms)
+
+    def _step_generation(self, key: str, now_ms: int) -> None:
+        """After the last one, and a clock time when that is later (a member that became
+        master after a reset elsewhere continues from the generation it took)."""
         self._resets[key] = max(self._resets.get(key, 0) + 1, now_ms)
 
     def reset_generations(self) -> dict[str, int]:
-        """``topic@group`` -> the generation of its last reset (groups never reset: none)."""
+        """``topic@group`` -> the generation of its last move back (none if never)."""
         return self._resets
 
     def query(self, group: str, topic: str, queue_id: int) -> int | None:
