@@ -30,6 +30,7 @@ from hamq.cli.acting_bench import (
 )
 from hamq.cli.bench_timeline import INTERVAL_S, Timeline
 from hamq.cli.common import emit, namesrv_option, run_async
+from hamq.cli.consume_run import ConsumeRun
 from hamq.cli.failover import failover_text, run_failover
 from hamq.cli.progress import progress
 from hamq.client.consumer import PullStatus
@@ -181,23 +182,17 @@ async def run_produce(
     return result
 
 
-async def run_consume(
-    namesrv: str,
-    topic: str,
-    count: int,
-    group: str,
-    max_seconds: float,
-    timeline: Timeline | None = None,
-) -> dict:
-    consumer = AsyncPullConsumer(group, namesrv)
+async def run_consume(run: ConsumeRun) -> dict:
+    count, timeline = run.count, run.timeline
+    consumer = AsyncPullConsumer(run.group, run.namesrv)
     latencies = array("d")
     consumed = 0
     nbytes = 0
     perf = time.perf_counter
     try:
-        queues = await consumer.fetch_message_queues(topic)
+        queues = await consumer.fetch_message_queues(run.topic)
         offsets = {mq: await consumer.min_offset(mq) for mq in queues}
-        deadline = perf() + max_seconds
+        deadline = perf() + run.max_seconds
         start = perf()
         if timeline is not None:
             timeline.follow(lambda: consumed, latencies)
@@ -231,26 +226,14 @@ async def run_consume(
         elapsed,
         latencies,
         0,
-        {
-            "count": count,
-            "topic": topic,
-            "group": group,
-            "namesrv": namesrv,
-            "pull_batch": CONSUME_PULL_BATCH,
-        },
+        run.params(pull_batch=CONSUME_PULL_BATCH),
     )
 
 
-async def run_push_consume(
-    namesrv: str,
-    topic: str,
-    count: int,
-    group: str,
-    max_seconds: float,
-    timeline: Timeline | None = None,
-) -> dict:
+async def run_push_consume(run: ConsumeRun) -> dict:
     """A push consumer from the first offset; the listener counts bodies (the cost of the
     consumer's own machinery is what is measured)."""
+    count, timeline = run.count, run.timeline
     done = asyncio.Event()
     state = {"consumed": 0, "bytes": 0, "first": 0.0}
 
@@ -264,19 +247,19 @@ async def run_push_consume(
         return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
     consumer = AsyncPushConsumer(
-        group,
-        namesrv,
+        run.group,
+        run.namesrv,
         consume_from_where="first",
         pull_batch_size=PUSH_PULL_BATCH,
         consume_message_batch_max_size=PUSH_PULL_BATCH,
     )
-    consumer.subscribe(topic)
+    consumer.subscribe(run.topic)
     consumer.register_message_listener(listener)
     await consumer.start()
     if timeline is not None:  # no latencies: a push consumer's pulls are its own
         timeline.follow(lambda: state["consumed"])
     try:
-        await asyncio.wait_for(done.wait(), max_seconds)
+        await asyncio.wait_for(done.wait(), run.max_seconds)
     except TimeoutError:
         pass
     if timeline is not None:
@@ -291,13 +274,7 @@ async def run_push_consume(
         elapsed,
         array("d"),
         0,
-        {
-            "count": count,
-            "topic": topic,
-            "group": group,
-            "namesrv": namesrv,
-            "pull_batch": PUSH_PULL_BATCH,
-        },
+        run.params(pull_batch=PUSH_PULL_BATCH),
     )
 
 
@@ -459,13 +436,16 @@ async def bench_consume(
     plot: str | None,
 ) -> None:
     """Pull (or pop, or push) throughput from the start of every queue of TOPIC."""
+
+    def told(default_group: str, timeline: Timeline) -> ConsumeRun:
+        return ConsumeRun(namesrv, topic, count, group or default_group, max_seconds, timeline)
+
     run: Callable[[Timeline], Awaitable[dict]]
     if push:
         name = "consume_push"
 
         def run(timeline: Timeline) -> Awaitable[dict]:
-            push_group = group or f"bench_push_{wall_ms()}"
-            return run_push_consume(namesrv, topic, count, push_group, max_seconds, timeline)
+            return run_push_consume(told(f"bench_push_{wall_ms()}", timeline))
 
     elif pop:
         name = "consume_pop"
@@ -474,7 +454,7 @@ async def bench_consume(
             from hamq.cli.pop import run_pop_consume
 
             consumed, nbytes, errors, elapsed, latencies, params = await run_pop_consume(
-                namesrv, topic, count, group or f"bench_pop_{wall_ms()}", max_seconds, timeline
+                told(f"bench_pop_{wall_ms()}", timeline)
             )
             size = nbytes // consumed if consumed else 0
             return summary(name, consumed, size, elapsed, latencies, errors, params)
@@ -483,8 +463,7 @@ async def bench_consume(
         name = "consume"
 
         def run(timeline: Timeline) -> Awaitable[dict]:
-            pull_group = group or "bench_consumer"
-            return run_consume(namesrv, topic, count, pull_group, max_seconds, timeline)
+            return run_consume(told("bench_consumer", timeline))
 
     emit(await _watched(name, count, plot, as_json, run), as_json, _text)
 

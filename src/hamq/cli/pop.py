@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import click
 
-from hamq.cli.bench_timeline import Timeline
+from hamq.cli.consume_run import ConsumeRun
 from hamq.client.simple import AsyncSimpleConsumer, PopMessageExt
 from hamq.clock import monotonic_s
 from hamq.errors import HamqError
@@ -71,17 +71,11 @@ async def consume_pop(
         await consumer.close()
 
 
-async def run_pop_consume(
-    namesrv: str,
-    topic: str,
-    count: int,
-    group: str,
-    max_seconds: float,
-    timeline: Timeline | None = None,
-) -> tuple[int, int, int, float, array, dict]:
-    """Pop ``count`` messages and ack each one; returns (acked, bytes, errors, elapsed_s,
-    pop latencies, params). Stops early when a pop finds nothing left."""
-    consumer = AsyncSimpleConsumer(group, namesrv, {topic: "*"}, await_duration_s=0)
+async def run_pop_consume(run: ConsumeRun) -> tuple[int, int, int, float, array, dict]:
+    """Pop ``run.count`` messages and ack each one; returns (acked, bytes, errors,
+    elapsed_s, pop latencies, params). Stops early when a pop finds nothing left."""
+    count, timeline = run.count, run.timeline
+    consumer = AsyncSimpleConsumer(run.group, run.namesrv, {run.topic: "*"}, await_duration_s=0)
     latencies = array("d")
     perf = time.perf_counter
     received = acked = errors = nbytes = 0
@@ -118,7 +112,7 @@ async def run_pop_consume(
 
     try:
         await consumer.start()
-        deadline = perf() + max_seconds
+        deadline = perf() + run.max_seconds
         start = perf()
         if timeline is not None:
             timeline.follow(lambda: acked - errors, latencies, lambda: errors)
@@ -130,15 +124,11 @@ async def run_pop_consume(
         if timeline is not None:
             await timeline.stop()
         await consumer.close()
-    params = {
-        "count": count,
-        "topic": topic,
-        "group": group,
-        "namesrv": namesrv,
-        "pop": True,
-        "pop_batch": BENCH_POP_BATCH,
-        "receivers": BENCH_RECEIVERS,
-        "acks_in_flight": BENCH_ACKS_IN_FLIGHT,
-        "ack": "per message, batched per turn",
-    }
+    params = run.params(
+        pop=True,
+        pop_batch=BENCH_POP_BATCH,
+        receivers=BENCH_RECEIVERS,
+        acks_in_flight=BENCH_ACKS_IN_FLIGHT,
+        ack="per message, batched per turn",
+    )
     return acked - errors, nbytes, errors, elapsed, latencies, params
