@@ -276,9 +276,10 @@ def container_admin() -> None:
     """Add and remove the members of a broker container (hamq container)."""
 
 
-def _container_addr(ctx: click.Context, param: click.Parameter, value: str) -> str:
+def host_port(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A ``HOST:PORT`` option's value, checked: a bad one is a usage error naming the flag."""
     try:
-        address("--container", value)
+        address(param.opts[0], value)
     except ConfigError as err:
         raise click.BadParameter(err.message) from None
     return value
@@ -288,7 +289,7 @@ container_option = click.option(
     "--container",
     "container_addr",
     required=True,
-    callback=_container_addr,
+    callback=host_port,
     help="The container's listen address (HOST:PORT).",
 )
 

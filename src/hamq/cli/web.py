@@ -11,10 +11,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from hamq.cli.admin import controller_option
+from hamq.cli.admin import controller_option, host_port
 from hamq.cli.common import namesrv_option, setup_logging
-from hamq.config_check import address
-from hamq.errors import ConfigError
 from hamq.net.server import run_until_signalled
 
 if TYPE_CHECKING:
@@ -22,14 +20,6 @@ if TYPE_CHECKING:
 
 # RabbitMQ's management port: a RabbitMQ user's scripts find the API where they expect it.
 DEFAULT_WEB_LISTEN = "127.0.0.1:15672"
-
-
-def _listen(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    try:
-        address("--listen", value)
-    except ConfigError as err:
-        raise click.BadParameter(err.message) from None
-    return value
 
 
 async def serve_web(access: ClusterAccess, listen: str, stop: asyncio.Event) -> None:
@@ -51,7 +41,7 @@ async def serve_web(access: ClusterAccess, listen: str, stop: asyncio.Event) -> 
     "--listen",
     default=DEFAULT_WEB_LISTEN,
     show_default=True,
-    callback=_listen,
+    callback=host_port,
     help="HOST:PORT to serve on. There is no authentication yet: keep it on 127.0.0.1.",
 )
 def web(namesrv: str, controllers: list[str], listen: str) -> None:
