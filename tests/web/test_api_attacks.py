@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
@@ -15,9 +17,11 @@ from urllib.parse import urlsplit
 from hamq.client.admin import AsyncAdmin
 from hamq.web.body_limit import MAX_BODY_BYTES
 from hamq.web.http_guard import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
+from helpers import wait_for
 
 GOOD_POLICY = {"pattern": "^attack\\.", "definition": {"ha-mode": "all"}}
 RACERS = 8
+NO_QUORUM_ANSWER_S = 15.0  # the controller client's bounded retries, on a loaded machine
 ROUTE_ANSWER_S = 2.0  # a name server's answer to a client, even while its web port is attacked
 
 
@@ -167,3 +171,22 @@ def test_the_schema_documents_only_the_errors_the_api_answers(web_cluster):
                     content = response["content"]["application/json"]["schema"]
                     assert content == error_ref, (method, path, status)
     assert "HTTPValidationError" not in schema["components"]["schemas"]
+
+
+def test_the_overview_answers_while_the_controllers_have_no_quorum(web_cluster):
+    """Last in the module: it kills two of the three controller peers. The overview was a
+    503 as a whole (its node count asks the controller) exactly when an operator needs it;
+    the routes that only the controller can answer are a bounded 503 with the wire code."""
+    for peer in web_cluster.ready["controllers"][1:]:
+        os.kill(peer["pid"], signal.SIGKILL)
+
+    def unavailable():  # once the survivor, leader or not, knows it has no quorum
+        started = time.monotonic()
+        answer = web_cluster.request("GET", "api/policies")
+        assert time.monotonic() - started < NO_QUORUM_ANSWER_S
+        assert answer.status in (200, 503), answer
+        return answer.status == 503 and answer.body["name"]
+
+    assert wait_for(unavailable, NO_QUORUM_ANSWER_S * 2, "a 503 from the controller routes")
+    overview = web_cluster.get("api/overview")  # what the name servers know
+    assert overview["node_count"] == sum(len(g["members"]) for g in overview["groups"])

@@ -24,7 +24,7 @@ from hamq.manage.queues import queue_rows, sync_queue
 from hamq.policy.definition import Policy, check_vhost, make_policy
 from hamq.protocol.codes import ResponseCode
 from hamq.web.access import ClusterAccess, cluster_access
-from hamq.web.errors import ERROR_RESPONSES, ApiError
+from hamq.web.errors import ERROR_RESPONSES, ApiError, status_of
 from hamq.web.history import History, history_of
 from hamq.web.rabbit_models import (
     GroupMember,
@@ -344,9 +344,14 @@ def _details(history: History, rate: str) -> RateDetails:
 
 
 async def _node_count(access: ClusterAccess, groups: list[GroupOut]) -> int:
-    """The nodes (containers) the controller knows; without a controller, the brokers."""
+    """The nodes (containers) the controller knows; without a controller, or while it
+    cannot answer (no quorum: when an operator most needs the overview), the brokers."""
     if access.controllers:
-        return len(await access.controller_admin().client.list_nodes())
+        try:
+            return len(await access.controller_admin().client.list_nodes())
+        except HamqError as err:
+            if status_of(err) != 503:
+                raise
     return sum(len(g.members) for g in groups)
 
 
