@@ -1,6 +1,6 @@
 """The revive log: pop checkpoints (CK) and acks (ACK) as messages of a system topic in the
-commit log (RocketMQ's ``rmq_sys_REVIVE_LOG``), with where groups started (INIT), plus the
-revive checkpoint file.
+commit log (RocketMQ's ``rmq_sys_REVIVE_LOG``), with where groups started (INIT) and where an
+operator reset them (RESET), plus the revive checkpoint file.
 
 Appending through the normal store puts a CK or ACK into the same ``writev`` (and, under
 sync flush, the same group-commit fsync) as everything else of the event-loop turn, so an
@@ -41,6 +41,9 @@ REPLAY_BATCH = 4096  # records read per step while replaying
 KIND_CK = "ck"
 KIND_ACK = "ack"
 KIND_INIT = "init"  # where a group starts on queues it had no offset for
+# an operator reset the group's offsets: its pop state restarts there, the CKs and ACKs
+# before it no longer count (replayed without it, they moved the group past the reset)
+KIND_RESET = "reset"
 
 # (queue_id, offsets, reconsume_times) handed out from one queue
 CkEntry = tuple[int, list[int], list[int]]
@@ -87,9 +90,20 @@ class ReviveLog:
         """A group's start offsets, replicated with the log: a new master that has no
         consumer offset for the group yet (the table reaches slaves only every few
         seconds) starts it there, not at its own end, past what was sent since."""
+        return self._append_offsets(KIND_INIT, group, topic, entries)
+
+    def append_reset(self, group: str, topic: str, entries: list[InitEntry]) -> PutResult:
+        """A group's offsets reset by an operator (broker/consumer_admin.py), replicated
+        with the log: a member rebuilding its pop state (a restart, a new master) restarts
+        the group's queues there instead of going on from the acks before the reset."""
+        return self._append_offsets(KIND_RESET, group, topic, entries)
+
+    def _append_offsets(
+        self, kind: str, group: str, topic: str, entries: list[InitEntry]
+    ) -> PutResult:
         return self._append(
             msgpack.packb(
-                {"k": KIND_INIT, "b": self.broker_name, "g": group, "t": topic, "e": entries},
+                {"k": kind, "b": self.broker_name, "g": group, "t": topic, "e": entries},
                 use_bin_type=True,
             )
         )
@@ -105,7 +119,7 @@ class ReviveLog:
             raise InvalidArgument(
                 f"escaped revive record names this broker ({self.broker_name}): refused"
             )
-        if raw.kind == KIND_INIT:  # a master's own record: acting members escape none
+        if raw.kind in (KIND_INIT, KIND_RESET):  # a master's own: acting members escape none
             raise InvalidArgument("escaped revive record: only CK and ACK records escape")
         return raw
 
@@ -201,7 +215,8 @@ def decode_record(revive_offset: int, body: bytes, broker_name: str) -> ReviveRe
 
 
 def parse_record(revive_offset: int, body: bytes) -> ReviveRecord:
-    """Raises ValueError, KeyError or TypeError for what is not a CK, ACK or INIT record."""
+    """Raises ValueError, KeyError or TypeError for what is not a CK, ACK, INIT or RESET
+    record."""
     raw = msgpack.unpackb(body, raw=False)
     if not isinstance(raw, dict):
         raise ValueError(f"not a map: {raw!r:.200}")
@@ -215,7 +230,7 @@ def parse_record(revive_offset: int, body: bytes) -> ReviveRecord:
         raw.get("d", 0),
         raw["e"],
     )
-    if record.kind not in (KIND_CK, KIND_ACK, KIND_INIT) or not all(
+    if record.kind not in (KIND_CK, KIND_ACK, KIND_INIT, KIND_RESET) or not all(
         isinstance(v, t)
         for v, t in (
             (record.ck, int),
@@ -226,7 +241,7 @@ def parse_record(revive_offset: int, body: bytes) -> ReviveRecord:
             (record.entries, list),
         )
     ):
-        raise ValueError(f"not a CK, ACK or INIT record: {raw!r:.200}")
+        raise ValueError(f"not a CK, ACK, INIT or RESET record: {raw!r:.200}")
     return record
 
 

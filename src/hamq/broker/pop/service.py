@@ -62,6 +62,7 @@ from hamq.broker.pop.ledger import StateKey, apply_record
 from hamq.broker.pop.revive_log import (
     KIND_CK,
     KIND_INIT,
+    KIND_RESET,
     REVIVE_LOG_TOPIC,
     AckEntry,
     CkEntry,
@@ -191,10 +192,21 @@ class PopService:
 
     def reset_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         """An operator reset the group's offset (broker/consumer_admin.py): its pops go on
-        from there; what was in flight is forgotten (its acks answer as stale)."""
+        from there; what was in flight is forgotten (its acks answer as stale). Written to
+        the revive log (an acting member writes nothing of its own), so a rebuild of the
+        state does not go on from the acks before it."""
         if (group, topic, queue_id) in self.states:
             self.states[(group, topic, queue_id)] = PopQueueState(offset)
             self._changed()
+            if not self.acting:
+                self.revive.append_reset(group, topic, [(queue_id, offset)])
+
+    def _replay_reset(self, group: str, topic: str, entries: list) -> None:
+        """A RESET record replayed: the queues restart there, their offsets with them."""
+        now = self.store.clock_ms()
+        for queue_id, offset in entries:
+            self.states[(group, topic, queue_id)] = PopQueueState(offset)
+            self.store.offsets.commit(group, topic, queue_id, offset, now)
 
     def handlers(self) -> dict[int, Callable[[Connection, Frame], list | None]]:
         return {
@@ -243,6 +255,8 @@ class PopService:
         for record in self.revive.replay(checkpoint.get("revive_offset", 0)):
             if record.kind == KIND_INIT:
                 self._start_group(record.group, record.topic, record.entries)
+            elif record.kind == KIND_RESET:
+                self._replay_reset(record.group, record.topic, record.entries)
             else:
                 apply_record(self.states, record, self._start_offset)
                 if record.kind != KIND_CK:
