@@ -12,13 +12,14 @@ from __future__ import annotations
 import html
 import http.server
 import json
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
 import pytest
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import Page, expect, sync_playwright
 
 import hamq
 from helpers import free_port, wait_for
@@ -155,3 +156,43 @@ def test_markup_in_names_and_messages_is_text(web_cluster, page, topic):
     finally:
         deleted = web_cluster.request("DELETE", f"api/policies/%2f/{quote(policy, safe='')}")
         assert deleted.status == 204, deleted
+
+
+def _policy(web_cluster, name: str) -> None:
+    put = web_cluster.request(
+        "PUT", f"api/policies/%2f/{name}", {"pattern": "^none$", "definition": {"ha-mode": "all"}}
+    )
+    assert put.status == 201, put
+
+
+def test_policy_form_under_refreshes_and_other_clients(web_cluster, page):
+    page.goto(web_cluster.url + "policies")
+    page.wait_for_selector("#status.ok", timeout=UI_TIMEOUT_MS)
+    # no name: said at the name, not as the "Method Not Allowed" of PUT /api/policies/%2F/
+    page.fill("#policy-pattern", "^x")
+    page.click("#policy-submit")
+    expect(page.locator('[data-error-for="name"]')).to_contain_text("name")
+    expect(page.locator('.policy-form > [data-error-for=""]')).to_be_empty()
+
+    # a Delete asked once stays asked across the page's refresh every few seconds
+    _policy(web_cluster, "armed")
+    row = page.locator('tr[data-policy="//armed"]')
+    row.get_by_role("button", name="Delete").click(timeout=UI_TIMEOUT_MS)
+    page.click("#pause")  # pause and resume: a refresh now, within the 4 s the question stands
+    page.click("#pause")
+    expect(page.locator("#status")).to_have_text(re.compile("^updated"), timeout=UI_TIMEOUT_MS)
+    row.get_by_role("button", name="Really delete?").click()
+    expect(row).to_have_count(0, timeout=UI_TIMEOUT_MS)
+    assert web_cluster.request("GET", "api/policies/%2f/armed").status == 404
+
+    # deleted meanwhile by another client: the console says so, and the message stays
+    _policy(web_cluster, "gone")
+    row = page.locator('tr[data-policy="//gone"]')
+    row.get_by_role("button", name="Delete").click(timeout=UI_TIMEOUT_MS)
+    assert web_cluster.request("DELETE", "api/policies/%2f/gone").status == 204
+    row.get_by_role("button", name="Really delete?").click()
+    notice = page.locator("#policies-notice")
+    expect(notice).to_contain_text("gone", timeout=UI_TIMEOUT_MS)
+    expect(notice).to_contain_text("no longer exists")
+    expect(row).to_have_count(0, timeout=UI_TIMEOUT_MS)
+    expect(notice).to_contain_text("no longer exists")

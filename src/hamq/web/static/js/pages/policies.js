@@ -16,11 +16,21 @@ const KEYS = {
   "queue-master-locator": ["String", "where a new topic's master goes"],
 };
 const TYPES = ["String", "Number", "List"];
+const CONFIRM_MS = 4000;
+// "vhost/name" -> until when a first Delete click stands; kept apart from the table, which
+// each refresh rebuilds (a second click after a refresh must still delete)
+const asked = new Map();
 
 export function mount(root, { refreshNow }) {
   const listing = h("div");
+  // what a Delete ended in; outside the listing, so the refresh after it does not wipe it
+  const notice = h("p", { id: "policies-notice", class: "error-box", role: "status", hidden: true });
   const form = policyForm(async () => refreshNow());
-  root.append(section("Policies", listing), form.el);
+  root.append(section("Policies", notice, listing), form.el);
+  const deleted = (text) => {
+    notice.textContent = text || "";
+    notice.hidden = !text;
+  };
 
   async function refresh() {
     const r = await getAll({ policies: "/api/policies", vhosts: "/api/vhosts" });
@@ -29,7 +39,7 @@ export function mount(root, { refreshNow }) {
       replace(listing, errorBox(r.policies.error));
       throw r.policies.error;
     }
-    replace(listing, policyTable(r.policies.data, form, refreshNow));
+    replace(listing, policyTable(r.policies.data, form, () => refreshNow(), deleted));
   }
   return { refresh };
 }
@@ -42,7 +52,7 @@ function definitionChips(definition) {
   );
 }
 
-function policyTable(policies, form, refreshNow) {
+function policyTable(policies, form, refreshNow, deleted) {
   const rows = policies
     .slice()
     .sort((a, b) => `${a.vhost}\u0000${a.name}`.localeCompare(`${b.vhost}\u0000${b.name}`))
@@ -62,7 +72,7 @@ function policyTable(policies, form, refreshNow) {
             "span",
             { class: "actions" },
             h("button", { type: "button", class: "small secondary", onclick: () => form.edit(p) }, "Edit"),
-            deleteButton(p, refreshNow),
+            deleteButton(p, refreshNow, deleted),
           ),
       },
     ],
@@ -72,24 +82,29 @@ function policyTable(policies, form, refreshNow) {
   );
 }
 
-function deleteButton(p, refreshNow) {
+function deleteButton(p, refreshNow, deleted) {
+  const key = `${p.vhost}/${p.name}`;
   const button = h("button", { type: "button", class: "small danger" }, "Delete");
-  let armed = false;
+  const standing = () => (asked.get(key) ?? 0) > Date.now();
+  const show = () => {
+    button.textContent = standing() ? "Really delete?" : "Delete";
+    if (standing()) setTimeout(show, asked.get(key) - Date.now());
+  };
+  show();
   button.addEventListener("click", async () => {
-    if (!armed) {
-      armed = true; // a second click within a few seconds deletes
-      button.textContent = "Really delete?";
-      setTimeout(() => {
-        armed = false;
-        button.textContent = "Delete";
-      }, 4000);
+    if (!standing()) {
+      asked.set(key, Date.now() + CONFIRM_MS); // a second click within a few seconds deletes
+      show();
       return;
     }
+    asked.delete(key);
     button.disabled = true;
+    deleted(null);
     try {
       await api("DELETE", `/api/policies/${seg(p.vhost)}/${seg(p.name)}`);
     } catch (err) {
-      button.replaceWith(errorBox(err));
+      const gone = err instanceof ApiError && err.status === 404;
+      deleted(gone ? `Policy ${p.name} in vhost ${p.vhost} no longer exists: another client deleted it.` : `Deleting policy ${p.name} in vhost ${p.vhost} failed: ${err.message}`);
     }
     refreshNow();
   });
@@ -207,6 +222,8 @@ function policyForm(onSaved) {
     done.hidden = true;
     const body = { pattern: pattern.value, "apply-to": applyTo.value, priority: Number(priority.value || 0) };
     try {
+      // PUT /api/policies/%2F/ is no route: say what is missing where it goes
+      if (!name.value.trim()) throw fieldError("name", "a policy needs a name");
       body.definition = definition();
       submit.disabled = true;
       const path = `/api/policies/${seg(vhost.value)}/${seg(name.value.trim())}`;
