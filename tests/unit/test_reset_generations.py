@@ -35,15 +35,15 @@ def test_a_reset_moves_a_slave_back_and_a_stale_copy_does_not(tmp_path):
     master.reset("g", "T", {0: 5, 1: 0}, 1000)
     sync(slave, master)
     assert slave.table()["T@g"] == {"0": 5, "1": 0}
-    # the consumers go on from the reset; a copy from before it (a master that returned
-    # without seeing it) cannot undo it, its higher offsets included
+    # the consumers go on from the reset; a copy of the reset's own generation taken
+    # before their commits cannot rewind them
     slave.commit("g", "T", 0, 6, 1001)
-    slave.merge({"T@g": stale[0], "U@h": {"0": 3}}, VERSION, stale[1])
+    slave.merge({"T@g": {"0": 5, "1": 0}, "U@h": {"0": 3}}, VERSION, master.reset_generations())
     assert slave.table()["T@g"] == {"0": 6, "1": 0}
     assert slave.query("h", "U", 0) == 3  # groups never reset merge as before
-    # nor a copy of the reset's own generation taken before this member's commits
-    slave.merge({"T@g": {"0": 5, "1": 0}}, VERSION, master.reset_generations())
-    assert slave.query("g", "T", 0) == 6
+    # a master that restarted from a file older than its reset is still followed on
+    slave.merge({"T@g": stale[0]}, VERSION, stale[1])
+    assert slave.table()["T@g"] == {"0": 50, "1": 40}
 
 
 def test_generations_only_grow_and_persist_with_the_offsets(tmp_path):

@@ -322,16 +322,15 @@ class ConsumerOffsetManager(ProgressTable):
         version: DataVersion,
         reset_generations: dict[str, int] | None = None,
     ) -> None:
-        """Take offsets from another member whose table is at ``version``: per group, by
-        reset generation first (the other's newer reset replaces our offsets; its offsets
-        from before our newer reset are ignored), then never moving one backwards (a
-        consumer may have committed here while the other was away). This table is then at
+        """Take offsets from another member whose table is at ``version``: a group's
+        offsets under a newer reset generation than ours whole (a move back there), any
+        other never moving one backwards (a consumer may have committed here while the
+        other was away; and one with an older generation, a master that restarted from a
+        file written before its last reset, is still followed on). This table is then at
         least as new as that one. Not counted as a change of this member's own."""
         theirs_reset = reset_generations or {}
         for key, queues in table.items():
             generation, ours = theirs_reset.get(key, 0), self._resets.get(key, 0)
-            if generation < ours:
-                continue
             if generation > ours:
                 self._resets[key] = generation
                 self._t.dirty = True
