@@ -36,9 +36,13 @@ def test_broker_and_name_server_metrics(cluster_factory):
     with hamq.Producer(c.namesrv) as producer:
         producer.send_batch([Message("Metered", b"x" * 100)] * 10)
         producer.send(Message("Metered", b"y"))
+        # refused by the broker (no such delay level): nothing stored, so nothing counted
+        with pytest.raises(hamq.errors.MessageIllegal):
+            producer.send(Message("Metered", b"z", delay_level=99))
     m = scrape(broker_metrics)
     assert m["hamq_send_requests_total"] == 2
     assert m["hamq_messages_in_total"] == 11
+    assert m['hamq_topic_messages_in_total{topic="Metered"}'] == 11
     assert m["hamq_bytes_in_total"] > 1000
     assert m["hamq_commitlog_max_offset"] > 1000
     assert scrape(ns_metrics)["hamq_namesrv_live_brokers"] == 1

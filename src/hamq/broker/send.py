@@ -132,15 +132,16 @@ class SendProcessor:
         """Append a checked batch (a send's, or one another group's acting master escapes
         here, ``broker/escape.py``); returns it and the acks it needs (RIP-34)."""
         need_ack_nums = self.ha.check_quorum() if self.ha is not None else 1
-        COUNTS.send_requests += 1
-        COUNTS.messages_in += count
-        COUNTS.bytes_in += len(payload)
-        self.stats.produced(topic, count, len(payload))
         if first_message_is_held_back(payload):
             result = self.put_held_back(topic, queue_id, payload, count, born_ts)
         else:
             result = self.store.put_batch(topic, queue_id, payload, count, crc, born_ts)
             self.on_put(topic, queue_id)
+        # counted once stored: a send the put refused (a bad delay level) stored nothing
+        COUNTS.send_requests += 1
+        COUNTS.messages_in += count
+        COUNTS.bytes_in += len(payload)
+        self.stats.produced(topic, count, len(payload))
         return result, need_ack_nums
 
     def when_stored(
@@ -170,14 +171,14 @@ class SendProcessor:
         self, conn: Connection, frame: Frame, topic: str, queue_id: int, count: int
     ) -> None:
         """DLedger: the batch becomes one Raft entry; the answer waits for its commit."""
-        COUNTS.send_requests += 1
-        COUNTS.messages_in += count
-        COUNTS.bytes_in += len(frame.body)
         if first_message_is_held_back(frame.body):
             raise MessageIllegal(
                 "delay, timer and transaction messages are not supported by "
                 'DLedger groups yet (replication_mode = "dledger")'
             )
+        COUNTS.send_requests += 1
+        COUNTS.messages_in += count
+        COUNTS.bytes_in += len(frame.body)
         self.stats.produced(topic, count, len(frame.body))
         ext = frame.ext
         entry = encode_entry(
