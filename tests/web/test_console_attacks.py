@@ -196,3 +196,15 @@ def test_policy_form_under_refreshes_and_other_clients(web_cluster, page):
     expect(notice).to_contain_text("no longer exists")
     expect(row).to_have_count(0, timeout=UI_TIMEOUT_MS)
     expect(notice).to_contain_text("no longer exists")
+
+
+def test_another_origin_cannot_frame_the_console(web_cluster, page, other_origin):
+    """A framed console would let a page trick two clicks onto "Delete" / "Really delete?"."""
+    other_origin.pages["/frame"] = f'<iframe src="{web_cluster.url}policies"></iframe>'
+    with page.expect_response(lambda r: r.url == f"{web_cluster.url}policies") as framed:
+        page.goto(other_origin.url + "frame")
+    headers = framed.value.headers
+    assert "frame-ancestors 'none'" in headers.get("content-security-policy", ""), headers
+    page.wait_for_timeout(500)  # the frame would have its document by now
+    child = page.frames[1]
+    assert not child.url.startswith(web_cluster.url), child.url
