@@ -88,6 +88,19 @@ def test_consumer_groups_past_the_cap_count_only_in_their_topic(tmp_path):
     assert stats.topics["T"][2] == MAX_GROUP_ROWS + 5
 
 
+def test_a_group_no_offset_could_be_committed_under_gets_no_row(tmp_path):
+    """A pull's group is not checked (a tool may read a queue under any name), but the row
+    is kept for ever, in every scrape and in each runtime info the console samples every
+    2 s: 1000 pulls with 60 KB group names held 60 MB and a 120 MB scrape."""
+    records = records_stored_at(tmp_path, 0, [b"m"])
+    stats = BrokerStats()
+    for junk in ("g" * 60_000, 'a"b', "a\nb", "", ".."):
+        stats.consumed(junk, "T", 1, records, now_ms=0)
+    stats.consumed("good-group_1.%RETRY%", "T", 1, records, now_ms=0)
+    assert list(stats.groups) == [("good-group_1.%RETRY%", "T")]
+    assert stats.topics["T"][2] == 6  # every answer counts in its topic
+
+
 def test_a_slave_caught_up_at_the_last_transfer_its_ack_covers(tmp_path):
     """hamq_replication_lag_seconds counts from ``caught_up_ms`` (RocketMQ's
     lastCaughtUpTime): the time of the last transfer whose master end the slave acked."""

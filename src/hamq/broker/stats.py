@@ -15,9 +15,10 @@ from __future__ import annotations
 import struct
 from bisect import bisect_left
 
+from hamq.errors import HamqError
 from hamq.net.counts import LATENCY_US_BOUNDS, Histogram
 from hamq.net.metrics import Families
-from hamq.protocol.message import HEADER_CRC_FROM
+from hamq.protocol.message import HEADER_CRC_FROM, validate_name
 
 # A record's store timestamp: after magic and header CRC come total size, payload CRC,
 # physical offset and base queue offset (``protocol/message.py``'s record layout).
@@ -97,6 +98,10 @@ class BrokerStats:
 
     def _group_row(self, group: object, topic: str) -> list[int] | None:
         if not isinstance(group, str):  # a pull without a group (a tool reading a queue)
+            return None
+        try:  # pulls do not check their group; a row is kept for ever, in every scrape
+            validate_name(group, "group")
+        except HamqError:  # a name no offset can be committed under (60 KB, quotes): no row
             return None
         if len(self.groups) >= MAX_GROUP_ROWS:
             self.groups_dropped += 1
