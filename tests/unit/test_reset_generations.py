@@ -70,6 +70,18 @@ def test_a_new_master_continues_from_the_generation_it_took(tmp_path):
     assert old.query("g", "T", 0) == 1
 
 
+def test_damaged_generations_in_the_file_are_dropped_not_fatal(tmp_path):
+    master = member(tmp_path, "master")
+    master.commit("g", "T", 0, 4, 10)
+    master.persist()
+    path = tmp_path / "master" / "consumer_offsets.json"
+    path.write_text(path.read_text().replace('"reset_generations": {}', '"reset_generations": [1]'))
+    reopened = ConsumerOffsetManager(tmp_path / "master", 1)
+    assert reopened.reset_generations() == {} and reopened.query("g", "T", 0) == 4
+    reopened.reset("g", "T", {0: 0}, 20)  # usable again
+    assert reopened.reset_generations()["T@g"] >= 20
+
+
 @pytest.mark.parametrize("raw", [[], {"T@g": "1"}, {"T@g": 1.5}, {"T@g": True}, "x"])
 def test_bad_generations_from_a_member_are_refused(raw):
     with pytest.raises(InvalidArgument, match="reset_generations"):

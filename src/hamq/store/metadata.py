@@ -274,7 +274,11 @@ class ConsumerOffsetManager(ProgressTable):
         super().__init__(
             directory / "consumer_offsets.json", now_ms, disk=disk, sections=(_RESETS,)
         )
-        self._resets: dict[str, int] = self._t.sections[_RESETS]
+        try:
+            self._resets = reset_generations_from_wire(self._t.sections[_RESETS])
+        except InvalidArgument as err:  # written by rename: outside damage; offsets merge by max
+            log.error("%s: %s; reset generations dropped", self._t.path, err.message)
+            self._resets = self._t.sections[_RESETS] = {}
         # called when a commit moves an offset back (a reset) or starts a group on a
         # queue: what consumers still need may have grown (a mirrored group's need offset)
         self.on_start_or_rewind: list[Callable[[], None]] = []
