@@ -53,3 +53,16 @@ def test_a_sample_keeps_only_its_busiest_topics_with_traffic():
     sample = history.record(2.0, 2_000, {"a": {**idle, **grown}}, lag=0)
     assert set(sample.topics) == set(list(busy)[5:])  # the busiest, no idle topic
     assert sample.publish_rate == sum(range(1, TOPICS_KEPT + 6))  # totals count every topic
+
+
+def test_published_and_delivered_totals_never_go_down_across_a_failover():
+    """The overview's publish / deliver_get counts (RabbitMQ's: monotonic) were the current
+    masters' counters summed: a failover to a slave that had counted nothing dropped them
+    from 100 to 5. Each broker's growth is added instead (a restarted one's from zero)."""
+    history = History(interval_s=2.0)
+    assert history.record(0.0, 0, {"a": {"t": (100, 40)}}, lag=0).published == 100
+    after_failover = history.record(2.0, 2_000, {"b": {"t": (5, 1)}}, lag=0)
+    assert (after_failover.published, after_failover.delivered) == (105, 41)
+    # a back as master after a restart (its counters from zero): b's and a's new ones added
+    back = history.record(4.0, 4_000, {"a": {"t": (3, 0)}, "b": {"t": (7, 1)}}, lag=0)
+    assert (back.published, back.delivered) == (110, 41)

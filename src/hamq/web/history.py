@@ -39,7 +39,8 @@ Series = list[tuple[int, float]]
 
 @dataclass(frozen=True)
 class Sample:
-    """One round: the counters summed over brokers, rates in messages per second (totals,
+    """One round: messages published and delivered (every broker's counters as they grew:
+    a failover or a restart never takes them down), rates in messages per second (totals,
     and per wire topic for the ``TOPICS_KEPT`` busiest with traffic) and total lag."""
 
     at_ms: int
@@ -60,16 +61,21 @@ def topic_counts(runtime_info: Mapping[str, Any]) -> Counts:
     }
 
 
-def rates(before: Counts, after: Counts, seconds: float) -> dict[str, tuple[float, float]]:
-    """Per topic (publish, deliver) per second between two readings of one broker; a
-    counter that went down restarted from zero."""
+def growth(before: Counts, after: Counts) -> Counts:
+    """Per topic (published, delivered) between two readings of one broker; a counter that
+    went down restarted from zero."""
     out = {}
     for topic, (now_in, now_out) in after.items():
         was_in, was_out = before.get(topic, (0, 0))
         got_in = now_in - was_in if now_in >= was_in else now_in
         got_out = now_out - was_out if now_out >= was_out else now_out
-        out[topic] = (got_in / seconds, got_out / seconds)
+        out[topic] = (got_in, got_out)
     return out
+
+
+def rates(before: Counts, after: Counts, seconds: float) -> dict[str, tuple[float, float]]:
+    """Per topic (publish, deliver) per second between two readings of one broker."""
+    return {topic: (i / seconds, o / seconds) for topic, (i, o) in growth(before, after).items()}
 
 
 @dataclass
@@ -80,6 +86,11 @@ class History:
     samples: deque[Sample] = field(init=False)
     # broker address -> (when it was read, its counters)
     _last: dict[str, tuple[float, Counts]] = field(default_factory=dict, init=False)
+    # every broker address ever read -> its last counters, and the totals of their growth:
+    # the sum of the current masters' counters dropped at a failover to a fresh slave
+    _counted: dict[str, Counts] = field(default_factory=dict, init=False)
+    _published: int = field(default=0, init=False)
+    _delivered: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self.samples = deque(maxlen=max(1, math.ceil(KEEP_S / self.interval_s)))
@@ -89,6 +100,10 @@ class History:
         time gives no rate until its next reading."""
         topics: dict[str, tuple[float, float]] = {}
         for addr, counts in readings.items():
+            for got_in, got_out in growth(self._counted.get(addr, {}), counts).values():
+                self._published += got_in
+                self._delivered += got_out
+            self._counted[addr] = counts
             last = self._last.get(addr)
             self._last[addr] = (now_s, counts)
             if last is None or now_s <= last[0]:
@@ -104,8 +119,8 @@ class History:
         )  # fmt: skip
         sample = Sample(
             at_ms=at_ms,
-            published=sum(n for counts in readings.values() for n, _ in counts.values()),
-            delivered=sum(n for counts in readings.values() for _, n in counts.values()),
+            published=self._published,
+            delivered=self._delivered,
             publish_rate=sum(p for p, _ in topics.values()),
             deliver_rate=sum(d for _, d in topics.values()),
             lag=lag,
