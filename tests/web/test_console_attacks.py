@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from urllib.parse import quote
 
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, Route, expect, sync_playwright
 
 import hamq
 from helpers import free_port, wait_for
@@ -28,6 +28,7 @@ from web.test_console import CHROMIUM, CHROMIUM_ARGS, UI_TIMEOUT_MS
 TOPIC = "attack.t"
 SCRIPTED = "<img src=x onerror=\"window.__xss='{}'\">"  # runs if inserted as HTML
 ROUTE_TIMEOUT_S = 30.0
+REFRESH_SOON_MS = 3000  # well within the console's 5 s between refreshes
 VICTIM = "csrf-victim"  # a consumer group nobody reads with
 RESET = {"action": "reset_offset", "topic": TOPIC, "timestamp_ms": 0}
 
@@ -208,3 +209,23 @@ def test_another_origin_cannot_frame_the_console(web_cluster, page, other_origin
     page.wait_for_timeout(500)  # the frame would have its document by now
     child = page.frames[1]
     assert not child.url.startswith(web_cluster.url), child.url
+
+
+def test_an_action_during_a_slow_refresh_is_shown_at_once(web_cluster, page):
+    """A refresh asked for while one is reading (after a delete) runs when that one ends,
+    instead of leaving the deleted policy listed, with its Delete, until the next round."""
+    _policy(web_cluster, "slow")
+    page.goto(web_cluster.url + "policies")
+    row = page.locator('tr[data-policy="//slow"]')
+    row.wait_for(timeout=UI_TIMEOUT_MS)
+    held: list[Route] = []
+    page.route("**/api/policies", lambda route: route.fallback() if held else held.append(route))
+    page.click("#pause")  # pause and resume: a refresh now, whose read is held
+    page.click("#pause")
+    wait_for(lambda: bool(page.wait_for_timeout(50) or held), 10, "the refresh's read held")
+    stale = held[0].fetch()  # the list as it was, with "slow"
+    row.get_by_role("button", name="Delete").click()
+    row.get_by_role("button", name="Really delete?").click()
+    wait_for(lambda: web_cluster.request("GET", "api/policies/%2f/slow").status == 404, 10, "gone")
+    held[0].fulfill(response=stale)
+    expect(row).to_have_count(0, timeout=REFRESH_SOON_MS)

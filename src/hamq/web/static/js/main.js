@@ -40,9 +40,13 @@ async function start() {
 
   let timer = null;
   let running = false;
+  let again = false; // asked for while one ran (after an action): what it read may be older
   async function refresh() {
     clearTimeout(timer);
-    if (running) return;
+    if (running) {
+      again = true;
+      return;
+    }
     running = true;
     try {
       await view.refresh();
@@ -51,7 +55,10 @@ async function start() {
       setStatus(`refresh failed: ${err.message}`, "bad");
     } finally {
       running = false;
-      if (!paused && !document.hidden) timer = setTimeout(refresh, REFRESH_MS);
+      if (again) {
+        again = false;
+        refresh();
+      } else if (!paused && !document.hidden) timer = setTimeout(refresh, REFRESH_MS);
     }
   }
   pauseButton.addEventListener("click", () => {
