@@ -69,6 +69,49 @@ def test_concurrent_deletes_one_wins_the_others_are_404(web_cluster):
     assert race("api/vhosts/race") == [204] + [404] * (RACERS - 1)
 
 
+def _assert_400(answer, field: str) -> None:
+    assert answer.status == 400, answer
+    assert (answer.body["name"], answer.body["field"]) == ("INVALID_ARGUMENT", field), answer.body
+
+
+def test_json_of_the_wrong_type_is_400_naming_the_field(web_cluster):
+    """RabbitMQ's and RocketMQ's clients send typed JSON: "3" or true for a number was
+    taken as 3 or 1 (a policy's priority, a topic's queue count, an elected member)."""
+    for priority in ("3", True, 3.5):
+        answer = web_cluster.request(
+            "PUT", "api/policies/%2f/lax", {**GOOD_POLICY, "priority": priority}
+        )
+        _assert_400(answer, "priority")
+    for queues in ("4", True):
+        _assert_400(
+            web_cluster.request("PUT", "api/topics/lax.t", {"read_queues": queues}), "read_queues"
+        )
+    # member ids start at 1 (controller and DLedger alike): 0 is no member to elect
+    for broker_id in ("1", True, 0, -1):
+        elect = {"action": "elect_master", "broker_id": broker_id}
+        _assert_400(web_cluster.request("POST", "api/groups/g/actions", elect), "broker_id")
+    reset = {"action": "reset_offset", "topic": "t", "timestamp_ms": "0"}
+    _assert_400(web_cluster.request("POST", "api/consumer-groups/g/actions", reset), "timestamp_ms")
+
+
+def test_an_unknown_vhost_is_404_on_the_rocketmq_routes_too(web_cluster):
+    """``?vhost=nosuch`` answered 200 [] (an empty list of a vhost that does not exist),
+    where the RabbitMQ-shaped routes say 404."""
+    for path in (
+        "api/topics?vhost=nosuch",
+        "api/topics/t?vhost=nosuch",
+        "api/consumer-groups?vhost=nosuch",
+        "api/consumer-groups/g?vhost=nosuch",
+        "api/messages/t?key=k&vhost=nosuch",
+    ):
+        answer = web_cluster.request("GET", path)
+        assert answer.status == 404, (path, answer)
+        assert (answer.body["name"], answer.body["field"]) == ("QUERY_NOT_FOUND", "vhost")
+    assert web_cluster.request("PUT", "api/vhosts/known").status == 201
+    assert web_cluster.get("api/topics?vhost=known") == []
+    assert web_cluster.request("DELETE", "api/vhosts/known").status == 204
+
+
 def _name_server_web(web_cluster) -> tuple[str, int]:
     url = urlsplit(web_cluster.ready["web"]["url"])
     assert url.hostname and url.port
@@ -190,3 +233,8 @@ def test_the_overview_answers_while_the_controllers_have_no_quorum(web_cluster):
     assert wait_for(unavailable, NO_QUORUM_ANSWER_S * 2, "a 503 from the controller routes")
     overview = web_cluster.get("api/overview")  # what the name servers know
     assert overview["node_count"] == sum(len(g["members"]) for g in overview["groups"])
+    groups = web_cluster.get("api/groups")  # as the members report them (was a 503)
+    assert sorted(g["broker_name"] for g in groups) == sorted(
+        g["broker_name"] for g in overview["groups"]
+    )
+    assert all(g["controller_error"] for g in groups), groups

@@ -61,7 +61,7 @@ def _vhost(vhost: str) -> str:
         raise ApiError(400, ResponseCode.INVALID_ARGUMENT, err.message, "vhost") from None
 
 
-async def _known_vhost(ctl: AsyncControllerAdmin, vhost: str) -> str:
+async def known_vhost(ctl: AsyncControllerAdmin, vhost: str) -> str:
     """``vhost`` when the controller has it: 404 names an unknown one, as RabbitMQ does."""
     if _vhost(vhost) not in await ctl.client.list_vhosts():
         raise ApiError(
@@ -147,7 +147,7 @@ async def list_policies(access: AccessDep) -> list[PolicyOut]:
 @router.get("/policies/{vhost:path}/{name}", response_model=PolicyOut)
 async def get_policy(vhost: str, name: str, access: AccessDep) -> PolicyOut:
     ctl = access.controller_admin()
-    for row in await ctl.client.list_policies(await _known_vhost(ctl, vhost)):
+    for row in await ctl.client.list_policies(await known_vhost(ctl, vhost)):
         if row["name"] == name:
             return _policy_out(row)
     raise _not_found(f"policy {name!r} in vhost {vhost!r}")
@@ -162,7 +162,7 @@ async def get_policy(vhost: str, name: str, access: AccessDep) -> PolicyOut:
 async def put_policy(vhost: str, name: str, body: PolicyBody, access: AccessDep) -> Response:
     policy = _checked_policy(_vhost(vhost), name, body)
     ctl = access.controller_admin()
-    await _known_vhost(ctl, vhost)
+    await known_vhost(ctl, vhost)
     existed = await find_policy(ctl, vhost, name) is not None
     await set_policy(ctl, policy)
     return Response(status_code=204 if existed else 201)
@@ -172,7 +172,7 @@ async def put_policy(vhost: str, name: str, body: PolicyBody, access: AccessDep)
 async def delete_policy(vhost: str, name: str, access: AccessDep) -> Response:
     ctl = access.controller_admin()
     what = f"policy {name!r} in vhost {vhost!r}"
-    if await find_policy(ctl, await _known_vhost(ctl, vhost), name) is None:
+    if await find_policy(ctl, await known_vhost(ctl, vhost), name) is None:
         raise _not_found(what)
 
     async def still_there() -> bool:
@@ -185,7 +185,7 @@ async def delete_policy(vhost: str, name: str, access: AccessDep) -> Response:
 @router.get("/policies/{vhost:path}", response_model=list[PolicyOut])
 async def list_vhost_policies(vhost: str, access: AccessDep) -> list[PolicyOut]:
     ctl = access.controller_admin()
-    rows = await ctl.client.list_policies(await _known_vhost(ctl, vhost))
+    rows = await ctl.client.list_policies(await known_vhost(ctl, vhost))
     return [_policy_out(r) for r in rows]
 
 
@@ -212,7 +212,7 @@ def _queue_out(row: dict[str, Any]) -> QueueOut:
 async def _queues(access: ClusterAccess, vhost: str | None) -> list[QueueOut]:
     ctl = access.controller_admin()
     if vhost is not None:
-        await _known_vhost(ctl, vhost)
+        await known_vhost(ctl, vhost)
     return [_queue_out(r) for r in await queue_rows(access.admin(), ctl, vhost)]
 
 
@@ -226,7 +226,7 @@ async def queue_action(vhost: str, name: str, body: QueueAction, access: AccessD
     """``sync`` copies the topic's history to its unsynchronised mirrors, ``cancel_sync``
     stops that (RabbitMQ's queue actions)."""
     ctl = access.controller_admin()
-    await _known_vhost(ctl, vhost)
+    await known_vhost(ctl, vhost)
     try:
         await sync_queue(ctl, vhost, name, cancel=body.action == "cancel_sync")
     except InvalidArgument as err:
@@ -259,7 +259,7 @@ async def list_vhosts(access: AccessDep) -> list[VhostOut]:
 
 @router.get("/vhosts/{name:path}", response_model=VhostOut)
 async def get_vhost(name: str, access: AccessDep) -> VhostOut:
-    return VhostOut(name=await _known_vhost(access.controller_admin(), name))
+    return VhostOut(name=await known_vhost(access.controller_admin(), name))
 
 
 @router.put(
@@ -279,7 +279,7 @@ async def put_vhost(name: str, access: AccessDep) -> Response:
 async def delete_vhost(name: str, access: AccessDep) -> Response:
     """Deletes the vhost with its policies and declared topics; ``/`` cannot go (400)."""
     ctl = access.controller_admin()
-    await _known_vhost(ctl, name)
+    await known_vhost(ctl, name)
 
     async def still_there() -> bool:
         return name in await ctl.client.list_vhosts()

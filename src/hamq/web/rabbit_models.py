@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 
 class PolicyBody(BaseModel):
@@ -23,7 +23,8 @@ class PolicyBody(BaseModel):
         "always), queue-master-locator",
         examples=[{"ha-mode": "all"}, {"ha-mode": "exactly", "ha-params": 2}],
     )
-    priority: int = 0
+    # RabbitMQ refuses "3" and true: JSON's types are the caller's, not to be guessed at.
+    priority: StrictInt = 0
     apply_to: str = Field("topics", alias="apply-to", description="topics (or queues), all")
 
 

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Query, Response
 from hamq.client.admin import AsyncAdmin, AsyncControllerAdmin
 from hamq.client.core import MASTER_ID
 from hamq.client.message import MessageExt
-from hamq.errors import InvalidArgument, QueryNotFound
+from hamq.errors import HamqError, InvalidArgument, QueryNotFound
 from hamq.manage.consumers import consumer_group
 from hamq.manage.groups import broker_group, broker_groups, elect_master
 from hamq.manage.messages import message_json
@@ -31,7 +31,8 @@ from hamq.protocol.message import parse_offset_msg_id, validate_name
 from hamq.protocol.properties import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 from hamq.store.metadata import PERM_READ_WRITE
 from hamq.web.access import ClusterAccess, cluster_access
-from hamq.web.errors import ERROR_RESPONSES, ApiError, ErrorBody
+from hamq.web.errors import ERROR_RESPONSES, ApiError, ErrorBody, status_of
+from hamq.web.rabbit import known_vhost
 from hamq.web.rocket_models import (
     BrokerGroup,
     Cluster,
@@ -59,6 +60,15 @@ MAX_SCAN_LIMIT = 1_000_000
 # A declared topic's first placement may start a group on its node (a new member elects).
 PLACED_TIMEOUT_S = 20.0
 INVALID = ResponseCode.INVALID_ARGUMENT
+# The controller's answers to an election of a member it cannot make master.
+ELECTION_REFUSALS = frozenset(
+    {
+        ResponseCode.CONTROLLER_ELECT_MASTER_FAILED,
+        ResponseCode.CONTROLLER_BROKER_NOT_ALIVE,
+        ResponseCode.CONTROLLER_INVALID_MASTER,
+        ResponseCode.CONTROLLER_BROKER_METADATA_NOT_EXIST,
+    }
+)
 
 router = APIRouter(tags=["rocketmq"], responses=ERROR_RESPONSES)
 
@@ -74,13 +84,19 @@ def _field(name: str) -> Iterator[None]:
         raise ApiError(400, err.code, err.message, name) from None
 
 
-def _vhost(
+async def _vhost(
+    access: Access,
     vhost: Annotated[str, Query(description="The vhost the names are in.")] = DEFAULT_VHOST,
 ) -> str:
+    """A vhost the controller has (404 otherwise, as on the RabbitMQ-shaped routes); ``/``
+    always exists, and without a controller configured nobody keeps a list to check."""
     try:
-        return check_vhost(vhost)
+        check_vhost(vhost)
     except PolicyError as err:
         raise ApiError(400, err.code, err.message, "vhost") from None
+    if vhost == DEFAULT_VHOST or not access.controllers:
+        return vhost
+    return await known_vhost(access.controller_admin(), vhost)
 
 
 Vhost = Annotated[str, Depends(_vhost)]
@@ -156,8 +172,20 @@ async def clusters(access: Access) -> list[Cluster]:
 
 @router.get("/api/groups", response_model=list[BrokerGroup])
 async def groups(access: Access) -> list[dict]:
-    """Every broker group: members and roles, epochs, SyncStateSet, confirm offset."""
-    return await broker_groups(access.admin(), _controllers(access))
+    """Every broker group: members and roles, epochs, SyncStateSet, confirm offset. While
+    the controllers cannot answer (no quorum: when an operator most needs this), each group
+    as its members report it, with ``controller_error`` saying why."""
+    controllers = _controllers(access)
+    try:
+        return await broker_groups(access.admin(), controllers)
+    except HamqError as err:
+        if controllers is None or status_of(err) != 503:
+            raise
+        unanswered = f"the controllers did not answer: {err.message}"
+    return [
+        group | {"controller_error": unanswered}
+        for group in await broker_groups(access.admin(), None)
+    ]
 
 
 @router.get("/api/groups/{broker_name}", response_model=BrokerGroup)
@@ -170,13 +198,19 @@ async def group(access: Access, broker_name: str) -> dict:
 @router.post("/api/groups/{broker_name}/actions", response_model=BrokerGroup)
 async def group_action(access: Access, broker_name: str, action: ElectMaster) -> dict:
     """``elect_master``: the controller elects ``broker_id`` (it must be an alive member
-    of the SyncStateSet), or a DLedger group moves its leadership there."""
-    return await elect_master(
-        access.admin(),
-        _controllers(access),
-        _name(broker_name, "broker_name"),
-        action.broker_id,
-    )
+    of the SyncStateSet), or a DLedger group moves its leadership there. The controller
+    refusing that member is 409: the group's state, not the request, is in the way."""
+    try:
+        return await elect_master(
+            access.admin(),
+            _controllers(access),
+            _name(broker_name, "broker_name"),
+            action.broker_id,
+        )
+    except HamqError as err:
+        if err.code not in ELECTION_REFUSALS:
+            raise
+        raise ApiError(409, err.code, err.message, "broker_id") from None
 
 
 # -- topics -----------------------------------------------------------------------------------

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from hamq.protocol.limits import INT64_MAX, MAX_BROKER_ID, MAX_QUEUE_NUMS
 from hamq.store.metadata import PERM_READ_WRITE
 
-QueueNums = Annotated[int, Field(ge=1, le=MAX_QUEUE_NUMS)]
-BrokerId = Annotated[int, Field(ge=0, le=MAX_BROKER_ID)]
+# Strict: a client sends typed JSON, so "4" or true for a number is a mistake to refuse.
+QueueNums = Annotated[StrictInt, Field(ge=1, le=MAX_QUEUE_NUMS)]
+# A member's own id, as elections name it: controller and DLedger ids start at 1.
+BrokerId = Annotated[StrictInt, Field(ge=1, le=MAX_BROKER_ID)]
 
 
 class _Body(BaseModel):
@@ -63,6 +65,11 @@ class BrokerGroup(BaseModel):
     sync_state_set_epoch: int | None
     confirm_offset: int | None
     members: list[GroupMember]
+    controller_error: str | None = Field(
+        None,
+        description="Why the controller's view is missing (no quorum): the group is then as "
+        "its registered members report it, a member that is down is not listed.",
+    )
 
 
 class ElectMaster(_Body):
@@ -156,7 +163,7 @@ class ConsumerGroup(BaseModel):
 class ResetOffset(_Body):
     action: Literal["reset_offset"]
     topic: str
-    timestamp_ms: Annotated[int, Field(ge=0, le=INT64_MAX)]
+    timestamp_ms: Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
 
 
 class OffsetReset(BaseModel):
