@@ -167,6 +167,48 @@ def test_reset_by_time_is_taken_by_a_live_push_consumer(lookup):
         consumer.shutdown()
 
 
+def test_reset_reaches_a_queue_being_released(lookup):
+    """A reset that arrives while the consumer is releasing the queue (its listener still
+    on the batch in hand: a rebalance drop or, here, a shutdown) is what the release
+    commits, not the position past that batch over the reset."""
+    cluster, _, _ = lookup
+    with hamq.Admin(cluster.namesrv) as admin:
+        admin.create_topic("ResetDrop", 1)
+    entered, gate = threading.Event(), threading.Event()
+
+    def listener(messages):
+        entered.set()
+        gate.wait(30)
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    start_ms = int(time.time() * 1000) - 1
+    with hamq.Producer(cluster.namesrv) as producer:
+        for i in range(5):
+            producer.send(Message("ResetDrop", b"d%d" % i))
+    consumer = start_consumer(cluster.namesrv, "releasers", "ResetDrop", listener)
+    stopping = threading.Thread(target=consumer.shutdown)
+    try:
+        assert entered.wait(15), "the listener never got the batch"
+        stopping.start()
+        wait_for(
+            lambda: [pq.dropped for pq in list(consumer.process_queues.values())] == [True],
+            10,
+            "the queue being released (its listener holding the batch)",
+        )
+        with hamq.Admin(cluster.namesrv) as admin:
+            rows = admin.reset_offset("releasers", "ResetDrop", start_ms)
+            assert [r["new_offset"] for r in rows] == [0]
+            gate.set()
+            stopping.join(30)
+            assert _committed(admin, "releasers", "ResetDrop") == [0]
+    finally:
+        gate.set()
+        if stopping.is_alive():
+            stopping.join(30)
+        else:
+            consumer.shutdown()  # not started (closing twice does nothing)
+
+
 def test_reset_by_time_moves_a_pop_group(lookup):
     """Pop consumers read where the broker's pop state says: the reset moves it."""
     cluster, _, _ = lookup

@@ -105,6 +105,9 @@ class ProcessQueue:
     # restarted and forgotten the lock (and granted it to another), so it is asked again.
     lock_conn: Connection | None = None
     dropped: bool = False  # no longer ours: finish the batch in hand, then release
+    # an operator's reset (RESET_CONSUMER_CLIENT_OFFSET): what the release commits instead,
+    # also when the notice comes while a rebalance or shutdown is releasing the queue
+    reset_to: int | None = None
     abandoned: bool = False  # orderly: the batch in hand went stale (lock lost)
     # Messages whose hand-back failed: consumed again here at ``retry_at``; the
     # committed offset stays below the first of them.
@@ -358,9 +361,11 @@ class AsyncPushConsumer:
             if mq.topic != notice.get("topic") or mq.broker_name != notice.get("broker_name"):
                 continue
             offset = offsets.get(mq.queue_id)
-            if isinstance(offset, int) and not pq.dropped:
+            if isinstance(offset, int):
                 log.info("%s: offset of %s reset to %d", self.client_id, mq, offset)
-                self._release_later(pq, reset_to=offset)
+                pq.reset_to = offset
+                if not pq.dropped:  # else being released: it commits reset_to
+                    self._release_later(pq)
 
     # -- heartbeats -------------------------------------------------------------------------
     async def _broker_addrs(self) -> set[str]:
@@ -519,13 +524,13 @@ class AsyncPushConsumer:
         pq.task = asyncio.create_task(self._pull_loop(pq))
         log.info("%s now consumes %s from offset %d", self.client_id, mq, pq.offset)
 
-    def _release_later(self, pq: ProcessQueue, reset_to: int | None = None) -> None:
+    def _release_later(self, pq: ProcessQueue) -> None:
         pq.dropped = True
-        task = asyncio.create_task(self._release(pq, reset_to))
+        task = asyncio.create_task(self._release(pq))
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
 
-    async def _release(self, pq: ProcessQueue, reset_to: int | None = None) -> None:
+    async def _release(self, pq: ProcessQueue) -> None:
         """A dropped queue: wait for the listener (an orderly one as long as it runs, its
         lock renewed meanwhile — RocketMQ keeps the lock when ``tryLock`` of the consume
         lock fails), stop pulling, commit (``reset_to`` instead, after a reset), unlock,
@@ -544,8 +549,8 @@ class AsyncPushConsumer:
         if pq.task is not None:
             pq.task.cancel()
             await asyncio.gather(pq.task, return_exceptions=True)
-        if reset_to is not None:
-            pq.offset, pq.kept, pq.committed = reset_to, [], None
+        if pq.reset_to is not None:
+            pq.offset, pq.kept, pq.committed = pq.reset_to, [], None
         await self._commit(pq)
         if self.orderly:
             await self._unlock([pq])
