@@ -38,7 +38,7 @@ def test_master_slave_group_from_its_members():
     assert [(m["broker_id"], m["role"], m["alive"]) for m in view["members"]] == [
         (0, "master", True),
         (1, "slave", True),
-        (2, "unknown", False),
+        (2, "down", False),
     ]
     assert view["members"][2]["error"] == "x"
 
@@ -98,8 +98,8 @@ def test_the_controllers_word_wins_and_names_members_that_are_down():
     assert (down["broker_id"], down["alive"], down["role"], down["error"]) == (
         1,
         False,
-        "slave",
+        "down",
         "not registered",
     )
     assert (master["broker_role"], master["in_sync"]) == ("async_master", True)
-    assert [m["role"] for m in controller_members(decided)] == ["slave", "master"]
+    assert [m["role"] for m in controller_members(decided)] == ["down", "master"]

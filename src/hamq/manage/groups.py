@@ -55,17 +55,22 @@ async def _runtime(admin: AsyncAdmin, addr: str) -> dict[str, Any]:
 
 
 def controller_members(group: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A controller group's members by id, each with its ``role`` (the controller's master
-    or a slave) and ``in_sync`` (in the SyncStateSet)."""
+    """A controller group's members by id, each with its ``role`` (the controller's master,
+    a slave, or ``down``: a member that is not alive plays no part, whatever the controller
+    last decided for it) and ``in_sync`` (in the SyncStateSet)."""
     in_sync = set(group["sync_state_set"])
     return [
         {
             **m,
-            "role": "master" if m["broker_id"] == group["master_id"] else "slave",
+            "role": _role(m["alive"], m["broker_id"] == group["master_id"]),
             "in_sync": m["broker_id"] in in_sync,
         }
         for m in sorted(group["members"], key=lambda m: m["broker_id"])
     ]
+
+
+def _role(alive: bool, writer: bool) -> str:
+    return "down" if not alive else "master" if writer else "slave"
 
 
 async def broker_groups(
@@ -179,7 +184,7 @@ def _member(broker_id: int, addr: str, row: Mapping[str, Any] | None) -> dict[st
         return {
             "broker_id": broker_id,
             "addr": addr,
-            "role": "unknown",
+            "role": "down",
             "broker_role": None,
             "alive": False,
             "in_sync": None,
@@ -193,7 +198,7 @@ def _member(broker_id: int, addr: str, row: Mapping[str, Any] | None) -> dict[st
     return {
         "broker_id": broker_id,
         "addr": addr,
-        "role": "master" if row["broker_role"] in _WRITER_ROLES else "slave",
+        "role": _role(True, row["broker_role"] in _WRITER_ROLES),
         "broker_role": row["broker_role"],
         "alive": True,
         "in_sync": broker_id in replicas["sync_state_set"] if replicas else None,

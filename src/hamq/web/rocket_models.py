@@ -44,7 +44,7 @@ class Cluster(BaseModel):
 class GroupMember(BaseModel):
     broker_id: int = Field(description="The member's own id: the one elections name.")
     addr: str
-    role: Literal["master", "slave", "unknown"]
+    role: Literal["master", "slave", "down"] = Field(description="down: the member is not alive.")
     broker_role: str | None = Field(description="As the member reports it, None if silent.")
     alive: bool
     in_sync: bool | None = Field(description="In the SyncStateSet; None without one.")

@@ -94,8 +94,8 @@ function groupTable(groups) {
               h(
                 "div",
                 { class: m.alive ? "" : "down", title: m.error || "" },
-                h("code", {}, `#${m.broker_id}`), " ", m.addr, " ", roleBadge(m.role),
-                m.alive ? null : badge("down", "bad"),
+                h("code", {}, `#${m.broker_id}`), " ", m.addr, " ",
+                m.alive ? roleBadge(m.role) : badge("down", "bad"),
                 m.in_sync ? h("span", { class: "in-sync", title: "in the SyncStateSet" }, " ✓") : null,
               ),
             ),
