@@ -9,14 +9,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 from hamq.client.admin import AsyncAdmin
+from hamq.errors import InvalidArgument
+from hamq.policy.definition import check_vhost
+from hamq.protocol.limits import MAX_TOPIC_LENGTH
+from hamq.protocol.message import validate_name
 from hamq.web.body_limit import MAX_BODY_BYTES
 from hamq.web.http_guard import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
+from hamq.web.names import NAME_PATTERN, VHOST_PATTERN
 from helpers import wait_for
 
 GOOD_POLICY = {"pattern": "^attack\\.", "definition": {"ha-mode": "all"}}
@@ -110,6 +116,49 @@ def test_an_unknown_vhost_is_404_on_the_rocketmq_routes_too(web_cluster):
     assert web_cluster.request("PUT", "api/vhosts/known").status == 201
     assert web_cluster.get("api/topics?vhost=known") == []
     assert web_cluster.request("DELETE", "api/vhosts/known").status == 204
+
+
+def _admits(pattern: str, name: str) -> bool:
+    return re.search(pattern, name) is not None
+
+
+def _accepted(check, name: str) -> bool:
+    try:
+        check(name)
+    except InvalidArgument:
+        return False
+    return True
+
+
+def test_the_name_patterns_admit_every_name_the_checks_admit():
+    """The schema's patterns tell clients which names are refused; the server's checks
+    decide, so a pattern stricter than its check would refuse a name the cluster takes."""
+    samples = [c * n for c in map(chr, range(0x20, 0x250)) for n in (1, 2)]
+    samples += ["/", "%RETRY%g", "a" * 64, "a" * 65, "a" * 127, "a" * 128]
+    for name in samples:
+        if _accepted(lambda n: validate_name(n, "topic", MAX_TOPIC_LENGTH), name):
+            assert _admits(NAME_PATTERN, name) and len(name) <= MAX_TOPIC_LENGTH, name
+        if _accepted(check_vhost, name):
+            assert _admits(VHOST_PATTERN, name), name
+
+
+def test_the_schema_states_the_name_rules(web_cluster):
+    """Names in paths and queries carry their pattern and length in the schema, so a
+    fuzzer stops sending names the server must refuse (and a client can check first)."""
+    stated = {}
+    for path, operations in web_cluster.get("api/openapi.json")["paths"].items():
+        for operation in operations.values():
+            for param in operation.get("parameters", []):
+                if param["name"] in ("vhost", "topic", "group", "broker_name"):
+                    schema = param["schema"]
+                    schema = next((s for s in schema.get("anyOf", []) if "pattern" in s), schema)
+                    stated[(path, param["name"])] = schema.get("pattern")
+    assert stated and None not in stated.values(), stated
+    assert stated[("/api/topics", "vhost")] == VHOST_PATTERN
+    assert stated[("/api/topics/{topic}", "topic")] == NAME_PATTERN
+    answer = web_cluster.request("GET", "api/topics?vhost=a%25b")
+    _assert_400(answer, "vhost")
+    _assert_400(web_cluster.request("PUT", "api/vhosts/a%25b"), "vhost")
 
 
 def _name_server_web(web_cluster) -> tuple[str, int]:

@@ -26,6 +26,7 @@ from hamq.protocol.codes import ResponseCode
 from hamq.web.access import ClusterAccess, cluster_access
 from hamq.web.errors import ERROR_RESPONSES, ApiError, status_of
 from hamq.web.history import History, history_of
+from hamq.web.names import PolicyNamePath, VhostPath
 from hamq.web.rabbit_models import (
     GroupMember,
     GroupOut,
@@ -145,7 +146,7 @@ async def list_policies(access: AccessDep) -> list[PolicyOut]:
 
 
 @router.get("/policies/{vhost:path}/{name}", response_model=PolicyOut)
-async def get_policy(vhost: str, name: str, access: AccessDep) -> PolicyOut:
+async def get_policy(vhost: VhostPath, name: PolicyNamePath, access: AccessDep) -> PolicyOut:
     ctl = access.controller_admin()
     for row in await ctl.client.list_policies(await known_vhost(ctl, vhost)):
         if row["name"] == name:
@@ -159,7 +160,9 @@ async def get_policy(vhost: str, name: str, access: AccessDep) -> PolicyOut:
     response_class=Response,
     responses={201: {"description": "created"}, 204: {"description": "updated"}},
 )
-async def put_policy(vhost: str, name: str, body: PolicyBody, access: AccessDep) -> Response:
+async def put_policy(
+    vhost: VhostPath, name: PolicyNamePath, body: PolicyBody, access: AccessDep
+) -> Response:
     policy = _checked_policy(_vhost(vhost), name, body)
     ctl = access.controller_admin()
     await known_vhost(ctl, vhost)
@@ -169,7 +172,7 @@ async def put_policy(vhost: str, name: str, body: PolicyBody, access: AccessDep)
 
 
 @router.delete("/policies/{vhost:path}/{name}", status_code=204)
-async def delete_policy(vhost: str, name: str, access: AccessDep) -> Response:
+async def delete_policy(vhost: VhostPath, name: PolicyNamePath, access: AccessDep) -> Response:
     ctl = access.controller_admin()
     what = f"policy {name!r} in vhost {vhost!r}"
     if await find_policy(ctl, await known_vhost(ctl, vhost), name) is None:
@@ -183,7 +186,7 @@ async def delete_policy(vhost: str, name: str, access: AccessDep) -> Response:
 
 
 @router.get("/policies/{vhost:path}", response_model=list[PolicyOut])
-async def list_vhost_policies(vhost: str, access: AccessDep) -> list[PolicyOut]:
+async def list_vhost_policies(vhost: VhostPath, access: AccessDep) -> list[PolicyOut]:
     ctl = access.controller_admin()
     rows = await ctl.client.list_policies(await known_vhost(ctl, vhost))
     return [_policy_out(r) for r in rows]
@@ -222,7 +225,9 @@ async def list_queues(access: AccessDep) -> list[QueueOut]:
 
 
 @router.post("/queues/{vhost:path}/{name}/actions", status_code=204)
-async def queue_action(vhost: str, name: str, body: QueueAction, access: AccessDep) -> Response:
+async def queue_action(
+    vhost: VhostPath, name: str, body: QueueAction, access: AccessDep
+) -> Response:
     """``sync`` copies the topic's history to its unsynchronised mirrors, ``cancel_sync``
     stops that (RabbitMQ's queue actions)."""
     ctl = access.controller_admin()
@@ -235,7 +240,7 @@ async def queue_action(vhost: str, name: str, body: QueueAction, access: AccessD
 
 
 @router.get("/queues/{vhost:path}/{name}", response_model=QueueOut)
-async def get_queue(vhost: str, name: str, access: AccessDep) -> QueueOut:
+async def get_queue(vhost: VhostPath, name: str, access: AccessDep) -> QueueOut:
     for queue in await _queues(access, vhost):
         if queue.name == name:
             return queue
@@ -245,7 +250,7 @@ async def get_queue(vhost: str, name: str, access: AccessDep) -> QueueOut:
 
 
 @router.get("/queues/{vhost:path}", response_model=list[QueueOut])
-async def list_vhost_queues(vhost: str, access: AccessDep) -> list[QueueOut]:
+async def list_vhost_queues(vhost: VhostPath, access: AccessDep) -> list[QueueOut]:
     return await _queues(access, vhost)
 
 
@@ -257,34 +262,34 @@ async def list_vhosts(access: AccessDep) -> list[VhostOut]:
     return [VhostOut(name=v) for v in sorted(await access.controller_admin().client.list_vhosts())]
 
 
-@router.get("/vhosts/{name:path}", response_model=VhostOut)
-async def get_vhost(name: str, access: AccessDep) -> VhostOut:
-    return VhostOut(name=await known_vhost(access.controller_admin(), name))
+@router.get("/vhosts/{vhost:path}", response_model=VhostOut)
+async def get_vhost(vhost: VhostPath, access: AccessDep) -> VhostOut:
+    return VhostOut(name=await known_vhost(access.controller_admin(), vhost))
 
 
 @router.put(
-    "/vhosts/{name:path}",
+    "/vhosts/{vhost:path}",
     status_code=201,
     response_class=Response,
     responses={201: {"description": "created"}, 204: {"description": "already there"}},
 )
-async def put_vhost(name: str, access: AccessDep) -> Response:
+async def put_vhost(vhost: VhostPath, access: AccessDep) -> Response:
     ctl = access.controller_admin()
-    existed = _vhost(name) in await ctl.client.list_vhosts()
-    await ctl.client.add_vhost(name)
+    existed = _vhost(vhost) in await ctl.client.list_vhosts()
+    await ctl.client.add_vhost(vhost)
     return Response(status_code=204 if existed else 201)
 
 
-@router.delete("/vhosts/{name:path}", status_code=204)
-async def delete_vhost(name: str, access: AccessDep) -> Response:
+@router.delete("/vhosts/{vhost:path}", status_code=204)
+async def delete_vhost(vhost: VhostPath, access: AccessDep) -> Response:
     """Deletes the vhost with its policies and declared topics; ``/`` cannot go (400)."""
     ctl = access.controller_admin()
-    await known_vhost(ctl, name)
+    await known_vhost(ctl, vhost)
 
     async def still_there() -> bool:
-        return name in await ctl.client.list_vhosts()
+        return vhost in await ctl.client.list_vhosts()
 
-    await _delete(ctl.client.delete_vhost(name), still_there, f"vhost {name!r}")
+    await _delete(ctl.client.delete_vhost(vhost), still_there, f"vhost {vhost!r}")
     return Response(status_code=204)
 
 

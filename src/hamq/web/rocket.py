@@ -32,6 +32,7 @@ from hamq.protocol.properties import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_P
 from hamq.store.metadata import PERM_READ_WRITE
 from hamq.web.access import ClusterAccess, cluster_access
 from hamq.web.errors import ERROR_RESPONSES, ApiError, ErrorBody, status_of
+from hamq.web.names import NamePath, NameQuery, TopicPath, VhostQuery
 from hamq.web.rabbit import known_vhost
 from hamq.web.rocket_models import (
     BrokerGroup,
@@ -86,7 +87,7 @@ def _field(name: str) -> Iterator[None]:
 
 async def _vhost(
     access: Access,
-    vhost: Annotated[str, Query(description="The vhost the names are in.")] = DEFAULT_VHOST,
+    vhost: VhostQuery = DEFAULT_VHOST,
 ) -> str:
     """A vhost the controller has (404 otherwise, as on the RabbitMQ-shaped routes); ``/``
     always exists, and without a controller configured nobody keeps a list to check."""
@@ -189,14 +190,14 @@ async def groups(access: Access) -> list[dict]:
 
 
 @router.get("/api/groups/{broker_name}", response_model=BrokerGroup)
-async def group(access: Access, broker_name: str) -> dict:
+async def group(access: Access, broker_name: NamePath) -> dict:
     return await broker_group(
         access.admin(), _controllers(access), _name(broker_name, "broker_name")
     )
 
 
 @router.post("/api/groups/{broker_name}/actions", response_model=BrokerGroup)
-async def group_action(access: Access, broker_name: str, action: ElectMaster) -> dict:
+async def group_action(access: Access, broker_name: NamePath, action: ElectMaster) -> dict:
     """``elect_master``: the controller elects ``broker_id`` (it must be an alive member
     of the SyncStateSet), or a DLedger group moves its leadership there. The controller
     refusing that member is 409: the group's state, not the request, is in the way."""
@@ -231,7 +232,7 @@ async def topics(admin: Admin) -> list[TopicSummary]:
 
 
 @router.get("/api/topics/{topic}", response_model=TopicDetail)
-async def topic(admin: Admin, vhost: Vhost, topic: str) -> dict:
+async def topic(admin: Admin, vhost: Vhost, topic: TopicPath) -> dict:
     """The topic's route (queue data per group, each group's members) and each queue's
     min and max offset (``topicRoute`` and ``topicStatus``)."""
     name = _topic(topic, vhost)
@@ -251,7 +252,7 @@ async def topic(admin: Admin, vhost: Vhost, topic: str) -> dict:
     responses={504: {"model": ErrorBody, "description": "Declared but not placed in time."}},
 )
 async def put_topic(
-    access: Access, admin: Admin, vhost: Vhost, topic: str, spec: TopicSpec
+    access: Access, admin: Admin, vhost: Vhost, topic: TopicPath, spec: TopicSpec
 ) -> TopicCreated:
     """In a cluster with nodes (the controller places groups by policy, ``hamq dev --mode
     cluster``) declare the topic through a node, as ``hamq admin declare-topic`` does, and
@@ -310,7 +311,7 @@ async def _declare(
 
 
 @router.delete("/api/topics/{topic}", status_code=204, response_class=Response)
-async def delete_topic(access: Access, admin: Admin, vhost: Vhost, topic: str) -> Response:
+async def delete_topic(access: Access, admin: Admin, vhost: Vhost, topic: TopicPath) -> Response:
     """Delete the topic: a declared one through the controller (its placement driver then
     deletes it from the groups, which would otherwise place it again), any other on every
     member that has it and on the name servers."""
@@ -335,7 +336,7 @@ async def consumer_groups(admin: Admin) -> list[ConsumerGroupSummary]:
 
 
 @router.get("/api/consumer-groups/{group}", response_model=ConsumerGroup)
-async def consumer_group_detail(admin: Admin, vhost: Vhost, group: str) -> dict:
+async def consumer_group_detail(admin: Admin, vhost: Vhost, group: NamePath) -> dict:
     """The group's clients and, per queue it committed on, offsets and lag."""
     found = await consumer_group(admin, _name(group, "group", vhost))
     if not found["members"] and not found["queues"]:
@@ -345,7 +346,7 @@ async def consumer_group_detail(admin: Admin, vhost: Vhost, group: str) -> dict:
 
 @router.post("/api/consumer-groups/{group}/actions", response_model=ResetDone)
 async def consumer_group_action(
-    admin: Admin, vhost: Vhost, group: str, action: ResetOffset
+    admin: Admin, vhost: Vhost, group: NamePath, action: ResetOffset
 ) -> ResetDone:
     """``reset_offset``: every queue of ``topic`` goes back (or forward) to the first
     message stored at or after ``timestamp_ms``; live consumers of the group take it."""
@@ -362,7 +363,7 @@ def _message(msg: MessageExt) -> MessageView:
 
 
 @router.get("/api/messages/{topic}/{msg_id}", response_model=MessageList)
-async def message_by_id(admin: Admin, vhost: Vhost, topic: str, msg_id: str) -> MessageList:
+async def message_by_id(admin: Admin, vhost: Vhost, topic: TopicPath, msg_id: str) -> MessageList:
     """The message stored at the id's place in each group serving the topic."""
     name = _topic(topic, vhost)
     with _field("msg_id"):
@@ -377,10 +378,10 @@ async def message_by_id(admin: Admin, vhost: Vhost, topic: str, msg_id: str) -> 
 async def messages(
     admin: Admin,
     vhost: Vhost,
-    topic: str,
+    topic: TopicPath,
     key: Annotated[str | None, Query(min_length=1, max_length=MAX_NAME_LENGTH)] = None,
     max_scan: Annotated[int, Query(ge=1, le=MAX_SCAN_LIMIT)] = DEFAULT_MAX_SCAN,
-    broker_name: Annotated[str | None, Query()] = None,
+    broker_name: NameQuery = None,
     queue_id: Annotated[int | None, Query(ge=0, lt=MAX_QUEUE_NUMS)] = None,
     offset: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None,
 ) -> MessageList:

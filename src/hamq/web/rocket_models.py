@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from hamq.protocol.limits import INT64_MAX, MAX_BROKER_ID, MAX_QUEUE_NUMS
 from hamq.store.metadata import PERM_READ_WRITE
+from hamq.web.names import NameField, TopicField
 
 # Strict: a client sends typed JSON, so "4" or true for a number is a mistake to refuse.
 QueueNums = Annotated[StrictInt, Field(ge=1, le=MAX_QUEUE_NUMS)]
@@ -122,7 +123,9 @@ class TopicSpec(_Body):
     perm: Literal[2, 4, 6] = Field(
         PERM_READ_WRITE, description="RocketMQ's PermName: 4 read, 2 write, 6 both."
     )
-    cluster: str | None = Field(None, description="Only this cluster's masters (default: all).")
+    cluster: NameField | None = Field(
+        None, description="Only this cluster's masters (default: all)."
+    )
     node: str | None = Field(
         None,
         description="In a cluster with nodes, the node (hamq@host) the topic is declared "
@@ -162,7 +165,7 @@ class ConsumerGroup(BaseModel):
 
 class ResetOffset(_Body):
     action: Literal["reset_offset"]
-    topic: str
+    topic: TopicField
     timestamp_ms: Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
 
 
