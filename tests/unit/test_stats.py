@@ -11,7 +11,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hamq.broker.ha.service import StoreRecords
-from hamq.broker.stats import MAX_GROUP_ROWS, BrokerStats, store_timestamp_ms
+from hamq.broker.scrape import STORE_BYTES_TTL_MS, StoreBytes
+from hamq.broker.stats import (
+    MAX_GROUP_ROWS,
+    MAX_TOPIC_SERIES,
+    OTHER_TOPICS,
+    BrokerStats,
+    store_timestamp_ms,
+)
 from hamq.config import StoreConfig
 from hamq.net.counts import Histogram
 from hamq.net.metrics import Families
@@ -172,3 +179,26 @@ def test_grafana_dashboard_is_a_board_with_a_prometheus_datasource_variable():
     for panel in graphs:
         assert panel["datasource"]["uid"] == "${datasource}"
         assert panel["targets"] and all("hamq_" in t["expr"] for t in panel["targets"])
+
+
+def test_topics_past_the_cap_are_summed_into_one_series_and_counted():
+    stats = BrokerStats()
+    for i in range(MAX_TOPIC_SERIES + 5):
+        stats.produced(f"T{i}", 1, 10)
+    families = Families()
+    stats.export(families, {})
+    topics = {s.labels["topic"]: s.value for s in families.by_name["hamq_topic_bytes_in"].samples}
+    assert len(topics) == MAX_TOPIC_SERIES + 1
+    assert (topics["T0"], topics[OTHER_TOPICS]) == (10, 50)
+    (dropped,) = families.by_name["hamq_topic_series_dropped"].samples
+    assert dropped.value == 5
+
+
+def test_store_bytes_are_summed_again_only_after_their_ttl(tmp_path):
+    (tmp_path / "commitlog").mkdir()
+    (tmp_path / "commitlog" / "0").write_bytes(b"x" * 100)
+    store_bytes = StoreBytes(tmp_path)
+    assert store_bytes.read(now_ms=1_000) == 100
+    (tmp_path / "index").write_bytes(b"y" * 20)
+    assert store_bytes.read(now_ms=1_000 + STORE_BYTES_TTL_MS - 1) == 100
+    assert store_bytes.read(now_ms=1_000 + STORE_BYTES_TTL_MS) == 120

@@ -25,12 +25,37 @@ if TYPE_CHECKING:
 MAX_LAG_SERIES = 2_000
 
 
+# How long a scrape reuses the store's size: summing it stats every file under the store
+# (a consume-queue file per topic and queue: 0.19 s for 3000 topics of 4 queues), and
+# Prometheus scrapes every 15 s or more often.
+STORE_BYTES_TTL_MS = 30_000
+
+
 def add_broker_sources(broker: BrokerServer, labels: dict[str, str] | None = None) -> None:
     source("broker_stats", broker.stats.export, labels)
-    source("broker_state", functools.partial(_state, broker), labels)
+    store_bytes = StoreBytes(broker.store.root)
+    source("broker_state", functools.partial(_state, broker, store_bytes), labels)
 
 
-def _state(broker: BrokerServer, families: Families, labels: dict[str, str]) -> None:
+class StoreBytes:
+    """Bytes of the files under a store directory, summed at most every
+    ``STORE_BYTES_TTL_MS`` (the figure is for disk-use panels, which move slowly)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._read_at_ms: int | None = None
+        self._bytes = 0
+
+    def read(self, now_ms: int) -> int:
+        if self._read_at_ms is None or now_ms - self._read_at_ms >= STORE_BYTES_TTL_MS:
+            self._bytes = _bytes_under(self.root)
+            self._read_at_ms = now_ms
+        return self._bytes
+
+
+def _state(
+    broker: BrokerServer, store_bytes: StoreBytes, families: Families, labels: dict[str, str]
+) -> None:
     store = broker.store
     serving = broker.dledger.is_leader if broker.dledger is not None else broker.role.is_master
     if serving:  # a slave's offsets are its master's, copied late
@@ -45,7 +70,7 @@ def _state(broker: BrokerServer, families: Families, labels: dict[str, str]) -> 
             ("hamq_dledger_last_index", "Raft entries held", status.log.ledger_end_index),
         ):
             families.gauge(name, documentation, labels, value)
-    _disk(store.root, families, labels)
+    _disk(store_bytes, families, labels)
     families.histogram(
         "hamq_flush_seconds",
         "Commit-log fsyncs (in a worker thread, off the event loop)",
@@ -110,13 +135,18 @@ def _replication(broker: BrokerServer, families: Families, labels: dict[str, str
         )
 
 
-def _disk(root: Path, families: Families, labels: dict[str, str]) -> None:
+def _disk(store_bytes: StoreBytes, families: Families, labels: dict[str, str]) -> None:
     try:
-        usage = os.statvfs(root)
-        used = _bytes_under(root)
+        usage = os.statvfs(store_bytes.root)
+        used = store_bytes.read(monotonic_ms())
     except OSError:  # the store directory is going away (a stopping member)
         return
-    families.gauge("hamq_store_bytes", "Bytes of files under the store directory", labels, used)
+    families.gauge(
+        "hamq_store_bytes",
+        f"Bytes of files under the store (summed every {STORE_BYTES_TTL_MS // 1000} s)",
+        labels,
+        used,
+    )
     families.gauge(
         "hamq_disk_free_ratio",
         "Free share of the file system holding the store",

@@ -35,6 +35,13 @@ END_TO_END_MS_BOUNDS = (
 # the traffic of new ones only in its topics' totals, so a client inventing group names
 # cannot grow memory or the series a scrape returns without end.
 MAX_GROUP_ROWS = 1_000
+# Topic series a scrape returns per broker (four per topic): past it the rest are summed
+# into one series labelled OTHER_TOPICS (no topic name can be that: RocketMQ's charset has
+# no parentheses), so totals stay right and a table of 10,000 topics is not 40,000 series.
+# Topics keep their rows in order of first traffic, so the same ones are folded each scrape
+# and the folded counters still only go up.
+MAX_TOPIC_SERIES = 1_000
+OTHER_TOPICS = "(other)"
 
 _MESSAGES_IN, _BYTES_IN, _MESSAGES_OUT, _BYTES_OUT = range(4)
 
@@ -126,7 +133,18 @@ class BrokerStats:
     def export(self, families: Families, labels: dict[str, str]) -> None:
         """The counters and histograms as Prometheus series (a scrape, in its thread:
         copies, as the event loop adds rows meanwhile)."""
-        for topic, row in list(self.topics.items()):
+        rows = list(self.topics.items())
+        dropped = max(0, len(rows) - MAX_TOPIC_SERIES)
+        if dropped:
+            folded = [sum(column) for column in zip(*(row for _, row in rows[MAX_TOPIC_SERIES:]))]
+            rows[MAX_TOPIC_SERIES:] = [(OTHER_TOPICS, folded)]
+        families.gauge(
+            "hamq_topic_series_dropped",
+            f"Topics past the first {MAX_TOPIC_SERIES}, counted in the topic {OTHER_TOPICS!r}",
+            labels,
+            dropped,
+        )
+        for topic, row in rows:
             at = {**labels, "topic": topic}
             families.counter(
                 "hamq_topic_messages_in", "Messages stored by sends", at, row[_MESSAGES_IN]
