@@ -161,6 +161,22 @@ def test_the_schema_states_the_name_rules(web_cluster):
     _assert_400(web_cluster.request("PUT", "api/vhosts/a%25b"), "vhost")
 
 
+def test_a_405_says_every_method_the_path_takes(web_cluster):
+    """FastAPI makes one route per method and Starlette's 405 named the methods of the
+    first route whose path matched: ``Allow: GET`` where PUT and DELETE are served too."""
+    for method, path, allow in (
+        ("PATCH", "api/policies/%2f/p", "DELETE, GET, PUT"),
+        ("OPTIONS", "api/policies/0/x", "DELETE, GET, PUT"),
+        ("POST", "api/vhosts/v", "DELETE, GET, PUT"),
+        ("PATCH", "api/topics/t", "DELETE, GET, PUT"),
+        ("DELETE", "api/overview", "GET"),
+    ):
+        answer = web_cluster.request(method, path)
+        assert answer.status == 405, (method, path, answer)
+        assert answer.headers["allow"] == allow, (method, path, answer.headers)
+        assert answer.body["name"] == "REQUEST_CODE_NOT_SUPPORTED", answer.body
+
+
 def _name_server_web(web_cluster) -> tuple[str, int]:
     url = urlsplit(web_cluster.ready["web"]["url"])
     assert url.hostname and url.port

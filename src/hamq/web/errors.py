@@ -6,7 +6,7 @@ nothing a caller sends can make a 500."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from http import HTTPStatus
+from http import HTTPMethod, HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from hamq.errors import ConnectionLost, HamqError, RequestTimeout
 from hamq.protocol.codes import ResponseCode
@@ -124,14 +125,30 @@ async def _on_validation(request: Request, err: Exception) -> JSONResponse:
     return _answer(400, ResponseCode.INVALID_ARGUMENT, reason, field)
 
 
+def _allowed_methods(request: Request) -> str:
+    """The methods some route serves at this path, found by asking the router for each.
+    Starlette's 405 named only the methods of the first route whose path matched, and
+    FastAPI makes one route per method, so ``Allow`` said ``GET`` where ``PUT`` and
+    ``DELETE`` were served too."""
+    routes = request.app.router.routes
+    return ", ".join(
+        method
+        for method in sorted(HTTPMethod)
+        if any(r.matches({**request.scope, "method": method})[0] == Match.FULL for r in routes)
+    )
+
+
 async def _on_http_error(request: Request, err: Exception) -> JSONResponse:
     """Starlette's own answers (no such route, method not allowed) in the same shape."""
     assert isinstance(err, HTTPException)
     code = CODE_OF_STATUS.get(err.status_code, ResponseCode.SYSTEM_ERROR)
+    headers = dict(err.headers or {})
+    if err.status_code == HTTPStatus.METHOD_NOT_ALLOWED:
+        headers["Allow"] = _allowed_methods(request)
     return JSONResponse(
         error_body(err.status_code, code, str(err.detail)),
         status_code=err.status_code,
-        headers=err.headers,
+        headers=headers,
     )
 
 
