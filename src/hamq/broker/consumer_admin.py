@@ -22,8 +22,8 @@ from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import Frame, pack_body, require, require_int, require_name
 from hamq.store.message_store import MessageStore
 
-# (group, topic, queue_id, offset): the pop service starts the group's queue there again
-PopReset = Callable[[str, str, int, int], None]
+# (group, topic, {queue_id: offset}): the pop service starts the group's queues there again
+PopReset = Callable[[str, str, dict[int, int]], None]
 
 
 class ConsumerAdmin:
@@ -63,10 +63,11 @@ class ConsumerAdmin:
             old = offsets.query(group, topic, queue_id)
             rows.append({"queue_id": queue_id, "old_offset": old, "new_offset": new})
             table[queue_id] = new
+        # first: its revive-log write is the one step a full disk refuses, and then nothing
+        # has moved (the offsets reset without a notice were undone by the next commit)
+        self.pop_reset(group, topic, table)
         # under a new reset generation: the slaves take the rewind (store/metadata.py)
         offsets.reset(group, topic, table, now)
-        for queue_id, new in table.items():
-            self.pop_reset(group, topic, queue_id, new)
         body = pack_body(
             {"broker_name": self.broker_name, "group": group, "topic": topic, "offsets": table}
         )

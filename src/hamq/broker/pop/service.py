@@ -190,16 +190,20 @@ class PopService:
         for key in [k for k in self.states if k[1] == topic]:
             del self.states[key]
 
-    def reset_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        """An operator reset the group's offset (broker/consumer_admin.py): its pops go on
+    def reset_offset(self, group: str, topic: str, offsets: dict[int, int]) -> None:
+        """An operator reset the group's offsets (broker/consumer_admin.py): its pops go on
         from there; what was in flight is forgotten (its acks answer as stale). Written to
-        the revive log (an acting member writes nothing of its own), so a rebuild of the
-        state does not go on from the acks before it."""
-        if (group, topic, queue_id) in self.states:
+        the revive log first, in one record (an acting member writes nothing of its own),
+        so a rebuild of the state does not go on from the acks before it, and a refused
+        write leaves every queue as it was."""
+        entries = [(q, offset) for q, offset in offsets.items() if (group, topic, q) in self.states]
+        if not entries:
+            return
+        if not self.acting:
+            self.revive.append_reset(group, topic, entries)
+        for queue_id, offset in entries:
             self.states[(group, topic, queue_id)] = PopQueueState(offset)
-            self._changed()
-            if not self.acting:
-                self.revive.append_reset(group, topic, [(queue_id, offset)])
+        self._changed()
 
     def _replay_reset(self, group: str, topic: str, entries: list) -> None:
         """A RESET record replayed: the queues restart there, their offsets with them."""
