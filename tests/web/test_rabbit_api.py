@@ -194,6 +194,9 @@ ALL = {"ha-mode": "all"}
         ("PUT", "api/policies/%2f/p", {"pattern": "."}, 400, "definition"),
         ("PUT", "api/policies/%2f/p", {"pattern": ".", "definition": "all"}, 400, "definition"),
         ("PUT", "api/policies/%2f/p", [1, 2], 400, None),
+        ("PUT", "api/policies/%2f/a%2Fb", {"pattern": ".", "definition": ALL}, 400, "name"),
+        ("PUT", "api/policies/%2f/%20", {"pattern": ".", "definition": ALL}, 400, "name"),
+        ("PUT", "api/policies/%2f/%20p", {"pattern": ".", "definition": ALL}, 400, "name"),
         ("PUT", "api/policies/nosuch/p", {"pattern": ".", "definition": ALL}, 404, "vhost"),
         ("PUT", "api/policies/a%20b/p", {"pattern": ".", "definition": ALL}, 400, "vhost"),
         ("GET", "api/policies/nosuch", None, 404, "vhost"),
@@ -227,6 +230,15 @@ def test_a_body_that_is_no_json_object_is_400(web_cluster, raw, headers):
     answer = web_cluster.request("PUT", "api/policies/%2f/p", raw=raw, headers=headers)
     assert_error(answer, 400, answer.body["field"], "INVALID_ARGUMENT")
     assert answer.body["reason"]
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+def test_a_name_with_a_slash_is_addressed_whole(web_cluster, method):
+    """Only vhost "/" holds a "/", so ``%2f/a%2Fb`` is vhost "/" and name "a/b" (a policy
+    an older version stored so must stay deletable), not vhost "//a" and name "b"."""
+    answer = web_cluster.request(method, "api/policies/%2f/a%2Fb")
+    assert_error(answer, 404, None, "QUERY_NOT_FOUND")
+    assert answer.body["reason"] == "policy 'a/b' in vhost '/' does not exist", answer.body
 
 
 def test_unknown_route_and_method_answer_in_the_error_shape(web_cluster):

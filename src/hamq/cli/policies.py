@@ -25,7 +25,13 @@ from hamq.manage.queues import queue_rows
 from hamq.manage.queues import sync_queue as sync_topic
 from hamq.manage.topics import declare_topic as declare_in_cluster
 from hamq.manage.topics import declaring_node
-from hamq.policy.definition import DEFAULT_VHOST, check_policy_name, check_vhost, make_policy
+from hamq.policy.definition import (
+    DEFAULT_VHOST,
+    check_policy_name,
+    check_stored_policy_name,
+    check_vhost,
+    make_policy,
+)
 from hamq.protocol.address import address
 from hamq.protocol.controller_catalog import check_topic
 
@@ -60,6 +66,12 @@ def _vhost(ctx: click.Context, param: click.Parameter, value: str | None) -> str
 
 def _policy_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
     _checked(lambda: check_policy_name(value))
+    return value
+
+
+def _existing_policy_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A policy to remove may have a name an older version accepted (see check_policy_name)."""
+    _checked(lambda: check_stored_policy_name(value))
     return value
 
 
@@ -195,7 +207,7 @@ async def set_policy(
 
 
 @click.command("clear-policy")
-@click.argument("name", callback=_policy_name)
+@click.argument("name", callback=_existing_policy_name)
 @vhost_option
 @controller_option
 @json_option

@@ -110,9 +110,12 @@ _POLICY_CHECKS: tuple[Check, ...] = (_vhost, _str, _str, _str, _int, _map)
 
 
 def _policy(values: list[Any]) -> Policy:
-    """A policy checked again as ``make_policy`` checks one being set (PolicyError)."""
+    """A policy checked again as ``make_policy`` checks one being set (PolicyError), but
+    for the name: an older version may have stored one the creation rules now refuse."""
     vhost, name, pattern, apply_to, priority, definition = values
-    return make_policy(vhost, name, pattern, definition, priority=priority, apply_to=apply_to)
+    return make_policy(
+        vhost, name, pattern, definition, priority=priority, apply_to=apply_to, stored=True
+    )
 
 
 # Wire tags are part of the Raft log format: never renumber them.

@@ -187,11 +187,26 @@ def check_vhost(name: object) -> str:
     return name
 
 
-def check_policy_name(name: object) -> str:
+def check_stored_policy_name(name: object) -> str:
+    """The name of a policy that may already exist: what older versions let be created
+    (printable text, "/" and blanks included), so such a policy is still read back from
+    the log or a snapshot, listed and deleted."""
     if not isinstance(name, str) or not name:
         raise PolicyError(f"policy name = {name!r}: must be a non-empty string")
     if len(name) > MAX_NAME_LENGTH or not name.isprintable():
         raise PolicyError(f"policy name = {name!r}: at most {MAX_NAME_LENGTH} printable characters")
+    return name
+
+
+def check_policy_name(name: object) -> str:
+    """The name of a policy being created: one every interface can address. A "/" is the
+    separator of ``/api/policies/{vhost}/{name}`` (and URLs, proxies decode ``%2f``), and
+    blanks at the ends vanish when a form or a shell trims what is typed."""
+    name = check_stored_policy_name(name)
+    if "/" in name:
+        raise PolicyError(f"policy name = {name!r}: must not contain '/'")
+    if name != name.strip():
+        raise PolicyError(f"policy name = {name!r}: must not be blank or start or end with a blank")
     return name
 
 
@@ -227,8 +242,11 @@ def make_policy(
     *,
     priority: int = 0,
     apply_to: str = "topics",
+    stored: bool = False,
 ) -> Policy:
-    """A policy with every field checked (``apply_to`` "queues" is read as "topics")."""
+    """A policy with every field checked (``apply_to`` "queues" is read as "topics");
+    ``stored``: one read back from the log or a snapshot, whose name may predate the
+    rules of ``check_policy_name``."""
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise PolicyError(f"priority = {priority!r}: must be an integer")
     if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
@@ -236,7 +254,7 @@ def make_policy(
     apply_to = _APPLY_TO_ALIASES.get(apply_to, apply_to) if isinstance(apply_to, str) else apply_to
     return Policy(
         vhost=check_vhost(vhost),
-        name=check_policy_name(name),
+        name=check_stored_policy_name(name) if stored else check_policy_name(name),
         pattern=_check_pattern(pattern),
         apply_to=_one_of("apply-to", apply_to, APPLY_TO),
         priority=priority,

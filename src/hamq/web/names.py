@@ -10,6 +10,7 @@ from typing import Annotated
 
 from fastapi import Path, Query
 from pydantic import Field
+from starlette.convertors import Convertor, register_url_convertor
 
 from hamq.protocol.limits import MAX_NAME_LENGTH, MAX_TOPIC_LENGTH
 
@@ -26,3 +27,21 @@ NameQuery = Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=MAX_NAM
 VhostQuery = Annotated[str, Query(description="The vhost the names are in.", pattern=VHOST_PATTERN)]
 TopicField = Annotated[str, Field(pattern=NAME_PATTERN, max_length=MAX_TOPIC_LENGTH)]
 NameField = Annotated[str, Field(pattern=NAME_PATTERN, max_length=MAX_NAME_LENGTH)]
+
+
+class VhostConvertor(Convertor[str]):
+    """``{vhost:vhost}``: one path segment, or ``/`` (``%2f``, which the server decodes
+    before routing). Only the vhost ``/`` holds a "/" (check_vhost), so in
+    ``{vhost:vhost}/{name:path}`` the name is all that follows, and ``//a/b`` is vhost
+    ``/`` with name ``a/b`` (``{vhost:path}/{name}`` read it as vhost ``//a``, name ``b``)."""
+
+    regex = "/|[^/]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("vhost", VhostConvertor())

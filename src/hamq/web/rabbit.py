@@ -145,7 +145,7 @@ async def list_policies(access: AccessDep) -> list[PolicyOut]:
     return [_policy_out(r) for r in rows]
 
 
-@router.get("/policies/{vhost:path}/{name}", response_model=PolicyOut)
+@router.get("/policies/{vhost:vhost}/{name:path}", response_model=PolicyOut)
 async def get_policy(vhost: VhostPath, name: PolicyNamePath, access: AccessDep) -> PolicyOut:
     ctl = access.controller_admin()
     for row in await ctl.client.list_policies(await known_vhost(ctl, vhost)):
@@ -155,7 +155,7 @@ async def get_policy(vhost: VhostPath, name: PolicyNamePath, access: AccessDep) 
 
 
 @router.put(
-    "/policies/{vhost:path}/{name}",
+    "/policies/{vhost:vhost}/{name:path}",
     status_code=201,
     response_class=Response,
     responses={201: {"description": "created"}, 204: {"description": "updated"}},
@@ -171,7 +171,7 @@ async def put_policy(
     return Response(status_code=204 if existed else 201)
 
 
-@router.delete("/policies/{vhost:path}/{name}", status_code=204)
+@router.delete("/policies/{vhost:vhost}/{name:path}", status_code=204)
 async def delete_policy(vhost: VhostPath, name: PolicyNamePath, access: AccessDep) -> Response:
     ctl = access.controller_admin()
     what = f"policy {name!r} in vhost {vhost!r}"
