@@ -120,6 +120,21 @@ def test_dev_default_is_a_controller_group_of_three_with_its_console(embedded):
     assert group["master_address"] in members  # the other tests of this module may elect
 
 
+def test_console_nodes_are_the_broker_processes_without_controller_nodes(embedded):
+    """The default cluster has no nodes for the controller to place on: /api/nodes lists
+    the three broker processes (a RabbitMQ user reads it as the cluster's processes), and
+    the overview counts them."""
+    rows = console_get(embedded, "api/nodes")
+    by_address = {b["address"]: b for b in embedded["brokers"]}
+    assert sorted(r["address"] for r in rows) == sorted(by_address)
+    assert all(r["running"] and r["pid"] == by_address[r["address"]]["pid"] for r in rows)
+    assert sorted(r["role"] for r in rows) == ["master", "slave", "slave"]
+    assert {(m["broker_name"], m["address"]) for r in rows for m in r["members"]} == {
+        ("broker-a", a) for a in by_address
+    }
+    assert console_get(embedded, "api/overview")["node_count"] == 3
+
+
 def console_get(ready: dict, path: str):
     """``GET path`` of the console the ready line names, answered 200 with JSON."""
     with urllib.request.urlopen(ready["web"]["url"] + path, timeout=10) as response:

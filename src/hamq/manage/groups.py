@@ -73,6 +73,11 @@ def _role(alive: bool, writer: bool) -> str:
     return "down" if not alive else "master" if writer else "slave"
 
 
+def member_role(row: Mapping[str, Any]) -> str:
+    """A ``member_rows`` row's role as the member itself reports it (down: no answer)."""
+    return _role("error" not in row, row.get("broker_role") in _WRITER_ROLES)
+
+
 async def broker_groups(
     admin: AsyncAdmin,
     controllers: AsyncControllerAdmin | None,
@@ -198,7 +203,7 @@ def _member(broker_id: int, addr: str, row: Mapping[str, Any] | None) -> dict[st
     return {
         "broker_id": broker_id,
         "addr": addr,
-        "role": _role(True, row["broker_role"] in _WRITER_ROLES),
+        "role": member_role(row),
         "broker_role": row["broker_role"],
         "alive": True,
         "in_sync": broker_id in replicas["sync_state_set"] if replicas else None,

@@ -20,6 +20,7 @@ from hamq.client.admin import AsyncControllerAdmin
 from hamq.clock import wall_ms
 from hamq.errors import HamqError, InvalidArgument
 from hamq.manage.policies import find_policy, set_policy
+from hamq.manage.processes import broker_processes, process_count
 from hamq.manage.queues import queue_rows, sync_queue
 from hamq.policy.definition import Policy, check_vhost, make_policy
 from hamq.protocol.codes import ResponseCode
@@ -293,9 +294,35 @@ async def delete_vhost(vhost: VhostPath, access: AccessDep) -> Response:
     return Response(status_code=204)
 
 
+async def _controller_nodes(access: ClusterAccess) -> list[dict[str, Any]]:
+    """The nodes (containers) the controller places mirrors on; none without a controller
+    or while it cannot answer (no quorum: when an operator most needs to see processes)."""
+    if access.controllers:
+        try:
+            return await access.controller_admin().client.list_nodes()
+        except HamqError as err:
+            if status_of(err) != 503:
+                raise
+    return []
+
+
 @router.get("/nodes", response_model=list[NodeOut])
 async def list_nodes(access: AccessDep) -> list[NodeOut]:
-    nodes = await access.controller_admin().client.list_nodes()
+    """The controller's nodes; where it has none (``hamq dev``'s default group, a cluster
+    without nodes or controller), each broker member the name servers register."""
+    nodes = await _controller_nodes(access)
+    if not nodes:
+        return [
+            NodeOut(
+                name=p["address"],
+                running=p["alive"],
+                address=p["address"],
+                members=[NodeMember(**{k: p[k] for k in NodeMember.model_fields})],
+                role=p["role"],
+                pid=p["pid"],
+            )
+            for p in await broker_processes(access.admin())
+        ]
     return [
         NodeOut(
             name=n["node"],
@@ -348,16 +375,11 @@ def _details(history: History, rate: str) -> RateDetails:
     )
 
 
-async def _node_count(access: ClusterAccess, groups: list[GroupOut]) -> int:
-    """The nodes (containers) the controller knows; without a controller, or while it
-    cannot answer (no quorum: when an operator most needs the overview), the brokers."""
-    if access.controllers:
-        try:
-            return len(await access.controller_admin().client.list_nodes())
-        except HamqError as err:
-            if status_of(err) != 503:
-                raise
-    return sum(len(g.members) for g in groups)
+async def _node_count(access: ClusterAccess) -> int:
+    """The nodes the controller knows, else the broker processes (a container's members
+    count once), as ``/api/nodes`` lists them."""
+    nodes = await _controller_nodes(access)
+    return len(nodes) if nodes else process_count(await broker_processes(access.admin()))
 
 
 @router.get("/overview", response_model=Overview)
@@ -370,7 +392,7 @@ async def overview(access: AccessDep, history: HistoryDep) -> Overview:
     groups = _groups(info)
     return Overview(
         cluster_name=", ".join(sorted(info["cluster_addr_table"])),
-        node_count=await _node_count(access, groups),
+        node_count=await _node_count(access),
         object_totals=ObjectTotals(
             topics=len(topics),
             groups=len(groups),

@@ -73,12 +73,20 @@ class NodeMember(BaseModel):
 
 
 class NodeOut(BaseModel):
-    """A node (container) the controller places mirrors on, RabbitMQ's ``hamq@host``."""
+    """A process of the cluster, in one of two shapes. In a cluster with nodes: a node
+    (container) the controller places mirrors on, RabbitMQ's ``hamq@host``, with the
+    members it hosts; ``role`` and ``pid`` are null. Without nodes: a broker member as the
+    name servers register it, named by its address, ``members`` = itself, with its
+    ``role`` and ``pid``."""
 
     name: str
     running: bool
     address: str
     members: list[NodeMember]
+    role: Literal["master", "slave", "down"] | None = Field(
+        None, description="A broker member's own role; null for a node."
+    )
+    pid: int | None = Field(None, description="A running broker member's process id.")
 
 
 class RateSample(BaseModel):
