@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from urllib.parse import quote
 
 import pytest
-from playwright.sync_api import Page, Route, expect, sync_playwright
+from playwright.sync_api import ConsoleMessage, Error, Page, Route, expect, sync_playwright
 
 import hamq
 from helpers import free_port, wait_for
@@ -229,3 +229,47 @@ def test_an_action_during_a_slow_refresh_is_shown_at_once(web_cluster, page):
     wait_for(lambda: web_cluster.request("GET", "api/policies/%2f/slow").status == 404, 10, "gone")
     held[0].fulfill(response=stale)
     expect(row).to_have_count(0, timeout=REFRESH_SOON_MS)
+
+
+def test_the_api_docs_run_only_this_origins_files(web_cluster, page):
+    """/api/docs is Swagger UI from the vendored copy (FastAPI's default loads it from a
+    CDN into this origin): with every other origin unreachable, as offline, it lists every
+    route with no console error, under a CSP that runs only this origin's scripts."""
+    foreign: list[str] = []
+    errors: list[str] = []
+
+    def only_this_origin(route: Route) -> None:
+        if route.request.url.startswith(web_cluster.url):
+            route.fallback()
+        else:
+            foreign.append(route.request.url)
+            route.abort()
+
+    def console_error(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            errors.append(message.text)
+
+    def page_error(error: Error) -> None:
+        errors.append(str(error))
+
+    page.route("**/*", only_this_origin)
+    page.on("console", console_error)
+    page.on("pageerror", page_error)
+    try:
+        with page.expect_response(f"{web_cluster.url}api/docs") as served:
+            page.goto(web_cluster.url + "api/docs")
+        csp = served.value.headers.get("content-security-policy", "")
+        assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp, csp
+        script_src = next(d for d in csp.split(";") if d.strip().startswith("script-src"))
+        assert "unsafe-inline" not in script_src and "http" not in script_src, csp
+        paths = web_cluster.get("api/openapi.json")["paths"]
+        listed = page.locator(".opblock-summary-path")
+        expect(listed.first).to_be_visible(timeout=UI_TIMEOUT_MS)
+        shown = {p.get_attribute("data-path") for p in listed.all()}
+        assert shown == set(paths), set(paths) ^ shown
+    finally:
+        page.unroute("**/*", only_this_origin)
+        page.remove_listener("console", console_error)
+        page.remove_listener("pageerror", page_error)
+    assert foreign == [], foreign
+    assert errors == [], errors

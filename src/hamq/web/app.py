@@ -12,7 +12,7 @@ from importlib.metadata import version
 from fastapi import Depends, FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from hamq.web import console, errors, rabbit, rocket
+from hamq.web import api_docs, console, errors, rabbit, rocket
 from hamq.web.access import ClusterAccess
 from hamq.web.auth import authorize
 from hamq.web.body_limit import BodyLimit
@@ -39,7 +39,7 @@ def create_app(access: ClusterAccess, *, sample_interval_s: float = 2.0) -> Fast
         title="hamq management API",
         version=version("hamq"),
         openapi_url="/api/openapi.json",
-        docs_url="/api/docs",
+        docs_url=None,  # api_docs serves it from vendored files
         redoc_url=None,
         lifespan=lifespan,
         dependencies=[Depends(authorize)],
@@ -50,7 +50,7 @@ def create_app(access: ClusterAccess, *, sample_interval_s: float = 2.0) -> Fast
     app.add_middleware(JsonBodies)
     app.add_middleware(BodyLimit)
     app.add_middleware(SameOrigin)  # no cross-site writes, no DNS-rebinding Host
-    for router in (rabbit.router, rocket.router, console.router):
+    for router in (rabbit.router, rocket.router, console.router, api_docs.router):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=console.STATIC_DIR), name="static")
     return app
