@@ -17,7 +17,6 @@ from hamq.broker.stats import (
     MAX_TOPIC_SERIES,
     OTHER_TOPICS,
     BrokerStats,
-    store_timestamp_ms,
 )
 from hamq.config import StoreConfig
 from hamq.net.counts import Histogram
@@ -53,12 +52,6 @@ def records_stored_at(tmp_path: Path, store_ms: int, bodies: list[bytes]) -> byt
     records = bytes(result.records)
     store.close()
     return records
-
-
-def test_store_timestamp_is_read_from_a_real_record(tmp_path):
-    assert store_timestamp_ms(records_stored_at(tmp_path, 1_700_000_123_456, [b"a"])) == (
-        1_700_000_123_456
-    )
 
 
 def test_traffic_counts_per_topic_and_group_and_end_to_end_latency(tmp_path):

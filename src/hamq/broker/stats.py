@@ -46,11 +46,6 @@ OTHER_TOPICS = "(other)"
 _MESSAGES_IN, _BYTES_IN, _MESSAGES_OUT, _BYTES_OUT = range(4)
 
 
-def store_timestamp_ms(records: bytes | bytearray | memoryview) -> int:
-    """The store timestamp of the first of ``records`` (whole stored records)."""
-    return _unpack_store_timestamp(records, _STORE_TIMESTAMP_AT)[0]
-
-
 class BrokerStats:
     """Counters since the broker started: ``topics[topic]`` = [messages in, bytes in,
     messages out, bytes out], ``groups[(group, topic)]`` = [messages out, bytes out]."""
