@@ -5,7 +5,8 @@ vhosts, nodes and the overview, with RabbitMQ's bodies and status codes (PUT 201
 
 ``{vhost}`` is URL-encoded as RabbitMQ writes it (``%2f`` is ``/``); it is a path segment
 that may decode to ``/``, hence the ``:path`` converters, and routes with more segments
-after it are declared first."""
+after it are declared first; a policy's is ``{vhost:vhost}/{name:path}`` (web/names.py), so
+a name an older version stored with a "/" is still addressed whole."""
 
 from __future__ import annotations
 
