@@ -18,26 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 import hamq
 from hamq.errors import HamqError
 from hamq.web.console import PAGES
 from helpers import wait_for
 
-CHROMIUM = (
-    "/usr/bin/chromium"  # Debian's package (`make browser`): Playwright's own cannot download here
-)
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 LAPTOP = {"width": 1440, "height": 900}
 DOCS_SCREENS = Path(__file__).resolve().parents[2] / "docs" / "console"
 UI_TIMEOUT_MS = 20_000  # a page's first refresh (several cluster reads on a loaded machine)
@@ -119,16 +106,6 @@ def traffic(web_cluster) -> Iterator[Traffic]:
         if trickle.is_alive():
             trickle.join(10)
         consumer.shutdown()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from urllib.parse import quote
 
 import pytest
-from playwright.sync_api import ConsoleMessage, Error, Page, Route, expect, sync_playwright
+from playwright.sync_api import ConsoleMessage, Error, Page, Route, expect
 
 import hamq
 from helpers import free_port, wait_for
-from web.test_console import CHROMIUM, CHROMIUM_ARGS, UI_TIMEOUT_MS
+from web.test_console import UI_TIMEOUT_MS
 
 TOPIC = "attack.t"
 SCRIPTED = "<img src=x onerror=\"window.__xss='{}'\">"  # runs if inserted as HTML
@@ -47,11 +47,10 @@ def topic(web_cluster) -> str:
 
 
 @pytest.fixture(scope="module")
-def page(web_cluster, topic) -> Iterator[Page]:
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser.new_page()
-        browser.close()
+def page(web_cluster, topic, browser) -> Iterator[Page]:
+    page = browser.new_page()
+    yield page
+    page.close()
 
 
 @dataclass
