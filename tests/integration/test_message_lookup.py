@@ -4,6 +4,7 @@ reset by time while a push consumer of it runs; bad input answered with clear co
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -12,12 +13,15 @@ import pytest
 
 import hamq
 from hamq import ConsumeConcurrentlyStatus, Message
+from hamq.client.admin import AsyncAdmin
 from hamq.errors import (
     BrokerNotFound,
     InvalidArgument,
     QueueNotExist,
     TopicNotExist,
 )
+from hamq.manage.fanout import MAX_IN_FLIGHT
+from hamq.manage.queues import messages_held
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import encode_frame_bytes
 from hamq.protocol.message import offset_msg_id, parse_offset_msg_id
@@ -260,3 +264,49 @@ def test_cli_query_and_reset(lookup, hamq_cli):
 
 def _committed(admin, group: str, topic: str) -> list[int]:
     return [r["consumer_offset"] for r in admin.consumer_progress(group) if r["topic"] == topic]
+
+
+class CountedAdmin(AsyncAdmin):
+    """An admin client that counts the requests it sends: how many at once at most
+    (``peak``) and of which codes (``codes``)."""
+
+    def __init__(self, namesrv: str) -> None:
+        super().__init__(namesrv)
+        self.in_flight, self.peak, self.codes = 0, 0, []
+        invoke = self.core.invoke
+
+        async def counted(addr, code, *args, **kwargs):
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+            self.codes.append(code)
+            try:
+                return await invoke(addr, code, *args, **kwargs)
+            finally:
+                self.in_flight -= 1
+
+        self.core.invoke = counted
+
+
+def test_messages_held_over_many_topics_asks_a_few_at_a_time(lookup):
+    """/api/overview's message total (manage.queues.messages_held) runs on the name
+    server's loop: every topic's offset requests were sent together (two per queue), so a
+    cluster of thousands of topics flooded the loop and the late ones timed out as empty."""
+    cluster, _, _ = lookup
+    topics = [f"Held{i}" for i in range(40)]
+    with hamq.Admin(cluster.namesrv) as admin:
+        for topic in topics:
+            admin.create_topic(topic, 4)
+    with hamq.Producer(cluster.namesrv) as producer:
+        for topic in topics[:5]:
+            producer.send(Message(topic, b"x"))
+
+    async def count() -> tuple[int, int]:
+        admin = CountedAdmin(cluster.namesrv)
+        try:
+            return await messages_held(admin, topics), admin.peak
+        finally:
+            await admin.close()
+
+    total, peak = asyncio.run(count())
+    assert total == 5
+    assert peak <= MAX_IN_FLIGHT * 2 * 4, peak  # a few topics' queues, not all 40 topics'

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from hamq.client.admin import AsyncAdmin, AsyncControllerAdmin
 from hamq.errors import HamqError, InvalidArgument, ServiceNotAvailable, TopicNotExist
+from hamq.manage.fanout import MAX_IN_FLIGHT, gather_bounded
 from hamq.manage.policies import find_policy
 from hamq.net.connection import connect
 from hamq.protocol.codes import RequestCode, ResponseCode
@@ -83,22 +85,21 @@ async def consumer_lag(namesrv: AsyncAdmin) -> dict[str, int]:
     consumed = await consumer_offsets(namesrv)
     reads = await namesrv.read_addrs()
     queues = sorted(key for key in consumed if key[1] in reads)
-    tops = await asyncio.gather(
-        *(
-            namesrv.core.invoke(
+    tops = await gather_bounded(
+        [
+            partial(
+                namesrv.core.invoke,
                 reads[broker_name],
                 RequestCode.GET_MAX_OFFSET,
                 {"topic": topic, "queue_id": queue_id},
             )
             for topic, broker_name, queue_id in queues
-        ),
-        return_exceptions=True,
+        ],
+        MAX_IN_FLIGHT * 8,  # one request each, where a topic's call sends two per queue
     )
     lag: dict[str, int] = defaultdict(int)
     for key, top in zip(queues, tops):
-        if isinstance(top, BaseException):
-            if not isinstance(top, HamqError):
-                raise top
+        if isinstance(top, HamqError):
             continue
         lag[key[0]] += sum(max(top.ext["offset"] - offset, 0) for offset in consumed[key])
     return dict(lag)
@@ -113,13 +114,28 @@ async def _counts(
         queues = await namesrv.topic_offsets(wire)
     except HamqError:
         return None, None
-    messages = sum(q["max_offset"] - q["min_offset"] for q in queues)
+    messages = _held(queues)
     lag = sum(
         max(q["max_offset"] - offset, 0)
         for q in queues
         for offset in consumed.get((wire, q["broker_name"], q["queue_id"]), ())
     )
     return messages, lag
+
+
+def _held(queues: Iterable[Mapping[str, Any]]) -> int:
+    return sum(q["max_offset"] - q["min_offset"] for q in queues)
+
+
+async def messages_held(namesrv: AsyncAdmin, topics: Sequence[str]) -> int:
+    """Messages held over the topics' queues (one that no master serves counts 0), asked
+    a few topics at a time."""
+    held = await gather_bounded([partial(namesrv.topic_offsets, t) for t in topics])
+    total = 0
+    for queues in held:
+        if not isinstance(queues, HamqError):
+            total += _held(queues)
+    return total
 
 
 async def _nothing() -> tuple[int, int]:
@@ -144,14 +160,15 @@ async def queue_rows(
     }
     consumed = await consumer_offsets(namesrv) if groups else {}
     placed = [groups.get(t["groups"][-1]) if t["groups"] else None for t in topics]
-    counts = await asyncio.gather(
-        *(
-            _counts(namesrv, topic["wire_name"], consumed) if group else _nothing()
+    counts = await gather_bounded(
+        [
+            partial(_counts, namesrv, topic["wire_name"], consumed) if group else _nothing
             for topic, group in zip(topics, placed)
-        )
+        ]
     )
     rows = []
-    for topic, group, (messages, lag) in zip(topics, placed, counts):
+    for topic, group, count in zip(topics, placed, counts):
+        messages, lag = (None, None) if isinstance(count, HamqError) else count
         row: dict[str, Any] = {
             "name": topic["name"],
             "vhost": topic["vhost"],

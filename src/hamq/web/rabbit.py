@@ -10,7 +10,6 @@ a name an older version stored with a "/" is still addressed whole."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
@@ -22,7 +21,7 @@ from hamq.clock import wall_ms
 from hamq.errors import HamqError, InvalidArgument
 from hamq.manage.policies import find_policy, set_policy
 from hamq.manage.processes import broker_processes, process_count
-from hamq.manage.queues import queue_rows, sync_queue
+from hamq.manage.queues import messages_held, queue_rows, sync_queue
 from hamq.policy.definition import Policy, check_vhost, make_policy
 from hamq.protocol.codes import ResponseCode
 from hamq.web.access import ClusterAccess, cluster_access
@@ -354,20 +353,6 @@ def _groups(info: dict[str, Any]) -> list[GroupOut]:
     return groups
 
 
-async def _messages(access: ClusterAccess, topics: list[str]) -> int:
-    """Messages held over every routed topic (a topic without a master counts 0)."""
-    admin = access.admin()
-    held = await asyncio.gather(*(admin.topic_offsets(t) for t in topics), return_exceptions=True)
-    total = 0
-    for queues in held:
-        if isinstance(queues, BaseException):
-            if not isinstance(queues, HamqError):
-                raise queues
-            continue
-        total += sum(q["max_offset"] - q["min_offset"] for q in queues)
-    return total
-
-
 def _details(history: History, rate: str) -> RateDetails:
     samples = list(history.samples)
     return RateDetails(
@@ -406,7 +391,7 @@ async def overview(access: AccessDep, history: HistoryDep) -> Overview:
             deliver_get_details=_details(history, "deliver_rate"),
         ),
         queue_totals=QueueTotals(
-            messages=await _messages(access, topics), lag=latest.lag if latest else 0
+            messages=await messages_held(admin, topics), lag=latest.lag if latest else 0
         ),
         groups=groups,
     )
