@@ -58,7 +58,12 @@ def test_clusters_and_the_groups_sync_state(web_cluster, placed):
     assert sorted(m["role"] for m in listed["members"]) == ["master", "slave"]
     assert cluster["cluster_name"] == "hamq"
 
-    group = web_cluster.get(f"api/groups/{group_name}")
+    def confirmed() -> dict | None:
+        # The controller learns a member's confirm offset from its next heartbeat (300 ms)
+        group = web_cluster.get(f"api/groups/{group_name}")
+        return group if group["confirm_offset"] else None
+
+    group = wait_for(confirmed, 10.0, "the controller to hear the sends' confirm offset")
     assert group in web_cluster.get("api/groups")
     assert group["mode"] == "controller"
     assert group["master_epoch"] >= 1 and group["sync_state_set_epoch"] >= 1
