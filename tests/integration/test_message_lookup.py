@@ -21,6 +21,8 @@ from hamq.errors import (
     TopicNotExist,
 )
 from hamq.manage.fanout import MAX_IN_FLIGHT
+from hamq.manage.groups import broker_groups
+from hamq.manage.processes import broker_processes
 from hamq.manage.queues import messages_held
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import encode_frame_bytes
@@ -310,3 +312,24 @@ def test_messages_held_over_many_topics_asks_a_few_at_a_time(lookup):
     total, peak = asyncio.run(count())
     assert total == 5
     assert peak <= MAX_IN_FLIGHT * 2 * 4, peak  # a few topics' queues, not all 40 topics'
+
+
+def test_one_round_of_member_runtime_info_serves_concurrent_readers(lookup):
+    """The console's overview asks /api/overview, /api/nodes and /api/groups together every
+    few seconds; each asked every member's runtime info on the name server's loop."""
+    cluster, _, _ = lookup
+
+    async def read() -> list[int]:
+        admin = CountedAdmin(cluster.namesrv)
+        try:
+            processes, groups, again = await asyncio.gather(
+                broker_processes(admin), broker_groups(admin, None), broker_processes(admin)
+            )
+        finally:
+            await admin.close()
+        assert processes == again and [p["role"] for p in processes] == ["master"]
+        assert [m["addr"] for m in groups[0]["members"]] == [cluster.broker_addr()]
+        return admin.codes
+
+    codes = asyncio.run(read())
+    assert codes.count(RequestCode.GET_BROKER_RUNTIME_INFO) == 1, codes

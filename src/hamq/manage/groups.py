@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from hamq.client.admin import AsyncAdmin, AsyncControllerAdmin
+from hamq.clock import monotonic_s
 from hamq.errors import BrokerNotFound, HamqError, InvalidArgument, ServiceNotAvailable
 
 CONTROLLER = "controller"
@@ -22,12 +24,38 @@ MASTER_SLAVE = "master_slave"
 # The runtime info's broker_role of a member that is its group's writer.
 _WRITER_ROLES = frozenset({"sync_master", "async_master", "leader"})
 _DLEDGER_ROLES = frozenset({"leader", "follower"})
+MEMBER_ROWS_FRESH_S = 1.0
+# Per admin client: when its last member_rows round began, and that round.
+_rounds: WeakKeyDictionary[AsyncAdmin, tuple[float, asyncio.Future[list[dict[str, Any]]]]] = (
+    WeakKeyDictionary()
+)
 
 
 async def member_rows(admin: AsyncAdmin) -> list[dict[str, Any]]:
     """Every member the name servers register (``cluster``, ``broker_name``, ``broker_id``
     as registered, ``address``) with its runtime info, or ``error`` when it did not answer;
-    asked all at once, so one member that hangs costs one timeout."""
+    asked all at once, so one member that hangs costs one timeout.
+
+    Callers of one admin share a round begun less than ``MEMBER_ROWS_FRESH_S`` ago: the
+    console's overview asks ``/api/overview``, ``/api/nodes`` and ``/api/groups`` together
+    every few seconds, and each asked every member on the name server's loop."""
+    now = monotonic_s()
+    began, round_ = _rounds.get(admin, (0.0, None))
+    if round_ is None or now - began >= MEMBER_ROWS_FRESH_S:
+        round_ = asyncio.ensure_future(_member_rows(admin))
+        _rounds[admin] = (now, round_)
+        round_.add_done_callback(lambda done: _forget_failed(admin, done))
+    return await asyncio.shield(round_)  # one caller gone leaves the round to the others
+
+
+def _forget_failed(admin: AsyncAdmin, done: asyncio.Future[list[dict[str, Any]]]) -> None:
+    """A round that failed is not handed to later callers: they ask again."""
+    failed = done.cancelled() or done.exception() is not None
+    if failed and _rounds.get(admin, (0.0, None))[1] is done:
+        del _rounds[admin]
+
+
+async def _member_rows(admin: AsyncAdmin) -> list[dict[str, Any]]:
     info = await admin.cluster_info()
     members = [
         (entry["cluster"], name, int(broker_id), addr)
@@ -234,4 +262,5 @@ async def elect_master(
         await controllers.elect_master(broker_name, broker_id, group["cluster_name"])
     else:
         await admin.elect(broker_name, broker_id)
+    _rounds.pop(admin, None)  # not a round of runtime info begun before the election
     return await broker_group(admin, controllers, broker_name)
