@@ -288,6 +288,8 @@ def test_the_overview_answers_while_the_controllers_have_no_quorum(
     """It kills two of the three controller peers (started again after it). The overview
     was a 503 as a whole (its node count asks the controller) exactly when an operator needs it;
     the routes that only the controller can answer are a bounded 503 with the wire code."""
+    web_cluster.mc.declare("attacks.q", "hamq@node1")  # a group for /api/groups to show
+    web_cluster.mc.placed("attacks.q", lambda row: row["pid"] is not None, "a master")
     for peer in web_cluster.ready["controllers"][1:]:
         os.kill(peer["pid"], signal.SIGKILL)
 
@@ -308,4 +310,6 @@ def test_the_overview_answers_while_the_controllers_have_no_quorum(
     assert sorted(g["broker_name"] for g in groups) == sorted(
         g["broker_name"] for g in overview["groups"]
     )
-    assert all(g["controller_error"] for g in groups), groups
+    assert groups and all(g["controller_error"] for g in groups), groups
+    one = web_cluster.get(f"api/groups/{groups[0]['broker_name']}")  # was a 503
+    assert one["controller_error"] and one["members"], one

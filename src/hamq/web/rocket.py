@@ -18,9 +18,9 @@ from fastapi import APIRouter, Depends, Query, Response
 from hamq.client.admin import AsyncAdmin, AsyncControllerAdmin
 from hamq.client.core import MASTER_ID
 from hamq.client.message import MessageExt
-from hamq.errors import HamqError, InvalidArgument, QueryNotFound
+from hamq.errors import BrokerNotFound, HamqError, InvalidArgument, QueryNotFound
 from hamq.manage.consumers import consumer_group
-from hamq.manage.groups import broker_group, broker_groups, elect_master
+from hamq.manage.groups import broker_groups, elect_master
 from hamq.manage.messages import message_json
 from hamq.manage.topics import declare_topic, declaring_node, wait_placed
 from hamq.policy.definition import DEFAULT_VHOST, PolicyError, check_vhost, wire_name
@@ -171,29 +171,37 @@ async def clusters(access: Access) -> list[Cluster]:
     ]
 
 
-@router.get("/api/groups", response_model=list[BrokerGroup])
-async def groups(access: Access) -> list[dict]:
-    """Every broker group: members and roles, epochs, SyncStateSet, confirm offset. While
-    the controllers cannot answer (no quorum: when an operator most needs this), each group
-    as its members report it, with ``controller_error`` saying why."""
+async def _groups(access: ClusterAccess, broker_names: list[str] | None = None) -> list[dict]:
+    """The broker groups (or those named). While the controllers cannot answer (no
+    quorum: when an operator most needs this), each group as its members report it, with
+    ``controller_error`` saying why."""
     controllers = _controllers(access)
+    names = broker_names or []
     try:
-        return await broker_groups(access.admin(), controllers)
+        return await broker_groups(access.admin(), controllers, names)
     except HamqError as err:
         if controllers is None or status_of(err) != 503:
             raise
         unanswered = f"the controllers did not answer: {err.message}"
     return [
         group | {"controller_error": unanswered}
-        for group in await broker_groups(access.admin(), None)
+        for group in await broker_groups(access.admin(), None, names)
     ]
+
+
+@router.get("/api/groups", response_model=list[BrokerGroup])
+async def groups(access: Access) -> list[dict]:
+    """Every broker group: members and roles, epochs, SyncStateSet, confirm offset."""
+    return await _groups(access)
 
 
 @router.get("/api/groups/{broker_name}", response_model=BrokerGroup)
 async def group(access: Access, broker_name: NamePath) -> dict:
-    return await broker_group(
-        access.admin(), _controllers(access), _name(broker_name, "broker_name")
-    )
+    """One broker group, as in ``/api/groups``."""
+    name = _name(broker_name, "broker_name")
+    for found in await _groups(access, [name]):
+        return found
+    raise BrokerNotFound(f"no broker group {name}")
 
 
 @router.post("/api/groups/{broker_name}/actions", response_model=BrokerGroup)
