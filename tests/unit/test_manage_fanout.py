@@ -8,7 +8,7 @@ from functools import partial
 
 import pytest
 
-from hamq.errors import TopicNotExist
+from hamq.errors import RequestTimeout, TopicNotExist
 from hamq.manage.fanout import gather_bounded
 
 
@@ -41,3 +41,21 @@ def test_a_fault_that_is_no_cluster_answer_is_raised():
 
     with pytest.raises(KeyError):
         asyncio.run(gather_bounded([fine, broken, fine]))
+
+
+def test_calls_not_begun_in_time_are_not_made():
+    """A hung broker's topics, one request timeout each, must not hold the answer for
+    minutes: what is not begun within ``within_s`` is a RequestTimeout, not asked."""
+    asked = []
+
+    async def hung(i: int) -> int:
+        asked.append(i)
+        await asyncio.sleep(0.05)
+        return i
+
+    results = asyncio.run(
+        gather_bounded([partial(hung, i) for i in range(100)], limit=2, within_s=0.12)
+    )
+    assert 2 <= len(asked) <= 10, asked  # 6 on an idle machine
+    assert results[: len(asked)] == asked
+    assert all(isinstance(r, RequestTimeout) for r in results[len(asked) :])
