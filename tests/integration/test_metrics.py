@@ -168,6 +168,7 @@ def test_traffic_lag_latency_replication_and_raft_series_of_real_servers(metered
     assert value(controller, "hamq_controller_term") >= 1
     assert value(controller, "hamq_controller_elections") >= 1
     assert value(controller, "hamq_controller_unclean_elections") == 0
+    assert value(controller, "hamq_controller_failed_elections") == 0
     assert value(controller, "hamq_controller_commit_index") >= 1
     assert value(controller, "hamq_controller_last_index") >= value(
         controller, "hamq_controller_commit_index"

@@ -69,8 +69,13 @@ class ControllerService:
         )
         gauge(
             "hamq_controller_elections",
-            "Master elections applied while leading",
+            "Master elections applied while leading (those that found no master too)",
             lambda: stats.elections,
+        )
+        gauge(
+            "hamq_controller_failed_elections",
+            "Elections applied while leading that found no member to be master",
+            lambda: stats.failed_elections,
         )
         gauge(
             "hamq_controller_unclean_elections",
