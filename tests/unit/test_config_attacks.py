@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from hamq.cli.servers import dev
 from hamq.config import BrokerConfig, NamesrvConfig, from_dict, load_config
+from hamq.config_check import show
 from hamq.errors import ConfigError
 
 
@@ -81,7 +82,7 @@ def test_dev_data_under_a_file_is_refused(tmp_path):
     result = CliRunner().invoke(dev, ["--mode", "single", "--data", str(in_the_way / "dev")])
     assert result.exit_code == 2, result.output
     assert result.output == (
-        f"config error: options: --data = '{in_the_way / 'dev'}': "
+        f"config error: options: --data = {show(str(in_the_way / 'dev'))}: "
         f"cannot be created: {in_the_way} is not a directory\n"
     )
     assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
