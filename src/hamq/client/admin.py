@@ -16,7 +16,6 @@ from hamq.clock import monotonic_s
 from hamq.errors import (
     BrokerNotFound,
     HamqError,
-    InvalidArgument,
     NoPermission,
     NotLeader,
     QueryNotFound,
@@ -25,7 +24,7 @@ from hamq.errors import (
 )
 from hamq.net.connection import Connection, connect
 from hamq.net.tasks import PeriodicTask, spawn
-from hamq.policy.definition import DEFAULT_VHOST, split_wire_name
+from hamq.policy.definition import DEFAULT_VHOST
 from hamq.protocol.codes import RequestCode, ResponseCode
 from hamq.protocol.frame import check_int, unpack_body
 from hamq.protocol.message import decode_records, offset_msg_id, parse_offset_msg_id
@@ -458,21 +457,11 @@ class AsyncAdmin:
         return [row for group_rows in rows for row in group_rows]
 
     def _in_vhost(self, wire_names: Iterable[str]) -> list[str]:
-        """The names of this vhost among wire names, as its users know them (another
-        vhost's ``V%name`` is none of the default vhost's)."""
+        """The names of this vhost among wire names, as its users know them."""
         if self.core.vhost == DEFAULT_VHOST:
-            return [n for n in wire_names if _vhost_of(n) == DEFAULT_VHOST]
+            return list(wire_names)
         prefix = self.core.wire("")
         return [n.removeprefix(prefix) for n in wire_names if n.startswith(prefix)]
-
-
-def _vhost_of(wire: str) -> str:
-    """The vhost a wire name belongs to; a name whose part before ``%`` can be no vhost
-    (``%%x``) is the default vhost's own."""
-    try:
-        return split_wire_name(wire)[0]
-    except InvalidArgument:
-        return DEFAULT_VHOST
 
 
 def controller_list(controllers: str | Iterable[str]) -> list[str]:
