@@ -31,7 +31,7 @@ from test_escape import TX_GROUP, TX_TOPIC, end_transaction, send_halves
 
 from hamq import Message, TransactionState
 from hamq.client.consumer import PullStatus
-from hamq.errors import TopicNotExist
+from hamq.errors import RequestCodeNotSupported, TopicNotExist
 from hamq.protocol.codes import RequestCode
 from helpers import free_port, scrape_metrics, wait_for
 
@@ -368,7 +368,10 @@ def test_pop_records_are_not_put_into_a_dledger_leader_beside_the_acting_master(
             deadline = time.monotonic() + WAIT_S
             got: list = []
             while not got and time.monotonic() < deadline:
-                got = [m for m in sc.receive(8, 30) if m.body == b"pop-me"]
+                try:
+                    got = [m for m in sc.receive(8, 30) if m.body == b"pop-me"]
+                except RequestCodeNotSupported:  # a queue of broker-d: DLedger takes no pops
+                    continue
         assert got, "the message was not popped from the acting slave"
         log_path = c.root / "c.log"
         wait_for(
