@@ -156,8 +156,8 @@ class ActingCluster:
 
     def kill_master(self, topic: str) -> None:
         """kill -9 A's master once its slaves are caught up; returns once the route of
-        ``topic`` names A's acting master (a1, read-only) as brokerId 0, and notes a1's log
-        end: the acting master never appends to its own log."""
+        ``topic`` names A's acting master (a1, read-only) as brokerId 0 and a1 acts, and
+        notes a1's log end: the acting master never appends to its own log."""
         self.wait_replicated()
         self.c.procs["a0"].kill9()
         self.killed_at = time.monotonic()
@@ -168,6 +168,11 @@ class ActingCluster:
             "a1 routed as A's (acting) master",
         )
         assert self.route(topic)["perm"][GROUP_A] == PERM_READ, "the acting master is writable"
+        # The name server routes a1 as brokerId 0 before a1 has heard (by its next
+        # registration) that it acts: until then it refuses master-only requests.
+        wait_for(
+            lambda: self.runtime(ACTING)["acting_master"]["acting"], 20, "a1 knows it acts"
+        )
         self.acting_log_end = self.log_end(ACTING)
 
     def assert_acting_log_unchanged(self) -> None:
