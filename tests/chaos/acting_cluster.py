@@ -170,9 +170,7 @@ class ActingCluster:
         assert self.route(topic)["perm"][GROUP_A] == PERM_READ, "the acting master is writable"
         # The name server routes a1 as brokerId 0 before a1 has heard (by its next
         # registration) that it acts: until then it refuses master-only requests.
-        wait_for(
-            lambda: self.runtime(ACTING)["acting_master"]["acting"], 20, "a1 knows it acts"
-        )
+        wait_for(lambda: self.runtime(ACTING)["acting_master"]["acting"], 20, "a1 knows it acts")
         self.acting_log_end = self.log_end(ACTING)
 
     def assert_acting_log_unchanged(self) -> None:
