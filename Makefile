@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint browser pipeline clean
+.PHONY: run test lint browser chaos-deps chaos pipeline clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/hamq dev
 
-test: lint browser
+test: lint browser chaos-deps
 	$(BIN)/python -m pytest -q --durations=40
 
 # The console tests drive Debian's chromium through Playwright (a browser Playwright downloads
@@ -23,6 +23,16 @@ test: lint browser
 browser:
 	test -x /usr/bin/chromium || (apt-get update -q && DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -q chromium chromium-driver)
+
+# The chaos suite's clock nemesis steps a server's wall clock with libfaketime (LD_PRELOAD);
+# installed once, as root, when missing.
+chaos-deps:
+	test -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 || (apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q faketime)
+
+# The long chaos matrix: every mode x nemesis, repeated; regenerates docs/RELIABILITY.md.
+chaos: $(STAMP) chaos-deps
+	$(BIN)/hamq chaos matrix --repeat 2 --duration 30 --out docs/RELIABILITY.md
 
 # Lint, format and types as pyproject.toml configures them; make test runs this first,
 # so CI fails on a finding before it spends minutes on the suite.
