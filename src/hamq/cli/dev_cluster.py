@@ -42,16 +42,30 @@ def node_settings(
     """Each node's container config: name (``node1`` ...) -> settings. The members the
     placement driver adds keep their stores under the node's own directory."""
     return {
-        f"node{index}": {
-            "listen": f"127.0.0.1:{port_base + CONTAINER_PORT_OFFSET + index}",
-            "namesrv": namesrv,
-            "brokers": [],
-            "store_root": str(root / f"node{index}"),
-            "node_name": node_name(index),
-            "controller_addr": layout.addrs,
-            "node_heartbeat_interval_ms": DEV_NODE_HEARTBEAT_INTERVAL_MS,
-        }
+        f"node{index}": node_config(
+            index,
+            f"127.0.0.1:{port_base + CONTAINER_PORT_OFFSET + index}",
+            root / f"node{index}",
+            namesrv,
+            layout,
+        )
         for index in range(1, nodes + 1)
+    }
+
+
+def node_config(
+    index: int, listen: str, store_root: Path, namesrv: list[str], layout: ControllerLayout
+) -> dict:
+    """Node ``index``'s container config on ``listen`` (the chaos suite puts each node on a
+    host of its own)."""
+    return {
+        "listen": listen,
+        "namesrv": namesrv,
+        "brokers": [],
+        "store_root": str(store_root),
+        "node_name": node_name(index),
+        "controller_addr": layout.addrs,
+        "node_heartbeat_interval_ms": DEV_NODE_HEARTBEAT_INTERVAL_MS,
     }
 
 
