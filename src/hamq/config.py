@@ -68,6 +68,8 @@ class BrokerConfig(StoreConfig, ServerConfig):
     broker_id: int = 0  # brokerId (0 = master)
     broker_role: str = "async_master"  # brokerRole
     listen: str = "127.0.0.1:10911"  # listenPort (and host)
+    advertise: str = ""  # brokerIP1 (and port): the address registered and told to peers,
+    #   when they reach this broker through a proxy or NAT; "" = listen
     namesrv: tuple[str, ...] = ("127.0.0.1:9876",)  # namesrvAddr
     default_topic_queue_nums: int = 4  # defaultTopicQueueNums
     auto_create_topic_enable: bool = False  # autoCreateTopicEnable
@@ -78,6 +80,8 @@ class BrokerConfig(StoreConfig, ServerConfig):
     metrics_listen: str = ""  # HOST:PORT of /metrics (Prometheus), "" = off
     # -- master-slave replication (seed 000, RIP-34) ----------------------------------
     ha_listen: str = ""  # haListenPort; "" = listen port + 1
+    ha_advertise: str = ""  # brokerIP2 (and port): the HA address told to peers; "" = the
+    #   HA address it listens on
     ha_send_heartbeat_interval_ms: int = 1000  # haSendHeartbeatInterval
     ha_housekeeping_interval_ms: int = 20_000  # haHousekeepingInterval
     ha_transfer_batch_bytes: int = 1024 * 1024  # haTransferBatchSize
@@ -153,6 +157,16 @@ class BrokerConfig(StoreConfig, ServerConfig):
             return self.ha_listen
         host, _, port = self.listen.rpartition(":")
         return f"{host}:{int(port) + 1}"
+
+    @property
+    def broker_addr(self) -> str:
+        """Where others reach this broker: what it registers and announces."""
+        return self.advertise or self.listen
+
+    @property
+    def ha_server_addr(self) -> str:
+        """Where slaves reach this broker's HA port: what it registers and announces."""
+        return self.ha_advertise or self.ha_address
 
 
 @dataclass(frozen=True)

@@ -381,6 +381,9 @@ def check_broker(config: BrokerConfig) -> None:
         raise bad("namesrv", config.namesrv, "must name at least one name server")
     for addr in config.namesrv:
         address("namesrv", addr)
+    for key in ("advertise", "ha_advertise"):
+        if getattr(config, key):
+            address(key, getattr(config, key))
     if not config.ha_listen:
         _, port = address("listen", config.listen)
         if port == 65535:

@@ -136,6 +136,11 @@ BAD_FILES = {
         ),
         ("namesrv = []", "namesrv = []: must name at least one name server"),
         ('metrics_listen = "x"', "metrics_listen = 'x': must be HOST:PORT with a port in 1..65535"),
+        ('advertise = "proxy"', "advertise = 'proxy': must be HOST:PORT with a port in 1..65535"),
+        (
+            'ha_advertise = "proxy:0"',
+            "ha_advertise = 'proxy:0': must be HOST:PORT with a port in 1..65535",
+        ),
         (
             'broker_name = "a/b"',
             "broker_name = 'a/b': contains '/'; allowed: letters, digits and % | _ - .",

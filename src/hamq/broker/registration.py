@@ -109,7 +109,7 @@ class NamesrvRegistration:
             "cluster_name": c.cluster_name,
             "broker_name": c.broker_name,
             "broker_id": self.role.registered_id,
-            "broker_addr": c.listen,
+            "broker_addr": c.broker_addr,
         }
 
     def request_register(self) -> None:
@@ -229,7 +229,7 @@ class NamesrvRegistration:
         if self._held_back():
             return
         state_version = self.state_version  # as registered, though the role moves on
-        ext = dict(self.identity, ha_addr=self.config.ha_address)
+        ext = dict(self.identity, ha_addr=self.config.ha_server_addr)
         if self.config.broker_not_active_timeout_ms:
             ext["heartbeat_timeout_ms"] = self.config.broker_not_active_timeout_ms
         body = pack_body(
