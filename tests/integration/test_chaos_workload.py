@@ -5,6 +5,7 @@ topic keeps each key's seqs increasing, and every history line has the documente
 
 from __future__ import annotations
 
+import collections
 import time
 
 import hamq
@@ -19,10 +20,10 @@ FINAL_READ_S = 60.0
 
 
 def start_group(cluster_factory):
-    """A sync master and one slave, the chaos topics created."""
+    """A sync master needing its slave in sync (quorum of 2), the chaos topics created."""
     c = cluster_factory()
     c.start_namesrv(scan_not_active_broker_interval_ms=500, broker_not_active_timeout_ms=3000)
-    c.start_broker("master", broker_role="sync_master", total_replicas=2)
+    c.start_broker("master", broker_role="sync_master", total_replicas=2, in_sync_replicas=2)
     c.start_broker("slave", broker_id=1, broker_role="slave", total_replicas=2)
     with hamq.Admin(c.namesrv) as admin:
         addr = c.broker_addr("master")
@@ -96,3 +97,43 @@ def test_workload_histories_and_final_read(cluster_factory, tmp_path):
     for path in history_dir.glob("*.jsonl"):
         lines = read_history(path)
         assert [line["n"] for line in lines] == list(range(len(lines))), path.name
+
+
+def test_refusals_are_failures_and_acknowledged_sends_survive(cluster_factory, tmp_path):
+    """The slave killed mid-run: the master refuses sends before storing them (not enough
+    replicas in sync), and those are recorded ``fail``, never ``ok``; once the slave is
+    back, sends are acknowledged again and the final read holds every acknowledged one."""
+    c = start_group(cluster_factory)
+    history_dir = tmp_path / "history"
+    workload = Workload(c.namesrv, history_dir, seed=12, consumers=("pull",))
+    try:
+        workload.start()
+        wait_for(lambda: workload.acked() > 20, 30, "sends acknowledged")
+        c.procs["slave"].kill9()
+        sends = history_dir / "producer-0.jsonl"
+        wait_for(
+            lambda: any(line.get("type") == "fail" for line in read_history(sends)),
+            30,
+            "a send refused",
+        )
+        c.procs["slave"].start()
+        acked = workload.acked()
+        wait_for(lambda: workload.acked() > acked + 20, 60, "sends acknowledged again")
+        workload.stop_producers()
+        assert workload.drain(DRAIN_S) == {"pull": 0}
+    finally:
+        workload.stop()
+    final_read(c.namesrv, TOPICS, history_dir / "final.jsonl", FINAL_READ_S)
+    lines = [line for p in (0, 1) for line in read_history(history_dir / f"producer-{p}.jsonl")]
+    outcomes = collections.Counter(line["id"] for line in lines if line["type"] != "invoke")
+    assert set(outcomes.values()) == {1}  # exactly one outcome per send
+    fails = [line for line in lines if line["type"] == "fail"]
+    assert {f["error"].split(":")[0] for f in fails} <= {
+        "InSyncReplicasNotEnough",
+        "ServiceNotAvailable",
+        "TopicNotExist",
+    }
+    ok = {line["id"] for line in lines if line["type"] == "ok"}
+    read = {r["id"] for r in read_history(history_dir / "final.jsonl")}
+    assert ok <= read
+    assert not read & {f["id"] for f in fails}  # a failed send is one never stored
