@@ -50,6 +50,7 @@ def test_workload_histories_and_final_read(cluster_factory, tmp_path):
         workload.stop_producers()
         assert workload.acked() > 0
         assert workload.drain(DRAIN_S) == dict.fromkeys(KINDS, 0)
+        assert workload.unsupported() == {}  # a master-slave group serves every kind
     finally:
         workload.stop()
     final = history_dir / "final.jsonl"

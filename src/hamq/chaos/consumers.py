@@ -6,6 +6,10 @@ Each records ``receive`` for every message handed to it (id, ``<broker>/<qid>``,
 whether the body checks out) and ``ack`` once the broker took the acknowledgement (the
 pull consumer's committed offset, the push consumers' CONSUME_SUCCESS, the pop ack). The
 workload's ``drain`` asks each for the ids it saw.
+
+A kind the cluster refuses outright (pops on DLedger groups: RequestCodeNotSupported)
+stops with ``unsupported`` saying why, so the drain does not wait for it: a refusal by
+design is not a fault.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import hamq
 from hamq.chaos.history import HistoryWriter, parse_body
 from hamq.client.consumer import PullStatus
 from hamq.client.message import MessageExt, MessageQueue
-from hamq.errors import HamqError
+from hamq.errors import HamqError, RequestCodeNotSupported
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +59,7 @@ class ChaosConsumer(ABC):
         self.history = HistoryWriter(history)
         self._seen: set[str] = set()
         self._seen_lock = threading.Lock()
+        self.unsupported: str | None = None  # why the cluster refuses this kind, if it does
 
     def seen(self) -> set[str]:
         with self._seen_lock:
@@ -163,6 +168,10 @@ class PopChaosConsumer(_LoopConsumer):
                         message_id = self.received(message)
                         consumer.ack(message)
                         self.acked([message_id])
+                except RequestCodeNotSupported as err:
+                    self.unsupported = err.message
+                    log.warning("chaos pop consumer stops: %s", err.message)
+                    return
                 except HamqError as err:
                     log.info("chaos pop consumer: %s", err.message)
                     self._stopping.wait(ERROR_WAIT_S)

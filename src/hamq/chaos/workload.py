@@ -259,12 +259,22 @@ class Workload:
         return len(self._acked_ids(TOPICS))
 
     def missing(self) -> dict[str, int]:
-        """Per consumer kind: acknowledged ids of its topics it has not received yet."""
-        return {c.kind: len(self._acked_ids(c.topics) - c.seen()) for c in self.consumers}
+        """Per consumer kind the cluster serves: acknowledged ids of its topics it has not
+        received yet."""
+        return {
+            c.kind: len(self._acked_ids(c.topics) - c.seen())
+            for c in self.consumers
+            if c.unsupported is None
+        }
+
+    def unsupported(self) -> dict[str, str]:
+        """Consumer kinds the cluster refuses by design (pops on DLedger), and why."""
+        return {c.kind: c.unsupported for c in self.consumers if c.unsupported is not None}
 
     def drain(self, timeout_s: float) -> dict[str, int]:
         """Let the consumers run until each received every acknowledged id of its topics,
-        or ``timeout_s`` passed; returns what each still misses (all 0: drained)."""
+        or ``timeout_s`` passed; returns what each still misses (all 0: drained). Kinds
+        the cluster refuses (``unsupported``) are not waited for."""
         deadline = time.monotonic() + timeout_s
         missing = self.missing()
         while any(missing.values()) and time.monotonic() < deadline:
