@@ -138,7 +138,15 @@ def _controller_layout(w: Wiring, hosts: list[str]) -> ControllerLayout:
     return ControllerLayout(True, {i: w.reach(h, NAMESRV_PORT) for i, h in enumerate(hosts, 1)})
 
 
-def _broker(host: str, namesrvs: list[str], extra: dict | Callable[[Wiring], dict]) -> ProcessSpec:
+def _broker(
+    host: str,
+    namesrvs: list[str],
+    extra: dict | Callable[[Wiring], dict],
+    ports: tuple[int, ...] = (BROKER_PORT, HA_PORT),
+) -> ProcessSpec:
+    """A member on ``host`` serving ``ports``: its client port, and the HA port where
+    slaves copy its log (not in single and dledger mode, whose members never use it)."""
+
     def settings(w: Wiring, data: Path) -> dict:
         values = {
             **MEMBER_SETTINGS,
@@ -150,10 +158,11 @@ def _broker(host: str, namesrvs: list[str], extra: dict | Callable[[Wiring], dic
         }
         if w.proxied:  # peers and name servers are told the proxies, not the binds
             values["advertise"] = w.reach(host, BROKER_PORT)
-            values["ha_advertise"] = w.reach(host, HA_PORT)
+            if HA_PORT in ports:
+                values["ha_advertise"] = w.reach(host, HA_PORT)
         return values
 
-    return ProcessSpec(host, "broker", (BROKER_PORT, HA_PORT), settings)
+    return ProcessSpec(host, "broker", ports, settings)
 
 
 def _single() -> Layout:
@@ -161,7 +170,7 @@ def _single() -> Layout:
         "single",
         "sync flush: a send is acknowledged once fsynced",
         ["ns1", "m1"],
-        {"ns1": _namesrv("ns1"), "m1": _broker("m1", ["ns1"], SYNC_FLUSH)},
+        {"ns1": _namesrv("ns1"), "m1": _broker("m1", ["ns1"], SYNC_FLUSH, (BROKER_PORT,))},
         {GROUP: ["m1"]},
     )
 
@@ -236,8 +245,7 @@ def _dledger() -> Layout:
 
     processes = {"ns1": _namesrv("ns1")}
     for i, d in enumerate(members, 1):
-        spec = _broker(d, ["ns1"], member(i))
-        processes[d] = ProcessSpec(d, "broker", (*spec.ports, DLEDGER_PORT), spec.settings)
+        processes[d] = _broker(d, ["ns1"], member(i), (BROKER_PORT, DLEDGER_PORT))
     return Layout(
         "dledger",
         "DLedger (Raft), sync flush: acknowledged once a majority has it on disk",
