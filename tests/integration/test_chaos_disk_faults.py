@@ -24,7 +24,7 @@ from hamq import Message
 from hamq.chaos.clock_faults import ClockFaults
 from hamq.chaos.disk_faults import DiskFaults
 from hamq.errors import HamqError
-from helpers import wait_for
+from helpers import free_port, wait_for
 
 CHILD_TIMEOUT_S = 30.0
 HOST = "h1"
@@ -33,6 +33,7 @@ QUEUES = 4
 SENDS = 5000  # an upper bound: the broker is killed once its log holds two segments
 LOAD_TIMEOUT_S = 30.0
 SEGMENT_BYTES = 64 * 1024
+DLEDGER_MEMBERS = (1, 2, 3)
 
 
 def run_child(env: dict[str, str], code: str) -> dict:
@@ -199,8 +200,8 @@ def power_loss_mid_stream(c, disks, monkeypatch, **settings) -> tuple[dict, dict
     return acked, dropped
 
 
-def store_bytes(disks: DiskFaults) -> int:
-    log = disks.data_dir(HOST) / "broker" / "commitlog"
+def store_bytes(disks: DiskFaults, store: str = "broker") -> int:
+    log = disks.data_dir(HOST) / store / "commitlog"
     return sum(p.stat().st_size for p in log.iterdir()) if log.is_dir() else 0
 
 
@@ -270,3 +271,65 @@ def test_corrupt_flips_a_body_byte_of_a_closed_segment(cluster_factory, disks, m
     data = path.read_bytes()
     assert [i for i, (a, b) in enumerate(zip(before[path], data)) if a != b] == [offset]
     assert all(p.read_bytes() == before[p] for p in segments if p != path)
+
+
+def start_dledger_group(c, disks: DiskFaults, **settings) -> list:
+    """Three DLedger members of group "dl" on one host's data dir (their files apart by
+    inode: one shim log serves them all)."""
+    raft = {m: f"127.0.0.1:{free_port()}" for m in DLEDGER_MEMBERS}
+    peers = [f"{m}@{addr}" for m, addr in raft.items()]
+    return [
+        c.start_broker(
+            f"m{m}",
+            broker_name="dl",
+            broker_id=m,
+            replication_mode="dledger",
+            dledger_self_id=m,
+            dledger_peers=peers,
+            store_dir=str(disks.data_dir(HOST) / f"m{m}"),
+            mapped_file_size_commitlog=SEGMENT_BYTES,
+            **settings,
+        )
+        for m in DLEDGER_MEMBERS
+    ]
+
+
+def test_coordinated_power_loss_of_a_dledger_group_takes_nothing_acknowledged(
+    cluster_factory, disks, monkeypatch, drain_topic
+):
+    """Every member loses power at once (Jepsen's coordinated crash): what a majority had
+    fsynced before acknowledging is still there, on whichever member leads next."""
+    c = cluster_factory()
+    c.start_namesrv(scan_not_active_broker_interval_ms=500, broker_not_active_timeout_ms=3000)
+    for name, value in disks.env(HOST).items():
+        monkeypatch.setenv(name, value)
+    members = start_dledger_group(c, disks, flush_disk_type="sync")
+    with hamq.Admin(c.namesrv) as admin:
+        wait_for(lambda: "dl" in admin.master_addrs(), LOAD_TIMEOUT_S, "a DLedger leader")
+        admin.create_topic(TOPIC, QUEUES)
+    stop = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        sending = pool.submit(send_all, c.namesrv, SENDS, stop)
+        try:
+            wait_for(
+                lambda: sending.done() or store_bytes(disks, "m1") > 0, LOAD_TIMEOUT_S, "sends"
+            )
+            time.sleep(1.0)  # a second of steady sends (bounded by SENDS)
+            for member in members:
+                member.kill9()
+        finally:
+            stop.set()
+        acked = sending.result(LOAD_TIMEOUT_S)
+    dropped = disks.power_loss(disks.host_dir(HOST))
+    for member in members:
+        member.start()
+    with hamq.Admin(c.namesrv) as admin:
+        wait_for(lambda: "dl" in admin.master_addrs(), LOAD_TIMEOUT_S, "a leader after restart")
+    assert acked and dropped["files"] > 0
+    print(f"DLedger coordinated power loss: {len(acked)} acknowledged, {dropped}")
+    readable = wait_for(
+        lambda: (got := read_back(drain_topic, c.namesrv)) and set(acked) <= set(got) and got,
+        LOAD_TIMEOUT_S,
+        "every acknowledged message readable",
+    )
+    assert all(readable[body] == where for body, where in acked.items())
