@@ -106,6 +106,8 @@ def test_send_outcomes():
     refused = send_outcome(None, InSyncReplicasNotEnough("2 needed"))
     assert refused == ("fail", "InSyncReplicasNotEnough: 2 needed")
     assert send_outcome(None, NoPermission("slave"))[0] == "fail"
+    never_left = ConnectionLost("cannot connect to 10.0.0.2:10911: [Errno 111] refused")
+    assert send_outcome(None, never_left)[0] == "fail"
     # may have been stored: a timeout, a lost connection, a DLedger proposal not seen commit
     for unknown in (RequestTimeout(), ConnectionLost(), NotLeader(), SystemBusy(), TimeoutError()):
         assert send_outcome(None, unknown)[0] == "info", unknown

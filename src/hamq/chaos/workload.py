@@ -9,10 +9,10 @@ retries are off: one history operation is one request, and a send whose outcome 
 does not know stays indeterminate (``info``) instead of being hidden by a retry.
 
 Outcomes: ``ok`` only for SEND_OK; ``fail`` for refusals the broker gives before storing
-anything (``REFUSED_BEFORE_STORING``); everything else — timeouts, lost connections,
-FLUSH_DISK_TIMEOUT / FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE (stored on the master, not
-as durable as promised), DLedger's NOT_LEADER and SYSTEM_BUSY (a proposal whose commit
-was not seen) — is ``info``.
+anything (``REFUSED_BEFORE_STORING``) and for a connection that could not be opened;
+everything else — timeouts, lost connections, FLUSH_DISK_TIMEOUT / FLUSH_SLAVE_TIMEOUT /
+SLAVE_NOT_AVAILABLE (stored on the master, not as durable as promised), DLedger's
+NOT_LEADER and SYSTEM_BUSY (a proposal whose commit was not seen) — is ``info``.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from hamq.chaos.history import (
 from hamq.client.consumer import AsyncPullConsumer, PullStatus
 from hamq.client.message import MessageQueue, SendResult, SendStatus
 from hamq.errors import (
+    ConnectionLost,
     CrcMismatch,
     DiskFull,
     HamqError,
@@ -87,6 +88,8 @@ REFUSED_BEFORE_STORING: tuple[type[HamqError], ...] = (
     ServiceNotAvailable,
 )
 
+NEVER_CONNECTED = "cannot connect to "
+
 
 def send_outcome(result: SendResult | None, err: BaseException | None) -> tuple[str, str]:
     """``(type, error)`` of a send's history line: ok, fail or info."""
@@ -97,7 +100,11 @@ def send_outcome(result: SendResult | None, err: BaseException | None) -> tuple[
         return "info", result.status.value
     name = type(err).__name__
     message = err.message if isinstance(err, HamqError) else str(err)
-    kind = "fail" if isinstance(err, REFUSED_BEFORE_STORING) else "info"
+    refused = isinstance(err, REFUSED_BEFORE_STORING) or (
+        # net/connection.py connect(): no connection, so the request never left
+        isinstance(err, ConnectionLost) and message.startswith(NEVER_CONNECTED)
+    )
+    kind = "fail" if refused else "info"
     return kind, f"{name}: {message}"
 
 
