@@ -373,9 +373,12 @@ class Corrupt(Nemesis):
             self.left = rng.randint(*CORRUPTIONS)
         if self.left == 0:
             return None
-        member = rng.choice(self.stage.member_processes())
+        logs = self.stage.cluster.member_logs()  # group -> member -> its commit-log dir
+        group = rng.choice(sorted(logs))
+        member = rng.choice(sorted(logs[group]))
         try:
-            where = self.stage.disks.corrupt(self.stage.cluster.store_dir(member), rng)
+            # the member's store holding that log (a node's holds one per placed group)
+            where = self.stage.disks.corrupt(logs[group][member].parent, rng)
         except NoClosedSegment:
             return None  # no closed segment yet
         self.left -= 1

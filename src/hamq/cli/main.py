@@ -6,6 +6,7 @@ import click
 
 from hamq.cli.admin import admin
 from hamq.cli.bench import bench
+from hamq.cli.chaos import chaos
 from hamq.cli.messages import MESSAGE_COMMANDS
 from hamq.cli.policies import POLICY_COMMANDS
 from hamq.cli.servers import broker, container, controller, dev, namesrv
@@ -32,6 +33,7 @@ for command in (
     bench,
     admin,
     web,
+    chaos,
 ):
     cli.add_command(command)
 for command in POLICY_COMMANDS:  # vhosts, policies and mirrors (seed 003)
