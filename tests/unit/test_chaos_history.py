@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from hamq.chaos.history import HistoryWriter, make_body, parse_body, read_history
-from hamq.chaos.workload import SendPlan, key_of, send_outcome
+from hamq.chaos.workload import QueueRead, SendPlan, key_of, send_outcome
 from hamq.client.message import MessageQueue, SendResult, SendStatus
 from hamq.errors import (
     ConnectionLost,
@@ -121,3 +121,10 @@ def test_plans_alternate_topics_and_keys():
     for p in plans:
         assert parse_body(p.body) == (p.message_id, p.seq, True)
         assert key_of(p.topic, p.message_id, p.seq) == p.key
+
+
+def test_queue_read_complete_only_without_holes():
+    assert QueueRead(3, 6, [(3, b"a"), (4, b"b"), (5, b"c")]).complete
+    assert QueueRead(3, 3, []).complete
+    assert not QueueRead(3, 6, [(3, b"a"), (5, b"c")]).complete  # offset 4 never read
+    assert not QueueRead(3, 6, [(4, b"b"), (5, b"c")]).complete  # from past the minimum

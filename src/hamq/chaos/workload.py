@@ -385,11 +385,12 @@ async def _read_stable(namesrv: str, mq: MessageQueue, deadline: float) -> list[
         if read is not None and read.complete and last is not None:
             if read.max_offset == last.max_offset:
                 return read.messages
+        first_read = read is not None and last is None  # confirmed by the next at once
         last = read or last
         if time.monotonic() >= deadline:
             log.warning("final read of %s not stable before the deadline", mq)
             return last.messages if last is not None else []
-        if read is None:
+        if not first_read:  # a queue still moving or missing offsets: not a busy loop
             await asyncio.sleep(RETRY_WAIT_S)
 
 
