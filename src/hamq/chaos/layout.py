@@ -6,7 +6,7 @@ them, and a proxied run puts a ``FrameProxy`` between each service and the proce
 reach it. So each process's settings are built from a ``Wiring`` (where a service binds and
 where the others reach it) once the cluster knows both. The settings reuse ``hamq dev``'s
 builders (controller peers, members in controller mode, nodes), with the chaos suite's own
-changes: 1 MiB commit-log segments, so that the corrupt nemesis finds closed segments after
+changes: 256 KiB commit-log segments, so that the corrupt nemesis finds closed segments after
 a few seconds of traffic, and members declared dead after about 2 s, so failovers fit in a
 short run."""
 
@@ -25,7 +25,9 @@ MODES = ("single", "master-slave", "controller", "dledger", "mirrored")
 CLUSTER_NAME = "ChaosCluster"
 GROUP = "broker-a"
 MEMBERS = 3
-SEGMENT_BYTES = 1024 * 1024  # mapped_file_size_commitlog
+# mapped_file_size_commitlog: the workload writes about 60 KiB/s, so a short CI run of a few
+# seconds closes segments too
+SEGMENT_BYTES = 256 * 1024
 HA_PORT = BROKER_PORT + 1  # BrokerConfig.ha_address: the listen port + 1
 # Every topic of the workload ("chaos-normal", "chaos-ordered") is mirrored on every node
 # and a new mirror copies the history before it counts as synchronised.
