@@ -100,6 +100,9 @@ def test_env_preloads_the_shim_and_libfaketime_together(tmp_path):
     assert Path(env["FAKETIME_TIMESTAMP_FILE"]).read_text() == "+0s\n"
     assert env["FAKETIME_NO_CACHE"] == env["FAKETIME_DONT_FAKE_MONOTONIC"] == "1"
     assert disks.env("h1", shim=False) == {}
+    clock_only = disks.env("h1", shim=False, clock=True)
+    assert clock_only["LD_PRELOAD"] == env["LD_PRELOAD"]  # the shim, inert: its sleep fix
+    assert "HAMQ_SHIM_DIR" not in clock_only
     assert "FAKETIME_TIMESTAMP_FILE" not in disks.env("h1")
 
 

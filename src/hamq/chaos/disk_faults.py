@@ -41,7 +41,7 @@ import subprocess
 from importlib import resources
 from pathlib import Path
 
-from hamq.chaos.clock_faults import ClockFaults
+from hamq.chaos.clock_faults import LIBFAKETIME, ClockFaults
 from hamq.errors import CrcMismatch
 from hamq.protocol.message import check_record_payload, message_bounds, parse_record_header
 from hamq.store.commitlog import SEGMENT_NAME_DIGITS
@@ -225,18 +225,18 @@ class DiskFaults:
 
     def env(self, host: str, shim: bool = True, clock: bool = False) -> dict[str, str]:
         """Environment for a process of ``host``: the fsync shim and/or libfaketime preloaded,
-        with their control variables."""
+        with their control variables. libfaketime always comes with the shim before it
+        (inert without ``HAMQ_SHIM_DIR``): its ``clock_nanosleep`` keeps ``time.sleep``
+        working under libfaketime."""
         env: dict[str, str] = {}
-        preload: list[str] = []
         if shim:
-            preload.append(str(shim_library()))
             env["HAMQ_SHIM_DIR"] = str(self.shim_dir(host))
         if clock:
-            faketime = self.clock.env(host)
-            preload.append(faketime.pop("LD_PRELOAD"))
-            env.update(faketime)
-        if preload:
-            env["LD_PRELOAD"] = " ".join(preload)
+            env.update(self.clock.env(host))
+        if shim or clock:
+            env["LD_PRELOAD"] = " ".join(
+                [str(shim_library()), *([str(LIBFAKETIME)] if clock else [])]
+            )
         return env
 
     def data_dir(self, host: str, tmpfs_mib: int | None = None) -> Path:

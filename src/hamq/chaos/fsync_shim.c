@@ -12,6 +12,11 @@
  *     a cut ends what earlier fsyncs made durable (power_loss reads the lines in order).
  * Keyed by inode, not by name: an fsynced temporary file renamed over its target keeps it.
  * Without HAMQ_SHIM_DIR the real call runs unchanged.
+ *
+ * Also preloaded (first) beside libfaketime for the clock nemesis, for one more wrapper:
+ * clock_nanosleep on any clock but CLOCK_REALTIME goes straight to the kernel. libfaketime
+ * 0.9.10 with FAKETIME_DONT_FAKE_MONOTONIC=1 fails an absolute CLOCK_MONOTONIC sleep with
+ * EINVAL — every time.sleep() of CPython >= 3.11 — though that clock is not faked at all.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -21,10 +26,29 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 typedef int (*sync_fn)(int);
+
+/* clock_nanosleep's contract (an error number, not -1 and errno) on the bare system call */
+static int kernel_sleep(clockid_t clock, int flags, const struct timespec *req,
+                        struct timespec *rem) {
+    int saved = errno;
+    int rc = syscall(SYS_clock_nanosleep, clock, flags, req, rem) == 0 ? 0 : errno;
+    errno = saved;
+    return rc;
+}
+
+int clock_nanosleep(clockid_t clock, int flags, const struct timespec *req,
+                    struct timespec *rem) {
+    static int (*real)(clockid_t, int, const struct timespec *, struct timespec *);
+    if (clock != CLOCK_REALTIME) return kernel_sleep(clock, flags, req, rem);
+    if (!real) real = (int (*)(clockid_t, int, const struct timespec *, struct timespec *))
+        dlsym(RTLD_NEXT, "clock_nanosleep");
+    return real(clock, flags, req, rem);
+}
 
 static long read_slow_ms(const char *dir) {
     char path[PATH_MAX];
@@ -63,7 +87,7 @@ static int wrapped(const char *name, int fd) {
     long ms = read_slow_ms(dir);
     if (ms) {
         struct timespec pause = {ms / 1000, (ms % 1000) * 1000000L};
-        while (nanosleep(&pause, &pause) == -1 && errno == EINTR) {
+        while (kernel_sleep(CLOCK_MONOTONIC, 0, &pause, &pause) == EINTR) {
         }
     }
     struct stat before, after;
