@@ -67,6 +67,14 @@ def test_workload_histories_and_final_read(cluster_factory, tmp_path):
     assert {s["topic"] for s in invoked.values()} == set(TOPICS)
     for s in outcomes:
         assert s["queue"].startswith("broker-a/") and s["offset"] >= 0
+    for p in (0, 1):  # a key's next send is invoked only after its previous one's outcome
+        in_flight: set[str] = set()
+        for s in read_history(history_dir / f"producer-{p}.jsonl"):
+            if s["type"] == "invoke":
+                assert s["key"] not in in_flight, s
+                in_flight.add(s["key"])
+            else:
+                in_flight.remove(s["key"])
 
     reads = read_history(final)
     assert ok <= {r["id"] for r in reads}

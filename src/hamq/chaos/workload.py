@@ -3,10 +3,11 @@
 
 A producer alternates between the normal topic (key = the message id) and the ordered
 topic (keys ``k<producer>-<j>``, the queue chosen by the client's selector from the key,
-so a key stays in one queue). Sends go one at a time: a key's next send starts only after
-its previous one's outcome, so a key's seq only grows in the order sent. The client's own
-retries are off: one history operation is one request, and a send whose outcome the client
-does not know stays indeterminate (``info``) instead of being hidden by a retry.
+so a key stays in one queue). A few sends are in flight at once, never two of one key: a
+key's next send starts only after its previous one's outcome, so a key's seq only grows in
+the order sent, and a slow fault still leaves many operations in the history. The
+client's own retries are off: one history operation is one request, and a send whose
+outcome the client does not know stays indeterminate (``info``), not hidden by a retry.
 
 Outcomes: ``ok`` only for SEND_OK; ``fail`` for refusals the broker gives before storing
 anything (``REFUSED_BEFORE_STORING``) and for a connection that could not be opened;
@@ -23,9 +24,10 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import hamq
 from hamq.chaos.consumers import KINDS, ChaosConsumer, make_consumer
@@ -67,6 +69,8 @@ CONFIRM_TIMEOUT_S = 10.0
 SEND_GRACE_S = 5.0
 CLOSE_GRACE_S = 10.0
 RATE_PER_PRODUCER = 100  # sends per second
+MAX_IN_FLIGHT = 8  # per producer, never two of one key
+IN_FLIGHT_POLL_S = 0.05  # how often a waiting producer looks for overdue sends
 MAX_SENDS_PER_PRODUCER = 30_000  # five minutes at the rate: every run is bounded
 DRAIN_POLL_S = 0.1
 FINAL_PULL_BATCH = 256
@@ -128,8 +132,20 @@ class SendPlan:
         return SendPlan(message_id, seq, topic, key, make_body(message_id, seq, payload_len, seed))
 
 
+@dataclass
+class _InFlight:
+    """A send invoked whose outcome is not recorded yet."""
+
+    plan: SendPlan
+    line: dict[str, Any]
+    give_up_at: float  # time.monotonic() after which it is recorded indeterminate
+    future: concurrent.futures.Future | None = None
+
+
 class ChaosProducer:
-    """One producer on a thread of its own, sending at a bounded rate until stopped."""
+    """One producer on a thread of its own, sending at a bounded rate until stopped. Up
+    to ``MAX_IN_FLIGHT`` sends are outstanding (a slow fault does not stop the history),
+    but never two of one key: a key's next send waits for its previous one's outcome."""
 
     def __init__(
         self,
@@ -145,11 +161,15 @@ class ChaosProducer:
         self.namesrv = namesrv
         self.seed = seed
         self.send_timeout_s = send_timeout_s
+        # the client answers every send within its timeout; past this one never will
+        self._give_up_s = send_timeout_s + SEND_GRACE_S
         self.interval_s = 1.0 / rate_per_s
         self.max_sends = max_sends
         self.history = HistoryWriter(history_dir / f"producer-{p}.jsonl")
         self.acked: dict[str, set[str]] = {topic: set() for topic in TOPICS}
-        self._lock = threading.Lock()
+        # guards acked and in-flight sends; notified when a send's outcome is recorded
+        self._changed = threading.Condition()
+        self._in_flight: dict[str, _InFlight] = {}  # by key
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"chaos-producer-{p}", daemon=True)
 
@@ -158,12 +178,12 @@ class ChaosProducer:
 
     def stop(self) -> None:
         self._stopping.set()
-        # a send in flight ends within its timeout and grace; closing the client in 5 s
-        self._thread.join(timeout=self.send_timeout_s + SEND_GRACE_S + CLOSE_GRACE_S)
+        # sends in flight end within their timeout and grace; closing the client in 5 s
+        self._thread.join(timeout=self._give_up_s + CLOSE_GRACE_S)
         self.history.close()
 
     def acked_ids(self, topics: Iterable[str]) -> set[str]:
-        with self._lock:
+        with self._changed:
             return set().union(*(self.acked[t] for t in topics))
 
     def _run(self) -> None:
@@ -177,39 +197,75 @@ class ChaosProducer:
             next_at = time.monotonic()
             for seq in range(self.max_sends):
                 if self._stopping.wait(max(0.0, next_at - time.monotonic())):
-                    return
-                # no catching up after a stalled send: the rate stays bounded
+                    break
+                # no catching up after a stall: the rate stays bounded
                 next_at = max(next_at + self.interval_s, time.monotonic())
-                self._send(producer, SendPlan.of(self.p, seq, self.seed, rng))
+                plan = SendPlan.of(self.p, seq, self.seed, rng)
+                if not self._wait_until(lambda k=plan.key: self._may_send(k)):
+                    break
+                self._send(producer, plan)
+            self._wait_until(lambda: not self._in_flight, stopping=False)
+
+    def _may_send(self, key: str) -> bool:
+        return key not in self._in_flight and len(self._in_flight) < MAX_IN_FLIGHT
+
+    def _wait_until(self, ready: Callable[[], bool], stopping: bool = True) -> bool:
+        """Wait (sends overdue given up meanwhile) until ``ready()``; False if the
+        producer is stopped first (``stopping``) or, otherwise, once every send in flight
+        was given up."""
+        with self._changed:
+            while not ready():
+                if stopping and self._stopping.is_set():
+                    return False
+                now = time.monotonic()
+                for op in [op for op in self._in_flight.values() if op.give_up_at <= now]:
+                    if op.future is not None:
+                        op.future.cancel()  # its callback, if it still comes, is ignored
+                    self._outcome(op, None, TimeoutError(f"no outcome in {self._give_up_s} s"))
+                self._changed.wait(IN_FLIGHT_POLL_S)
+            return True
 
     def _send(self, producer: hamq.Producer, plan: SendPlan) -> None:
         ordered = plan.topic == ORDERED_TOPIC
         line = dict(op="send", id=plan.message_id, key=plan.key, topic=plan.topic)
         line.update(ordered=ordered, seq=plan.seq)
-        self.history.record(type="invoke", **line)
+        op = _InFlight(plan, line, time.monotonic() + self._give_up_s)
+        with self._changed:
+            self.history.record(type="invoke", **line)
+            self._in_flight[plan.key] = op
         message = hamq.Message(plan.topic, plan.body, keys=plan.key)
         if ordered:
-            sending = producer.submit(producer.async_client.send_orderly(message, plan.key))
+            sending = producer.async_client.send_orderly(message, plan.key)
         else:
-            sending = producer.submit(producer.async_client.send(message))
-        result: SendResult | None = None
-        err: BaseException | None = None
+            sending = producer.async_client.send(message)
+        op.future = producer.submit(sending)
+        op.future.add_done_callback(lambda done: self._done(op, done))
+
+    def _done(self, op: _InFlight, done: concurrent.futures.Future) -> None:
+        """A send's future completed (on the client's event-loop thread)."""
         try:
-            result = sending.result(timeout=self.send_timeout_s + SEND_GRACE_S)
-        except concurrent.futures.TimeoutError:
-            sending.cancel()
-            err = TimeoutError(f"no outcome within {self.send_timeout_s + SEND_GRACE_S} s")
+            result, err = done.result(), None
+        except concurrent.futures.CancelledError:
+            return  # given up already: its outcome is recorded
         except Exception as exc:  # noqa: BLE001 - whatever it is, the outcome is its history line
-            err = exc
+            result, err = None, exc
+        with self._changed:
+            self._outcome(op, result, err)
+
+    def _outcome(self, op: _InFlight, result: SendResult | None, err: BaseException | None) -> None:
+        """Record ``op``'s one outcome (caller holds ``_changed``); later ones are ignored."""
+        if self._in_flight.get(op.plan.key) is not op:
+            return
+        del self._in_flight[op.plan.key]
         kind, error = send_outcome(result, err)
         if kind == "ok":
             assert result is not None
             queue = f"{result.queue.broker_name}/{result.queue.queue_id}"
-            self.history.record(type="ok", queue=queue, offset=result.queue_offset, **line)
-            with self._lock:
-                self.acked[plan.topic].add(plan.message_id)
+            self.history.record(type="ok", queue=queue, offset=result.queue_offset, **op.line)
+            self.acked[op.plan.topic].add(op.plan.message_id)
         else:
-            self.history.record(type=kind, error=error, **line)
+            self.history.record(type=kind, error=error, **op.line)
+        self._changed.notify_all()
 
 
 class Workload:
