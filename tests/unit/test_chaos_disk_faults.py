@@ -83,9 +83,17 @@ def test_corrupt_flips_one_body_byte_of_a_closed_segment(tmp_path):
         check_record_payload(data, pos, header)
 
 
+def test_corrupt_finds_the_logs_of_a_mirrored_node(tmp_path):
+    """A node holds one store per group: ``<store_dir>/<group>/commitlog``."""
+    write_log(tmp_path / "node" / "g1" / "commitlog", 3)  # no closed segment
+    segments = write_log(tmp_path / "node" / "g2" / "commitlog", 60)
+    where = DiskFaults(tmp_path / "run").corrupt(tmp_path / "node", random.Random(5))
+    assert Path(where.rpartition("@")[0]) in segments[:-1]
+
+
 def test_corrupt_refuses_a_store_without_a_closed_segment(tmp_path):
     disks = DiskFaults(tmp_path / "run")
-    with pytest.raises(NoClosedSegment, match="no closed commit-log segment"):
+    with pytest.raises(NoClosedSegment, match="commit logs: none"):
         disks.corrupt(tmp_path / "nothing", random.Random(1))
     write_log(tmp_path / "store" / "commitlog", 3)  # one segment, still the newest
     with pytest.raises(NoClosedSegment):

@@ -148,21 +148,19 @@ def drop_unfsynced(root: Path, fsync_log: Path, keep: Path) -> dict[str, int]:
 
 def corrupt_segment(store_dir: Path, rng: random.Random) -> str:
     """Flip one byte of a message body inside a record of a closed commit-log segment (any
-    but the newest) of the store in ``store_dir``: the record's payload CRC no longer
-    matches, its header still parses. Returns "file@offset" (offset within the file).
-    ``NoClosedSegment`` when no closed segment holds a record. Every mode keeps its messages
-    in this log (a DLedger member applies its Raft log's entries to it); the Raft log itself
-    (``dledger/``, 64 MiB segments: rarely a closed one in a run) is not a target."""
-    directory = Path(store_dir) / "commitlog"
-    names = sorted(
-        name
-        for name in (os.listdir(directory) if directory.is_dir() else [])
-        if name.isdigit() and len(name) == SEGMENT_NAME_DIGITS
-    )
-    closed = names[:-1]
+    but the newest of its log) of the store in ``store_dir`` — or, for a mirrored node, of
+    one of the stores it holds (``<store_dir>/<group>/commitlog``): the record's payload CRC
+    no longer matches, its header still parses. Returns "file@offset" (offset within the
+    file). ``NoClosedSegment`` when no closed segment holds a record. Every mode keeps its
+    messages in such a log (a DLedger member applies its Raft log's entries to it); the
+    Raft log itself (``dledger/``, 64 MiB segments: rarely a closed one in a run) is not a
+    target."""
+    store_dir = Path(store_dir)
+    logs = [store_dir / "commitlog"] if (store_dir / "commitlog").is_dir() else []
+    logs = logs or sorted(store_dir.glob("*/commitlog"))
+    closed = [path for log in logs for path in _segments(log)[:-1]]
     rng.shuffle(closed)
-    for name in closed:
-        path = directory / name
+    for path in closed:
         bodies = _body_spans(path.read_bytes())
         if bodies:
             start, end = rng.choice(bodies)
@@ -174,8 +172,17 @@ def corrupt_segment(store_dir: Path, rng: random.Random) -> str:
                 f.write(bytes([byte ^ rng.randint(1, 255)]))
             return f"{path}@{offset}"
     raise NoClosedSegment(
-        f"no closed commit-log segment with a message in {directory} "
-        f"({len(names)} segment(s); the newest is still being written)"
+        f"no closed commit-log segment with an intact message in {store_dir} "
+        f"(commit logs: {', '.join(str(log) for log in logs) or 'none'}; "
+        f"the newest segment of each is still being written)"
+    )
+
+
+def _segments(log: Path) -> list[Path]:
+    return sorted(
+        log / name
+        for name in os.listdir(log)
+        if name.isdigit() and len(name) == SEGMENT_NAME_DIGITS
     )
 
 
