@@ -122,6 +122,10 @@ def test_bad_requests_are_refused(tmp_path):
         disks.slow_disk("h1", -1)
     with pytest.raises(ValueError, match="positive size"):
         disks.data_dir("h1", tmpfs_mib=0)
+    (disks.data_dir("h1") / "segment").write_bytes(b"kept")
+    with pytest.raises(FileNotFoundError, match="did not run under the fsync shim"):
+        disks.power_loss(disks.host_dir("h1"))
+    assert (disks.data_dir("h1") / "segment").read_bytes() == b"kept"
 
 
 def test_each_corruption_damages_another_record(tmp_path):
