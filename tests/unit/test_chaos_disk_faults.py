@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from hamq.chaos.clock_faults import LIBFAKETIME
-from hamq.chaos.disk_faults import DiskFaults, NoClosedSegment, durable_sizes, shim_library
+from hamq.chaos.disk_faults import (
+    DiskFaults,
+    NoClosedSegment,
+    ShimBuildError,
+    durable_sizes,
+    shim_library,
+)
 from hamq.errors import CrcMismatch
 from hamq.protocol.message import (
     MSG_HEAD_BYTES,
@@ -143,3 +149,16 @@ def test_each_corruption_damages_another_record(tmp_path):
                 damaged += 1
             pos += header.total_size
     assert len(hits) == damaged == 20
+
+
+def test_shim_is_built_once_per_source_and_needs_a_compiler(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", "no-such-cc")
+    with pytest.raises(ShimBuildError, match="no C compiler"):
+        shim_library()
+    monkeypatch.setenv("CC", "cc")
+    built = shim_library()
+    assert built.parent == tmp_path / "cache" / "hamq" and built.stat().st_size > 0
+    assert list(built.parent.iterdir()) == [built]  # no temporary left behind
+    monkeypatch.setenv("CC", "no-such-cc")
+    assert shim_library() == built  # cached: no compiler needed again
