@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, ClassVar
 from hamq.chaos.cluster import ClusterFailed
 from hamq.chaos.disk_faults import NoClosedSegment
 from hamq.chaos.history import HistoryWriter
+from hamq.errors import HamqError
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -54,6 +55,7 @@ LOSS = (0.05, 0.3)  # fraction of frames dropped per proxy and direction
 DELAY_MS = (0, 200)
 DUPLICATE = (0.0, 0.1)
 CORRUPTIONS = (1, 2)  # a corrupted byte per run: once or twice, not every window
+MASTER_SHARE = 0.5  # of kills and pauses aimed at a group's master
 MIXED = ("kill", "pause", "partition", "clock", "slow-disk", "power-loss")
 
 
@@ -109,6 +111,20 @@ class Stage:
 
     def member_hosts(self) -> list[str]:
         return sorted({self.cluster.host_of(p) for p in self.member_processes()})
+
+    def victim(self, rng: random.Random) -> str:
+        """A process to kill or hang: half the time the routed master of a group (the
+        fault that tests failover), else any process — member, name server or controller.
+        A cluster too broken to say who its master is gets any process."""
+        processes = self.processes()
+        if rng.random() < MASTER_SHARE:
+            try:
+                masters = self.cluster.masters()
+            except (ClusterFailed, HamqError, TimeoutError):
+                masters = {}
+            if masters:
+                return masters[rng.choice(sorted(masters))]
+        return rng.choice(processes)
 
     def restart(self, processes: list[str]) -> str:
         """Starts each process again; one that does not come up (its disk still full, its
@@ -168,12 +184,12 @@ class Nemesis:
 
 
 class Kill(Nemesis):
-    """``kill -9`` of any one process (member, name server or controller); restarted at stop."""
+    """``kill -9`` of one process (``Stage.victim``: often a master); restarted at stop."""
 
     name = "kill"
 
     def inject(self, rng: random.Random) -> tuple[str, str] | None:
-        self.victim = rng.choice(self.stage.processes())
+        self.victim = self.stage.victim(rng)
         self.stage.cluster.kill9(self.victim)
         return self.victim, "SIGKILL"
 
@@ -182,12 +198,13 @@ class Kill(Nemesis):
 
 
 class Pause(Nemesis):
-    """SIGSTOP of one process — a hung member keeps its sockets open and answers nothing."""
+    """SIGSTOP of one process (``Stage.victim``) — a hung master keeps its sockets open and
+    answers nothing."""
 
     name = "pause"
 
     def inject(self, rng: random.Random) -> tuple[str, str] | None:
-        self.victim = rng.choice(self.stage.processes())
+        self.victim = self.stage.victim(rng)
         self.stage.cluster.pause(self.victim)
         return self.victim, "SIGSTOP"
 
