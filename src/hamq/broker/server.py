@@ -32,6 +32,7 @@ from hamq.broker.pop.service import PopService
 from hamq.broker.pre_online import GroupMetadata, PreOnline, may_act, needs_pre_online
 from hamq.broker.processor import BrokerProcessor
 from hamq.broker.pull import PullProcessor
+from hamq.broker.record_repair import RecordRepair
 from hamq.broker.registration import NamesrvRegistration
 from hamq.broker.replicas_manager import ReplicasManager
 from hamq.broker.role import BrokerRole, RoleService, RoleServices, RoleState
@@ -251,6 +252,8 @@ class Broker:
         )
         self.processor.register(self.pop.handlers())
         self.processor.register(MessageLookup(self.store, self.topics).handlers())
+        # a record a read finds damaged comes back from another member's copy
+        self.repair = RecordRepair(self.store, self.members, self.pool, config.listen)
         self.processor.register(
             ConsumerAdmin(
                 config.broker_name,
@@ -570,6 +573,7 @@ class Broker:
         await self._housekeeping.stop()
         await self.registration.stop()
         await self.members.stop()
+        await self.repair.close()
         if self.dledger is not None:
             await self.dledger.stop()
         # each change runs to its end, then everything stops

@@ -46,6 +46,10 @@ class Segment:
     start: int
     file: DiskFile  # opened for appending
     size: int  # bytes written to the file
+    # The file's mtime when this log closed it: every byte in it was written (and checked
+    # on the way in) by this log, so while the mtime stays so, its reads need no CRC
+    # check. None: opened from disk (or since changed), its reads are checked.
+    sealed_mtime: float | None = None
 
     @property
     def path(self) -> Path:
@@ -103,6 +107,12 @@ class CommitLog:
     def max_offset(self) -> int:
         """End of the log including appends not yet handed to the OS."""
         return self.written_offset + self._pending_bytes
+
+    @property
+    def active_start(self) -> int:
+        """Where the segment being appended to starts: bytes below it lie in closed
+        segments, which this log never rewrites: reads check their CRCs unless ``sealed``."""
+        return self._starts[-1] if self._starts else 0
 
     @property
     def unflushed(self) -> bool:
@@ -209,9 +219,14 @@ class CommitLog:
 
     def iter_records(self, start: int) -> Iterator[tuple[int, RecordHeader, bytes]]:
         """Yield (offset, header, record bytes) from ``start`` while records are valid; stops
-        at the first torn or corrupt record (``self.scan_stopped_at`` tells where)."""
+        at the first torn or corrupt record (``self.scan_stopped_at`` tells where). A
+        closed segment's record whose header holds but whose payload fails its CRC is no
+        torn tail (the log went on past it): it is yielded and named in ``damaged``, for
+        its reads to refuse and a replica to repair, rather than cut with all after it."""
         self.write_pending()
         self.scan_stopped_at = start
+        self.damaged: list[tuple[int, int]] = []
+        last = self.segments[-1] if self.segments else None
         for seg in list(self.segments):
             if seg.end <= start:
                 continue
@@ -224,13 +239,48 @@ class CommitLog:
                     if header.physical_offset != pos:
                         raise CrcMismatch("record physical offset does not match its position")
                     buf, rel = window.get(pos, header.total_size)
-                    check_record_payload(buf, rel, header)
+                    try:
+                        check_record_payload(buf, rel, header)
+                    except CrcMismatch:
+                        if seg is last or pos + header.total_size > seg.end:
+                            raise
+                        log.error("commit log record at %d is damaged (payload CRC)", pos)
+                        self.damaged.append((pos, header.total_size))
                 except CrcMismatch as err:
                     log.warning("commit log scan stops at %d: %s", pos, err.message)
                     return
                 yield pos, header, buf[rel : rel + header.total_size]
                 pos += header.total_size
                 self.scan_stopped_at = pos
+
+    def sealed(self, start: int, end: int) -> bool:
+        """Whether the closed segments holding [start, end) are as this log wrote them
+        (their mtime unchanged since it closed them): a stat per segment a read touches,
+        instead of a CRC per record; any other write to them (a stray one, a fault
+        injected) moves the mtime and brings the checks back."""
+        idx = bisect.bisect_right(self._starts, start) - 1
+        for seg in self.segments[idx:-1]:
+            if seg.start >= end:
+                break
+            if seg.sealed_mtime is None or self.disk.mtime(seg.path) != seg.sealed_mtime:
+                seg.sealed_mtime = None
+                return False
+        return True
+
+    def repair(self, offset: int, record: bytes | bytearray) -> None:
+        """Overwrite a damaged record of a closed segment with a replica's copy of it (the
+        same bytes: replicas copy the log byte for byte), durably. The segment's own handle
+        appends (O_APPEND), so the write goes through a second one."""
+        idx = bisect.bisect_right(self._starts, offset) - 1
+        seg = self.segments[idx]
+        if idx == len(self.segments) - 1 or offset + len(record) > seg.end:
+            raise BrokerSystemError(f"no closed segment holds [{offset}, {offset + len(record)})")
+        file = self.disk.open(seg.path, create=False)
+        try:
+            write_all(file, [record], offset - seg.start)
+            file.fsync()
+        finally:
+            file.close()
 
     # -- shrinking ----------------------------------------------------------------------
     def truncate(self, offset: int) -> None:
@@ -354,7 +404,9 @@ class CommitLog:
         file = self.disk.open(self.directory / f"{start:0{SEGMENT_NAME_DIGITS}d}", append=True)
         self.disk.fsync_dir(self.directory)
         if self.segments:
-            self._rolled.append(self.segments[-1])
+            closed = self.segments[-1]
+            closed.sealed_mtime = self.disk.mtime(closed.path)
+            self._rolled.append(closed)
         self.segments.append(Segment(start, file, 0))
         self._starts.append(start)
 

@@ -123,6 +123,12 @@ class MessageStore:
         # never cut by a failover. Set by HA (``set_read_cap``); listeners wake held reads.
         self.read_cap = UNCAPPED
         self.read_cap_listeners: list[Callable[[], None]] = []
+        # Records of closed segments found damaged (bit rot: a payload that fails its CRC),
+        # by commit-log offset -> size: never served; ``on_damaged`` listeners (the broker's
+        # repair from a replica) are told of each once; ``damaged_reads`` counts refusals.
+        self.damaged: dict[int, int] = {}
+        self.on_damaged: list[Callable[[int, int], None]] = []
+        self.damaged_reads = 0
         self.recover()
         # The master epochs this log holds (``store/epoch_file.py``). After a power loss the
         # log can end before an epoch the fsynced file names: that epoch holds nothing here.
@@ -167,6 +173,7 @@ class MessageStore:
                 cq.append(phys, h.total_size, h.base_queue_offset, h.count, h.store_timestamp_ms)
                 rebuilt += 1
         valid_end = self.commitlog.scan_stopped_at
+        self.damaged.update(self.commitlog.damaged)
         if valid_end < flushed:
             self._refuse_lost_data(valid_end, flushed, "has a bad record at")
         if valid_end < self.commitlog.written_offset:
@@ -486,7 +493,62 @@ class MessageStore:
             messages += cq.count[last]
             nbytes += cq.size[last]
         records = self._read_entries(cq, first, last)
+        if cq.phys[first] < self.commitlog.active_start and not self.commitlog.sealed(
+            cq.phys[first], cq.phys[last] + cq.size[last]
+        ):  # one comparison at the log's head; one stat below it unless changed
+            good = self._check_closed(cq, first, last, records)
+            if good <= last:  # what precedes the damaged record is served
+                last = good - 1
+                del records[sum(cq.size[first:good]) :]
+                messages = cq.base[last] + cq.count[last] - offset
         return GetResult(GetStatus.FOUND, records, cq.base[last] + cq.count[last], lo, hi, messages)
+
+    def _check_closed(self, cq: ConsumeQueue, first: int, last: int, records: bytearray) -> int:
+        """Check the CRCs of the records read from closed segments not sealed (opened from
+        disk, or changed since: bit rot, a stray write; the segment being appended to was
+        just written and is checked on recovery); returns the index of the first damaged
+        entry (``last + 1``: none). A
+        damaged first record raises ``CrcMismatch``: it is never handed out."""
+        active = self.commitlog.active_start
+        pos = 0
+        with memoryview(records) as view:  # released before the caller shortens records
+            for i in range(first, last + 1):
+                phys, size = cq.phys[i], cq.size[i]
+                if phys >= active:
+                    break
+                if phys in self.damaged or not _record_intact(view, pos, phys, size):
+                    self._found_damaged(phys, size)
+                    if i == first:
+                        raise CrcMismatch(
+                            f"record at commit-log offset {phys} ({cq.topic}:{cq.queue_id} "
+                            f"offset {cq.base[i]}) is damaged on this broker's disk (CRC "
+                            "mismatch); it is repaired from a replica when one holds it"
+                        )
+                    return i
+                pos += size
+        return last + 1
+
+    def _found_damaged(self, phys: int, size: int) -> None:
+        """Count a refused read; tell the listeners at each (a repair that failed is tried
+        again by the next read), log it once."""
+        self.damaged_reads += 1
+        if phys not in self.damaged:
+            self.damaged[phys] = size
+            log.error("commit log record at %d (%d bytes) is damaged: CRC mismatch", phys, size)
+        for listener in self.on_damaged:
+            listener(phys, size)
+
+    def repair_record(self, phys: int, record: bytes | bytearray) -> None:
+        """Put back a damaged record from a replica's copy, once it is checked to be that
+        record whole (replicas hold byte-identical logs)."""
+        size = self.damaged.get(phys)
+        if size is None:
+            return
+        if len(record) != size or not _record_intact(memoryview(record), 0, phys, size):
+            raise CrcMismatch(f"a replica's copy of the record at {phys} is not that record")
+        self.commitlog.repair(phys, record)
+        del self.damaged[phys]
+        log.warning("commit log record at %d repaired from a replica's copy", phys)
 
     def _entries_below_cap(self, cq: ConsumeQueue) -> int:
         """How many of a queue's entries end at or below ``read_cap``."""
@@ -759,6 +821,25 @@ class MessageStore:
             return json.loads(self.disk.read_bytes(self.root / "checkpoint"))
         except (OSError, ValueError):
             return {}
+
+
+def _record_intact(view: memoryview, pos: int, phys: int, size: int) -> bool:
+    """Whether ``view[pos:pos + size]`` is the whole record stored at ``phys``: magic,
+    both CRCs, and the offset and size it records."""
+    if size < RECORD_HEADER_BYTES or len(view) < pos + size:
+        return False
+    (magic, header_crc, total, payload_crc, at, _, _, _, _, _, _, topic_len) = (
+        RECORD_FIXED_HEADER.unpack_from(view, pos)
+    )
+    payload = pos + RECORD_HEADER_BYTES + topic_len
+    return (
+        magic == RECORD_MAGIC
+        and total == size
+        and at == phys
+        and payload <= pos + size
+        and crc32(view[pos + HEADER_CRC_FROM : payload]) == header_crc
+        and crc32(view[payload : pos + size]) == payload_crc
+    )
 
 
 @dataclass(slots=True)

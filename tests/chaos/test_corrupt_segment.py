@@ -1,0 +1,214 @@
+"""The ``corrupt`` nemesis on real processes: one byte flipped inside a message body of a
+closed commit-log segment of one member, while it runs (Jepsen found NATS JetStream losing
+acknowledged writes to this).
+
+Before the fix a pull handed the damaged body out as a valid message (a phantom: the
+client checks the record header's CRC, not the payload's), and a restart that had to scan
+the damaged record (its checkpoint older than it) cut the log there, dropping every
+acknowledged message after it. Now reads from closed segments check both CRCs: a member
+with replicas puts the record back from another member's copy and serves it; a single
+broker refuses that one record (CRC_MISMATCH, counted and logged) and serves the rest; and
+recovery keeps a closed segment's damaged record instead of cutting the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from test_dledger import Group
+
+import hamq
+from hamq.client.consumer import PullStatus
+from hamq.errors import HamqError
+from hamq.net.connection import connect
+from hamq.protocol.codes import RequestCode, ResponseCode
+from hamq.protocol.message import decode_records, parse_record_header
+from helpers import wait_for
+
+TOPIC = "Rot"
+SEGMENT_BYTES = 16 * 1024  # a few hundred small messages close several segments
+MESSAGES = 300
+DAMAGED_INDEX = 10  # the record of the first (closed) segment whose body gets the flip
+
+
+def body(i: int) -> bytes:
+    return b"m-%05d-" % i + b"x" * 200
+
+
+def send_all(namesrv: str) -> None:
+    with hamq.Admin(namesrv) as admin:
+        admin.create_topic(TOPIC, 1)
+    with hamq.Producer(namesrv) as producer:
+        for i in range(MESSAGES):
+            assert producer.send(hamq.Message(TOPIC, body(i))).status is hamq.SendStatus.SEND_OK
+
+
+def flip_body_byte(store_dir: Path) -> int:
+    """Flip the last byte (message body) of the topic's DAMAGED_INDEX-th record of the
+    first segment, in place, as bit rot would; returns that record's queue offset."""
+    commitlog = store_dir / "commitlog"
+    segments = sorted(commitlog.iterdir())
+    assert len(segments) > 2, "no closed segment yet"
+    data = segments[0].read_bytes()
+    pos = 0
+    while (header := parse_record_header(data, pos)).topic != TOPIC or (
+        header.base_queue_offset < DAMAGED_INDEX
+    ):
+        pos += header.total_size
+    at = pos + header.total_size - 1
+    with open(segments[0], "r+b") as f:
+        f.seek(at)
+        f.write(bytes([data[at] ^ 0x5A]))
+    return header.base_queue_offset
+
+
+def pull_all(namesrv: str) -> tuple[dict[int, bytes], dict[int, str]]:
+    """Every message of the topic's queue one offset at a time: (offset -> body, offset ->
+    the error a pull of it got)."""
+    got: dict[int, bytes] = {}
+    errors: dict[int, str] = {}
+    with hamq.PullConsumer("g-rot", namesrv) as consumer:
+        (mq,) = consumer.fetch_message_queues(TOPIC)
+        for offset in range(consumer.max_offset(mq)):
+            try:
+                result = consumer.pull(mq, offset, 1)
+            except HamqError as err:
+                errors[offset] = err.message
+                continue
+            assert result.status is PullStatus.FOUND, (offset, result.status)
+            got[offset] = result.messages[0].body
+    return got, errors
+
+
+def test_single_broker_refuses_the_damaged_record_and_serves_the_rest(cluster_factory):
+    c = cluster_factory()
+    c.start_namesrv()
+    c.start_broker(flush_disk_type="sync", mapped_file_size_commitlog=SEGMENT_BYTES)
+    send_all(c.namesrv)
+    damaged = flip_body_byte(c.root / "broker")
+    got, errors = pull_all(c.namesrv)
+    # no phantom: nothing handed out differs from what was sent
+    assert {o: b for o, b in got.items() if b != body(o)} == {}
+    # one copy cannot be repaired: that record alone is refused, every other one served
+    assert list(errors) == [damaged] and "damaged" in errors[damaged]
+    assert sorted(got) == [o for o in range(MESSAGES) if o != damaged]
+    assert "is damaged: CRC mismatch" in (c.root / "broker.log").read_text()
+
+
+def test_restart_scanning_a_damaged_record_keeps_the_log_after_it(cluster_factory):
+    """A checkpoint older than the damaged record (kill -9 before the next one) makes
+    recovery scan it: a closed segment's record whose payload fails its CRC is not a torn
+    tail, and the acknowledged messages after it stay."""
+    c = cluster_factory()
+    c.start_namesrv()
+    c.start_broker(
+        flush_disk_type="sync",
+        mapped_file_size_commitlog=SEGMENT_BYTES,
+        flush_interval_consume_queue_ms=600_000,  # no checkpoint past the first one
+    )
+    send_all(c.namesrv)
+    damaged = flip_body_byte(c.root / "broker")
+    c.procs["broker"].kill9()
+    c.procs["broker"].start()
+    got, errors = pull_all(c.namesrv)
+    assert {o: b for o, b in got.items() if b != body(o)} == {}
+    lost = [o for o in range(damaged + 1, MESSAGES) if o not in got]
+    assert lost == [], f"{len(lost)} acknowledged messages after the damaged record lost"
+    assert list(errors) == [damaged]
+
+
+def start_pair(cluster_factory):
+    """A sync master and one slave under sync flush, every message on both."""
+    c = cluster_factory()
+    c.start_namesrv(scan_not_active_broker_interval_ms=500, broker_not_active_timeout_ms=3000)
+    common = {"flush_disk_type": "sync", "mapped_file_size_commitlog": SEGMENT_BYTES}
+    c.start_broker("master", broker_role="sync_master", total_replicas=2, **common)
+    c.start_broker("slave", broker_id=1, broker_role="slave", total_replicas=2, **common)
+    with hamq.Admin(c.namesrv) as admin:
+
+        def slave_transfers() -> bool:
+            slaves = admin.broker_runtime_info(c.broker_addr("master"))["ha"]["slaves"]
+            return len(slaves) == 1 and slaves[0]["state"] == "TRANSFER"
+
+        wait_for(slave_transfers, 15, "slave attached")
+    send_all(c.namesrv)
+    return c
+
+
+def segment_bytes(c, member: str) -> bytes:
+    return sorted((c.root / member / "commitlog").iterdir())[0].read_bytes()
+
+
+def test_master_repairs_a_damaged_record_from_its_slave(cluster_factory):
+    c = start_pair(cluster_factory)
+    flip_body_byte(c.root / "master")
+
+    def all_intact() -> bool:
+        got, errors = pull_all(c.namesrv)  # a refused read starts the repair
+        assert {o: b for o, b in got.items() if b != body(o)} == {}
+        return not errors and len(got) == MESSAGES
+
+    wait_for(all_intact, 20, "every message served intact")
+    assert segment_bytes(c, "master") == segment_bytes(c, "slave")  # repaired on disk
+
+
+def pull_from(addr: str, offset: int) -> tuple[int, bytes]:
+    """One message of the queue straight from the member at ``addr`` (a slave serves
+    reads too): (response code, body or remark)."""
+
+    async def pull() -> tuple[int, bytes]:
+        conn = await connect(addr, None)
+        try:
+            ext = {"topic": TOPIC, "queue_id": 0, "queue_offset": offset, "max_msgs": 1}
+            frame = await conn.request(RequestCode.PULL_MESSAGE, ext, timeout_s=5)
+        finally:
+            conn.close()
+        if frame.code != ResponseCode.SUCCESS:
+            return frame.code, frame.remark.encode()
+        (message,) = decode_records(frame.body, offset, lambda *a: a[-1])
+        return frame.code, message
+
+    return asyncio.run(pull())
+
+
+def test_damage_on_a_slave_never_reaches_a_client(cluster_factory):
+    c = start_pair(cluster_factory)
+    damaged = flip_body_byte(c.root / "slave")
+    slave = c.broker_addr("slave")
+
+    def served_intact() -> bool:
+        code, got = pull_from(slave, damaged)
+        assert code != ResponseCode.SUCCESS or got == body(damaged)  # never the damaged body
+        return code == ResponseCode.SUCCESS
+
+    wait_for(served_intact, 20, "the slave serves the record, repaired from its master")
+    assert segment_bytes(c, "slave") == segment_bytes(c, "master")
+
+
+def test_dledger_member_elected_with_a_damaged_record_serves_it_repaired(cluster_factory):
+    """A follower's damage, then leadership moved to it: the new leader's reads take the
+    record back from a peer."""
+    group = Group(cluster_factory, flush_disk_type="sync", mapped_file_size_commitlog=SEGMENT_BYTES)
+    try:
+        send_all(group.c.namesrv)
+        target = next(m for m in group.members if m != group.leader())
+        wait_for(
+            lambda: (
+                group.info(target)["commitlog_max_offset"]
+                == group.info(group.leader())["commitlog_max_offset"]
+            ),
+            20,
+            "the follower holds every record",
+        )
+        flip_body_byte(group.c.root / f"m{target}")
+        group.admin.elect("dl", target)
+
+        def all_intact() -> bool:
+            got, errors = pull_all(group.c.namesrv)
+            assert {o: b for o, b in got.items() if b != body(o)} == {}
+            return not errors and len(got) == MESSAGES
+
+        wait_for(all_intact, 30, "every message served intact by the elected member")
+    finally:
+        group.close()
