@@ -13,8 +13,9 @@ import pytest
 
 import hamq
 from hamq.chaos.frame_proxy import FrameProxy
+from hamq.client.controller import ControllerClient
 from hamq.errors import RequestTimeout
-from helpers import free_port
+from helpers import free_port, wait_for
 
 TOPIC = "proxied"
 
@@ -123,3 +124,110 @@ def test_bad_faults_are_refused_and_change_nothing(faults, message):
         with pytest.raises(ValueError, match=message):
             proxy.set_faults(**faults)
         assert proxy.faults("up").loss == 0.25
+
+
+def test_a_master_and_slave_advertising_proxies_replicate_through_them(cluster_factory):
+    cluster = cluster_factory()
+    cluster.start_namesrv()
+    proxies: dict[str, FrameProxy] = {}
+    try:
+        for name, broker_id, role in (("master", 0, "sync_master"), ("slave", 1, "slave")):
+            listen, ha_listen = (f"127.0.0.1:{free_port()}" for _ in range(2))
+            proxies[name] = FrameProxy("127.0.0.1:0", listen)
+            proxies[f"{name}-ha"] = FrameProxy("127.0.0.1:0", ha_listen)
+            cluster.start_broker(
+                name,
+                broker_id=broker_id,
+                broker_role=role,
+                total_replicas=2,
+                in_sync_replicas=2,
+                listen=listen,
+                ha_listen=ha_listen,
+                advertise=proxies[name].address,
+                ha_advertise=proxies[f"{name}-ha"].address,
+            )
+        with hamq.Admin(cluster.namesrv) as admin:
+            wait_for(
+                lambda: (
+                    [
+                        s["state"]
+                        for s in admin.broker_runtime_info(proxies["master"].address)["ha"][
+                            "slaves"
+                        ]
+                    ]
+                    == ["TRANSFER"]
+                ),
+                20,
+                "the slave attached through the master's HA proxy",
+            )
+            admin.create_topic(TOPIC, 1)
+            route = admin.topic_route(TOPIC)
+        assert route.master_addr("broker-a") == proxies["master"].address
+        ha_frames = proxies["master-ha"].counts("up").forwarded
+        with hamq.Producer(cluster.namesrv) as producer:
+            for i in range(10):  # SEND_OK only once the slave acknowledged it
+                result = producer.send(hamq.Message(TOPIC, b"r%d" % i))
+                assert result.status is hamq.SendStatus.SEND_OK
+        assert proxies["master-ha"].counts("up").forwarded > ha_frames  # the slave's acks
+        assert proxies["master-ha"].counts("down").forwarded > 0  # the master's transfers
+        assert proxies["master"].counts("up").forwarded >= 10
+    finally:
+        for proxy in proxies.values():
+            proxy.close()
+
+
+def test_controller_mode_members_register_and_elect_at_their_advertised_addresses(
+    cluster_factory,
+):
+    cluster = cluster_factory()
+    cluster.start_namesrv(enable_controller_in_namesrv=True)
+    proxies: dict[str, FrameProxy] = {}
+    try:
+        for name in ("m1", "m2"):
+            listen, ha_listen = (f"127.0.0.1:{free_port()}" for _ in range(2))
+            proxies[name] = FrameProxy("127.0.0.1:0", listen)
+            proxies[f"{name}-ha"] = FrameProxy("127.0.0.1:0", ha_listen)
+            cluster.start_broker(
+                name,
+                enable_controller_mode=True,
+                controller_addr=cluster.namesrv_addrs,
+                all_ack_in_sync_state_set=True,
+                check_sync_state_set_period_ms=300,
+                listen=listen,
+                ha_listen=ha_listen,
+                advertise=proxies[name].address,
+                ha_advertise=proxies[f"{name}-ha"].address,
+            )
+        advertised = {proxies[name].address: name for name in ("m1", "m2")}
+        with hamq.Admin(cluster.namesrv) as admin:
+
+            def replica_info():
+                async def ask():
+                    client = ControllerClient(cluster.namesrv_addrs)
+                    try:
+                        return await client.get_replica_info("TestCluster", "broker-a")
+                    finally:
+                        await client.close()
+
+                info = admin.submit(ask()).result(30)
+                return info if len(info.sync_state_set) == 2 else None
+
+            info = wait_for(replica_info, 30, "a master and both members in the SyncStateSet")
+            assert info.master_addr in advertised
+            assert set(dict(info.members).values()) == set(advertised)
+            master = advertised[info.master_addr]
+            wait_for(
+                lambda: admin.master_addrs().get("broker-a") == info.master_addr,
+                30,
+                "the name server routing the master's advertised address",
+            )
+            admin.create_topic(TOPIC, 1)
+        ha_frames = proxies[f"{master}-ha"].counts("up").forwarded
+        with hamq.Producer(cluster.namesrv) as producer:
+            for i in range(5):  # all_ack_in_sync_state_set: the slave acknowledged each
+                result = producer.send(hamq.Message(TOPIC, b"c%d" % i))
+                assert result.status is hamq.SendStatus.SEND_OK
+        assert proxies[f"{master}-ha"].counts("up").forwarded > ha_frames
+    finally:
+        for proxy in proxies.values():
+            proxy.close()

@@ -64,7 +64,7 @@ class LockQuorum:
 
     def peers(self) -> list[str]:
         """The other live members of this group, by address (the name servers' view)."""
-        own = self.config.listen
+        own = self.config.broker_addr
         return sorted({addr for addr in self.members.broker_addrs.values() if addr != own})
 
     async def lock(

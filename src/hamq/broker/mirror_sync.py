@@ -52,7 +52,7 @@ class MirrorSyncProcessor:
         return response_pieces(frame, ext={"members": members})
 
     def mirror_status(self, conn: Connection, frame: Frame) -> list:
-        return response_pieces(frame, ext=mirror_status(self._master(), self.config.listen))
+        return response_pieces(frame, ext=mirror_status(self._master(), self.config.broker_addr))
 
 
 @dataclass(frozen=True)

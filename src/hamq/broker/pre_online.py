@@ -303,7 +303,7 @@ class PreOnline:
             return None
         # brokerId 0 is this master's own registration from before it stopped, until the
         # name servers drop it
-        return {i: a for i, a in members.items() if i != MASTER_ID and a != c.listen}
+        return {i: a for i, a in members.items() if i != MASTER_ID and a != c.broker_addr}
 
     async def _prepare(self, broker_id: int, addr: str) -> None:
         if broker_id in self.state.done or broker_id in self.state.skipped:
@@ -330,8 +330,8 @@ class PreOnline:
             {
                 "cluster_name": c.cluster_name,
                 "broker_name": c.broker_name,
-                "master_addr": c.listen,
-                "master_ha_addr": c.ha_address,
+                "master_addr": c.broker_addr,
+                "master_ha_addr": c.ha_server_addr,
                 "master_max_offset": self.store.commitlog.max_offset,
                 "hold_ms": RETURNING_HOLD_MS,
             },

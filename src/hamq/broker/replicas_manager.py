@@ -181,7 +181,7 @@ class ReplicasManager:
         # controller still holds the id as ours (it may have been cleaned and taken).
         try:
             await self.client.apply_broker_id(
-                *self.group, meta.broker_id, self.config.listen, meta.register_check_code
+                *self.group, meta.broker_id, self.config.broker_addr, meta.register_check_code
             )
         except HamqError as err:
             if err.code == ResponseCode.CONTROLLER_BROKER_ID_INVALID:
@@ -278,7 +278,7 @@ class ReplicasManager:
         info = await self.client.register_broker(
             *self.group,
             self.role.broker_id,
-            self.config.listen,
+            self.config.broker_addr,
             self.store.epochs.last_epoch(),
             self.store.commitlog.max_offset,
             "" if meta is None else meta.register_check_code,
@@ -348,7 +348,7 @@ class ReplicasManager:
 
     def _listed_elsewhere(self, info: ReplicaInfo) -> bool:
         listed = dict(info.members).get(self.role.broker_id)
-        return listed is not None and listed != self.config.listen
+        return listed is not None and listed != self.config.broker_addr
 
     async def _reclaim_id(self) -> bool:
         """Our broker id is listed at another address (a controller that forgot it, or
@@ -360,7 +360,7 @@ class ReplicasManager:
             return False
         try:
             await self.client.apply_broker_id(
-                *self.group, meta.broker_id, self.config.listen, meta.register_check_code
+                *self.group, meta.broker_id, self.config.broker_addr, meta.register_check_code
             )
         except HamqError as err:
             self._failed("taking this member's address back", err)
@@ -375,11 +375,11 @@ class ReplicasManager:
         make two masters of one epoch, so this member follows that one as a slave."""
         if info.master_id != self.role.broker_id:
             return False
-        if info.master_addr == self.config.listen:
+        if info.master_addr == self.config.broker_addr:
             return True
         self.last_error = (
             f"the controller names broker id {info.master_id} master at {info.master_addr}, "
-            f"not at this member's {self.config.listen}: the id is another member's now"
+            f"not at this member's {self.config.broker_addr}: the id is another member's now"
         )
         log.error("%s; following it as a slave", self.last_error)
         return False
@@ -393,8 +393,8 @@ class ReplicasManager:
         )
 
     async def _become_master(self, info: ReplicaInfo) -> None:
-        self.members.follow_controller(self.config.listen)
-        await self.role.change(BrokerRole.MASTER, self.config.listen, epoch=info.master_epoch)
+        self.members.follow_controller(self.config.broker_addr)
+        await self.role.change(BrokerRole.MASTER, self.config.broker_addr, epoch=info.master_epoch)
         if self.role.is_master and self.role.epoch == info.master_epoch:
             self._set_sync_state_set(info)
 
@@ -448,7 +448,7 @@ class ReplicasManager:
             BrokerHeartbeat(
                 *self.group,
                 self.role.broker_id,
-                self.config.listen,
+                self.config.broker_addr,
                 self.store.epochs.last_epoch(),
                 self.store.commitlog.max_offset,
                 self.confirm_offset,

@@ -94,7 +94,7 @@ class Broker:
         self.role = RoleState(
             BrokerRole.SLAVE if starts_as_slave else BrokerRole.MASTER,
             config.dledger_self_id if self.dledger_mode else config.broker_id,
-            None if starts_as_slave else config.listen,
+            None if starts_as_slave else config.broker_addr,
         )
 
         # -- the store, the group, the name servers -------------------------------------
@@ -253,7 +253,7 @@ class Broker:
         self.processor.register(self.pop.handlers())
         self.processor.register(MessageLookup(self.store, self.topics).handlers())
         # a record a read finds damaged comes back from another member's copy
-        self.repair = RecordRepair(self.store, self.members, self.pool, config.listen)
+        self.repair = RecordRepair(self.store, self.members, self.pool, config.broker_addr)
         self.processor.register(
             ConsumerAdmin(
                 config.broker_name,
@@ -438,7 +438,9 @@ class Broker:
         from the Raft tick: the change runs as a task of its own, serialised by the role
         state."""
         change = (
-            self.role.change(BrokerRole.MASTER, self.config.listen, epoch=self.dledger.node.term)
+            self.role.change(
+                BrokerRole.MASTER, self.config.broker_addr, epoch=self.dledger.node.term
+            )
             if leader
             else self.role.change(BrokerRole.SLAVE, self.members.broker_addrs.get(MASTER_ID))
         )

@@ -24,6 +24,7 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from hamq.net.connection import split_address
 from hamq.protocol.limits import MAX_FRAME_BYTES
 
 DIRECTIONS = ("up", "down")
@@ -71,16 +72,18 @@ class FrameProxy:
     ``target``; ``address`` is where it listens."""
 
     def __init__(self, listen: str, target: str) -> None:
-        host, _, port = listen.rpartition(":")
-        target_host, _, target_port = target.rpartition(":")
-        self.target = (target_host, int(target_port))
+        host, port = split_address(listen)
+        self.target = split_address(target)
         self._directions = {name: _Direction() for name in DIRECTIONS}
         self._links: set[asyncio.Task[None]] = set()
         self._loop = asyncio.new_event_loop()
         self._closed = False
         started: Future[asyncio.Server] = Future()
         self._thread = threading.Thread(
-            target=self._run, args=(host, int(port), started), name=f"frame-proxy {listen}"
+            target=self._run,
+            args=(host, port, started),
+            name=f"frame-proxy {listen}",
+            daemon=True,  # a proxy never closed must not keep the process alive
         )
         self._thread.start()
         try:

@@ -84,7 +84,11 @@ class BrokerHaInfoExchange:
             )
         others = {a for i, a in self.members.broker_addrs.items() if i != MASTER_ID}
         known = self.members.broker_addrs.get(MASTER_ID)
-        if master_addr in others or master_addr == c.listen or known not in (None, master_addr):
+        if (
+            master_addr in others
+            or master_addr == c.broker_addr
+            or known not in (None, master_addr)
+        ):
             raise NoPermission(
                 f"{master_addr} is not this group's master (the name servers know "
                 f"{dict(self.members.broker_addrs)})"

@@ -190,7 +190,7 @@ class MemberGroup:
         answer = GroupAnswer.parse(group)
         settling = group.get("settling") is True and MASTER_ID not in answer.broker_addrs
         if not settling and any(
-            answer.broker_addrs.get(i) == self.config.listen for i in self._own_ids
+            answer.broker_addrs.get(i) == self.config.broker_addr for i in self._own_ids
         ):
             self._answers[source] = answer
             self._ignoring.discard(source)
@@ -203,7 +203,7 @@ class MemberGroup:
                 "broker (%s), or no master, yet, e.g. it restarted: %s",
                 source,
                 self.config.broker_name,
-                self.config.listen,
+                self.config.broker_addr,
                 answer.broker_addrs,
             )
 

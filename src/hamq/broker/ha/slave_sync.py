@@ -65,7 +65,7 @@ class SlaveSynchronize:
 
     async def sync_once(self) -> bool:
         master = self.members.master_addr  # the controller's choice in controller mode
-        if master is None or master == self.members.config.listen:  # DLedger: we lead
+        if master is None or master == self.members.config.broker_addr:  # DLedger: we lead
             return False
         try:
             conn = await self.pool.get(master)
