@@ -354,3 +354,42 @@ def test_coordinated_power_loss_of_a_dledger_group_takes_nothing_acknowledged(
         "every acknowledged message readable",
     )
     assert all(readable[body] == where for body, where in acked.items())
+
+
+def send_ok(producer) -> bool:
+    try:
+        return producer.send(Message(TOPIC, b"f" * 2000)).status is hamq.SendStatus.SEND_OK
+    except HamqError:
+        return False
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a sync-flush broker hangs for good once a write fails with ENOSPC: the undone "
+    "write's flush waiter stays queued past the log's end and store/flush.py's "
+    "_sync_flush_loop spins on it without ever awaiting (py-spy: MainThread active in "
+    "_sync_flush_loop), so no request, heartbeat or disk check runs again",
+)
+def test_a_full_disk_refuses_sends_and_freeing_it_heals_a_sync_flush_broker(
+    cluster_factory, disks, monkeypatch
+):
+    c = cluster_factory()
+    c.start_namesrv()
+    for name, value in disks.env(HOST).items():
+        monkeypatch.setenv(name, value)
+    c.start_broker(
+        store_dir=str(disks.data_dir(HOST, tmpfs_mib=64) / "broker"),
+        flush_disk_type="sync",
+        mapped_file_size_commitlog=1 << 20,
+        # the guards' defaults (64 and 50 MiB free) would refuse every write on this disk
+        disk_min_free_bytes=4 << 20,
+        disk_free_limit_bytes=4 << 20,
+    )
+    with hamq.Admin(c.namesrv) as admin:
+        admin.create_topic(TOPIC, QUEUES)
+    with hamq.Producer(c.namesrv, retry_times_when_send_failed=0, send_timeout_s=2) as producer:
+        assert send_ok(producer)
+        disks.fill(HOST)
+        wait_for(lambda: not send_ok(producer), LOAD_TIMEOUT_S, "a send refused on a full disk")
+        disks.free(HOST)
+        wait_for(lambda: send_ok(producer), LOAD_TIMEOUT_S, "a send accepted once freed")
