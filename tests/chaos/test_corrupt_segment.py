@@ -16,6 +16,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from controller_group import CLUSTER, ControllerGroup
+from controller_group import GROUP as CONTROLLED_GROUP
+from controller_group import MEMBERS as CONTROLLED
 from test_dledger import Group
 
 import hamq
@@ -81,6 +84,23 @@ def pull_all(namesrv: str) -> tuple[dict[int, bytes], dict[int, str]]:
     return got, errors
 
 
+def wait_served_intact(namesrv: str, timeout_s: float) -> None:
+    """Until every message is served intact (a refused read starts the repair); no read
+    may ever hand out a damaged body."""
+
+    def all_intact() -> bool:
+        got, errors = pull_all(namesrv)
+        assert {o: b for o, b in got.items() if b != body(o)} == {}
+        return not errors and len(got) == MESSAGES
+
+    wait_for(all_intact, timeout_s, "every message served intact")
+
+
+def wait_routed(admin: hamq.Admin, group: str, addr: str) -> None:
+    """Until the name server routes the group's reads to ``addr`` (the elected member)."""
+    wait_for(lambda: admin.master_addrs().get(group) == addr, 20, f"{group} routed to {addr}")
+
+
 def test_single_broker_refuses_the_damaged_record_and_serves_the_rest(cluster_factory):
     c = cluster_factory()
     c.start_namesrv()
@@ -143,13 +163,7 @@ def segment_bytes(c, member: str) -> bytes:
 def test_master_repairs_a_damaged_record_from_its_slave(cluster_factory):
     c = start_pair(cluster_factory)
     flip_body_byte(c.root / "master")
-
-    def all_intact() -> bool:
-        got, errors = pull_all(c.namesrv)  # a refused read starts the repair
-        assert {o: b for o, b in got.items() if b != body(o)} == {}
-        return not errors and len(got) == MESSAGES
-
-    wait_for(all_intact, 20, "every message served intact")
+    wait_served_intact(c.namesrv, 20)
     assert segment_bytes(c, "master") == segment_bytes(c, "slave")  # repaired on disk
 
 
@@ -203,12 +217,30 @@ def test_dledger_member_elected_with_a_damaged_record_serves_it_repaired(cluster
         )
         flip_body_byte(group.c.root / f"m{target}")
         group.admin.elect("dl", target)
+        wait_routed(group.admin, "dl", group.c.broker_addr(f"m{target}"))
+        wait_served_intact(group.c.namesrv, 30)
+    finally:
+        group.close()
 
-        def all_intact() -> bool:
-            got, errors = pull_all(group.c.namesrv)
-            assert {o: b for o, b in got.items() if b != body(o)} == {}
-            return not errors and len(got) == MESSAGES
 
-        wait_for(all_intact, 30, "every message served intact by the elected member")
+def test_controller_slave_elected_with_a_damaged_record_serves_it_repaired(cluster_factory):
+    """Controller mode (all_ack_in_sync_state_set): a slave's damage, then an admin
+    election of that slave: the new master takes the record back from a member's copy."""
+    group = ControllerGroup(
+        cluster_factory, flush_disk_type="sync", mapped_file_size_commitlog=SEGMENT_BYTES
+    )
+    try:
+        send_all(group.c.namesrv)
+        master = group.master()
+        target = next(m for m in CONTROLLED if m != master)
+        wait_for(lambda: group.log_end(target) == group.log_end(master), 20, "the slave holds all")
+        flip_body_byte(group.c.root / target)
+        target_id = group.role(target)["broker_id"]
+        group.controller_call(
+            lambda cc: cc.elect_master(CLUSTER, CONTROLLED_GROUP, target_id, "admin")
+        )
+        assert group.master(other_than=master) == target
+        wait_routed(group.admin, CONTROLLED_GROUP, group.c.broker_addr(target))
+        wait_served_intact(group.c.namesrv, 30)
     finally:
         group.close()
