@@ -361,7 +361,7 @@ class BrokerContainer:
                 )
             except (HamqError, AttributeError, TypeError, ValueError):
                 continue
-            if holder not in (None, config.listen):
+            if holder not in (None, config.broker_addr):
                 raise NoPermission(
                     f"broker {config.broker_name} id {config.broker_id} is registered by live "
                     f"member {holder} (name server {namesrv}): not started here"
@@ -414,7 +414,7 @@ class BrokerContainer:
     def heartbeat_members(self) -> list[HostedMember]:
         """The hosted members as a node's heartbeat lists them."""
         return [
-            HostedMember(broker.config.cluster_name, name, broker_id, broker.config.listen)
+            HostedMember(broker.config.cluster_name, name, broker_id, broker.config.broker_addr)
             for (name, broker_id), broker in self.brokers.items()
         ]
 
