@@ -104,7 +104,10 @@ class Stage:
         return sorted(self.cluster.layout.processes)
 
     def member_processes(self) -> list[str]:
-        return sorted(p for group in self.cluster.members().values() for p in group)
+        """Brokers and nodes (what holds messages), from the layout: asking the cluster
+        could fail in the middle of a fault."""
+        layout = self.cluster.layout
+        return sorted(p for p, spec in layout.processes.items() if spec.server != "namesrv")
 
     def server_hosts(self) -> list[str]:
         return sorted(self.cluster.layout.hosts)
