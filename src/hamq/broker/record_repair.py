@@ -36,6 +36,7 @@ class RecordRepair:
         self.pool = pool
         self.own_addr = own_addr
         self._tasks: dict[int, asyncio.Task] = {}  # one repair per record at a time
+        self._unrepairable: set[int] = set()  # records no member had: logged once each
         store.on_damaged.append(self.damaged)
 
     def damaged(self, phys: int, size: int) -> None:
@@ -64,12 +65,14 @@ class RecordRepair:
                     return
                 except (HamqError, OSError) as err:
                     log.warning("repair of record %d from member %s failed: %s", phys, addr, err)
-            log.error(
-                "no other member (of %d known) holds an intact copy of the damaged record at "
-                "commit-log offset %d: its reads stay refused",
-                len(peers),
-                phys,
-            )
+            if phys not in self._unrepairable:  # each read tries again: one line
+                self._unrepairable.add(phys)
+                log.error(
+                    "no other member (of %d known) holds an intact copy of the damaged "
+                    "record at commit-log offset %d: its reads stay refused",
+                    len(peers),
+                    phys,
+                )
         finally:
             del self._tasks[phys]
 

@@ -258,7 +258,7 @@ class CommitLog:
         (their mtime unchanged since it closed them): a stat per segment a read touches,
         instead of a CRC per record; any other write to them (a stray one, a fault
         injected) moves the mtime and brings the checks back."""
-        idx = bisect.bisect_right(self._starts, start) - 1
+        idx = max(0, bisect.bisect_right(self._starts, start) - 1)
         for seg in self.segments[idx:-1]:
             if seg.start >= end:
                 break
