@@ -67,10 +67,10 @@ def test_slow_fsync_takes_at_least_slow_ms(disks):
         print(json.dumps(took))
     """
     env = disks.env(HOST)
-    disks.slow_disk(HOST, 400)
-    assert all(took >= 0.4 for took in run_child(env, code))
+    disks.slow_disk(HOST, 1500)
+    assert all(took >= 1.5 for took in run_child(env, code))
     disks.fast_disk(HOST)
-    assert all(took < 0.4 for took in run_child(env, code))
+    assert all(took < 1.5 for took in run_child(env, code))
 
 
 def test_power_loss_keeps_exactly_what_was_fsynced(disks):
@@ -145,9 +145,9 @@ def test_clock_jump_moves_a_running_childs_wall_clock_not_monotonic(tmp_path, ju
         after = time.time() - time.monotonic()
         async def hop_s():
             start = time.monotonic()
-            for _ in range(20):
+            for _ in range(40):
                 await asyncio.to_thread(int)
-            return (time.monotonic() - start) / 20
+            return (time.monotonic() - start) / 40
         now = time.monotonic()
         print(json.dumps({"shift": after - before, "mono": now, "hop_s": asyncio.run(hop_s())}))
     """
@@ -166,7 +166,9 @@ def test_clock_jump_moves_a_running_childs_wall_clock_not_monotonic(tmp_path, ju
     seen = json.loads(out)
     assert abs(seen["shift"] - jump_s) < 1.0, seen
     assert 0 <= time.monotonic() - seen["mono"] < CHILD_TIMEOUT_S, seen
-    assert seen["hop_s"] < 0.03, seen  # 60-170 ms with libfaketime's monotonic fix on
+    # a hop takes 0.2-0.5 ms on average here; with libfaketime's monotonic fix on, a third
+    # of them take 10-170 ms, 24-170 ms on average
+    assert seen["hop_s"] < 0.01, seen
     clock.reset(HOST)
     code = "import json, time; print(json.dumps(time.time()))"
     assert abs(run_child(disks.env(HOST, clock=True), code) - time.time()) < CHILD_TIMEOUT_S
