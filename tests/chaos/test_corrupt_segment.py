@@ -9,6 +9,12 @@ acknowledged message after it. Now reads from closed segments check both CRCs: a
 with replicas puts the record back from another member's copy and serves it; a single
 broker refuses that one record (CRC_MISMATCH, counted and logged) and serves the rest; and
 recovery keeps a closed segment's damaged record instead of cutting the log.
+
+Replication never spreads the damage: a slave checks both CRCs of every record it appends
+and drops the session at a damaged one (a slave catching up through a master's damaged
+record waits until that record is repaired); what a slave holds is only read by clients
+once it serves reads or is elected (controller election, DLedger leadership), and those
+reads are checked and repaired like a master's.
 """
 
 from __future__ import annotations
