@@ -12,7 +12,8 @@ recovery keeps a closed segment's damaged record instead of cutting the log.
 
 Replication never spreads the damage: a slave checks both CRCs of every record it appends
 and drops the session at a damaged one (a slave catching up through a master's damaged
-record waits until that record is repaired); what a slave holds is only read by clients
+record retries until a client read has the master repair it: the HA path neither checks
+nor repairs by itself); what a slave holds is only read by clients
 once it serves reads or is elected (controller election, DLedger leadership), and those
 reads are checked and repaired like a master's.
 """
