@@ -365,13 +365,6 @@ def send_ok(producer) -> bool:
         return False
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a sync-flush broker hangs for good once a write fails with ENOSPC: the undone "
-    "write's flush waiter stays queued past the log's end and store/flush.py's "
-    "_sync_flush_loop spins on it without ever awaiting (py-spy: MainThread active in "
-    "_sync_flush_loop), so no request, heartbeat or disk check runs again",
-)
 def test_a_full_disk_refuses_sends_and_freeing_it_heals_a_sync_flush_broker(
     cluster_factory, disks, monkeypatch
 ):

@@ -54,9 +54,9 @@ class FlushService:
         self._wake.set()
 
     def _release_cut(self) -> None:
-        """A slave's log was cut (it attached to a master that lacks its tail): waiters
-        past the new end wait for bytes that are gone, and would hold every later waiter
-        behind them until they time out. They end as not durable."""
+        """A slave's log was cut (it attached to a master that lacks its tail), or a failed
+        write was undone: waiters past the new end wait for bytes that are gone, and would
+        hold every later waiter behind them until they time out. They end as not durable."""
         end = self.store.commitlog.max_offset
         waiters = self._waiters
         while waiters and waiters[-1][0] > end:
@@ -111,6 +111,9 @@ class FlushService:
                     pass
             self._wake.clear()
             commitlog.write_pending()
+            # A write that failed (ENOSPC) was undone: its waiter waits past the log's end,
+            # and left queued it would make this loop spin without awaiting.
+            self._release_cut()
             try:
                 flushed = await self._fsync() if commitlog.unflushed else commitlog.flushed_offset
             except BrokerSystemError:
