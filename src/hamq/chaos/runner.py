@@ -123,11 +123,13 @@ def run(
         try:
             with _client_log(run_dir / CLIENT_LOG):
                 recovered = _run_on(spec, need, hosts, disks, run_dir, say)
+            # checked before the tmpfs data dirs (disk-full runs) are unmounted: the
+            # members' commit logs are compared there
+            verdict = check(run_dir, promise_zero_loss=not UNPROMISED.get(mode, {}).get(nemesis))
         finally:
             disks.close()
     finally:
         hosts.close()
-    verdict = check(run_dir, promise_zero_loss=not UNPROMISED.get(mode, {}).get(nemesis))
     timeline_png(run_dir)
     (run_dir / "verdict.json").write_text(
         json.dumps(verdict_json(spec, verdict, hosts.kind, recovered, run_dir), indent=2) + "\n"
