@@ -107,6 +107,26 @@ def test_power_loss_keeps_exactly_what_was_fsynced(disks):
     assert counts == {"files": 5, "truncated": 4, "bytes_dropped": 500 + 900 + 700 + 1}
 
 
+def test_power_loss_of_a_host_that_never_fsynced_drops_all_it_wrote(disks):
+    """A name server's host fsyncs nothing: the shim's log exists from its processes'
+    start, so its power loss drops every byte (before, it refused the host as shimless and
+    crashed the chaos run)."""
+    data = disks.data_dir(HOST)
+    code = f"""if True:
+        import os
+        fd = os.open({str(data / "kv.json")!r}, os.O_RDWR | os.O_CREAT)
+        os.write(fd, b"never fsynced")
+        print("{{}}")
+    """
+    run_child(disks.env(HOST), code)
+    assert disks.power_loss(disks.host_dir(HOST)) == {
+        "files": 1,
+        "truncated": 1,
+        "bytes_dropped": len(b"never fsynced"),
+    }
+    assert (data / "kv.json").read_bytes() == b""
+
+
 def test_full_tmpfs_refuses_writes_until_freed(disks):
     data = disks.data_dir(HOST, tmpfs_mib=4)
     mounts = Path("/proc/self/mounts").read_text()

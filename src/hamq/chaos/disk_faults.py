@@ -306,8 +306,8 @@ class DiskFaults:
         host_dir = Path(host_dir)
         shim = host_dir / SHIM_DIR
         if not (shim / FSYNC_LOG).exists():
-            # every hamq server fsyncs as it starts: no log means no shim, and cutting
-            # every file to 0 would model a disk that never kept anything
+            # the shim creates the log as a process starts: no log means no shim, and
+            # cutting every file to 0 would model a disk that never kept anything
             raise FileNotFoundError(
                 f"no {FSYNC_LOG} in {shim}: {host_dir.name}'s processes did not run under "
                 "the fsync shim (DiskFaults.env), so what they fsynced is unknown"
