@@ -21,13 +21,13 @@ def verdicts(
 ) -> list[dict[str, Any]]:
     """Two repeats' verdicts from real run directories: the clean run, and one that loses
     ``lose`` acknowledged ids (and has a divergent replica when ``diverge``)."""
-    clean = check(clean_run().write(tmp_path / f"{name}-1")).to_json()
+    clean = check(clean_run().write(tmp_path / f"{name}-1")).to_json() | {"faults": 1}
     run = clean_run()
     for seq in range(4, 4 + lose):  # ids no consumer received (else phantom too: read, then gone)
         run.files["final"].remove(run.final_of(f"p0-{seq}")[0])
     if diverge:
         run.logs["broker-a-1"] = b"\xff" + LOG[1:]
-    return [clean, check(run.write(tmp_path / f"{name}-2")).to_json()]
+    return [clean, check(run.write(tmp_path / f"{name}-2")).to_json() | {"faults": 2}]
 
 
 def rows(tmp_path: Path) -> list[dict[str, Any]]:
@@ -67,14 +67,15 @@ def test_reliability_md_sums_real_verdicts_per_mode_and_nemesis(tmp_path):
     assert re.search(r"Generated on \d{4}-\d{2}-\d{2} on netns hosts", text)
     table = table_rows(text)
     header = next(line for line in text.splitlines() if line.startswith("| "))
-    assert header.split(" | ")[4:10] == list(ISSUE_KEYS[:6])
-    # mode, nemesis, promise, runs, acknowledged, lost, duplicated, reordered, phantom, divergent
-    assert table["single", "kill"][3:10] == ["2", "34", "0", "0", "0", "0", "0"]
+    assert header.split(" | ")[5:11] == list(ISSUE_KEYS[:6])
+    # mode, nemesis, promise, runs, faults, acknowledged, lost, duplicated, reordered, phantom,
+    # divergent
+    assert table["single", "kill"][3:11] == ["2", "3", "34", "0", "0", "0", "0", "0"]
     assert table["single", "kill"][-2:] == ["**PASS**", "[timeline](reliability/single-kill.png)"]
-    assert table["single", "power-loss"][4:6] == ["34", "2"]
+    assert table["single", "power-loss"][5:7] == ["34", "2"]
     assert table["single", "power-loss"][-2] == "**LOSS**"
     assert table["single", "corrupt"][2] == "sync flush (*not this fault*)"
-    assert table["single", "corrupt"][5] == "3" and table["single", "corrupt"][9] == "1"
+    assert table["single", "corrupt"][6] == "3" and table["single", "corrupt"][10] == "1"
     assert table["single", "corrupt"][-2] == "**EXPECTED LOSS**"
     assert table["master-slave", "partition"][-2] == "**FAIL: divergent**"
     assert "## Legend" in text and legend() in text
@@ -96,8 +97,22 @@ def test_reliability_md_takes_the_worst_times_and_says_unrecovered_runs(tmp_path
     out = tmp_path / "RELIABILITY.md"
     write_reliability_md([row], out, "make chaos", hosts_kind="loopback")
     cells = table_rows(out.read_text())["dledger", "mixed"]
-    assert cells[10:] == ["4.2", "7.8", "**PASS (not recovered in 1)**", "—"]
+    assert cells[11:] == ["4.2", "7.8", "**PASS (not recovered in 1)**", "—"]
     assert "on loopback hosts" in out.read_text()
+
+
+def test_a_clean_row_without_a_fault_is_not_called_a_pass(tmp_path):
+    row = {
+        "mode": "master-slave",
+        "nemesis": "corrupt",
+        "promise": "quorum",
+        "promise_covers": True,
+        "verdicts": [v | {"faults": 0} for v in verdicts(tmp_path, "nofault")],
+    }
+    out = tmp_path / "RELIABILITY.md"
+    write_reliability_md([row], out, "make chaos", hosts_kind="netns")
+    cells = table_rows(out.read_text())["master-slave", "corrupt"]
+    assert cells[4] == "0" and cells[-2] == "**NO FAULT INJECTED**"
 
 
 def test_a_row_without_verdicts_is_refused(tmp_path):

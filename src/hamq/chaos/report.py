@@ -60,6 +60,7 @@ class Row:
     sums: dict[str, int]
     worst: dict[str, float]
     unrecovered: int  # runs whose cluster was not healthy again after healing
+    faults: int  # faults injected over the runs: a clean row with none proves nothing
     plot: str
 
     @classmethod
@@ -76,6 +77,7 @@ class Row:
             sums={key: sum(int(v[key]) for v in verdicts) for key in SUMMED},
             worst={key: max(float(v[key]) for v in verdicts) for key in WORST},
             unrecovered=sum(1 for v in verdicts if v.get("recovered") is False),
+            faults=sum(int(v.get("faults", 0)) for v in verdicts),
             plot=row.get("plot", ""),
         )
 
@@ -83,7 +85,7 @@ class Row:
     def verdict(self) -> str:
         found = [name for name in ANOMALIES if self.sums[name]]
         if not found:
-            text = "PASS"
+            text = "PASS" if self.faults else "NO FAULT INJECTED"
         elif not self.promise_covers and EXPECTED_WHEN_UNPROMISED.issuperset(found):
             text = "EXPECTED LOSS"
         elif found == ["lost"]:
@@ -107,6 +109,7 @@ def write_reliability_md(
         "nemesis",
         "promise",
         "runs",
+        "faults",
         *SUMMED,
         "unavailable_s (max)",
         "failover_s (max)",
@@ -127,7 +130,8 @@ def write_reliability_md(
         "Counts are summed over a row's runs; times are the worst run's. A verdict is PASS when"
         " nothing was lost, phantom, divergent or reordered; EXPECTED LOSS when the mode does not"
         " promise to survive that fault (its promise is marked *not this fault*); LOSS or FAIL"
-        " otherwise.",
+        " otherwise; NO FAULT INJECTED when the runs were clean but the fault never happened"
+        " (a corrupt run that ended before any segment closed).",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
@@ -139,6 +143,7 @@ def write_reliability_md(
             row.nemesis,
             promise,
             str(row.runs),
+            str(row.faults),
             *(str(row.sums[key]) for key in SUMMED),
             *(f"{row.worst[key]:.1f}" for key in WORST),
             f"**{row.verdict}**",
