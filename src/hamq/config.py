@@ -52,6 +52,8 @@ class StoreConfig:
     mapped_file_size_commitlog: int = 256 * 1024 * 1024  # mappedFileSizeCommitLog (1 GiB there)
     file_reserved_hours: float = 72.0  # fileReservedTime
     clean_resource_interval_ms: int = 10_000  # cleanResourceInterval
+    scrub_interval_ms: int = 5000  # how often closed commit-log segments changed since
+    #   they were written (or opened from disk) are CRC-checked, a bounded chunk a pass
     disk_max_used_space_ratio: float = 0.95  # diskMaxUsedSpaceRatio: refuse writes above
     disk_min_free_bytes: int = 64 * 1024 * 1024  # refuse writes with less free space than this
     max_message_size: int = 4 * 1024 * 1024  # maxMessageSize

@@ -82,6 +82,7 @@ STORE_RANGES = {
     "mapped_file_size_commitlog": POSITIVE,  # a larger record gets a segment of its own
     "file_reserved_hours": POSITIVE,
     "clean_resource_interval_ms": POSITIVE,
+    "scrub_interval_ms": POSITIVE,
     "disk_max_used_space_ratio": Range(0, 1, low_open=True),
     "disk_min_free_bytes": NOT_NEGATIVE,  # 0: no guard
     "max_message_size": Range(1, MAX_MESSAGE_BYTES),  # no client encodes a larger body

@@ -21,6 +21,7 @@ reads are checked and repaired like a master's.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 from controller_group import CLUSTER, ControllerGroup
@@ -251,3 +252,47 @@ def test_controller_slave_elected_with_a_damaged_record_serves_it_repaired(clust
         wait_served_intact(group.c.namesrv, 30)
     finally:
         group.close()
+
+
+def test_scrub_repairs_a_slave_record_no_client_reads(cluster_factory):
+    """No client reads the slave's damaged record: the scrub of its closed segments (every
+    scrub_interval_ms, 5 s by default) finds it and takes it back from the master."""
+    c = start_pair(cluster_factory)
+    flip_body_byte(c.root / "slave")
+    wait_for(
+        lambda: segment_bytes(c, "slave") == segment_bytes(c, "master"),
+        30,
+        "the slave's segment repaired on disk without a read",
+    )
+    with hamq.Admin(c.namesrv) as admin:
+        info = admin.broker_runtime_info(c.broker_addr("slave"))["scrub"]
+    assert info["damaged_found"] == 1 and info["repaired"] == 1 and info["damaged_now"] == 0
+
+
+def test_scrub_of_a_single_broker_counts_the_damage_once_and_never_serves_it(cluster_factory):
+    """No peer holds a copy: the scrub counts and logs the record once, reads refuse it,
+    and later passes leave the damaged segment alone (no loop over it)."""
+    c = cluster_factory()
+    c.start_namesrv()
+    c.start_broker(
+        flush_disk_type="sync", mapped_file_size_commitlog=SEGMENT_BYTES, scrub_interval_ms=100
+    )
+    send_all(c.namesrv)
+    damaged = flip_body_byte(c.root / "broker")
+    with hamq.Admin(c.namesrv) as admin:
+        addr = c.broker_addr("broker")
+        wait_for(
+            lambda: admin.broker_runtime_info(addr)["scrub"]["damaged_found"] == 1,
+            20,
+            "the scrub found the damaged record",
+        )
+        first = admin.broker_runtime_info(addr)["scrub"]
+        deadline = time.monotonic() + 2  # 20 passes: none checks the segment again
+        while time.monotonic() < deadline:
+            assert admin.broker_runtime_info(addr)["scrub"] == first
+    assert first["damaged_now"] == 1 and first["repaired"] == 0
+    got, errors = pull_all(c.namesrv)
+    assert list(errors) == [damaged] and damaged not in got
+    text = (c.root / "broker.log").read_text()
+    assert text.count("scrub found the commit log record") == 1
+    assert text.count("no other member") == 1

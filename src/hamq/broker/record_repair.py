@@ -37,6 +37,7 @@ class RecordRepair:
         self.own_addr = own_addr
         self._tasks: dict[int, asyncio.Task] = {}  # one repair per record at a time
         self._unrepairable: set[int] = set()  # records no member had: logged once each
+        self.repaired = 0  # records put back from a member's copy
         store.on_damaged.append(self.damaged)
 
     def damaged(self, phys: int, size: int) -> None:
@@ -61,7 +62,9 @@ class RecordRepair:
                             "member %s has no intact record at %d: %s", addr, phys, frame.remark
                         )
                         continue
-                    self.store.repair_record(phys, frame.body)
+                    if phys in self.store.damaged:  # else a repair before this one did it
+                        self.store.repair_record(phys, frame.body)
+                        self.repaired += 1
                     return
                 except (HamqError, OSError) as err:
                     log.warning("repair of record %d from member %s failed: %s", phys, addr, err)

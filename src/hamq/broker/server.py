@@ -38,6 +38,7 @@ from hamq.broker.replicas_manager import ReplicasManager
 from hamq.broker.role import BrokerRole, RoleService, RoleServices, RoleState
 from hamq.broker.schedule.service import ScheduleMessageService
 from hamq.broker.scrape import add_broker_sources
+from hamq.broker.scrub import Scrubber
 from hamq.broker.send import SendProcessor
 from hamq.broker.send_back import ConsumerSendMsgBackProcessor
 from hamq.broker.stats import BrokerStats
@@ -254,6 +255,8 @@ class Broker:
         self.processor.register(MessageLookup(self.store, self.topics).handlers())
         # a record a read finds damaged comes back from another member's copy
         self.repair = RecordRepair(self.store, self.members, self.pool, config.broker_addr)
+        # and one nobody reads is found by the scrub of closed segments
+        self.scrub = Scrubber(self.store, self.repair, config.scrub_interval_ms / 1000)
         self.processor.register(
             ConsumerAdmin(
                 config.broker_name,
@@ -501,6 +504,7 @@ class Broker:
             "queue_locks": self.locks.owners(monotonic_ms()),
             "flow": self.flow.status(),
             "stats": self.stats.runtime_info(),
+            "scrub": self.scrub.info(),
         }
 
     def _ha_status(self) -> dict:
@@ -525,6 +529,7 @@ class Broker:
         await self.members.sync_once()  # a slave needs its master's address
         self.members.start()
         self._housekeeping.start()
+        self.scrub.start()
         if self.pre_online is None:
             await self.role.start()
         else:  # isolated: serves its slaves' HA while pre-online runs, then the rest starts
@@ -553,6 +558,16 @@ class Broker:
             ),
             ("hamq_connections", "Open client connections", lambda: len(self.server.connections)),
             (
+                "hamq_commitlog_damaged_records",
+                "Commit-log records found damaged (CRC) and not yet repaired",
+                lambda: len(self.store.damaged),
+            ),
+            (
+                "hamq_commitlog_repaired_records",
+                "Damaged commit-log records put back from another member's copy",
+                lambda: self.repair.repaired,
+            ),
+            (
                 "hamq_alive_replicas",
                 "Members of this group the name server holds alive",
                 lambda: self.members.alive_replicas,
@@ -575,6 +590,7 @@ class Broker:
         await self._housekeeping.stop()
         await self.registration.stop()
         await self.members.stop()
+        await self.scrub.stop()
         await self.repair.close()
         if self.dledger is not None:
             await self.dledger.stop()

@@ -267,6 +267,15 @@ class CommitLog:
                 return False
         return True
 
+    def seal(self, seg: Segment, mtime: float) -> bool:
+        """Mark a closed segment whose records were all checked, while its mtime was
+        ``mtime``, as sealed (its reads skip the checks); False when it is no longer a
+        closed segment of this log, or was written since."""
+        if not any(s is seg for s in self.segments[:-1]) or self.disk.mtime(seg.path) != mtime:
+            return False
+        seg.sealed_mtime = mtime
+        return True
+
     def repair(self, offset: int, record: bytes | bytearray) -> None:
         """Overwrite a damaged record of a closed segment with a replica's copy of it (the
         same bytes: replicas copy the log byte for byte), durably. The segment's own handle
