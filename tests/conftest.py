@@ -14,6 +14,29 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # test modules import helpers.py, harness.py
 from harness import Cluster
 
+# Directories whose modules share a session-scoped fixture (one web cluster, one Spark JVM):
+# under pytest-xdist they run on one worker, so it is started once, not on each worker.
+SESSION_SHARED_DIRS = ("web", "spark")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadfile`` with the directories above as one unit each (every other module is
+    one, so its module-scoped cluster starts once). Not ``loadgroup``: pytest 9 computes
+    ``nodeid`` from ``_id``, and xdist 3.8 still marks groups by rewriting ``_nodeid``."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedSessionScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            parts = nodeid.split("/", 2)  # tests, directory, the rest
+            if len(parts) == 3 and parts[1] in SESSION_SHARED_DIRS:
+                return "/".join(parts[:2])
+            return super()._split_scope(nodeid)
+
+    return SharedSessionScheduling(config, log)
+
 
 @pytest.fixture
 def cluster_factory(tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hamq.cli.common import readable
 from hamq.config import dump_toml
 from helpers import free_port
 
@@ -43,8 +43,7 @@ class Proc:
         )
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.popen.stdout], [], [], 0.5)
-            if ready:
+            if readable(self.popen.stdout, 0.5):
                 line = self.popen.stdout.readline()
                 if not line:
                     break

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import socket
 import time
 import urllib.request
@@ -14,29 +15,43 @@ import hamq
 from hamq.errors import TopicNotExist
 
 _HANDED_OUT: set[int] = set()  # ports free_port gave this process
+# Ports are handed out below Linux's ephemeral range (32768 up), where outgoing connections
+# take their local ports (one took a server's port between the check and its bind), in one
+# slice per pytest-xdist worker (PYTEST_XDIST_WORKER = gw0, gw1, ...; a run without xdist
+# has the first), so the workers never pick the same port.
+QUIET_PORTS = range(10000, 32768)
+PORT_SLICES = 5
+_RANDOM = random.Random()  # not the global one, which tests seed
 
 
-def free_port() -> int:
-    """A port free right now that this process was not given before: a cluster's ports are
-    all picked before its servers bind them, and the kernel may offer one port twice (a
-    DLedger member's ha_listen and its Raft port once collided, failing the config check)."""
+def _port_slice() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) + 1 if worker.startswith("gw") else 0
+    width = len(QUIET_PORTS) // PORT_SLICES
+    start = QUIET_PORTS.start + index % PORT_SLICES * width
+    return range(start, start + width)
+
+
+def free_port(headroom: int = 0) -> int:
+    """A port free right now that this process was not given before (with ``headroom``
+    ports above it still in this process's slice): a cluster's ports are all picked before
+    its servers bind them, and one port given twice once failed a config check."""
+    ports = _port_slice()
     for _ in range(1000):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port not in _HANDED_OUT:
+        port = _RANDOM.randrange(ports.start, ports.stop - headroom)
+        if port not in _HANDED_OUT and _bindable(port):
             _HANDED_OUT.add(port)
             return port
-    raise RuntimeError("no port left that this process was not given before")
+    raise RuntimeError(f"no port left in {ports} that this process was not given before")
 
 
 def free_port_base(offsets: Iterable[int] = ()) -> int:
     """A port B such that B and B + each offset can be bound on 127.0.0.1 right now
     (``hamq dev`` lays its servers out from its --port-base)."""
+    offsets = list(offsets)
     for _ in range(100):
-        base = free_port()
-        ports = [base + offset for offset in offsets]
-        if max(ports, default=base) < 65536 and all(_bindable(port) for port in ports):
+        base = free_port(headroom=max(offsets, default=0))
+        if all(_bindable(base + offset) for offset in offsets):
             return base
     raise RuntimeError(f"no free port base for offsets {sorted(offsets)}")
 

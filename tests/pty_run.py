@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import os
 import pty
-import select
 import subprocess
 import time
+
+from hamq.cli.common import readable
 
 
 def run_in_pty(args: list[str], timeout_s: float, env: dict | None = None) -> tuple[int, str]:
@@ -26,8 +27,7 @@ def run_in_pty(args: list[str], timeout_s: float, env: dict | None = None) -> tu
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
-            readable, _, _ = select.select([leader], [], [], 0.1)
-            if not readable:
+            if not readable(leader, 0.1):
                 if proc.poll() is not None:
                     break
                 continue

@@ -7,17 +7,16 @@ corrupt framing, which no real network does to TCP)."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
+
+from helpers import free_port
 
 
 class FaultProxy:
     def __init__(self, target: str) -> None:
         host, _, port = target.rpartition(":")
         self.target = (host, int(port))
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.blocked = False
         self._writers: set[asyncio.StreamWriter] = set()
@@ -48,6 +47,7 @@ class FaultProxy:
         asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        self._loop.close()  # else its descriptors stay open for the rest of the session
 
     def _reset_all(self) -> None:
         for writer in list(self._writers):

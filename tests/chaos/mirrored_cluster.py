@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import select
 import signal
 import subprocess
 import sys
@@ -24,12 +22,13 @@ from click.testing import CliRunner
 
 import hamq
 from hamq import SendStatus
+from hamq.cli.common import readable
 from hamq.cli.dev_container import CONTAINER_PORT_OFFSET
 from hamq.cli.dev_web import WEB_PORT_OFFSET
 from hamq.cli.main import cli
 from hamq.errors import HamqError
 from harness import Proc
-from helpers import _bindable, pid_alive, wait_for
+from helpers import free_port_base, pid_alive, wait_for
 
 NODES = 3
 PEERS = 3
@@ -43,18 +42,6 @@ DEV_PORT_OFFSETS = (
     WEB_PORT_OFFSET,
     *(CONTAINER_PORT_OFFSET + k for k in range(1, NODES + 1)),
 )
-# Below Linux's ephemeral range (32768 up): the servers' own outgoing connections take
-# ports there, and one took a node's port between the check and its bind.
-QUIET_PORTS = (20000, 32768 - max(DEV_PORT_OFFSETS))
-
-
-def quiet_port_base() -> int:
-    """A --port-base whose every port can be bound now, outside the ephemeral range."""
-    for _ in range(100):
-        base = random.randrange(*QUIET_PORTS)
-        if all(_bindable(base + offset) for offset in DEV_PORT_OFFSETS):
-            return base
-    raise RuntimeError("no free port base below the ephemeral range")
 
 
 @dataclass
@@ -71,14 +58,14 @@ class MirroredCluster:
             [
                 *(sys.executable, "-m", "hamq.cli.main", "dev", "--mode", "cluster"),
                 *("--nodes", str(NODES), "--controllers", str(PEERS)),
-                *("--data", str(root / "data"), "--port-base", str(quiet_port_base())),
+                *("--data", str(root / "data")),
+                *("--port-base", str(free_port_base(DEV_PORT_OFFSETS))),
             ],
             stdout=subprocess.PIPE,
             stderr=open(root / "dev.log", "wb"),  # noqa: SIM115 (the child holds it)
             start_new_session=True,
         )
-        readable, _, _ = select.select([dev.stdout], [], [], READY_TIMEOUT_S)
-        line = dev.stdout.readline() if readable else b""
+        line = dev.stdout.readline() if readable(dev.stdout, READY_TIMEOUT_S) else b""
         if not line:
             _stop(dev)
             raise RuntimeError(f"hamq dev not ready: {(root / 'dev.log').read_text()[-3000:]}")

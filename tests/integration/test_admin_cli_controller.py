@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import pytest
 
 import hamq
 from hamq import Message
+from hamq.cli.common import readable
 from hamq.cli.dev_web import WEB_PORT_OFFSET
 from helpers import dev_console_overview, free_port_base, pid_alive, wait_for
 
@@ -65,8 +65,7 @@ def dev_controller(root, *args: str):
     )
     ready: dict = {}
     try:
-        readable, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT_S)
-        line = proc.stdout.readline() if readable else b""
+        line = proc.stdout.readline() if readable(proc.stdout, READY_TIMEOUT_S) else b""
         assert line, f"hamq dev not ready: {(root / 'dev.stderr').read_text()[-3000:]}"
         ready = json.loads(line)
         yield proc, ready

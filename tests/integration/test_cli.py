@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import time
 
 import pytest
 
+from hamq.cli.common import readable
 from hamq.cli.dev_web import WEB_PORT_OFFSET
 from helpers import dev_console_overview, free_port_base, pid_alive
 
@@ -55,8 +55,7 @@ def dev_cluster(tmp_path):
     )
     ready: dict = {}
     try:
-        readable, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT_S)
-        assert readable, "hamq dev printed nothing in time"
+        assert readable(proc.stdout, READY_TIMEOUT_S), "hamq dev printed nothing in time"
         ready = json.loads(proc.stdout.readline())
         assert ready["namesrv"] == f"127.0.0.1:{base}"
         yield proc, ready

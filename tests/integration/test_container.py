@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 
 import hamq
 from hamq import Message
+from hamq.cli.common import readable
 from hamq.cli.dev_web import WEB_PORT_OFFSET
 from hamq.client.consumer import PullStatus
 from hamq.client.message import MessageQueue
@@ -301,8 +301,7 @@ def dev_containers(tmp_path):
     )
     ready: dict = {}
     try:
-        readable, _, _ = select.select([proc.stdout], [], [], DEV_READY_TIMEOUT_S)
-        assert readable, "hamq dev printed nothing in time"
+        assert readable(proc.stdout, DEV_READY_TIMEOUT_S), "hamq dev printed nothing in time"
         ready = json.loads(proc.stdout.readline())
         yield proc, ready
     finally:

@@ -62,8 +62,8 @@ def test_a_lagging_slave_acting_second_redelivers_what_the_master_handed_out(clu
             master_end = end
         wait_acting(ac, ACTING)
         assert ac.log_end("a2") < master_end, "a2 got the master's CK: nothing to test"
-        with consumer_of(ac) as consumer:
-            second = consumer.receive(4, 2.0)
+        with consumer_of(ac) as consumer:  # on a loaded machine a1's first pops may be empty
+            second = receive_until(consumer, set(bodies[4:]), 20)
         assert {m.body for m in second} == set(bodies[4:]), "a1 handed out the master's four"
         wait_for(lambda: any(r.kind == "ck" for r in escaped_records(ac)), 20, "a1's CK in B's log")
         ac.c.procs[ACTING].kill9()

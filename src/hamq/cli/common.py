@@ -8,9 +8,10 @@ import functools
 import json
 import logging
 import os
+import selectors
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import IO, Any
 
 import click
 
@@ -80,3 +81,12 @@ def run_async(fn: Callable) -> Callable:
             raise SystemExit(130) from None
 
     return wrapper
+
+
+def readable(stream: IO[bytes] | int, timeout_s: float) -> bool:
+    """Whether ``stream`` (a child's stdout pipe, or a descriptor) has data or its end within
+    ``timeout_s``. By epoll: ``select.select`` refuses a descriptor numbered 1024 or more,
+    which a long-lived process that has started many children (a pytest worker) reaches."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(stream, selectors.EVENT_READ)
+        return bool(selector.select(max(0.0, timeout_s)))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import select
 import shutil
 import signal
 import statistics
@@ -31,7 +30,10 @@ from pathlib import Path
 
 from hamq.aio import AsyncAdmin, AsyncProducer, AsyncPullConsumer, Message, PullStatus
 from hamq.cli.bench_timeline import Timeline
+from hamq.cli.common import readable
+from hamq.cli.dev_controller import READY_TIMEOUT_S as GROUP_READY_TIMEOUT_S
 from hamq.cli.dev_controller import wait_whole
+from hamq.cli.servers import READY_TIMEOUT_S as CHILD_READY_TIMEOUT_S
 from hamq.client.controller import ControllerClient
 from hamq.clock import monotonic_s
 from hamq.errors import HamqError
@@ -40,7 +42,7 @@ from hamq.protocol.codes import RequestCode
 from hamq.protocol.frame import unpack_body
 
 BROKER_NAME = "broker-a"  # the group hamq dev starts
-READY_TIMEOUT_S = 120.0  # hamq dev: every server started and the group whole
+READY_TIMEOUT_S = 120.0  # a member the bench restarted prints its ready line
 WHOLE_TIMEOUT_S = 60.0  # a restarted member catches up and rejoins the SyncStateSet
 FAILOVER_TIMEOUT_S = 30.0  # a kill with no acknowledged send after this is a failed sample
 STOP_GRACE_S = 10.0
@@ -120,7 +122,12 @@ class DevCluster:
         )
         cluster = DevCluster(root, proc, {})
         try:
-            cluster.ready = _ready_line(proc, "hamq dev", READY_TIMEOUT_S)
+            timeout_s = dev_ready_timeout_s(replicas, controllers, embedded)
+            cluster.ready = _ready_line(proc, "hamq dev", timeout_s)
+        except HamqError as err:
+            cluster.stop()  # hamq dev says which start missed its bound, if one did
+            log = (root / "dev.log").read_text(errors="replace")[-2000:]
+            raise HamqError(f"{err.message}; {root / 'dev.log'} ends:\n{log}") from None
         except BaseException:
             cluster.stop()
             raise
@@ -168,11 +175,18 @@ class DevCluster:
                 proc.wait()
 
 
+def dev_ready_timeout_s(replicas: int, controllers: int, embedded: bool) -> float:
+    """As long as ``hamq dev`` may take to be ready: it bounds each child's start and the
+    group's election itself and exits naming what missed, so the bench waits for that verdict
+    (a fixed 120 s gave up on a loaded CI machine while dev was still within its bounds)."""
+    children = controllers + replicas + (0 if embedded else 1)  # + the standalone name server
+    return children * CHILD_READY_TIMEOUT_S + GROUP_READY_TIMEOUT_S
+
+
 def _ready_line(proc: subprocess.Popen, name: str, timeout_s: float) -> dict:
     deadline = monotonic_s() + timeout_s
     while monotonic_s() < deadline:
-        readable, _, _ = select.select([proc.stdout], [], [], deadline - monotonic_s())
-        line = proc.stdout.readline() if readable else b""
+        line = proc.stdout.readline() if readable(proc.stdout, deadline - monotonic_s()) else b""
         if not line:
             break
         try:

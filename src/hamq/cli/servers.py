@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import click
 from hamq.broker.container import load_members, serve_container
 from hamq.broker.server import serve_broker
 from hamq.cli import dev_cluster, dev_container
-from hamq.cli.common import BadConfig, config_file_option, setup_logging
+from hamq.cli.common import BadConfig, config_file_option, readable, setup_logging
 from hamq.cli.dev_controller import ControllerLayout, controller_ready
 from hamq.cli.dev_web import WEB_PORT_OFFSET, check_web_listen, web_listen, web_ready
 from hamq.client.sync import Admin
@@ -519,8 +518,7 @@ def _wait_for_master(namesrv_addr: str, broker_name: str) -> None:
 def _wait_ready(proc: subprocess.Popen, name: str) -> None:
     deadline = monotonic_s() + READY_TIMEOUT_S
     while monotonic_s() < deadline:
-        readable, _, _ = select.select([proc.stdout], [], [], deadline - monotonic_s())
-        if not readable:
+        if not readable(proc.stdout, deadline - monotonic_s()):
             break
         line = proc.stdout.readline()
         if not line:
