@@ -56,6 +56,14 @@ def test_flipped_payload_byte_keeps_id_but_is_invalid():
     assert parse_body(bytes(body)) == ("p0-3", 3, False)
 
 
+def test_flipped_id_or_seq_bit_is_invalid_not_another_message():
+    # one bit turns p0-3 into p1-3 (a message producer 1 really sent) or seq 3 into 2
+    for flip_at in (1, 5):
+        body = bytearray(make_body("p0-3", 3, 64, seed=1))
+        body[flip_at] ^= 0x01
+        assert parse_body(bytes(body))[2] is False
+
+
 def test_crc_field_not_eight_digits_is_invalid():
     message_id, seq, crc, payload = make_body("p0-3", 3, 64, seed=1).split(b"|", 3)
     # the same number, but not in the form a producer writes it

@@ -7,7 +7,7 @@ histories of different clients line up even while brokers' wall clocks jump). Li
 written line-buffered, so a runner killed mid-run leaves every finished line on disk; the
 reader drops a torn last line and refuses garbage anywhere else.
 
-A body is ``b"<id>|<seq>|<crc32 of payload, 8 hex>|" + payload``, the payload 64..512
+A body is ``b"<id>|<seq>|<crc32 of id|seq|payload, 8 hex>|" + payload``, the payload 64..512
 bytes derived from the run's seed and the id: a reader recomputes nothing but the crc, and
 a byte flipped anywhere in the body makes it invalid.
 """
@@ -76,13 +76,20 @@ def make_body(message_id: str, seq: int, payload_len: int, seed: int) -> bytes:
     if _SEP.decode() in message_id:
         raise ValueError(f"message id {message_id!r} must not contain {_SEP!r}")
     payload = payload_for(seed, message_id, payload_len)
-    return b"%s|%d|%08x|" % (message_id.encode(), seq, zlib.crc32(payload)) + payload
+    raw_id, raw_seq = message_id.encode(), b"%d" % seq
+    return b"%s|%s|%08x|" % (raw_id, raw_seq, _crc(raw_id, raw_seq, payload)) + payload
+
+
+def _crc(raw_id: bytes, raw_seq: bytes, payload: bytes) -> int:
+    """Covers the id and seq too: a flipped digit there must not turn a copy of one
+    message into a valid-looking copy of another (p0-5 -> p1-5 is one bit)."""
+    return zlib.crc32(payload, zlib.crc32(raw_id + _SEP + raw_seq + _SEP))
 
 
 def parse_body(body: bytes) -> tuple[str, int, bool]:
     """``(id, seq, valid)`` of a body; never raises. Whatever does not parse is
-    ``("", -1, False)``; a body that parses but whose payload fails its crc keeps its id
-    and seq with ``valid`` False (a corrupted copy of a real message)."""
+    ``("", -1, False)``; a body that parses but fails its crc (id, seq and payload) keeps
+    its id and seq with ``valid`` False (a corrupted copy of a real message)."""
     parts = bytes(body).split(_SEP, 3)
     if len(parts) != 4:
         return "", -1, False
@@ -93,4 +100,4 @@ def parse_body(body: bytes) -> tuple[str, int, bool]:
         crc = int(raw_crc, 16)
     except ValueError:  # UnicodeDecodeError is one
         return "", -1, False
-    return message_id, seq, len(raw_crc) == 8 and zlib.crc32(payload) == crc
+    return message_id, seq, len(raw_crc) == 8 and _crc(raw_id, raw_seq, payload) == crc
