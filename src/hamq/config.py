@@ -252,6 +252,9 @@ class ContainerConfig(ServerConfig):
     node_heartbeat_interval_ms: int = 1000  # a node's heartbeat to every controller peer
     member_host: str = "127.0.0.1"  # where members the controller adds listen (the
     #   container picks their ports)
+    member_store: dict[str, Any] = dataclasses.field(default_factory=dict)  # a table of
+    #   MEMBER_STORE_KEYS every member runs with, over its own settings (as namesrv is):
+    #   the placement driver asks for none, so a node's members get their store here
 
     def __post_init__(self) -> None:
         check.check_types(self)
@@ -278,6 +281,30 @@ class ContainerConfig(ServerConfig):
                 )
         for addr in self.controller_addr:
             check.address("controller_addr", addr)
+        self._check_member_store()
+
+    def _check_member_store(self) -> None:
+        """Only ``MEMBER_STORE_KEYS``, each judged by ``BrokerConfig``'s own rules."""
+        for key in self.member_store:
+            if key not in MEMBER_STORE_KEYS:
+                raise ConfigError(
+                    f"member_store.{key}: unknown key{check.did_you_mean(key, MEMBER_STORE_KEYS)}"
+                    f"; a container sets only {', '.join(MEMBER_STORE_KEYS)}"
+                )
+        try:
+            BrokerConfig(**self.member_store)
+        except ConfigError as err:
+            raise ConfigError(f"member_store.{err.message}") from None
+
+
+# The store settings a container may set for all its members (ContainerConfig.member_store).
+MEMBER_STORE_KEYS = (
+    "flush_disk_type",
+    "sync_flush_timeout_ms",
+    "mapped_file_size_commitlog",
+    "disk_min_free_bytes",
+    "disk_free_limit_bytes",
+)
 
 
 def load_config(cls: type[T], path: str | Path | None = None, **overrides: Any) -> T:
@@ -326,16 +353,17 @@ def _from_toml(value: Any, hint: Any) -> Any:
 
 def dump_toml(values: dict[str, Any]) -> str:
     """Flat TOML for the generated configs of ``hamq dev`` (strings, numbers, booleans,
-    lists of strings)."""
-    lines = []
-    for key, value in values.items():
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, (int, float)):
-            text = repr(value)
-        elif isinstance(value, (list, tuple)):
-            text = "[" + ", ".join(json.dumps(str(v)) for v in value) + "]"
-        else:
-            text = json.dumps(str(value))
-        lines.append(f"{key} = {text}")
-    return "\n".join(lines) + "\n"
+    lists of strings, inline tables of those)."""
+    return "".join(f"{key} = {_toml_value(value)}\n" for key, value in values.items())
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(json.dumps(str(v)) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table (member_store)
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    return json.dumps(str(value))

@@ -184,9 +184,12 @@ def check_types(config: Any) -> None:
     hints = _hints(type(config))
     for field in dataclasses.fields(config):
         key, value, hint = field.name, getattr(config, field.name), hints[field.name]
-        if typing.get_origin(hint) is tuple:  # the only container: a list of strings
+        if typing.get_origin(hint) is tuple:  # a list of strings
             ok = isinstance(value, tuple) and all(isinstance(v, str) for v in value)
             allowed = "must be a list of strings"
+        elif typing.get_origin(hint) is dict:  # a table of settings, each checked by its owner
+            ok = isinstance(value, dict) and all(isinstance(k, str) for k in value)
+            allowed = "must be a table of settings"
         else:
             types, allowed = _ACCEPTS[hint]
             ok = isinstance(value, types) and (hint is bool or not isinstance(value, bool))

@@ -81,15 +81,16 @@ def member_config(
     values: BrokerConfig | dict[str, Any], source: str, container: ContainerConfig
 ) -> BrokerConfig:
     """A member's config as the container runs it: its own settings, the container's
-    ``namesrv``, and no ``metrics_listen`` of its own (the container's /metrics shows every
-    member; a member's own server would show the whole process's registry again)."""
+    ``namesrv`` and ``member_store``, and no ``metrics_listen`` of its own (the container's
+    /metrics shows every member; a member's own server would show the whole process's
+    registry again)."""
     config = values if isinstance(values, BrokerConfig) else from_dict(BrokerConfig, values, source)
     if config.metrics_listen:
         raise ConfigError(
             f"{source}: metrics_listen = {config.metrics_listen!r}: must be empty for a "
             "container member (the container's metrics_listen serves every member)"
         )
-    return dataclasses.replace(config, namesrv=container.namesrv)
+    return dataclasses.replace(config, namesrv=container.namesrv, **container.member_store)
 
 
 def load_members(config: ContainerConfig, path: str | Path | None) -> list[BrokerConfig]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from hamq.chaos.hosts import BROKER_PORT, CONTAINER_PORT, DLEDGER_PORT, NAMESRV_PORT
 from hamq.cli.dev_cluster import PEER_SETTINGS, node_config
 from hamq.cli.dev_controller import ControllerLayout
+from hamq.config import BrokerConfig, StoreConfig
 
 MODES = ("single", "master-slave", "controller", "dledger", "mirrored")
 CLUSTER_NAME = "ChaosCluster"
@@ -44,6 +45,15 @@ MEMBER_SETTINGS = {
 }
 # An acknowledged send is on disk: a power loss (unfsynced data dropped) cannot take it.
 SYNC_FLUSH = {"flush_disk_type": "sync"}
+# A mirrored node's members (ContainerConfig.member_store): sync flush and small segments as
+# in the other modes, and the disk guards the other modes' members keep by default, which
+# the runner's tmpfs (TMPFS_MIB) is sized for, so a disk-full run starts with room to write.
+NODE_MEMBER_STORE = {
+    **SYNC_FLUSH,
+    "mapped_file_size_commitlog": SEGMENT_BYTES,
+    "disk_min_free_bytes": StoreConfig.disk_min_free_bytes,
+    "disk_free_limit_bytes": BrokerConfig.disk_free_limit_bytes,
+}
 
 
 @dataclass(frozen=True)
@@ -275,15 +285,16 @@ def _mirrored() -> Layout:
             config = node_config(
                 index, w.bind(host, CONTAINER_PORT), data, namesrvs, _controller_layout(w, peers)
             )
-            # the members the placement driver adds bind this host's address
-            return {**config, "member_host": w.addresses[host]}
+            # the members the placement driver adds bind this host's address and run the
+            # store of the other modes' members (the driver's settings name no store)
+            return {**config, "member_host": w.addresses[host], "member_store": NODE_MEMBER_STORE}
 
         return ProcessSpec(host, "container", (CONTAINER_PORT,), settings)
 
     return Layout(
         "mirrored",
-        "ha-mode all, ha-sync-mode automatic, confirms: acknowledged once every synchronised "
-        "mirror has it",
+        "ha-mode all, ha-sync-mode automatic, confirms, sync flush: acknowledged once every "
+        "synchronised mirror has it on disk",
         [*peers, *nodes],
         {
             **{h: peer_extra(p) for h, p in zip(peers, _peers(peers), strict=True)},
