@@ -151,6 +151,8 @@ def verdict_json(
         "duration_s": spec.duration_s,
         "hosts": host_kind,
         "faults": starts,
+        # no members.json (the members could not be asked): divergent 0 means not looked at
+        "divergence_checked": (run_dir / "members.json").exists(),
         **promise_note(spec.mode, spec.nemesis),
     }
 

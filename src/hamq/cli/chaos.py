@@ -182,6 +182,8 @@ def verdict_line(row: dict[str, Any]) -> str:
         f"{k}={row[k]:.1f}" if isinstance(row[k], float) else f"{k}={row[k]}" for k in ISSUE_KEYS
     )
     where = f"faults={row['faults']} hosts={row['hosts']} dir={row.get('run_dir', '')}"
+    if not row.get("divergence_checked", True):
+        where += " (members not asked: divergence not checked)"
     return f"{name}: {status} {figures} {where}"
 
 
