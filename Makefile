@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/hamq dev
 
+# Two workers (pytest-xdist): the suite mostly waits on real processes, so two halves fit
+# the CI budget; tests/conftest.py keeps each module (and tests/web, tests/spark) on one worker.
 test: lint browser chaos-deps
-	$(BIN)/python -m pytest -q --durations=40
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=40
 
 # The console tests drive Debian's chromium through Playwright (a browser Playwright downloads
 # itself cannot run here); installed once, as root, when missing.
