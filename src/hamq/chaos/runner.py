@@ -261,7 +261,8 @@ def _write_members(cluster: Cluster, run_dir: Path) -> None:
     groups = {
         group: {
             "committed": committed.get(group, 0),
-            "logs": {m: str(p) for m, p in members.items()},
+            # relative: a kept run directory, moved or copied, is checked against its own logs
+            "logs": {m: str(p.relative_to(run_dir)) for m, p in members.items()},
         }
         for group, members in logs.items()
     }
