@@ -296,3 +296,29 @@ def test_scrub_of_a_single_broker_counts_the_damage_once_and_never_serves_it(clu
     text = (c.root / "broker.log").read_text()
     assert text.count("scrub found the commit log record") == 1
     assert text.count("no other member") == 1
+
+
+def test_a_restarted_broker_seals_its_old_segments_and_still_catches_a_flip(cluster_factory):
+    """Segments opened from disk are checked on every read until verified: the scrub
+    checks each once and seals it (reads then cost an fstat, not a CRC per record), and a
+    byte flipped after that moves the mtime, so it is caught, never served."""
+    c = cluster_factory()
+    c.start_namesrv()
+    c.start_broker(
+        flush_disk_type="sync", mapped_file_size_commitlog=SEGMENT_BYTES, scrub_interval_ms=100
+    )
+    send_all(c.namesrv)
+    c.restart("broker")
+    closed = len(list((c.root / "broker" / "commitlog").iterdir())) - 1
+    with hamq.Admin(c.namesrv) as admin:
+        addr = c.broker_addr("broker")
+        wait_for(
+            lambda: admin.broker_runtime_info(addr)["scrub"]["segments_sealed"] == closed,
+            30,
+            f"the restarted broker's {closed} closed segments sealed",
+        )
+    damaged = flip_body_byte(c.root / "broker")
+    got, errors = pull_all(c.namesrv)
+    assert {o: b for o, b in got.items() if b != body(o)} == {}
+    assert list(errors) == [damaged]
+    assert sorted(got) == [o for o in range(MESSAGES) if o != damaged]

@@ -112,6 +112,9 @@ class SimFile:
     def size(self) -> int:
         return len(self._live().data)
 
+    def mtime(self) -> float:
+        return self._live().mtime
+
     def append(self, pieces: Sequence[Buffer]) -> int:
         inode = self._live()
         return self._write(inode, pieces, len(inode.data))

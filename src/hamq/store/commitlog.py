@@ -255,16 +255,19 @@ class CommitLog:
 
     def sealed(self, start: int, end: int) -> bool:
         """Whether the closed segments holding [start, end) are as this log wrote them
-        (their mtime unchanged since it closed them): a stat per segment a read touches,
-        instead of a CRC per record; any other write to them (a stray one, a fault
-        injected) moves the mtime and brings the checks back."""
+        (their mtime unchanged since it closed them): an fstat of each open segment a read
+        touches, instead of a CRC per record; any other write to them (a stray one, a fault
+        injected) moves the mtime and brings the checks back. Every read stats: a cached
+        answer would serve a byte flipped since, unchecked, until it expired."""
+        segments = self.segments
         idx = max(0, bisect.bisect_right(self._starts, start) - 1)
-        for seg in self.segments[idx:-1]:
-            if seg.start >= end:
-                break
-            if seg.sealed_mtime is None or self.disk.mtime(seg.path) != seg.sealed_mtime:
+        last = len(segments) - 1  # the active segment: never sealed, never checked here
+        while idx < last and segments[idx].start < end:
+            seg = segments[idx]
+            if seg.sealed_mtime is None or seg.file.mtime() != seg.sealed_mtime:
                 seg.sealed_mtime = None
                 return False
+            idx += 1
         return True
 
     def seal(self, seg: Segment, mtime: float) -> bool:

@@ -26,6 +26,9 @@ class DiskFile(Protocol):
 
     def size(self) -> int: ...
 
+    def mtime(self) -> float:
+        """The file's mtime, by handle: cheaper than ``Disk.mtime`` by path (no lookup)."""
+
     def append(self, pieces: Sequence[Buffer]) -> int:
         """Write ``pieces`` at the end of a file opened with ``append=True`` (one
         ``writev``); returns bytes written."""
@@ -92,6 +95,9 @@ class OsFile:
 
     def size(self) -> int:
         return os.fstat(self.fd).st_size
+
+    def mtime(self) -> float:
+        return os.fstat(self.fd).st_mtime
 
     def append(self, pieces: Sequence[Buffer]) -> int:
         return os.writev(self.fd, pieces)
