@@ -11,7 +11,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from hamq.chaos.checker import ISSUE_KEYS
+from hamq.chaos.checker import ISSUE_KEYS, check
 from hamq.cli.main import cli
 
 RUN_TIMEOUT_S = 240
@@ -42,6 +42,10 @@ def test_run_prints_one_json_verdict_and_exits_0_on_a_kept_promise(tmp_path):
     kept = json.loads((run_dir / "verdict.json").read_text())
     assert verdict == {**kept, "run_dir": str(run_dir)}
     assert (run_dir / "timeline.png").stat().st_size > 0
+    # a kept run, moved, is checked against its own member logs (there is one to compare)
+    moved = run_dir.rename(tmp_path / "moved")
+    assert json.loads((moved / "members.json").read_text())["groups"]["broker-a"]["committed"] > 0
+    assert check(moved).divergent == 0
 
 
 @pytest.mark.parametrize(
