@@ -115,6 +115,20 @@ def test_a_clean_row_without_a_fault_is_not_called_a_pass(tmp_path):
     assert cells[4] == "0" and cells[-2] == "**NO FAULT INJECTED**"
 
 
+def test_a_pair_without_a_verdict_gets_a_row_saying_why(tmp_path):
+    base = {"promise": "quorum", "promise_covers": True, "verdicts": []}
+    rows = [
+        {"mode": "master-slave", "nemesis": "partition", "unsupported": "needs netns", **base},
+        {"mode": "dledger", "nemesis": "kill", "error": "ClusterFailed: d1", **base},
+    ]
+    out = tmp_path / "RELIABILITY.md"
+    write_reliability_md(rows, out, "make chaos", hosts_kind="loopback")
+    table = table_rows(out.read_text())
+    assert table["master-slave", "partition"][3:6] == ["0", "0", "—"]
+    assert table["master-slave", "partition"][-2] == "**UNSUPPORTED: needs netns**"
+    assert table["dledger", "kill"][-2] == "**RUN FAILED: ClusterFailed: d1**"
+
+
 def test_a_row_without_verdicts_is_refused(tmp_path):
     row = {
         "mode": "single",

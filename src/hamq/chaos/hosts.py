@@ -43,7 +43,6 @@ from ipaddress import IPv4Network, ip_network
 
 # One address per host, so every service listens on its well-known port.
 NAMESRV_PORT = 9876
-CONTROLLER_PORT = 9878
 BROKER_PORT = 10911  # its HA port is BROKER_PORT + 1
 DLEDGER_PORT = 40911
 CONTAINER_PORT = 10811

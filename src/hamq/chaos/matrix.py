@@ -58,22 +58,28 @@ def run_matrix(
                 advance(1)
             results += pair
             verdicts = [r for r in pair if "ok" in r]
-            if not verdicts:
-                continue  # unsupported or crashed every time: in the results, not the table
-            plot = plots / f"{mode}-{nemesis}.png"
-            shutil.copyfile(Path(verdicts[0]["run_dir"]) / "timeline.png", plot)
-            rows.append(
-                {
-                    "mode": mode,
-                    "nemesis": nemesis,
-                    **promise_note(mode, nemesis),
-                    "runs": len(verdicts),
-                    "verdicts": verdicts,
-                    "plot": f"{PLOTS_DIR}/{plot.name}",
-                }
-            )
+            row: dict[str, Any] = {
+                "mode": mode,
+                "nemesis": nemesis,
+                **promise_note(mode, nemesis),
+                "verdicts": verdicts,
+            }
+            if verdicts:
+                plot = plots / f"{mode}-{nemesis}.png"
+                shutil.copyfile(Path(verdicts[0]["run_dir"]) / "timeline.png", plot)
+                row["plot"] = f"{PLOTS_DIR}/{plot.name}"
+            else:  # unsupported or crashed every time: a row saying so, never a silent gap
+                row["unsupported"] = pair[-1].get("unsupported", "")
+                row["error"] = pair[-1].get("error", "")
+            rows.append(row)
     kinds = {r["hosts"] for r in results if "hosts" in r}
-    hosts_kind = kinds.pop() if len(kinds) == 1 else ("netns" if netns_available() else "loopback")
+    hosts_kind = (
+        kinds.pop()
+        if len(kinds) == 1
+        else "netns"
+        if matrix.hosts_kind == "netns" and netns_available()
+        else "loopback"
+    )
     write_reliability_md(rows, matrix.out, command, hosts_kind)
     return results
 

@@ -62,27 +62,38 @@ class Row:
     unrecovered: int  # runs whose cluster was not healthy again after healing
     faults: int  # faults injected over the runs: a clean row with none proves nothing
     plot: str
+    no_verdict: str = ""  # why no run of the pair gave a verdict (unsupported here, crashed)
 
     @classmethod
     def of(cls, row: dict[str, Any]) -> Row:
         verdicts: list[dict[str, Any]] = row["verdicts"]
-        if not verdicts:
-            raise ValueError(f"{row['mode']} × {row['nemesis']}: no verdicts")
+        no_verdict = (
+            f"UNSUPPORTED: {row['unsupported']}"
+            if row.get("unsupported")
+            else f"RUN FAILED: {row['error']}"
+            if row.get("error")
+            else ""
+        )
+        if not verdicts and not no_verdict:
+            raise ValueError(f"{row['mode']} × {row['nemesis']}: no verdicts and no reason")
         return cls(
             mode=row["mode"],
             nemesis=row["nemesis"],
             promise=row["promise"],
             promise_covers=bool(row["promise_covers"]),
-            runs=int(row.get("runs", len(verdicts))),
+            runs=len(verdicts),
             sums={key: sum(int(v[key]) for v in verdicts) for key in SUMMED},
-            worst={key: max(float(v[key]) for v in verdicts) for key in WORST},
+            worst={key: max((float(v[key]) for v in verdicts), default=0.0) for key in WORST},
             unrecovered=sum(1 for v in verdicts if v.get("recovered") is False),
             faults=sum(int(v.get("faults", 0)) for v in verdicts),
             plot=row.get("plot", ""),
+            no_verdict=no_verdict,
         )
 
     @property
     def verdict(self) -> str:
+        if self.no_verdict:
+            return self.no_verdict
         found = [name for name in ANOMALIES if self.sums[name]]
         if not found:
             text = "PASS" if self.faults else "NO FAULT INJECTED"
@@ -144,8 +155,8 @@ def write_reliability_md(
             promise,
             str(row.runs),
             str(row.faults),
-            *(str(row.sums[key]) for key in SUMMED),
-            *(f"{row.worst[key]:.1f}" for key in WORST),
+            *(str(row.sums[key]) if row.runs else "—" for key in SUMMED),
+            *(f"{row.worst[key]:.1f}" if row.runs else "—" for key in WORST),
             f"**{row.verdict}**",
             f"[timeline]({row.plot})" if row.plot else "—",
         ]
@@ -167,4 +178,4 @@ def legend() -> str:
 def _hosts_text(hosts_kind: str) -> str:
     if hosts_kind == "netns":
         return "one network namespace per process host, links on a bridge"
-    return "every process on loopback, faults through a frame proxy"
+    return "every process on its own 127.x address; no partitions, frame loss through a proxy"

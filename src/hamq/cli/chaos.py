@@ -84,7 +84,7 @@ def chaos_run(
     try:
         run(mode, nemesis, duration_s, seed, run_dir, say, hosts_kind)
     except Unsupported as err:
-        _emit({"mode": mode, "nemesis": nemesis, "unsupported": str(err)}, as_json)
+        _emit({"mode": mode, "nemesis": nemesis, "seed": seed, "unsupported": str(err)}, as_json)
         sys.exit(UNSUPPORTED_EXIT)
     except BadRun as err:
         raise click.UsageError(str(err)) from None
