@@ -152,7 +152,7 @@ class Nemesis:
     there is nothing to do this window; ``heal`` undoes exactly what ``inject`` did."""
 
     name: ClassVar[str]
-    needs_netns: ClassVar[bool] = False  # partitions take links down in network namespaces
+    needs_netns: ClassVar[bool] = False  # partitions cut links inside network namespaces
     needs_proxy: ClassVar[bool] = False  # frame loss goes through FrameProxy
     needs_clock: ClassVar[bool] = False  # servers start under libfaketime
     needs_tmpfs: ClassVar[bool] = False  # a full disk is a small tmpfs filled up
@@ -279,8 +279,13 @@ def partition_shapes(
     return shapes
 
 
+LINK_DOWN = "link-down"
+
+
 class Partition(Nemesis):
-    """A network partition of a random shape; the runner's clients still reach every host."""
+    """A network partition of a random shape, cut between hosts (the runner's clients still
+    reach every host), or one host's link taken down (``LINK_DOWN``: its clients lose it
+    too, as when a machine's cable is pulled)."""
 
     name = "partition"
     needs_netns = True
@@ -290,7 +295,11 @@ class Partition(Nemesis):
         if len(hosts) < 2:
             return None  # one host: nothing to partition
         shapes = partition_shapes(hosts, self.stage.member_hosts())
-        shape = rng.choice(sorted(shapes))
+        shape = rng.choice([*sorted(shapes), LINK_DOWN])
+        if shape == LINK_DOWN:
+            lone = rng.choice(hosts)
+            self.stage.hosts.isolate(lone)
+            return shape, lone
         pairs = shapes[shape](rng)
         self.stage.hosts.cut(pairs)
         return shape, " ".join(f"{a}/{b}" for a, b in sorted(pairs))
