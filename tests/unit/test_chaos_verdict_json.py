@@ -1,5 +1,5 @@
-"""A run whose members could not be asked has no members.json: its verdict must say that
-divergent=0 was not looked at, not pass it off as checked (reviewer R1, issue 18)."""
+"""What a chaos run's verdict admits it did not do (reviewer R1, issue 18): a divergence it
+could not check (no members.json), a fault the mode's layout cannot inject."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 from tests.unit.test_chaos_checker import clean_run, verdict_of
 
-from hamq.chaos.runner import RunSpec, verdict_json
+from hamq.chaos.runner import RunSpec, verdict_json, why_unsupported
 from hamq.cli.chaos import verdict_line
 
 
@@ -22,3 +22,11 @@ def test_a_run_without_members_json_says_divergence_was_not_checked(tmp_path):
     row = verdict_json(spec, verdict, "netns", True, tmp_path)
     assert row["divergence_checked"] is True
     assert "divergence not checked" not in verdict_line({**row, "run_dir": str(tmp_path)})
+
+
+def test_frame_loss_is_unsupported_where_no_proxy_sits_on_the_data_path():
+    """mirrored: placed members listen on ports picked at run time, not behind proxies, so
+    a loss run would pass without one send or replication frame lost."""
+    assert "FrameProxies" in (why_unsupported("mirrored", "loss", "netns") or "")
+    assert why_unsupported("controller", "loss", "netns") is None
+    assert why_unsupported("mirrored", "kill", "netns") is None
