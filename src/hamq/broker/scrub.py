@@ -6,11 +6,13 @@ record nobody reads stays there, ready to be served once that slave is elected o
 from. So each member looks at its closed segments every ``scrub_interval_ms``: one that
 is not sealed (opened from disk) or whose mtime moved since is read and its records'
 CRCs checked, at most ``SCRUB_BYTES_PER_PASS`` a pass, in a worker thread (the event loop
-keeps serving). A clean segment is sealed again (its reads skip the checks); a damaged
-record is refused to readers like one a read found and repaired from another member's
-copy (the repair moves the mtime, so the segment is checked once more, then sealed). A
-segment whose damage no member can repair is not checked again until its mtime moves:
-a broker with no peer counts and logs it once and never loops over it.
+keeps serving). While one is found, the passes follow each other, each pausing three times
+as long as its chunk took (a restarted member seals its segments in minutes, not hours).
+A clean segment is sealed again (its reads skip the checks); a damaged record is refused
+to readers like one a read found and repaired from another member's copy (the repair
+moves the mtime, so the segment is checked once more, then sealed). A segment whose
+damage no member can repair is not checked again until its mtime moves: a broker with
+no peer counts and logs it once and never loops over it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import logging
 from dataclasses import dataclass, field
 
 from hamq.broker.record_repair import RecordRepair
+from hamq.clock import monotonic_s
 from hamq.errors import CrcMismatch
 from hamq.net.tasks import PeriodicTask
 from hamq.protocol.limits import MAX_MESSAGE_BYTES
@@ -32,6 +35,7 @@ log = logging.getLogger(__name__)
 
 # Bytes read and checked per pass (a larger record is read whole): tens of ms of a worker.
 SCRUB_BYTES_PER_PASS = MAX_MESSAGE_BYTES
+CATCH_UP_PAUSE_FACTOR = 3  # pause after a chunk, in units of the time it took
 
 
 @dataclass
@@ -93,9 +97,15 @@ class Scrubber:
         # the worker owns a handle of its own (closed there, also when a stop cancels the
         # wait): retention may close the segment's meanwhile
         file = scan.seg.file.dup()
+        started = monotonic_s()
         checked = await asyncio.to_thread(
             _check_chunk, file, scan.seg.start, scan.pos, scan.seg.end
         )
+        # A restart leaves every closed segment unsealed (each read of them checked): the
+        # next chunk follows after three times this one took, not a whole interval later,
+        # so the scrub catches up using at most about a quarter of a worker.
+        await asyncio.sleep(CATCH_UP_PAUSE_FACTOR * (monotonic_s() - started))
+        self.task.wake()
         if not self._current(scan):  # changed under the check: it starts again
             self._scan = None
             return
