@@ -256,6 +256,14 @@ def test_an_id_stored_twice_is_duplicated(tmp_path):
     assert verdict.reordered == 0 and verdict.ok  # at-least-once: reported, not a failure
 
 
+def test_bodies_that_do_not_parse_are_phantoms_each_not_duplicates(tmp_path):
+    run = clean_run()
+    for _ in range(2):
+        run.store("", NORMAL, "broker-a/0", "", -1, valid=False)
+    verdict = verdict_of(run, tmp_path)
+    assert (verdict.duplicated, verdict.duplicated_ids, verdict.phantom) == (0, [], 2)
+
+
 def test_a_seq_inversion_within_a_key_is_reordered(tmp_path):
     """p1-2 and p1-4 share key k1-0; storing 4 before 2 makes p1-2 out of order."""
     run = clean_run()

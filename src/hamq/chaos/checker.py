@@ -159,7 +159,8 @@ def check(run_dir: Path, promise_zero_loss: bool = True) -> Verdict:
     readable = Counter(r.id for r in history.final if r.valid)
     stored = Counter(r.id for r in history.final)
     lost = sorted(acked - readable.keys())
-    duplicated = sorted(i for i, n in stored.items() if n > 1)
+    # "" is every body that does not parse: phantoms each, not copies of one message
+    duplicated = sorted(i for i, n in stored.items() if n > 1 and i)
     reordered = _reordered(history.final, sends, acked)
     phantom = _phantoms(history, readable)
     divergent = _divergent(run_dir)
@@ -321,7 +322,8 @@ def _reordered(final: list[Read], sends: dict[str, Send], acked: set[str]) -> li
 def _phantoms(history: History, readable: Counter[str]) -> list[str]:
     sent = {i for i, s in history.sends.items() if s.outcome != "fail"}
     received = [r for reads in history.receives.values() for r in reads]
-    phantom = {r.id for r in history.final + received if r.id not in sent}
+    # invalid reads are counted below, by position when the body names no id
+    phantom = {r.id for r in history.final + received if r.valid and r.id not in sent}
     phantom |= {r.id or f"{r.topic} {r.queue}@{r.offset}" for r in history.final if not r.valid}
     phantom |= {r.id or f"{r.queue}@{r.offset}" for r in received if not r.valid}
     phantom |= {r.id for r in received if r.id not in readable}
