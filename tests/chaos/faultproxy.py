@@ -2,7 +2,9 @@
 
 Cut means a partition as TCP users see it: open connections are reset and new ones are
 closed at once, until the link is restored (dropping bytes inside a stream instead would
-corrupt framing, which no real network does to TCP)."""
+corrupt framing, which no real network does to TCP). Stall is a partition as a blackhole
+leaves it behind after healing: the open connections stay open and carry nothing more, in
+either direction (TCP retransmission backoff, seconds to minutes), new ones work."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ class FaultProxy:
         self.address = f"127.0.0.1:{self.port}"
         self.blocked = False
         self._writers: set[asyncio.StreamWriter] = set()
+        self._stalled: set[asyncio.StreamWriter] = set()  # open, but nothing written to them
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.base_events.Server | None = None
         self._ready = threading.Event()
@@ -33,6 +36,15 @@ class FaultProxy:
 
     def unblock(self) -> None:
         self.blocked = False
+
+    def stall(self) -> None:
+        """Open links go silent and stay open (even if one side closes); new links work."""
+
+        def stall_all() -> None:
+            self._stalled |= self._writers
+            self._writers.clear()
+
+        self._loop.call_soon_threadsafe(stall_all)
 
     def stop(self) -> None:
         async def shutdown() -> None:
@@ -50,9 +62,10 @@ class FaultProxy:
         self._loop.close()  # else its descriptors stay open for the rest of the session
 
     def _reset_all(self) -> None:
-        for writer in list(self._writers):
+        for writer in list(self._writers | self._stalled):
             writer.transport.abort()
         self._writers.clear()
+        self._stalled.clear()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -79,8 +92,10 @@ class FaultProxy:
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
+                if writer not in self._stalled:
+                    writer.write(data)
+                    await writer.drain()
         finally:
             self._writers.discard(writer)
-            writer.transport.abort()
+            if writer not in self._stalled:
+                writer.transport.abort()

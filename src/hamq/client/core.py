@@ -146,10 +146,16 @@ class ClientCore:
             raise HamqError.for_code(frame.code, frame.remark)
         return frame
 
-    async def invoke_namesrv(self, code: int, ext: dict | None = None) -> Frame:
+    async def invoke_namesrv(
+        self, code: int, ext: dict | None = None, not_here: type[HamqError] | None = None
+    ) -> Frame:
         """Ask the name servers in turn until one answers (they are independent). One that
-        is down or hung (no answer in time) is skipped, and later lookups start after it."""
+        is down or hung (no answer in time) is skipped, and later lookups start after it.
+        An answer of ``not_here`` asks the next one too (a name server holds what the
+        brokers that reach it registered: one cut off from them has dropped theirs); it is
+        raised only when no name server answers otherwise."""
         last: HamqError = ConnectionLost("no name server reachable")
+        answer: HamqError | None = None
         start = self._namesrv_index
         for i in range(len(self.namesrv)):
             addr = self.namesrv[(start + i) % len(self.namesrv)]
@@ -159,14 +165,21 @@ class ClientCore:
                 last = ConnectionLost(f"name server {addr} unreachable: {err.message}")
             except TimeoutError:
                 last = ConnectionLost(f"name server {addr} did not answer")
+            except HamqError as err:
+                if not_here is None or not isinstance(err, not_here):
+                    raise
+                answer = err
+                continue
             self._namesrv_index = (start + i + 1) % len(self.namesrv)
-        raise last
+        raise answer or last
 
     async def route(self, topic: str, refresh: bool = False) -> TopicRoute:
         """The topic's route, from the name servers when the cached one is older than
-        ``route_refresh_interval_s`` (or ``refresh``). When no name server answers, the
-        cached route is kept (RocketMQ keeps its topic route table): the brokers may well
-        be healthy, and a client must not stop because its name servers are down."""
+        ``route_refresh_interval_s`` (or ``refresh``). A name server without a route does not
+        settle it while another has one (one cut off from the brokers has dropped them).
+        When no name server answers, the cached route is kept (RocketMQ keeps its topic
+        route table): the brokers may well be healthy, and a client must not stop because
+        its name servers are down."""
         cached = self.routes.get(topic)
         if (
             cached is not None
@@ -175,8 +188,12 @@ class ClientCore:
         ):
             return cached
         try:
-            frame = await self.invoke_namesrv(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
+            frame = await self.invoke_namesrv(
+                RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}, not_here=TopicNotExist
+            )
         except TopicNotExist:
+            # Not one name server routes it: its brokers are gone (a dead broker's route
+            # disappears for everyone, admin tools included).
             self.routes.pop(topic, None)
             raise
         except HamqError as err:

@@ -89,8 +89,9 @@ class Connection(asyncio.BufferedProtocol):
         self.closed = asyncio.get_running_loop().create_future()
         self._decoder = FrameDecoder()
         self._next_opaque = 1
-        # opaque -> (deadline, callback); dicts keep insertion order, so the oldest first.
-        self._pending: dict[int, tuple[float, ResponseCallback]] = {}
+        # opaque -> (deadline, callback, reads when written); dicts keep insertion order, so
+        # the oldest first.
+        self._pending: dict[int, tuple[float, ResponseCallback, int]] = {}
         # Requests beyond MAX_INFLIGHT_REQUESTS, oldest first. Room in _pending goes to them
         # before anything else runs, so while one waits _pending is full (and a new request
         # queues behind it).
@@ -221,7 +222,7 @@ class Connection(asyncio.BufferedProtocol):
         waiting, self._waiting = self._waiting, deque()
         self._abandoned.clear()
         err = ConnectionLost(f"connection to {self.peer} lost" + (f": {exc}" if exc else ""))
-        for _, callback in pending.values():
+        for _, callback, _ in pending.values():
             callback(None, err)
         for _, _, callback, _, _ in waiting:
             callback(None, err)
@@ -405,7 +406,7 @@ class Connection(asyncio.BufferedProtocol):
     ) -> None:
         opaque = self._next_opaque
         self._next_opaque = opaque + 1 if opaque < 0x7FFFFFFF else 1
-        self._pending[opaque] = (deadline, callback)
+        self._pending[opaque] = (deadline, callback, self.reads)
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().call_later(
                 TIMEOUT_SWEEP_INTERVAL_S, self._sweep
@@ -485,8 +486,13 @@ class Connection(asyncio.BufferedProtocol):
     def _sweep(self) -> None:
         self._sweeper = None
         now = monotonic_s()
-        expired = [op for op, (deadline, _) in self._pending.items() if deadline <= now]
-        callbacks = [self._pending.pop(opaque)[1] for opaque in expired]
+        expired = [op for op, (deadline, _, _) in self._pending.items() if deadline <= now]
+        unheard = False  # nothing read since one of them was written
+        callbacks = []
+        for opaque in expired:
+            _, callback, reads = self._pending.pop(opaque)
+            callbacks.append(callback)
+            unheard = unheard or reads == self.reads
         if self._waiting:
             # Waiting requests time out too, without ever being written.
             abandoned = self._abandoned
@@ -494,6 +500,14 @@ class Connection(asyncio.BufferedProtocol):
             self._waiting = deque(w for w in self._waiting if w[0] > now and w[2] not in abandoned)
             self._write_waiting()
         self._abandoned.clear()  # none of them is waiting any more
+        if unheard and not self.is_closed:
+            # Nothing arrived since a request that timed out was written: the peer or the
+            # path is gone (a partition blackholes the socket, and TCP would only notice
+            # after its retransmission backoff). RocketMQ's clientCloseSocketIfTimeout:
+            # close now (before the callbacks, so a retry reconnects), the rest fail as
+            # lost at once. A slow but live peer keeps its connection: frames still arrive.
+            log.warning("closing connection to %s: a request timed out, nothing read", self.peer)
+            self.transport.abort()
         for callback in callbacks:
             callback(None, RequestTimeout(f"no response from {self.peer} in time"))
         if self._pending and not self.is_closed:
