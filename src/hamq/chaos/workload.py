@@ -464,7 +464,14 @@ async def _read_from_master(namesrv: str, mq: MessageQueue) -> QueueRead | None:
         messages: list[tuple[int, bytes]] = []
         offset = min_offset
         while offset < max_offset:
-            result = await reader.pull(mq, offset, FINAL_PULL_BATCH)
+            try:
+                result = await reader.pull(mq, offset, FINAL_PULL_BATCH)
+            except CrcMismatch:
+                # a damaged record the broker refuses for good (no intact copy): an
+                # unparseable body at its place, and the rest of the queue still read
+                messages.append((offset, b""))
+                offset += 1
+                continue
             if result.status is not PullStatus.FOUND:
                 break
             messages += [(m.queue_offset, m.body) for m in result.messages]
