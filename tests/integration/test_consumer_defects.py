@@ -680,9 +680,9 @@ def test_refused_orderly_lock_is_retried_without_whole_rebalances(cluster):
         core = consumer._async.core
         real = core.invoke_namesrv
 
-        async def counting(code, ext=None):
+        async def counting(code, ext=None, **kwargs):
             lookups[0] += (ext or {}).get("topic") == "Refused"
-            return await real(code, ext)
+            return await real(code, ext, **kwargs)
 
         core.invoke_namesrv = counting  # a spy: counts the topic's route lookups
         time.sleep(4)  # the lock stays refused all along
