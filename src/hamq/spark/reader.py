@@ -1,11 +1,8 @@
-"""Batch and streaming reads of a hamq topic: plan offset ranges per queue on the driver,
-pull them on executors as Arrow batches (the next pulls are in flight while Spark takes the
-current batch)."""
+"""Batch and streaming reads of a hamq topic: the driver plans offset ranges per queue; the
+executors pull them (``pull.py``)."""
 
 from __future__ import annotations
 
-import concurrent.futures
-import time
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -17,11 +14,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from hamq.client.consumer import PullStatus
 from hamq.client.message import MessageQueue
 from hamq.client.sync import Admin, PullConsumer
-from hamq.clock import monotonic_s
-from hamq.spark.arrow_codec import records_to_batch
 from hamq.spark.offsets import (
     OffsetSpec,
     QueueBounds,
@@ -34,12 +28,7 @@ from hamq.spark.offsets import (
     stream_offset,
 )
 from hamq.spark.options import ReadOptions
-
-# Messages asked per pull; the broker also stops at its byte limit (4 MiB).
-PULL_BATCH = 8192
-# How long an executor retries a range the broker says is not there yet (a slave that lags
-# its master right after a failover) before failing the task.
-MISSING_DATA_RETRY_S = 10.0
+from hamq.spark.pull import read_range
 
 
 def queue_bounds(options: ReadOptions) -> dict[str, QueueBounds]:
@@ -68,57 +57,6 @@ def resolve(
     return {
         key: spec.resolve(key, b, committed.get(key), missing) for key, b in sorted(bounds.items())
     }
-
-
-def read_range(options: ReadOptions, part: QueueRange) -> Iterator[pa.RecordBatch]:
-    """Pull ``[start, end)`` of one queue, one Arrow batch per pull. Two pulls stay in
-    flight: the next one starts where the last response ended, the one after that where
-    the next is expected to end (responses are cut at the broker's byte limit, so their
-    length repeats); a guess that misses is only a pull wasted."""
-    mq = MessageQueue(options.topic, part.broker, part.queue_id)
-    with PullConsumer(options.pull_group, options.namesrv, options.timeout_s) as consumer:
-        pull = consumer.async_client.pull_raw
-        pulls: dict[int, concurrent.futures.Future] = {}  # by start offset
-
-        def ensure(at: int) -> None:
-            if at < part.end and at not in pulls:
-                pulls[at] = consumer.submit(pull(mq, at, min(PULL_BATCH, part.end - at)))
-
-        offset, step = part.start, 0
-        waited_since = None
-        ensure(offset)
-        while offset < part.end:
-            result = pulls.pop(offset).result()
-            batch = None
-            if result.status is PullStatus.FOUND:
-                batch, next_offset = records_to_batch(
-                    result.records, offset, part.end, options.topic, part.broker, part.queue_id
-                )
-                step, offset, waited_since = next_offset - offset, next_offset, None
-            elif result.status is PullStatus.OFFSET_ILLEGAL and result.min_offset > offset:
-                if options.fail_on_data_loss:
-                    raise RuntimeError(
-                        f"hamq queue {part.broker}:{part.queue_id} of {options.topic} no longer "
-                        f"holds offsets {offset}..{result.min_offset - 1} (removed by retention)"
-                        "; set failOnDataLoss=false to skip them"
-                    )
-                offset = min(result.min_offset, part.end)
-            else:
-                waited_since = waited_since or monotonic_s()
-                if monotonic_s() - waited_since > MISSING_DATA_RETRY_S:
-                    raise RuntimeError(
-                        f"hamq queue {part.broker}:{part.queue_id} of {options.topic} did not "
-                        f"serve offset {offset} (planned up to {part.end}) within "
-                        f"{MISSING_DATA_RETRY_S:.0f} s"
-                    )
-                time.sleep(0.05)
-            for stale in [at for at in pulls if at < offset]:
-                del pulls[stale]  # guessed wrong: its answer is not needed
-            ensure(offset)
-            if step:
-                ensure(offset + step)
-            if batch is not None:
-                yield batch
 
 
 class HamqBatchReader(DataSourceReader):

@@ -1,0 +1,74 @@
+"""Executor side of a read: pull one planned offset range of a queue as Arrow batches."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from hamq.client.consumer import PullStatus
+from hamq.client.message import MessageQueue
+from hamq.client.sync import PullConsumer
+from hamq.clock import monotonic_s
+from hamq.spark.arrow_codec import records_to_batch
+from hamq.spark.offsets import QueueRange
+from hamq.spark.options import ReadOptions
+
+# Messages asked per pull; the broker also stops at its byte limit (4 MiB).
+PULL_BATCH = 8192
+# How long an executor retries a range the broker says is not there yet (a slave that lags
+# its master right after a failover) before failing the task.
+MISSING_DATA_RETRY_S = 10.0
+
+
+def read_range(options: ReadOptions, part: QueueRange) -> Iterator[pa.RecordBatch]:
+    """Pull ``[start, end)`` of one queue, one Arrow batch per pull. Two pulls stay in
+    flight: the next one starts where the last response ended, the one after that where
+    the next is expected to end (responses are cut at the broker's byte limit, so their
+    length repeats); a guess that misses is only a pull wasted."""
+    mq = MessageQueue(options.topic, part.broker, part.queue_id)
+    with PullConsumer(options.pull_group, options.namesrv, options.timeout_s) as consumer:
+        pull = consumer.async_client.pull_raw
+        pulls: dict[int, concurrent.futures.Future] = {}  # by start offset
+
+        def ensure(at: int) -> None:
+            if at < part.end and at not in pulls:
+                pulls[at] = consumer.submit(pull(mq, at, min(PULL_BATCH, part.end - at)))
+
+        offset, step = part.start, 0
+        waited_since = None
+        ensure(offset)
+        while offset < part.end:
+            result = pulls.pop(offset).result()
+            batch = None
+            if result.status is PullStatus.FOUND:
+                batch, next_offset = records_to_batch(
+                    result.records, offset, part.end, options.topic, part.broker, part.queue_id
+                )
+                step, offset, waited_since = next_offset - offset, next_offset, None
+            elif result.status is PullStatus.OFFSET_ILLEGAL and result.min_offset > offset:
+                if options.fail_on_data_loss:
+                    raise RuntimeError(
+                        f"hamq queue {part.broker}:{part.queue_id} of {options.topic} no longer "
+                        f"holds offsets {offset}..{result.min_offset - 1} (removed by retention)"
+                        "; set failOnDataLoss=false to skip them"
+                    )
+                offset = min(result.min_offset, part.end)
+            else:
+                waited_since = waited_since or monotonic_s()
+                if monotonic_s() - waited_since > MISSING_DATA_RETRY_S:
+                    raise RuntimeError(
+                        f"hamq queue {part.broker}:{part.queue_id} of {options.topic} did not "
+                        f"serve offset {offset} (planned up to {part.end}) within "
+                        f"{MISSING_DATA_RETRY_S:.0f} s"
+                    )
+                time.sleep(0.05)
+            for stale in [at for at in pulls if at < offset]:
+                del pulls[stale]  # guessed wrong: its answer is not needed
+            ensure(offset)
+            if step:
+                ensure(offset + step)
+            if batch is not None:
+                yield batch
