@@ -105,5 +105,5 @@ def test_read_limit_is_shared_by_what_waits_and_never_exceeded():
 
 
 def test_ranges_split_by_max_records():
-    ranges = plan_ranges({"b:0": 0, "b:1": 5}, {"b:0": 10, "b:1": 5}, 4)
+    ranges = plan_ranges("T", {"b:0": 0, "b:1": 5}, {"b:0": 10, "b:1": 5}, 4)
     assert [(r.queue_id, r.start, r.end) for r in ranges] == [(0, 0, 4), (0, 4, 8), (0, 8, 10)]

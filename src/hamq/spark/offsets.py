@@ -119,8 +119,9 @@ def cap_to_limit(start: dict[str, int], latest: dict[str, int], max_rows: int) -
 
 @dataclass(frozen=True)
 class QueueRange(InputPartition):
-    """One Spark partition: offsets ``[start, end)`` of one queue."""
+    """One Spark partition: offsets ``[start, end)`` of one queue of ``topic``."""
 
+    topic: str
     broker: str
     queue_id: int
     start: int
@@ -128,7 +129,7 @@ class QueueRange(InputPartition):
 
 
 def plan_ranges(
-    start: dict[str, int], end: dict[str, int], max_records: int | None
+    topic: str, start: dict[str, int], end: dict[str, int], max_records: int | None
 ) -> list[QueueRange]:
     """One partition per queue with something to read, split every ``max_records``."""
     ranges = []
@@ -137,6 +138,6 @@ def plan_ranges(
         broker, queue_id = parse_queue_key(key)
         step = max_records or max(hi - lo, 1)
         ranges.extend(
-            QueueRange(broker, queue_id, a, min(a + step, hi)) for a in range(lo, hi, step)
+            QueueRange(topic, broker, queue_id, a, min(a + step, hi)) for a in range(lo, hi, step)
         )
     return ranges

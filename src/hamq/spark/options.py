@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 DEFAULT_GROUP = "hamq-spark"
 DEFAULT_SINK_GROUP = "hamq-spark-sink"
+# Long enough for a master to restart and serve the planned range again.
+DEFAULT_POLL_TIMEOUT_MS = 120_000
 
 
 def _required(options: Mapping[str, str], name: str) -> str:
@@ -51,6 +53,9 @@ class ReadOptions:
     max_records_per_trigger: int | None
     fail_on_data_loss: bool
     timeout_s: float
+    # How long an executor waits for a planned range the broker says is not there yet (a
+    # slave behind its master, a master restarting) before failing the task.
+    poll_timeout_s: float
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -64,6 +69,12 @@ class ReadOptions:
             max_records_per_trigger=_positive_int(options, "maxRecordsPerTrigger"),
             fail_on_data_loss=_bool(options, "failOnDataLoss", True),
             timeout_s=(_positive_int(options, "timeoutMs") or 10_000) / 1000,
+            poll_timeout_s=(
+                _positive_int(options, "pollTimeoutMs")
+                or _positive_int(options, "kafkaConsumer.pollTimeoutMs")
+                or DEFAULT_POLL_TIMEOUT_MS
+            )
+            / 1000,
         )
 
     @property

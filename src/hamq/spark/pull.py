@@ -18,9 +18,6 @@ from hamq.spark.options import ReadOptions
 
 # Messages asked per pull; the broker also stops at its byte limit (4 MiB).
 PULL_BATCH = 8192
-# How long an executor retries a range the broker says is not there yet (a slave that lags
-# its master right after a failover) before failing the task.
-MISSING_DATA_RETRY_S = 10.0
 
 
 def read_range(options: ReadOptions, part: QueueRange) -> Iterator[pa.RecordBatch]:
@@ -28,7 +25,7 @@ def read_range(options: ReadOptions, part: QueueRange) -> Iterator[pa.RecordBatc
     flight: the next one starts where the last response ended, the one after that where
     the next is expected to end (responses are cut at the broker's byte limit, so their
     length repeats); a guess that misses is only a pull wasted."""
-    mq = MessageQueue(options.topic, part.broker, part.queue_id)
+    mq = MessageQueue(part.topic, part.broker, part.queue_id)
     with PullConsumer(options.pull_group, options.namesrv, options.timeout_s) as consumer:
         pull = consumer.async_client.pull_raw
         pulls: dict[int, concurrent.futures.Future] = {}  # by start offset
@@ -45,24 +42,24 @@ def read_range(options: ReadOptions, part: QueueRange) -> Iterator[pa.RecordBatc
             batch = None
             if result.status is PullStatus.FOUND:
                 batch, next_offset = records_to_batch(
-                    result.records, offset, part.end, options.topic, part.broker, part.queue_id
+                    result.records, offset, part.end, part.topic, part.broker, part.queue_id
                 )
                 step, offset, waited_since = next_offset - offset, next_offset, None
             elif result.status is PullStatus.OFFSET_ILLEGAL and result.min_offset > offset:
                 if options.fail_on_data_loss:
                     raise RuntimeError(
-                        f"hamq queue {part.broker}:{part.queue_id} of {options.topic} no longer "
+                        f"hamq queue {part.broker}:{part.queue_id} of {part.topic} no longer "
                         f"holds offsets {offset}..{result.min_offset - 1} (removed by retention)"
                         "; set failOnDataLoss=false to skip them"
                     )
                 offset = min(result.min_offset, part.end)
             else:
                 waited_since = waited_since or monotonic_s()
-                if monotonic_s() - waited_since > MISSING_DATA_RETRY_S:
+                if monotonic_s() - waited_since > options.poll_timeout_s:
                     raise RuntimeError(
-                        f"hamq queue {part.broker}:{part.queue_id} of {options.topic} did not "
+                        f"hamq queue {part.broker}:{part.queue_id} of {part.topic} did not "
                         f"serve offset {offset} (planned up to {part.end}) within "
-                        f"{MISSING_DATA_RETRY_S:.0f} s"
+                        f"{options.poll_timeout_s:.0f} s"
                     )
                 time.sleep(0.05)
             for stale in [at for at in pulls if at < offset]:

@@ -76,7 +76,7 @@ class HamqBatchReader(DataSourceReader):
         start = resolve(start_spec, bounds, committed, missing=-2)
         end = resolve(end_spec, bounds, {}, missing=-1)
         return plan_ranges(
-            start, {k: max(end[k], start[k]) for k in end}, o.max_records_per_partition
+            o.topic, start, {k: max(end[k], start[k]) for k in end}, o.max_records_per_partition
         )
 
     def read(self, partition: QueueRange) -> Iterator[pa.RecordBatch]:
@@ -136,6 +136,7 @@ class HamqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 bounds = bounds or queue_bounds(self.options)
                 begin[key] = bounds[key].min_offset if key in bounds else 0
         return plan_ranges(
+            topic,
             begin,
             {k: max(v, begin[k]) for k, v in stop.items()},
             self.options.max_records_per_partition,
