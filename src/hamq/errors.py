@@ -20,9 +20,13 @@ class HamqError(Exception):
         self.message = message or self.__class__.__name__
 
     @staticmethod
-    def for_code(code: int, remark: str = "") -> HamqError:
+    def for_code(code: int, remark: str = "", ext: dict | None = None) -> HamqError:
+        """The error an answer's code stands for (``ext``: the answer's fields, which
+        some errors carry, e.g. ``QueueOffsetMismatch.end_offset``)."""
         cls = _BY_CODE.get(code, BrokerSystemError)
         err = cls(remark or f"broker answered code {code}")
+        if isinstance(err, QueueOffsetMismatch) and ext is not None:
+            err.end_offset = int(ext.get("end_offset", -1))
         if issubclass(cls, ControllerRefused):
             err.code = ResponseCode(code)  # one class stands for several CONTROLLER_* codes
         if cls is BrokerSystemError and code != ResponseCode.SYSTEM_ERROR:
@@ -115,6 +119,32 @@ class BrokerNotFound(HamqError):
     refresh_route = True
 
 
+class QueueOffsetMismatch(HamqError):
+    """A conditional send (``expected_queue_offset``) found the queue's next offset
+    elsewhere: nothing was stored. ``end_offset`` is the queue's next offset when the
+    broker looked (-1 if the answer did not say). Never retried: the caller decides."""
+
+    code = ResponseCode.QUEUE_OFFSET_MISMATCH
+
+    def __init__(self, message: str = "", end_offset: int = -1) -> None:
+        super().__init__(message)
+        self.end_offset = end_offset
+
+
+class TransactionRolledBack(HamqError):
+    """END_TRANSACTION COMMIT of a half message already rolled back (by a ROLLBACK, or by
+    the broker's check-back giving up): its messages were never stored."""
+
+    code = ResponseCode.TRANSACTION_ROLLED_BACK
+
+
+class TransactionCommitted(HamqError):
+    """END_TRANSACTION ROLLBACK of a half message already committed: its messages are
+    stored and visible."""
+
+    code = ResponseCode.TRANSACTION_COMMITTED
+
+
 class ConnectionLost(HamqError):
     """Client side: the connection closed or could not be opened."""
 
@@ -197,5 +227,8 @@ _BY_CODE: dict[int, type[HamqError]] = _CONTROLLER_CODES | {
         CrcMismatch,
         QueueNotExist,
         BrokerNotFound,
+        QueueOffsetMismatch,
+        TransactionRolledBack,
+        TransactionCommitted,
     )
 }

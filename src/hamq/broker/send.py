@@ -8,13 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from time import monotonic_ns
 
+from hamq.broker.conditional import UNCONDITIONAL, mismatch_pieces, queue_offset_mismatch
 from hamq.broker.dledger.driver import DLedgerCommitLog
 from hamq.broker.dledger.wire import encode_entry
 from hamq.broker.flow import PublisherFlow
 from hamq.broker.ha.service import HAMaster
 from hamq.broker.stats import BrokerStats
 from hamq.broker.topics import TopicService
-from hamq.errors import HamqError, MessageIllegal
+from hamq.errors import HamqError, InvalidArgument, MessageIllegal, QueueOffsetMismatch
 from hamq.net.connection import Connection, error_pieces, response_pieces
 from hamq.net.metrics import COUNTS
 from hamq.protocol.codes import ResponseCode
@@ -77,8 +78,17 @@ class SendProcessor:
             raise self.dledger.not_leader()
         self.topics.for_write(topic, queue_id)
         validate_batch(frame.body, count, require(ext, "crc", int), self.max_message_bytes)
+        expected = optional(ext, "expected_queue_offset", UNCONDITIONAL)
+        if expected != UNCONDITIONAL and first_message_is_held_back(frame.body):
+            raise InvalidArgument(
+                "expected_queue_offset cannot go with a delay, timer or transaction message:"
+                " it is not stored in its queue when sent"
+            )
         if self.dledger is not None:
-            return self._propose(conn, frame, topic, queue_id, count)
+            return self._propose(conn, frame, topic, queue_id, count, expected)
+        mismatch = queue_offset_mismatch(self.store, topic, queue_id, expected)
+        if mismatch is not None:
+            return None if frame.is_oneway else mismatch_pieces(frame, mismatch)
         result, need_ack_nums = self.store_batch(
             topic, queue_id, frame.body, count, ext["crc"], optional(ext, "born_ts", 0)
         )
@@ -168,9 +178,10 @@ class SendProcessor:
             flushed(True)
 
     def _propose(
-        self, conn: Connection, frame: Frame, topic: str, queue_id: int, count: int
+        self, conn: Connection, frame: Frame, topic: str, queue_id: int, count: int, expected: int
     ) -> None:
-        """DLedger: the batch becomes one Raft entry; the answer waits for its commit."""
+        """DLedger: the batch becomes one Raft entry; the answer waits for its commit (a
+        conditional send's ``expected`` offset is checked when the entry is applied)."""
         if first_message_is_held_back(frame.body):
             raise MessageIllegal(
                 "delay, timer and transaction messages are not supported by "
@@ -189,6 +200,7 @@ class SendProcessor:
             optional(ext, "born_ts", 0),
             self.store.clock_ms(),
             bytes(frame.body),
+            expected,
         )
 
         flow, size = self.flow, len(frame.body)
@@ -201,7 +213,9 @@ class SendProcessor:
             if frame.is_oneway:
                 return
             latency.observe((monotonic_ns() - arrived_ns) // 1000)
-            if err is not None:
+            if isinstance(err, QueueOffsetMismatch):
+                conn.reply(mismatch_pieces(frame, err))
+            elif err is not None:
                 conn.reply(error_pieces(frame, err))
             else:
                 conn.reply(

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 SendCallback = Callable[[SendResult | None, HamqError | None], None]
 
 ROUTE_RETRY_DELAY_S = 0.1
+UNCONDITIONAL = -1  # a send without expected_queue_offset (the broker's too)
 
 _STATUS_BY_CODE = {
     ResponseCode.SUCCESS: SendStatus.SEND_OK,
@@ -129,9 +130,30 @@ class AsyncProducer:
         await self.core.close()
 
     # -- public API ---------------------------------------------------------------------
-    async def send(self, message: Message, queue: MessageQueue | None = None) -> SendResult:
+    async def send(
+        self,
+        message: Message,
+        queue: MessageQueue | None = None,
+        expected_queue_offset: int | None = None,
+    ) -> SendResult:
+        """Send one message (to ``queue``, else to the next queue of its topic's route).
+
+        ``expected_queue_offset`` makes the send conditional (a compare-and-set on the
+        queue's end, ``broker/conditional.py``; it needs ``queue``): the broker stores the
+        message only if ``queue``'s next offset is exactly that when it orders the put, so
+        of several senders expecting one offset at most one succeeds; otherwise it raises
+        ``QueueOffsetMismatch`` whose ``end_offset`` is the queue's next offset then, and
+        nothing was stored. Such a send is never retried, on this queue or another: a
+        ``RequestTimeout`` or ``ConnectionLost`` means the outcome is unknown (the message
+        may be stored at ``expected_queue_offset``, or not at all); read that offset of the
+        queue from its master to learn which.
+        """
         return await self._as_future(
-            message.topic, [self.encode(message)], RequestCode.SEND_MESSAGE, queue
+            message.topic,
+            [self.encode(message)],
+            RequestCode.SEND_MESSAGE,
+            queue,
+            _conditional(queue, expected_queue_offset),
         )
 
     async def send_orderly(self, message: Message, sharding_key: str | bytes) -> SendResult:
@@ -224,7 +246,12 @@ class AsyncProducer:
         return self.core.wire(topic), queue and self.core.wire_queue(queue)
 
     def _as_future(
-        self, topic: str, encoded: list[bytes], code: int, queue: MessageQueue | None
+        self,
+        topic: str,
+        encoded: list[bytes],
+        code: int,
+        queue: MessageQueue | None,
+        expected_queue_offset: int = UNCONDITIONAL,
     ) -> asyncio.Future[SendResult]:
         future = asyncio.get_running_loop().create_future()
 
@@ -234,7 +261,9 @@ class AsyncProducer:
 
         payload, crc = encode_batch(encoded)
         topic, queue = self._wire(topic, queue)
-        self._dispatch(_Send(topic, code, payload, crc, len(encoded), done, queue))
+        self._dispatch(
+            _Send(topic, code, payload, crc, len(encoded), done, queue, expected_queue_offset)
+        )
         return future
 
     def _dispatch(self, s: _Send, route: TopicRoute | None = None) -> None:
@@ -279,12 +308,13 @@ class AsyncProducer:
                         None,
                     )
                     return
-                err = HamqError.for_code(frame.code, frame.remark)
+                err = HamqError.for_code(frame.code, frame.remark, frame.ext)
             self._retry_or_fail(s, mq, err)
 
-        conn.request_cb(
-            s.code, on_response, self._ext(mq, s.crc, s.count), s.payload, self.send_timeout_s
-        )
+        ext = self._ext(mq, s.crc, s.count)
+        if s.expected_queue_offset != UNCONDITIONAL:
+            ext["expected_queue_offset"] = s.expected_queue_offset
+        conn.request_cb(s.code, on_response, ext, s.payload, self.send_timeout_s)
 
     async def _connect_then_send(self, s: _Send, mq: MessageQueue, addr: str) -> None:
         try:
@@ -323,7 +353,13 @@ class AsyncProducer:
             addr = route.master_addr(mq.broker_name) if route else None
             if addr is not None:
                 self.core.mark_unreachable(addr)
-        if err.retriable and s.attempt < self.retry_times_when_send_failed:
+        if (
+            err.retriable
+            and s.attempt < self.retry_times_when_send_failed
+            # a conditional send may have been stored: sent again it would find its own
+            # message (a mismatch), and another queue has other offsets
+            and s.expected_queue_offset == UNCONDITIONAL
+        ):
             s.attempt += 1
             s.avoid = mq.broker_name
             self._dispatch(s)
@@ -393,6 +429,17 @@ class AsyncProducer:
 __all__ = ["AsyncProducer"]
 
 
+def _conditional(queue: MessageQueue | None, expected_queue_offset: int | None) -> int:
+    """The expected offset a send carries, checked: it names one queue's offset."""
+    if expected_queue_offset is None:
+        return UNCONDITIONAL
+    if queue is None:
+        raise InvalidArgument("expected_queue_offset needs the queue it is an offset of")
+    if expected_queue_offset < 0:
+        raise InvalidArgument(f"expected_queue_offset {expected_queue_offset} is negative")
+    return expected_queue_offset
+
+
 class _Send:
     """One send in flight: its bytes, where its answer goes and how far its retries got.
     A plain object (not a task or future), so thousands in flight stay cheap."""
@@ -404,6 +451,7 @@ class _Send:
         "code",
         "count",
         "crc",
+        "expected_queue_offset",
         "payload",
         "queue",
         "topic",
@@ -418,6 +466,7 @@ class _Send:
         count: int,
         callback: SendCallback,
         queue: MessageQueue | None,
+        expected_queue_offset: int = UNCONDITIONAL,
     ) -> None:
         self.topic = topic
         self.code = code
@@ -428,3 +477,4 @@ class _Send:
         self.queue = queue
         self.attempt = 0
         self.avoid: str | None = None
+        self.expected_queue_offset = expected_queue_offset

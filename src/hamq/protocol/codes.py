@@ -129,6 +129,10 @@ class ResponseCode(IntEnum):
     QUEUE_NOT_EXIST = 1004
     BROKER_NOT_FOUND = 1005
     NOT_LEADER = 1007  # DLedger: only the group's leader takes writes; the remark names it
+    # a conditional send (ext expected_queue_offset) found the queue elsewhere; ext end_offset
+    QUEUE_OFFSET_MISMATCH = 1008
+    TRANSACTION_ROLLED_BACK = 1009  # END_TRANSACTION COMMIT of a half already rolled back
+    TRANSACTION_COMMITTED = 1010  # END_TRANSACTION ROLLBACK of a half already committed
     # controller mode: RocketMQ's CONTROLLER_* codes (hamq.controller.errors.ControllerCode)
     CONTROLLER_FENCED_MASTER_EPOCH = 2000
     CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH = 2001

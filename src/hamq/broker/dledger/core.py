@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from hamq.broker.conditional import queue_offset_mismatch
 from hamq.broker.dledger.grouping import ProposalCallback, ProposalGroup
 from hamq.broker.dledger.wire import (
     KIND_DELETE_TOPIC,
@@ -50,7 +51,7 @@ from hamq.broker.dledger.wire import (
     decode_commands,
     first_command_kind,
 )
-from hamq.errors import BrokerSystemError, HamqError, NotLeader, SystemBusy
+from hamq.errors import BrokerSystemError, HamqError, NotLeader, QueueOffsetMismatch, SystemBusy
 from hamq.raft import (
     EMPTY_INDEX,
     Checkpoint,
@@ -104,6 +105,11 @@ class FlushJob:
     checkpoint: Checkpoint | None
 
 
+# What applying one command gave: a send's put, a conditional send that found its queue
+# elsewhere (nothing stored), or None for a topic change.
+CommandResult = PutResult | QueueOffsetMismatch | None
+
+
 @dataclass(slots=True)
 class _Cursor:
     """Where applying stands: the next command of the next entry, and the results of the
@@ -111,7 +117,7 @@ class _Cursor:
 
     index: int
     command: int = 0
-    results: list[PutResult | None] = field(default_factory=list)
+    results: list[CommandResult] = field(default_factory=list)
 
     def copy(self) -> _Cursor:
         return _Cursor(self.index, self.command, list(self.results))
@@ -207,7 +213,7 @@ class DLedgerCore:
         self._group = ProposalGroup()
         # per entry, one callback (and result) per command, in the entry's order
         self._pending: dict[EntryId, list[ProposalCallback]] = {}
-        self._results: dict[int, list[PutResult | None]] = {}  # applied, awaiting completion
+        self._results: dict[int, list[CommandResult]] = {}  # applied, awaiting completion
         self._completed_early: dict[int, list[ProposalCallback]] = {}  # completed, not applied
 
     @property
@@ -456,12 +462,16 @@ class DLedgerCore:
 
     def _apply_command(
         self, meta: list, data: memoryview, arrived: list[tuple[str, int]]
-    ) -> PutResult | None:
+    ) -> CommandResult:
         kind, *fields = meta
         if kind != KIND_SEND:
             self._apply_topic_change(kind, fields)
             return None
-        topic, queue_id, count, crc, born_ts, store_ts = fields
+        topic, queue_id, count, crc, born_ts, store_ts, *condition = fields
+        if condition:  # a conditional send: decided here, alike on every member
+            mismatch = queue_offset_mismatch(self.store, topic, queue_id, condition[0])
+            if mismatch is not None:
+                return mismatch
         result = self.store.put_batch(
             topic, queue_id, data, count, crc, born_ts, store_timestamp_ms=store_ts
         )
@@ -531,7 +541,10 @@ class DLedgerCore:
         }
 
 
-def _answer(callbacks: list[ProposalCallback], results: list[PutResult | None]) -> None:
+def _answer(callbacks: list[ProposalCallback], results: list[CommandResult]) -> None:
     assert len(callbacks) == len(results), "an entry's commands and callbacks differ"
     for callback, result in zip(callbacks, results):
-        callback(result, None)
+        if isinstance(result, QueueOffsetMismatch):
+            callback(None, result)
+        else:
+            callback(result, None)

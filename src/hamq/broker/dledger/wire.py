@@ -30,11 +30,22 @@ def encode_command(meta: list, data: bytes = b"") -> Command:
 
 
 def encode_entry(
-    topic: str, queue_id: int, count: int, crc: int, born_ts: int, store_ts: int, payload: bytes
+    topic: str,
+    queue_id: int,
+    count: int,
+    crc: int,
+    born_ts: int,
+    store_ts: int,
+    payload: bytes,
+    expected_queue_offset: int = -1,
 ) -> Command:
     """The command storing one send batch (the leader's store timestamp included, so every
-    member writes identical records)."""
-    return encode_command([KIND_SEND, topic, queue_id, count, crc, born_ts, store_ts], payload)
+    member writes identical records). A conditional send (``broker/conditional.py``) adds
+    its expected queue offset, checked by every member when it applies the command."""
+    meta = [KIND_SEND, topic, queue_id, count, crc, born_ts, store_ts]
+    if expected_queue_offset >= 0:
+        meta.append(expected_queue_offset)
+    return encode_command(meta, payload)
 
 
 def decode_commands(data: bytes) -> Iterator[tuple[list, memoryview]]:
