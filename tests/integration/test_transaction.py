@@ -17,7 +17,7 @@ import pytest
 import hamq
 from hamq import Message, TransactionState
 from hamq.client.consumer import PullStatus
-from hamq.errors import MessageIllegal
+from hamq.errors import MessageIllegal, TransactionRolledBack
 from hamq.protocol.codes import RequestCode
 from hamq.protocol.properties import (
     PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
@@ -234,7 +234,8 @@ def test_check_immunity_keeps_a_half_from_check_and_rollback(cluster_factory):
         # checked once, then rolled back (transaction_check_max=1) by the same rounds
         # that passed over the immune half
         wait_for(lambda: log_end(c) > undecided, 10, "the half without immunity rolled back")
-        end(c, doomed, TransactionState.COMMIT_MESSAGE)  # too late: rolled back already
+        with pytest.raises(TransactionRolledBack):  # too late: the check rolled it back
+            end(c, doomed, TransactionState.COMMIT_MESSAGE)
         end(c, immune, TransactionState.COMMIT_MESSAGE)
         assert visible(c.namesrv, wait_s=1.0) == ["kept"]
 

@@ -19,6 +19,17 @@ master (``broker/escape.py``), and the decision, which has no op record, is kept
 escape comes first: a crash between the two commits again on the next decision (at least
 once), never loses a commit. Decisions are read back on every start, with the op log.
 
+An op record also names its verdict (property ``TRAN_VERDICT``, hamq's: RocketMQ's op
+records only say "decided"), so END_TRANSACTION repeated after the decision is answered
+from the log, across restarts and on a slave that becomes master: the same decision again
+succeeds, the opposite one is refused with TRANSACTION_ROLLED_BACK (a COMMIT of a half
+rolled back, by a ROLLBACK or by the check giving up) or TRANSACTION_COMMITTED (a ROLLBACK
+of a half committed), which the Spark sink relies on never to report rows it lost as
+committed. A one-way END_TRANSACTION (an ordinary producer's) is answered as before:
+never. A decision whose record carries no verdict (an op record written before verdicts
+were logged, an acting master's decision, or one whose half is no longer retained) is
+answered SUCCESS whatever was asked, as before.
+
 A half message with ``TRAN_BATCH = n`` carries a whole encoded batch as its body (hamq's
 extension for the Spark sink): committing it stores the ``n`` messages as one record, so a
 transactional write costs one half and one commit per batch, not per message.
@@ -36,12 +47,21 @@ from hamq.broker.escape import EscapeBridge
 from hamq.broker.role import RoleState
 from hamq.broker.stored_message import StoredMessage, read_message, read_messages
 from hamq.broker.transaction.decisions import TransactionDecisions
-from hamq.errors import BrokerSystemError, HamqError, InvalidArgument, NoPermission, QueryNotFound
+from hamq.errors import (
+    BrokerSystemError,
+    HamqError,
+    InvalidArgument,
+    NoPermission,
+    QueryNotFound,
+    TransactionCommitted,
+    TransactionRolledBack,
+)
 from hamq.net.connection import Connection, error_pieces, response_pieces
 from hamq.net.tasks import spawn
 from hamq.protocol.frame import Frame, pack_body, require, require_int, require_name, unpack_body
 from hamq.protocol.message import encode_message, encode_properties, validate_batch
 from hamq.protocol.properties import (
+    PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
@@ -61,6 +81,8 @@ HALF_QUEUE_ID = 0
 OP_QUEUE_ID = 0
 # Op messages read per store lookup when rebuilding the decisions on start.
 SCAN_BATCH = 1024
+# The op record's property naming its decision (a TransactionState value).
+PROPERTY_VERDICT = "TRAN_VERDICT"
 
 
 class TransactionalMessageService:
@@ -87,6 +109,17 @@ class TransactionalMessageService:
         # Decided half offsets: all below ``decided_below``, and those in ``_decided``.
         self.decided_below = 0
         self._decided: set[int] = set()
+        # Verdicts of the decided halves from ``_verdicts_from`` on (the oldest half still
+        # retained when last looked): rolled back, or unknown (no verdict in the record);
+        # the others were committed. Rollbacks are added when decided, before settling.
+        self._rolled_back: set[int] = set()
+        self._verdict_unknown: set[int] = set()
+        self._verdicts_from = 0
+        # Undecided halves whose CHECK_IMMUNITY_TIME_IN_SECONDS defers their check: half
+        # offset -> store time (ms) it may be checked from. Noted when the half is put (or
+        # first read by the check after a start), so check rounds pass over them without
+        # reading them again: the Spark sink keeps thousands pending for an hour.
+        self.check_due_ms: dict[int, int] = {}
         # Decisions whose op record may not be written yet: (half offset, op queue offset,
         # op record end in the commit log).
         self._staged: list[tuple[int, int, int]] = []
@@ -95,10 +128,13 @@ class TransactionalMessageService:
         """Read the op log back: every decision taken before the restart, or (a member
         that was a slave) by the master it replicated."""
         self.decided_below, self._decided = 0, set()
+        self._rolled_back, self._verdict_unknown = set(), set()
+        self._verdicts_from = self.store.min_offset(HALF_TOPIC, HALF_QUEUE_ID)
+        self.check_due_ms = {}
         offset = self.store.min_offset(OP_HALF_TOPIC, OP_QUEUE_ID)
         while batch := read_messages(self.store, OP_HALF_TOPIC, OP_QUEUE_ID, offset, SCAN_BATCH):
             for op in batch:
-                self._mark_decided(int(op.body))
+                self._logged_decision(int(op.body), op.properties.get(PROPERTY_VERDICT))
             offset = batch[-1].queue_offset + 1
         self._read_acting_decisions()
         log.info(
@@ -125,7 +161,11 @@ class TransactionalMessageService:
             validate_batch(body, _batch_count(properties), zlib.crc32(body), self.max_message_bytes)
         properties[PROPERTY_REAL_TOPIC] = topic
         properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
-        return self._put(HALF_TOPIC, HALF_QUEUE_ID, properties, body, born_timestamp_ms)
+        half = self._put(HALF_TOPIC, HALF_QUEUE_ID, properties, body, born_timestamp_ms)
+        immunity_ms = check_immunity_ms(properties)
+        if immunity_ms:
+            self.check_due_ms[half.base_queue_offset] = half.store_timestamp_ms + immunity_ms
+        return half
 
     def is_decided(self, half_offset: int) -> bool:
         """Decided, or decided earlier in this event-loop turn (so a repeated
@@ -137,12 +177,27 @@ class TransactionalMessageService:
             or any(half == half_offset for half, _, _ in self._staged)
         )
 
+    def verdict(self, half_offset: int) -> TransactionState | None:
+        """The decision taken on a decided half message; None if its record does not say
+        (see the module docstring)."""
+        if half_offset < self._verdicts_from or half_offset in self._verdict_unknown:
+            return None
+        if half_offset in self._rolled_back:
+            return TransactionState.ROLLBACK_MESSAGE
+        return TransactionState.COMMIT_MESSAGE
+
     def undecided(self, start: int = 0) -> Iterator[int]:
         """Offsets of undecided half messages from ``start`` that are still retained,
         oldest first."""
         self._settle()
         staged = {half for half, _, _ in self._staged} | self._deciding.keys()
-        start = max(start, self.decided_below, self.store.min_offset(HALF_TOPIC, HALF_QUEUE_ID))
+        retained = self.store.min_offset(HALF_TOPIC, HALF_QUEUE_ID)
+        if retained > self._verdicts_from:  # retention removed halves: forget their verdicts
+            self._verdicts_from = retained
+            self._rolled_back = {h for h in self._rolled_back if h >= retained}
+            self._verdict_unknown = {h for h in self._verdict_unknown if h >= retained}
+            self.check_due_ms = {h: t for h, t in self.check_due_ms.items() if h >= retained}
+        start = max(start, self.decided_below, retained)
         end = self.store.max_offset(HALF_TOPIC, HALF_QUEUE_ID)
         return (o for o in range(start, end) if o not in self._decided and o not in staged)
 
@@ -174,7 +229,13 @@ class TransactionalMessageService:
                 f"not a half message: half offsets are below {half_end}"
             )
         op = None
-        if state is not TransactionState.UNKNOW and not self.is_decided(half_offset):
+        if state is TransactionState.UNKNOW:
+            pass
+        elif self.is_decided(half_offset):
+            if frame.is_oneway:
+                return None
+            _refuse_the_opposite(half_offset, state, self.verdict(half_offset))
+        else:
             msg = self.half_message(half_offset)
             if msg.properties.get(PROPERTY_PRODUCER_GROUP) != group:
                 raise InvalidArgument(
@@ -202,9 +263,15 @@ class TransactionalMessageService:
                 self.on_put(topic, queue_id)
         self._settle()  # before the op queue can grow again: see _settle
         op = self._put(
-            OP_HALF_TOPIC, OP_QUEUE_ID, {}, str(msg.queue_offset).encode(), msg.born_timestamp_ms
+            OP_HALF_TOPIC,
+            OP_QUEUE_ID,
+            {PROPERTY_VERDICT: state.value},
+            str(msg.queue_offset).encode(),
+            msg.born_timestamp_ms,
         )
         self._staged.append((msg.queue_offset, op.base_queue_offset, op.end_offset))
+        if state is TransactionState.ROLLBACK_MESSAGE:
+            self._rolled_back.add(msg.queue_offset)
         return op
 
     def roll_back(self, msg: StoredMessage) -> bool:
@@ -242,7 +309,8 @@ class TransactionalMessageService:
             raise BrokerSystemError(f"writing the transaction decision failed: {err}") from err
         # before the answer: killed after it, this member would take the decision with it
         await self.share({msg.queue_offset: msg.physical_offset})
-        self._mark_decided(msg.queue_offset)
+        # the verdict is known here until a restart (the decisions file does not keep it)
+        self._logged_decision(msg.queue_offset, state.value)
 
     def get_decisions(self, conn: Connection, frame: Frame) -> list:
         """GET_TRANSACTION_DECISIONS: the decisions kept as metadata (half offset ->
@@ -294,7 +362,7 @@ class TransactionalMessageService:
             msg = read_message(self.store, HALF_TOPIC, HALF_QUEUE_ID, half)
             if msg is not None and msg.physical_offset == physical:
                 keep[half] = physical
-                self._mark_decided(half)
+                self._logged_decision(half, None)
         self.decisions.forget(keep, self.store.clock_ms())
 
     def _committed_message(self, msg: StoredMessage) -> tuple[str, int, bytes, int] | None:
@@ -334,13 +402,24 @@ class TransactionalMessageService:
                     "checked again",
                     half,
                 )
+                self._rolled_back.discard(half)
             elif end <= written:
                 self._mark_decided(half)
             else:
                 still.append((half, op_offset, end))
         self._staged = still
 
+    def _logged_decision(self, half_offset: int, verdict: str | None) -> None:
+        """A decision taken or read back (``verdict``: a TransactionState value, None when
+        its record does not say)."""
+        if verdict == TransactionState.ROLLBACK_MESSAGE.value:
+            self._rolled_back.add(half_offset)
+        elif verdict != TransactionState.COMMIT_MESSAGE.value:
+            self._verdict_unknown.add(half_offset)
+        self._mark_decided(half_offset)
+
     def _mark_decided(self, half_offset: int) -> None:
+        self.check_due_ms.pop(half_offset, None)
         self._decided.add(half_offset)
         while self.decided_below in self._decided:
             self._decided.discard(self.decided_below)
@@ -370,6 +449,23 @@ class TransactionalMessageService:
         )
 
 
+def _refuse_the_opposite(
+    half_offset: int, asked: TransactionState, verdict: TransactionState | None
+) -> None:
+    """END_TRANSACTION of a decided half: the same decision again (or an unknown one) is
+    answered SUCCESS, the opposite refused, so no caller takes a rollback for a commit."""
+    if verdict is None or verdict is asked:
+        return
+    if verdict is TransactionState.ROLLBACK_MESSAGE:
+        raise TransactionRolledBack(
+            f"half message {half_offset} was rolled back already (by a ROLLBACK, or by the "
+            "check-back giving up): its messages were not stored"
+        )
+    raise TransactionCommitted(
+        f"half message {half_offset} was committed already: its messages are stored"
+    )
+
+
 def _answer_when_done(conn: Connection, frame: Frame, decision: asyncio.Future[None]) -> None:
     """Answer END_TRANSACTION once an acting master's decision is taken (or failed)."""
     if frame.is_oneway:
@@ -395,6 +491,15 @@ def _answer_when_done(conn: Connection, frame: Frame, decision: asyncio.Future[N
 def _log_failure(future: asyncio.Future[None]) -> None:
     if not future.cancelled() and future.exception() is not None:
         log.warning("transaction decision not taken (asked again later): %s", future.exception())
+
+
+def check_immunity_ms(properties: dict[str, str]) -> int:
+    """How long a half message is kept from check-back (CHECK_IMMUNITY_TIME_IN_SECONDS),
+    0 if it does not say."""
+    try:
+        return max(0, int(properties.get(PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS, 0)) * 1000)
+    except ValueError:
+        return 0  # a producer's typo must not keep the half message forever
 
 
 def _batch_count(properties: dict[str, str]) -> int:
