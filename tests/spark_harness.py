@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from hamq.spark.writer import FAILPOINT_ENV
+from hamq.spark.failpoint import FAILPOINT_ENV
 
 JOB = Path(__file__).parent / "spark" / "stream_job.py"
 JOB_TIMEOUT_S = 180

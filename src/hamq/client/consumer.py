@@ -1,7 +1,10 @@
 """The asyncio pull consumer: pull a queue from an offset, commit and fetch group offsets.
 
 Reads go to the group's master, or to its lowest-id slave while the master is gone
-(RocketMQ's slave read), so consumption survives a master failure.
+(RocketMQ's slave read), so consumption survives a master failure. A consumer made with
+``master_only`` reads the master (or DLedger leader) alone and fails while there is none:
+a slave may lag, which a reader deciding from the queue's tail (the Spark sink's journal)
+must never see.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from hamq.client.message import MessageExt, MessageQueue
 from hamq.errors import QueryNotFound, ServiceNotAvailable
 from hamq.policy.definition import DEFAULT_VHOST
 from hamq.protocol.codes import RequestCode, ResponseCode
+from hamq.protocol.frame import Frame
 from hamq.protocol.message import decode_records
 from hamq.protocol.properties import DEFAULT_MAX_RECONSUME_TIMES
 
@@ -54,9 +58,11 @@ class AsyncPullConsumer:
         timeout_s: float = 3.0,
         core: ClientCore | None = None,
         vhost: str = DEFAULT_VHOST,
+        master_only: bool = False,
     ) -> None:
         self.core = core or ClientCore(namesrv, timeout_s, vhost=vhost)
         self.group = self.core.wire(group)
+        self.master_only = master_only
 
     async def start(self) -> None:
         """Nothing to open eagerly; kept so the lifecycle reads like RocketMQ's."""
@@ -105,9 +111,8 @@ class AsyncPullConsumer:
         }
         if commit_offset is not None:
             ext["commit_offset"] = commit_offset
-        frame = await self.core.invoke_group(
-            mq.topic,
-            mq.broker_name,
+        frame = await self._read(
+            mq,
             RequestCode.PULL_MESSAGE,
             ext,
             ok=_PULL_OK,
@@ -207,7 +212,22 @@ class AsyncPullConsumer:
         return frame.ext["timestamp_ms"]
 
     async def _queue_query(self, mq: MessageQueue, code: int, **extra: int) -> int:
-        frame = await self.core.invoke_group(
-            mq.topic, mq.broker_name, code, {"topic": mq.topic, "queue_id": mq.queue_id, **extra}
-        )
+        frame = await self._read(mq, code, {"topic": mq.topic, "queue_id": mq.queue_id, **extra})
         return frame.ext["offset"]
+
+    async def _read(
+        self,
+        mq: MessageQueue,
+        code: int,
+        ext: dict,
+        ok: Iterable[int] = (ResponseCode.SUCCESS,),
+        timeout_s: float | None = None,
+    ) -> Frame:
+        if not self.master_only:
+            return await self.core.invoke_group(
+                mq.topic, mq.broker_name, code, ext, ok=ok, timeout_s=timeout_s
+            )
+        master = (await self.core.route(mq.topic)).master_addr(mq.broker_name)
+        if master is None:
+            raise ServiceNotAvailable(f"broker group {mq.broker_name} has no master to read from")
+        return await self.core.invoke(master, code, ext, ok=ok, timeout_s=timeout_s)

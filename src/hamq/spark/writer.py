@@ -4,41 +4,39 @@ An executor stores its rows as *half* batches (``TRAN_MSG`` + ``TRAN_BATCH``, se
 ``broker/transaction/service.py``): invisible to consumers, one per queue and ~1 MiB. Its commit
 message lists where they landed; the driver's commit then ends them all with
 END_TRANSACTION COMMIT, and an abort rolls them back. Halves a failed task left behind
-are never named in a commit, so the broker's check rolls them back (an hour later, see
-``HALF_IMMUNITY_S``); consumers never see them.
+are never named in a commit; no producer answers the broker's check for them, so they
+stay invisible until retention removes them.
 
 Streaming adds exactly once across restarts: before committing micro-batch ``B`` the
 driver appends ``(B, halves)`` to the sink's journal (``journal.py``), a one-queue hamq
-topic keyed on the query's checkpoint and id. A micro-batch replayed after a crash finds
-itself journaled: its journaled halves are (re-)committed, which is idempotent, and the
-replay's own halves rolled back, so each row becomes visible once.
+topic keyed on the query's checkpoint and id (the tasks report the id: Spark gives it to
+each as a local property, whatever file system holds the checkpoint). A micro-batch
+replayed after a crash finds itself journaled: its journaled halves are (re-)committed,
+which is idempotent, and the replay's own halves rolled back, so each row becomes visible
+once. ``commit.py`` has the order of the driver's steps.
 """
 
 from __future__ import annotations
 
-import asyncio
-import os
+import random
 import threading
-import time
 import zlib
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import repeat
 
 import pyarrow as pa
+from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
 
-from hamq.client.admin import AsyncAdmin
-from hamq.client.core import ClientCore
 from hamq.client.message import MessageQueue, SendResult, SendStatus
 from hamq.client.producer import AsyncProducer
 from hamq.client.sync import Producer
-from hamq.errors import HamqError, ServiceNotAvailable
-from hamq.protocol.codes import RequestCode
+from hamq.errors import HamqError
 from hamq.protocol.limits import MAX_BATCH_MESSAGES
 from hamq.protocol.message import encode_properties, message_head
 from hamq.protocol.properties import (
@@ -47,9 +45,16 @@ from hamq.protocol.properties import (
     PROPERTY_TRANSACTION_BATCH,
     PROPERTY_TRANSACTION_PREPARED,
 )
-from hamq.protocol.transaction import TransactionState
 from hamq.spark.arrow_codec import BatchEncoder, queue_for_key
-from hamq.spark.journal import Halves, JournalEntry, SinkJournal, sink_key
+from hamq.spark.commit import (
+    Decider,
+    abort_batch,
+    abort_micro_batch,
+    commit_batch,
+    commit_micro_batch,
+)
+from hamq.spark.failpoint import Failpoint
+from hamq.spark.journal import Halves, SinkJournal, journal_topic, sink_key
 from hamq.spark.options import WriteOptions
 
 CHUNK_BYTES = 1 << 20  # one half batch
@@ -60,12 +65,15 @@ CHUNK_BYTES = 1 << 20  # one half batch
 # halves a failed task left behind go after that.
 HALF_IMMUNITY_S = 3600
 HALVES_IN_FLIGHT = 8
-END_TRANSACTIONS_IN_FLIGHT = 512
+
+
+QUERY_ID_PROPERTY = "sql.streaming.queryId"  # Spark's local property of a stream's tasks
 
 
 @dataclass
 class HalvesWritten(WriterCommitMessage):
     halves: Halves = field(default_factory=dict)
+    query_id: str | None = None  # the streaming query's id (kept in its checkpoint)
 
 
 def merge_halves(messages: list[WriterCommitMessage | None]) -> Halves:
@@ -153,7 +161,9 @@ class TopicChunks:
         self.queues = queues
         self.sender = sender
         self.chunks = [Chunk() for _ in queues]
-        self.next = os.getpid() % len(queues)  # tasks start on different queues
+        # Tasks start on different queues: a reused Python worker runs many small tasks,
+        # so its pid would send all of them to one queue.
+        self.next = random.randrange(len(queues))
 
     def add(self, key: bytes | None, head: bytes, value: bytes) -> None:
         index = self.next if key is None else queue_for_key(key, len(self.queues))
@@ -206,63 +216,9 @@ def write_halves(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> Ha
                     chunks_of(topic).add(key, head, value)
         for chunks in topics.values():
             chunks.flush()
-        return HalvesWritten(sender.finish())
-
-
-async def end_halves(core: ClientCore, group: str, halves: Halves, state: TransactionState) -> None:
-    """END_TRANSACTION for every half; a half already decided is left as it is."""
-    masters = await AsyncAdmin(core=core).master_addrs()
-    missing = sorted(halves.keys() - masters.keys())
-    if missing:
-        raise ServiceNotAvailable(
-            f"broker groups {missing} have no master to end the sink's "
-            "transactions on; the micro-batch will be retried"
-        )
-    requests = [(masters[b], o) for b, offsets in sorted(halves.items()) for o in offsets]
-    for i in range(0, len(requests), END_TRANSACTIONS_IN_FLIGHT):
-        await asyncio.gather(
-            *(
-                core.invoke(
-                    addr,
-                    RequestCode.END_TRANSACTION,
-                    {
-                        "group": group,
-                        "tran_state_table_offset": offset,
-                        "commit_or_rollback": state.value,
-                    },
-                )
-                for addr, offset in requests[i : i + END_TRANSACTIONS_IN_FLIGHT]
-            )
-        )
-
-
-FAILPOINT_ENV = "HAMQ_TEST_FAILPOINT"
-
-
-class Failpoint:
-    """A test hook: at ``stage`` of committing micro-batch ``batch``, touch a marker file
-    and wait to be killed, so a test can crash the driver exactly between the sink's steps.
-    Stages: ``before_journal``, ``after_journal``, ``after_commit``. Armed only by the
-    driver's environment (``HAMQ_TEST_FAILPOINT="<stage>:<batch id>:<marker file>"``),
-    which the test harness sets; no query option reaches it, so no user can stop a driver
-    with it."""
-
-    def __init__(self, spec: str | None) -> None:
-        self.stage, self.batch_id, self.marker = (None, -1, "")
-        if spec:
-            stage, batch_id, marker = spec.split(":", 2)
-            self.stage, self.batch_id, self.marker = stage, int(batch_id), marker
-
-    @classmethod
-    def from_environment(cls) -> Failpoint:
-        return cls(os.environ.get(FAILPOINT_ENV))
-
-    def reached(self, stage: str, batch_id: int) -> None:
-        if stage == self.stage and batch_id == self.batch_id:
-            with open(self.marker, "w") as f:
-                f.write(f"{stage}:{batch_id}:{os.getpid()}\n")
-            while True:
-                time.sleep(1)
+        task = TaskContext.get()
+        query_id = task.getLocalProperty(QUERY_ID_PROPERTY) if task is not None else None
+        return HalvesWritten(sender.finish(), query_id)
 
 
 class _Committer:
@@ -271,19 +227,18 @@ class _Committer:
     def __init__(self, options: WriteOptions) -> None:
         self.options = options
 
-    def run(self, make_coro: Callable[[AsyncProducer], Awaitable[None]]) -> None:
+    def run(self, make_coro: Callable[[AsyncProducer, Decider], Awaitable[None]]) -> None:
         with Producer(self.options.namesrv, self.options.group, self.options.timeout_s) as p:
-            p.submit(make_coro(p.async_client)).result()
-
-    def end(self, messages: list[WriterCommitMessage | None], state: TransactionState) -> None:
-        halves = merge_halves(messages)
-        if halves:
-            self.run(lambda producer: end_halves(producer.core, self.options.group, halves, state))
+            decider = Decider(p.core, self.options.group, self.options.timeout_s)
+            p.submit(make_coro(p.async_client, decider)).result()
 
 
 class HamqBatchWriter(DataSourceArrowWriter):
-    """``df.write.format("hamq")``: all or nothing per job — rows become visible only
-    when the driver commits, unless the driver dies halfway through its commit."""
+    """``df.write.format("hamq")``: all or nothing per job. The first half batch is the
+    commit point (``commit.py``): until it is committed no row is visible, and once it is,
+    ``commit`` — or, when ``commit`` fails, Spark's ``abort`` — commits every other half.
+    Only a driver that dies between the commit point and the last half (and so never
+    aborts) leaves the job partly visible."""
 
     def __init__(self, options: WriteOptions) -> None:
         self.options = options
@@ -292,42 +247,59 @@ class HamqBatchWriter(DataSourceArrowWriter):
         return write_halves(self.options, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        _Committer(self.options).end(messages, TransactionState.COMMIT_MESSAGE)
+        halves = merge_halves(messages)
+        _Committer(self.options).run(lambda _, decider: commit_batch(decider, halves))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        _Committer(self.options).end(messages, TransactionState.ROLLBACK_MESSAGE)
+        halves = merge_halves(messages)
+        _Committer(self.options).run(lambda _, decider: abort_batch(decider, halves))
 
 
 class HamqStreamWriter(DataSourceStreamArrowWriter):
+    """The exactly-once streaming sink (``commit.py`` has the order of its steps)."""
+
     def __init__(self, options: WriteOptions) -> None:
         self.options = options
-        self.sink_key = sink_key(options)
+        sink_key(options, "")  # a missing checkpointLocation fails the query at its start
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> HalvesWritten:
         return write_halves(self.options, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         halves = merge_halves(messages)
-        group = self.options.group
+        topic = self._journal_topic(messages, halves)
+        if topic is None:
+            return
         failpoint = Failpoint.from_environment()
 
-        async def commit(producer: AsyncProducer) -> None:
-            core = producer.core
-            journal = SinkJournal(producer, self.sink_key)
-            last = await journal.last()
-            if last is not None and last.batch_id >= batchId:
-                # a replay: the batch was journaled before the crash
-                if last.batch_id == batchId:
-                    await end_halves(core, group, last.halves, TransactionState.COMMIT_MESSAGE)
-                await end_halves(core, group, halves, TransactionState.ROLLBACK_MESSAGE)
-                return
-            failpoint.reached("before_journal", batchId)
-            await journal.append(JournalEntry(batchId, halves))
-            failpoint.reached("after_journal", batchId)
-            await end_halves(core, group, halves, TransactionState.COMMIT_MESSAGE)
-            failpoint.reached("after_commit", batchId)
+        async def commit(producer: AsyncProducer, decider: Decider) -> None:
+            journal = SinkJournal(producer, topic, self.options.timeout_s)
+            await commit_micro_batch(journal, decider, batchId, halves, failpoint)
 
         _Committer(self.options).run(commit)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        _Committer(self.options).end(messages, TransactionState.ROLLBACK_MESSAGE)
+        halves = merge_halves(messages)
+        topic = self._journal_topic(messages, halves)
+        if topic is None:
+            return
+
+        async def abort(producer: AsyncProducer, decider: Decider) -> None:
+            journal = SinkJournal(producer, topic, self.options.timeout_s)
+            await abort_micro_batch(journal, decider, batchId, halves)
+
+        _Committer(self.options).run(abort)
+
+    def _journal_topic(
+        self, messages: list[WriterCommitMessage | None], halves: Halves
+    ) -> str | None:
+        """The journal of the query the tasks ran in; None for a micro-batch that ran no
+        task (nothing was written, so nothing can be repeated or lost)."""
+        ids = {m.query_id for m in messages if isinstance(m, HalvesWritten) and m.query_id}
+        if len(ids) > 1:
+            raise ValueError(f"the micro-batch's tasks ran in several queries: {sorted(ids)}")
+        if not ids:
+            if halves:
+                raise ValueError("the sink's tasks did not say which streaming query they ran in")
+            return None
+        return journal_topic(sink_key(self.options, ids.pop()))
