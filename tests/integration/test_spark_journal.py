@@ -6,6 +6,7 @@ sink's data, so one group's failure is tested apart from the other's."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +16,7 @@ import pytest
 from pyspark import TaskContext
 
 from hamq.client.sync import Admin
-from hamq.errors import HamqError
+from hamq.errors import HamqError, TransactionRolledBack
 from hamq.spark.failpoint import FAILPOINT_ENV
 from hamq.spark.journal import JournalError, journal_topic, sink_key
 from hamq.spark.options import WriteOptions
@@ -226,3 +227,50 @@ def test_small_keyless_tasks_spread_over_the_queues(shared, drain_topic):
         if any(5000 <= int(b) < 5020 for _, b in rows)
     }
     assert len(queues) > 1
+
+
+def test_a_journaled_batch_whose_halves_were_rolled_back_fails_loudly(
+    shared, drain_topic, tmp_path, monkeypatch
+):
+    """Item 5: batch 0 is journaled, its commit's answer is lost, and its halves are then
+    rolled back by someone else (here a rollback as the broker's check would give); the
+    replay must raise (rows are missing), not report the batch committed."""
+    ns = shared.namesrv
+    checkpoint = CHECKPOINT + "/rolled-back"
+    monkeypatch.setenv(FAILPOINT_ENV, f"after_journal+raise:0:{tmp_path / 'lost'}")
+    driver = HamqStreamWriter(options(ns, checkpoint=checkpoint))
+    rows = write(driver, range(3000, 3010), "rolled")
+    with pytest.raises(HamqError, match="answer after after_journal was lost"):
+        driver.commit([rows], 0)
+    monkeypatch.delenv(FAILPOINT_ENV)
+    HamqBatchWriter(options(ns)).abort([rows])  # the halves are rolled back behind its back
+    replay = HamqStreamWriter(options(ns, checkpoint=checkpoint))
+    with pytest.raises(TransactionRolledBack, match="rows are missing"):
+        replay.commit([write(replay, range(3000, 3010), "rolled")], 0)
+    assert visible(drain_topic, ns, range(3000, 3010)) == []
+
+
+def test_admin_lists_and_deletes_spark_journals(shared, hamq_cli):
+    """Item 6: journals outlive their queries, so operators list them (sink, last batch,
+    age) and delete the journal of a query that will not run again."""
+    ns = shared.namesrv
+    checkpoint = CHECKPOINT + "/listed"
+    driver = HamqStreamWriter(options(ns, checkpoint=checkpoint))
+    for batch_id in range(2):
+        driver.commit([write(driver, range(4000 + batch_id, 4001 + batch_id), "listed")], batch_id)
+    topic = journal_topic(sink_key(options(ns, checkpoint=checkpoint), "listed"))
+
+    def journals() -> dict[str, dict]:
+        done = hamq_cli("admin", "spark-journals", "--json", "--namesrv", ns)
+        assert done.returncode == 0, done.stderr
+        return {row["topic"]: row for row in json.loads(done.stdout)}
+
+    row = journals()[topic]
+    assert (row["group"], row["entries"], row["last_batch"]) == ("broker-a", 2, 1)
+    assert 0 <= row["age_s"] < WAIT_S and topic.endswith(row["sink_key_hash"])
+    assert topic in hamq_cli("admin", "spark-journals", "--namesrv", ns).stdout
+    done = hamq_cli("admin", "spark-journals", "--delete", topic, "--namesrv", ns)
+    assert done.returncode == 0, done.stderr
+    assert topic not in journals()
+    refused = hamq_cli("admin", "spark-journals", "--delete", DATA, "--namesrv", ns)
+    assert refused.returncode != 0 and "is not a sink journal" in refused.stderr

@@ -70,6 +70,41 @@ async def consumer_progress(group: str, namesrv: str, as_json: bool) -> None:
     )
 
 
+@admin.command("spark-journals")
+@click.option("--delete", "topic", default=None, help="Delete this journal topic.")
+@click.option("--timeout", "timeout_s", default=10.0, show_default=True, help="Seconds to wait.")
+@namesrv_option
+@json_option
+@run_async
+async def spark_journals(topic: str | None, timeout_s: float, namesrv: str, as_json: bool) -> None:
+    """The Spark sink's journals (HAMQ_SINK_*): sink, last micro-batch, age; or delete one
+    whose query will never restart."""
+    from hamq.spark.journal_admin import delete_journal, list_journals  # needs pyspark
+
+    if topic is not None:
+        try:
+            await delete_journal(namesrv, topic, timeout_s)
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--delete") from None
+        emit({"deleted": topic}, as_json, lambda o: f"deleted {o['deleted']}")
+        return
+    rows = [row.as_dict() for row in await list_journals(namesrv, timeout_s)]
+    emit(
+        rows,
+        as_json,
+        lambda o: "\n".join(
+            [f"{'topic':<35} {'group':<12} {'entries':>8} {'last batch':>10} {'age s':>10}"]
+            + [
+                f"{r['topic']:<35} {r['group'] or '-':<12} {r['entries']:>8} "
+                f"{'-' if r['last_batch'] is None else r['last_batch']:>10} "
+                f"{'-' if r['age_s'] is None else round(r['age_s']):>10}"
+                + (f"  {r['error']}" if r["error"] else "")
+                for r in o
+            ]
+        ),
+    )
+
+
 @admin.command("elect")
 @click.option("--group", "-g", "broker_name", required=True, help="Broker group (brokerName).")
 @click.option(
