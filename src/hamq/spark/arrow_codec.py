@@ -28,18 +28,96 @@ from hamq.protocol.properties import PROPERTY_UNIQ_KEY
 from hamq.spark.schema import ARROW_SCHEMA
 
 _EMPTY_STRINGS = pa.array([], pa.string())
+# Columns that need every message walked; the others follow from each record's header.
+_MESSAGE_COLUMNS = frozenset(("key", "value", "tags", "properties"))
+_PROPERTY_COLUMNS = frozenset(("key", "tags", "properties"))
+
+
+@dataclass
+class _Rows:
+    """The messages of a pull inside the range: ``count`` rows from offset ``first`` on;
+    bodies and properties only when a column needs them."""
+
+    first: int
+    count: int
+    next_offset: int  # after the last message seen
+    stamps: array  # born timestamps in µs, one per row
+    bodies: list[memoryview]
+    props: list[tuple[int, bytes]]  # (row, raw properties) of rows that have any
 
 
 def records_to_batch(
-    data: bytes | memoryview, start: int, end: int, topic: str, broker: str, queue_id: int
+    data: bytes | memoryview,
+    start: int,
+    end: int,
+    topic: str,
+    broker: str,
+    queue_id: int,
+    schema: pa.Schema = ARROW_SCHEMA,
 ) -> tuple[pa.RecordBatch | None, int]:
-    """Messages with ``start <= offset < end`` from a pull's records, as one Arrow batch
-    (None if there were none), and the offset after the last message seen."""
+    """Messages with ``start <= offset < end`` from a pull's records, as one Arrow batch of
+    ``schema``'s columns (None if there were none), and the offset after the last message
+    seen. Only what the columns need is decoded: without key, value, tags and properties
+    no message is looked at (a record's header says how many it holds)."""
+    names = schema.names
     view = memoryview(data)
+    if _MESSAGE_COLUMNS.isdisjoint(names):
+        rows = _count_rows(view, start, end)
+    else:
+        rows = _walk_rows(view, start, end, not _PROPERTY_COLUMNS.isdisjoint(names))
+    n = rows.count
+    if not n:
+        return None, max(rows.next_offset, start)
+    if not names:  # row counts only: Spark still takes each batch's length from it
+        rowless = pa.StructArray.from_buffers(pa.struct([]), n, [None])
+        return pa.RecordBatch.from_struct_array(rowless), rows.first + n
+    key = tags = properties = None
+    if not _PROPERTY_COLUMNS.isdisjoint(names):
+        key, tags, properties = _property_columns(n, rows.props)
+    build = {
+        "key": lambda: key,
+        "value": lambda: _binary_array(rows.bodies),
+        "topic": lambda: pa.array(repeat(topic, n), pa.string(), size=n),
+        "broker": lambda: pa.array(repeat(broker, n), pa.string(), size=n),
+        "queue": lambda: pa.array(repeat(queue_id, n), pa.int32(), size=n),
+        "offset": lambda: pa.Array.from_buffers(
+            pa.int64(), n, [None, pa.py_buffer(array("q", range(rows.first, rows.first + n)))]
+        ),
+        "timestamp": lambda: pa.Array.from_buffers(
+            pa.timestamp("us", tz="UTC"), n, [None, pa.py_buffer(rows.stamps)]
+        ),
+        "tags": lambda: tags,
+        "properties": lambda: properties,
+    }
+    columns = [build[name]() for name in names]
+    return pa.RecordBatch.from_arrays(columns, schema=schema), rows.first + n
+
+
+def _count_rows(view: memoryview, start: int, end: int) -> _Rows:
+    """Rows in range from the records' headers alone."""
+    stamps = array("q")
+    first, count, offset = -1, 0, start
+    pos, size = 0, len(view)
+    while pos < size:
+        h = parse_record_header(view, pos)
+        offset = h.base_queue_offset + h.count
+        taken = min(end, offset) - max(start, h.base_queue_offset)
+        if taken > 0:
+            if first < 0:
+                first = max(start, h.base_queue_offset)
+            count += taken
+            stamps.extend(repeat(h.born_timestamp_ms * 1000, taken))
+        pos += h.total_size
+    return _Rows(first, count, offset, stamps, [], [])
+
+
+def _walk_rows(view: memoryview, start: int, end: int, with_props: bool) -> _Rows:
+    """Rows in range with their bodies (memoryview slices of ``view``) and, if asked,
+    their raw properties."""
     bodies: list[memoryview] = []
     append = bodies.append
     stamps = array("q")
-    props: list[tuple[int, bytes]] = []  # (row, raw properties) of rows that have any
+    props: list[tuple[int, bytes]] = []
     first = -1
     offset = start
     pos, size = 0, len(view)
@@ -54,7 +132,7 @@ def records_to_batch(
                 first = offset
             for _ in range(h.count):
                 props_start, body_start, mpos = message_bounds(view, mpos, record_end)
-                if body_start > props_start:
+                if with_props and body_start > props_start:
                     props.append((len(bodies), bytes(view[props_start:body_start])))
                 append(view[body_start:mpos])
             taken = h.count
@@ -65,36 +143,22 @@ def records_to_batch(
                 if start <= offset < end:
                     if first < 0:
                         first = offset
-                    if body_start > props_start:
+                    if with_props and body_start > props_start:
                         props.append((len(bodies), bytes(view[props_start:body_start])))
                     append(view[body_start:mpos])
                     taken += 1
                 offset += 1
         stamps.extend(repeat(h.born_timestamp_ms * 1000, taken))
         pos = record_end
-    n = len(bodies)
-    if not n:
-        return None, max(offset, start)
-    value_offsets = array("i", [0])
-    value_offsets.extend(accumulate(map(len, bodies)))
-    values = pa.Array.from_buffers(
-        pa.binary(), n, [None, pa.py_buffer(value_offsets), pa.py_buffer(b"".join(bodies))]
+    return _Rows(first, len(bodies), offset, stamps, bodies, props)
+
+
+def _binary_array(parts: list[memoryview]) -> pa.Array:
+    offsets = array("i", [0])
+    offsets.extend(accumulate(map(len, parts)))
+    return pa.Array.from_buffers(
+        pa.binary(), len(parts), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(parts))]
     )
-    key, tags, properties = _property_columns(n, props)
-    columns = [
-        key,
-        values,
-        pa.array(repeat(topic, n), pa.string(), size=n),
-        pa.array(repeat(broker, n), pa.string(), size=n),
-        pa.array(repeat(queue_id, n), pa.int32(), size=n),
-        pa.Array.from_buffers(
-            pa.int64(), n, [None, pa.py_buffer(array("q", range(first, first + n)))]
-        ),
-        pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, pa.py_buffer(stamps)]),
-        tags,
-        properties,
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA), first + n
 
 
 def _property_columns(
