@@ -1,5 +1,5 @@
-"""The Spark source's pure parts: stored records to Arrow columns, Arrow rows to messages,
-offset specs and how a read limit is shared out."""
+"""The Spark source's pure parts: stored records to Arrow columns, Arrow rows to messages
+(offset planning: test_spark_offsets.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 from hamq.client.message import Message, MessageExt
 from hamq.protocol.message import decode_records, encode_batch, encode_record_header
 from hamq.spark.arrow_codec import BatchEncoder, records_to_batch
-from hamq.spark.offsets import OffsetSpec, QueueBounds, cap_to_limit, plan_ranges
 from hamq.spark.schema import ARROW_SCHEMA
 
 
@@ -79,31 +78,3 @@ def record_from_payload(payload: bytes, count: int) -> bytes:
 def test_a_value_column_of_another_type_is_refused():
     with pytest.raises(TypeError, match="'value' column must be binary or string, not int64"):
         BatchEncoder("T").encode(pa.RecordBatch.from_pydict({"value": [1, 2]}))
-
-
-def test_offset_specs_resolve_and_clamp():
-    bounds = QueueBounds(5, 50)
-    spec = OffsetSpec.parse('{"T": {"b:0": 7, "b:1": -1, "b:2": 99}}', "T", "earliest", "o")
-    assert [spec.resolve(k, bounds) for k in ("b:0", "b:1", "b:2", "b:3")] == [7, 50, 50, 5]
-    assert OffsetSpec.parse(None, "T", "latest", "o").resolve("b:0", bounds) == 50
-    group = OffsetSpec.parse("group", "T", "earliest", "o")
-    assert group.resolve("b:0", bounds, committed=20) == 20
-    assert group.resolve("b:0", bounds, committed=None) == 5
-    for bad in ("nope", '{"T": {"b:0": "x"}}', '{"T": 3}', '{"T": {"b:0": -3}}'):
-        with pytest.raises(ValueError, match="option o"):
-            OffsetSpec.parse(bad, "T", "earliest", "o")
-
-
-def test_read_limit_is_shared_by_what_waits_and_never_exceeded():
-    start = {"b:0": 0, "b:1": 0, "b:2": 0}
-    latest = {"b:0": 900, "b:1": 100, "b:2": 0}
-    end = cap_to_limit(start, latest, 100)
-    assert sum(end[k] - start[k] for k in end) <= 100
-    assert end["b:0"] == 90 and end["b:1"] == 10 and end["b:2"] == 0
-    assert cap_to_limit(start, {"b:0": 1, "b:1": 1, "b:2": 1}, 2) == {"b:0": 1, "b:1": 1, "b:2": 0}
-    assert cap_to_limit(start, latest, 5_000) == latest
-
-
-def test_ranges_split_by_max_records():
-    ranges = plan_ranges("T", {"b:0": 0, "b:1": 5}, {"b:0": 10, "b:1": 5}, 4)
-    assert [(r.queue_id, r.start, r.end) for r in ranges] == [(0, 0, 4), (0, 4, 8), (0, 8, 10)]
