@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 from pyspark import TaskContext
 
+import hamq
 from hamq.client.sync import Admin
 from hamq.errors import HamqError, TransactionRolledBack
 from hamq.spark.failpoint import FAILPOINT_ENV
@@ -274,3 +275,32 @@ def test_admin_lists_and_deletes_spark_journals(shared, hamq_cli):
     assert topic not in journals()
     refused = hamq_cli("admin", "spark-journals", "--delete", DATA, "--namesrv", ns)
     assert refused.returncode != 0 and "is not a sink journal" in refused.stderr
+
+
+def test_a_batch_write_is_all_or_nothing_past_its_commit_point(cluster_factory):
+    """Item 1, batch writes: the commit committed its first half (broker-a) and then could
+    not reach broker-b's master; Spark's abort finds the commit point committed and
+    commits the rest instead of rolling it back, so the job is wholly visible, not half."""
+    c = start_groups(cluster_factory)
+    ns, topic = c.namesrv, "SinkBoth"
+    with Admin(ns) as admin:
+        admin.create_topic(topic, queue_nums=2)  # both groups
+    writer = HamqBatchWriter(WriteOptions(ns, topic, "spark-journal-sink", None, 2.0))
+    values = pa.array([b"%d" % i for i in range(200)])
+    keys = pa.array([b"k%d" % i for i in range(200)])  # keyed rows reach every queue
+    batch = pa.RecordBatch.from_pydict({"value": values, "key": keys})
+    rows = writer.write(iter([batch]))
+    assert set(rows.halves) == {"broker-a", "broker-b"}
+    c.procs["b"].kill9()
+    with Admin(ns) as admin:
+        wait_for(lambda: "broker-b" not in admin.master_addrs(), WAIT_S, "broker-b without master")
+    with pytest.raises(HamqError):
+        writer.commit([rows])
+    restart_master(c, "b")
+    writer.abort([rows])
+    with hamq.PullConsumer("all-or-nothing", ns) as consumer:
+        got = []
+        for mq in consumer.fetch_message_queues(topic):
+            result = consumer.pull(mq, 0, 500)
+            got += [int(m.body) for m in result.messages]
+    assert sorted(got) == list(range(200))
