@@ -77,7 +77,7 @@ class Decider:
         be); halves still undecided at the deadline raise ``ServiceNotAvailable``."""
         pending = {(b, o) for b, offsets in halves.items() for o in offsets}
         deadline = monotonic_s() + self.wait_s
-        while True:
+        while pending:
             masters = await AsyncAdmin(core=self.core).master_addrs()
             ready = sorted(h for h in pending if h[0] in masters)
             for i in range(0, len(ready), END_TRANSACTIONS_IN_FLIGHT):
