@@ -7,27 +7,31 @@ from pyspark.sql.types import DataType, MapType, StringType, StructType
 
 from hamq.spark.options import ReadOptions, WriteOptions
 from hamq.spark.reader import HamqBatchReader, HamqStreamReader
-from hamq.spark.schema import SPARK_SCHEMA, WRITE_COLUMNS
+from hamq.spark.schema import SPARK_SCHEMA, WRITE_COLUMNS, read_columns
 from hamq.spark.writer import HamqBatchWriter, HamqStreamWriter
 
 
 class HamqDataSource(DataSource):
     """Options as Spark's Kafka source: ``namesrv``, ``topic``, ``startingOffsets``,
     ``endingOffsets``, ``maxRecordsPerTrigger``, plus ``group`` and
-    ``maxRecordsPerPartition`` (see the README's Spark section)."""
+    ``maxRecordsPerPartition`` (see the README's Spark section). A read produces the
+    columns of the schema it is given: ``.schema("value binary")`` reads values only."""
 
     @classmethod
     def name(cls) -> str:
         return "hamq"
 
     def schema(self) -> StructType:
+        """Every column, ``properties`` (Kafka's headers) only with ``includeHeaders``."""
+        if self.options.get("includeheaders", "true").lower() == "false":
+            return StructType([f for f in SPARK_SCHEMA.fields if f.name != "properties"])
         return SPARK_SCHEMA
 
     def reader(self, schema: StructType) -> HamqBatchReader:
-        return HamqBatchReader(ReadOptions.parse(self.options))
+        return HamqBatchReader(ReadOptions.parse(self.options), columns=read_columns(schema))
 
     def streamReader(self, schema: StructType) -> HamqStreamReader:
-        return HamqStreamReader(ReadOptions.parse(self.options))
+        return HamqStreamReader(ReadOptions.parse(self.options), columns=read_columns(schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> HamqBatchWriter:
         return HamqBatchWriter(self._write_options(schema, overwrite))

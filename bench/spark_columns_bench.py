@@ -1,0 +1,221 @@
+"""hamq reads on ``local[2]`` beside a no-I/O Python data source yielding the same Arrow
+batches, in the same run, per column set (issue 19 item 12); and the connections a
+streaming read opens per 200 ms trigger over 16 queues (item 13).
+
+    HAMQ_NAMESRV=127.0.0.1:9876 .venv/bin/python bench/spark_columns_bench.py reads
+    .venv/bin/python bench/spark_columns_bench.py triggers --broker 127.0.0.1:10911
+
+``reads`` expects topic SparkBench filled by ``bench/spark_bench.py`` (1M x 1 KiB, 4
+queues). The no-I/O source decodes one real pull of queue 0 once per partition and yields
+that batch until it has produced as many rows as hamq's partition of the same queue.
+``triggers`` runs with the tree on PYTHONPATH it is given (before/after: the old tree's
+``src``). Prints one JSON line per measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
+
+from hamq import Message
+from hamq.client.message import MessageQueue
+from hamq.client.sync import Admin, Producer, PullConsumer
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+from tcp_sockets import client_ports
+
+SCHEMAS = {
+    "all": None,  # the source's own schema: every column
+    "value": "value binary",
+    "none": StructType(),  # row counts only
+}
+
+
+class _Replay(InputPartition):
+    def __init__(self, records: bytes, rows: int) -> None:
+        self.records, self.rows = records, rows
+
+
+class _ReplayReader(DataSourceReader):
+    def __init__(self, options: dict, columns: tuple[str, ...]) -> None:
+        self.options, self.columns = options, columns
+
+    def partitions(self) -> list[_Replay]:
+        with Admin(self.options["namesrv"]) as admin:
+            rows = admin.topic_offsets(self.options["topic"])
+        with PullConsumer("bench-replay", self.options["namesrv"]) as consumer:
+            pulled = consumer.pull_raw(MessageQueue(self.options["topic"], "broker-a", 0), 0, 8192)
+        return [_Replay(bytes(pulled.records), r["max_offset"] - r["min_offset"]) for r in rows]
+
+    def read(self, partition: _Replay):  # type: ignore[override]
+        from hamq.spark.arrow_codec import records_to_batch
+        from hamq.spark.schema import arrow_schema
+
+        batch, _ = records_to_batch(
+            partition.records, 0, 1 << 62, "SparkBench", "broker-a", 0, arrow_schema(self.columns)
+        )
+        left = partition.rows
+        while left > 0:
+            yield batch if left >= batch.num_rows else batch.slice(0, left)
+            left -= batch.num_rows
+
+
+class ReplaySource(DataSource):
+    """The same Arrow batches as hamq's reader yields, without any I/O."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "hamqreplay"
+
+    def schema(self):
+        from hamq.spark.schema import SPARK_SCHEMA
+
+        return SPARK_SCHEMA
+
+    def reader(self, schema):
+        from hamq.spark.schema import read_columns
+
+        return _ReplayReader(dict(self.options), read_columns(schema))
+
+
+def emit(**fields) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def session():
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("hamq-columns-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def reads(args) -> None:
+    spark = session()
+    spark.dataSource.register(ReplaySource)
+    queries = ("count", "sum_length_value")
+    for attempt in range(1, args.attempts + 1):
+        for label, schema in SCHEMAS.items():
+            frames = {}
+            for fmt in ("hamq", "hamqreplay"):
+                r = spark.read.format(fmt)
+                if schema is not None:
+                    r = r.schema(schema)
+                frames[fmt] = r.option("namesrv", args.namesrv).option("topic", args.topic).load()
+            for query in queries:
+                if query == "sum_length_value" and label == "none":
+                    continue
+                elapsed = {}
+                for fmt, df in frames.items():
+                    started = time.perf_counter()
+                    if query == "count":
+                        rows = df.count()
+                    else:
+                        rows = df.selectExpr("count(*)", "sum(length(value))").collect()[0][0]
+                    elapsed[fmt] = time.perf_counter() - started
+                    emit(
+                        bench=f"read_{query}",
+                        columns=label,
+                        source=fmt,
+                        attempt=attempt,
+                        rows=rows,
+                        elapsed_s=round(elapsed[fmt], 3),
+                        rows_per_s=round(rows / elapsed[fmt]),
+                        load=os.getloadavg()[0],
+                    )
+                emit(
+                    bench=f"read_{query}_ratio",
+                    columns=label,
+                    attempt=attempt,
+                    hamq_over_replay=round(elapsed["hamqreplay"] / elapsed["hamq"], 3),
+                )
+    spark.stop()
+
+
+def triggers(args) -> None:
+    """A stream over 16 queues with 200 ms triggers into the noop sink while a producer
+    keeps every queue fed: connections opened per trigger and trigger durations."""
+    topic = "SparkTriggers"
+    with Admin(args.namesrv) as admin:
+        admin.create_topic(topic, queue_nums=16)
+    stop = threading.Event()
+
+    def produce() -> None:
+        with Producer(args.namesrv, "bench-triggers") as producer:
+            while not stop.is_set():
+                for q in range(16):
+                    producer.send_batch(
+                        [Message(topic, b"x" * 1024)] * 50, MessageQueue(topic, "broker-a", q)
+                    )
+                time.sleep(0.05)
+
+    feeder = threading.Thread(target=produce, daemon=True)
+    feeder.start()
+    spark = session()
+    ports = int(args.broker.rsplit(":", 1)[1]), int(args.namesrv.rsplit(":", 1)[1])
+    with tempfile.TemporaryDirectory() as ckpt:
+        query = (
+            spark.readStream.format("hamq")
+            .option("namesrv", args.namesrv)
+            .option("topic", topic)
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", ckpt)
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
+        time.sleep(args.warmup_s)  # the first triggers start the Python workers
+        before = [client_ports(p) for p in ports]
+        seen = len(query.recentProgress)
+        time.sleep(args.seconds)
+        progress = query.recentProgress[seen:]
+        opened = [len(client_ports(p) - b) for p, b in zip(ports, before, strict=True)]
+        query.stop()
+    stop.set()
+    spark.stop()
+    durations = [p["durationMs"]["triggerExecution"] for p in progress]
+    emit(
+        bench="stream_triggers_16_queues",
+        triggers=len(progress),
+        rows=sum(p["numInputRows"] for p in progress),
+        broker_connections_per_trigger=round(opened[0] / max(len(progress), 1), 2),
+        namesrv_connections_per_trigger=round(opened[1] / max(len(progress), 1), 2),
+        trigger_ms_median=statistics.median(durations),
+        trigger_ms_p90=sorted(durations)[int(len(durations) * 0.9)],
+        load=os.getloadavg()[0],
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("stage", choices=("reads", "triggers"))
+    parser.add_argument("--namesrv", default=os.environ.get("HAMQ_NAMESRV", "127.0.0.1:9876"))
+    parser.add_argument("--topic", default="SparkBench")
+    parser.add_argument("--broker", help="triggers: the broker's address (host:port)")
+    parser.add_argument("--attempts", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--warmup-s", type=float, default=15.0)
+    args = parser.parse_args()
+    {"reads": reads, "triggers": triggers}[args.stage](args)
+
+
+if __name__ == "__main__":
+    main()
