@@ -34,7 +34,16 @@ READ_OPTIONS = (
     "pollTimeoutMs",
     "kafkaConsumer.pollTimeoutMs",
 )
-WRITE_OPTIONS = ("namesrv", "topic", "producerGroup", "checkpointLocation", "timeoutMs")
+# checkpointLocation and queryName are what a streaming write's own settings look like to
+# the sink: Spark passes them on as options.
+WRITE_OPTIONS = (
+    "namesrv",
+    "topic",
+    "producerGroup",
+    "checkpointLocation",
+    "queryName",
+    "timeoutMs",
+)
 
 
 def check_known(options: Mapping[str, str], known: Iterable[str], what: str) -> None:
