@@ -225,6 +225,31 @@ def test_a_corrupted_final_read_is_phantom_and_its_acknowledged_id_lost(tmp_path
     assert (verdict.phantom, verdict.lost, verdict.lost_ids) == (1, 1, ["p0-3"])
 
 
+def test_a_record_the_broker_refused_is_unreadable_not_phantom_and_its_id_lost(tmp_path):
+    """The final read notes a record refused for good (CRC_MISMATCH, no intact copy) at its
+    place: never served, so no phantom; the message in it is lost."""
+    run = clean_run()  # p0-4: no consumer received it (else read, then gone)
+    line = run.final_of("p0-4")[0]
+    line.update(id="", valid=False, refused=True)
+    verdict = verdict_of(run, tmp_path)
+    assert (verdict.unreadable, verdict.phantom, verdict.lost_ids) == (1, 0, ["p0-4"])
+    assert not verdict.ok
+
+
+def test_read_then_lost_under_an_unpromised_fault_is_one_loss_not_a_failure(tmp_path):
+    """One copy corrupted (single mode): a consumer read it before, the final read cannot.
+    That phantom is the lost id itself; any other phantom still fails the run."""
+    run = clean_run()
+    run.receive("push-0", "p0-3", T0 + 2 * S)
+    run.final_of("p0-3")[0].update(id="", valid=False, refused=True)
+    verdict = verdict_of(run, tmp_path, promise_zero_loss=False)
+    assert (verdict.lost, verdict.phantom, verdict.phantom_lost) == (1, 1, 1)
+    assert verdict.ok
+    assert not verdict_of(run, tmp_path / "promised").ok
+    run.store("p7-0", NORMAL, "broker-a/3", "p7-0", 0)
+    assert not verdict_of(run, tmp_path / "other", promise_zero_loss=False).ok
+
+
 def test_a_corrupted_consumer_receive_is_phantom(tmp_path):
     run = clean_run()
     run.receive("pop-0", "p0-6", T0 + 2 * S, valid=False)

@@ -17,17 +17,17 @@ from unit.test_plot import png_size
 
 
 def verdicts(
-    tmp_path: Path, name: str, lose: int = 0, diverge: bool = False
+    tmp_path: Path, name: str, lose: int = 0, diverge: bool = False, promised: bool = True
 ) -> list[dict[str, Any]]:
     """Two repeats' verdicts from real run directories: the clean run, and one that loses
     ``lose`` acknowledged ids (and has a divergent replica when ``diverge``)."""
-    clean = check(clean_run().write(tmp_path / f"{name}-1")).to_json() | {"faults": 1}
+    clean = check(clean_run().write(tmp_path / f"{name}-1"), promised).to_json() | {"faults": 1}
     run = clean_run()
     for seq in range(4, 4 + lose):  # ids no consumer received (else phantom too: read, then gone)
         run.files["final"].remove(run.final_of(f"p0-{seq}")[0])
     if diverge:
         run.logs["broker-a-1"] = b"\xff" + LOG[1:]
-    return [clean, check(run.write(tmp_path / f"{name}-2")).to_json() | {"faults": 2}]
+    return [clean, check(run.write(tmp_path / f"{name}-2"), promised).to_json() | {"faults": 2}]
 
 
 def rows(tmp_path: Path) -> list[dict[str, Any]]:
@@ -46,7 +46,7 @@ def rows(tmp_path: Path) -> list[dict[str, Any]]:
     return [
         row("single", "kill", True, verdicts(tmp_path, "pass")),
         row("single", "power-loss", True, verdicts(tmp_path, "loss", lose=2)),
-        row("single", "corrupt", False, verdicts(tmp_path, "expected", lose=3, diverge=True)),
+        row("single", "corrupt", False, verdicts(tmp_path, "expected", lose=3, diverge=True, promised=False)),
         row("master-slave", "partition", True, verdicts(tmp_path, "fail", diverge=True)),
     ]
 

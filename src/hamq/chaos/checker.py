@@ -20,6 +20,8 @@ Definitions (the legend of docs/RELIABILITY.md):
 - **phantom**: ids read (by a consumer or the final read) that no producer sent or whose send
   failed definitely; reads with an invalid body (corrupted); ids a consumer received that
   the final read no longer holds (read, then gone).
+- **unreadable**: records the final read found but the broker refused for good (damaged,
+  no intact copy): never served, so not phantom; the message they held counts as lost.
 - **divergent**: replica groups whose members' commit logs differ below the group's committed
   offset, or where a member holds less than the committed prefix after healing.
 - **unavailable_s**: the sum of the gaps longer than 1 s between consecutive acknowledgements
@@ -29,8 +31,9 @@ Definitions (the legend of docs/RELIABILITY.md):
 - **redelivered**: receives of an id beyond the first in one consumer group (at-least-once
   delivery: reported, not an error).
 
-A run is ok when lost, phantom, divergent and reordered are all 0 (lost is allowed when the
-mode does not promise zero loss under this fault).
+A run is ok when lost, phantom, divergent and reordered are all 0. When the mode does not
+promise zero loss under this fault, lost and divergent are allowed, and so are phantoms that
+are lost ids (read, then lost: one loss seen twice), not other phantoms nor reorderings.
 """
 
 from __future__ import annotations
@@ -89,12 +92,17 @@ class Verdict:
     reordered_ids: list[str] = field(default_factory=list)
     phantom_ids: list[str] = field(default_factory=list)
     divergent_groups: list[str] = field(default_factory=list)  # "group@first differing byte"
+    unreadable: int = 0
+    phantom_lost: int = 0  # phantoms that are lost ids: read, then lost
     promise_zero_loss: bool = True
 
     @property
     def ok(self) -> bool:
-        lost_ok = self.lost == 0 or not self.promise_zero_loss
-        return lost_ok and self.phantom == self.divergent == self.reordered == 0
+        if self.reordered:
+            return False
+        if self.promise_zero_loss:
+            return self.lost == self.phantom == self.divergent == 0
+        return self.phantom == self.phantom_lost
 
     def to_json(self) -> dict[str, Any]:
         fields = asdict(self)
@@ -123,6 +131,7 @@ class Read:
     queue: str
     offset: int
     valid: bool
+    refused: bool = False  # the broker refused it for good (final read only): never served
 
 
 @dataclass(frozen=True)
@@ -163,6 +172,7 @@ def check(run_dir: Path, promise_zero_loss: bool = True) -> Verdict:
     duplicated = sorted(i for i, n in stored.items() if n > 1 and i)
     reordered = _reordered(history.final, sends, acked)
     phantom = _phantoms(history, readable)
+    lost_set = set(lost)
     divergent = _divergent(run_dir)
     redelivered = sum(
         sum(Counter(r.id for r in reads).values()) - len({r.id for r in reads})
@@ -185,6 +195,8 @@ def check(run_dir: Path, promise_zero_loss: bool = True) -> Verdict:
         reordered_ids=reordered[:MAX_LISTED_IDS],
         phantom_ids=phantom[:MAX_LISTED_IDS],
         divergent_groups=divergent[:MAX_LISTED_IDS],
+        unreadable=sum(1 for r in history.final if r.refused),
+        phantom_lost=sum(1 for i in phantom if i in lost_set),
         promise_zero_loss=promise_zero_loss,
     )
 
@@ -270,6 +282,7 @@ def _read(line: dict[str, Any], topic: str) -> Read:
         queue=str(line["queue"]),
         offset=int(line["offset"]),
         valid=bool(line["valid"]),
+        refused=bool(line.get("refused", False)),
     )
 
 
@@ -324,7 +337,11 @@ def _phantoms(history: History, readable: Counter[str]) -> list[str]:
     received = [r for reads in history.receives.values() for r in reads]
     # invalid reads are counted below, by position when the body names no id
     phantom = {r.id for r in history.final + received if r.valid and r.id not in sent}
-    phantom |= {r.id or f"{r.topic} {r.queue}@{r.offset}" for r in history.final if not r.valid}
+    phantom |= {
+        r.id or f"{r.topic} {r.queue}@{r.offset}"
+        for r in history.final
+        if not r.valid and not r.refused
+    }
     phantom |= {r.id or f"{r.queue}@{r.offset}" for r in received if not r.valid}
     phantom |= {r.id for r in received if r.id not in readable}
     return sorted(phantom)

@@ -367,11 +367,12 @@ class Workload:
 
 @dataclass
 class QueueRead:
-    """One read of a queue from its master: (offset, body) from its min to its max."""
+    """One read of a queue from its master: (offset, body) from its min to its max; body
+    None where the broker refused the record for good (damaged, no intact copy)."""
 
     min_offset: int
     max_offset: int
-    messages: list[tuple[int, bytes]]
+    messages: list[tuple[int, bytes | None]]
 
     @property
     def complete(self) -> bool:
@@ -396,7 +397,7 @@ async def _final_read(
     for topic in topics:
         for mq in await _queues(namesrv, topic, deadline):
             for offset, body in await _read_stable(namesrv, mq, deadline):
-                message_id, seq, valid = parse_body(body)
+                message_id, seq, valid = parse_body(body or b"")
                 history.record(
                     op="read",
                     id=message_id,
@@ -404,6 +405,7 @@ async def _final_read(
                     queue=f"{mq.broker_name}/{mq.queue_id}",
                     offset=offset,
                     valid=valid,
+                    refused=body is None,
                     key=key_of(topic, message_id, seq),
                     seq=seq,
                 )
@@ -461,15 +463,15 @@ async def _read_from_master(namesrv: str, mq: MessageQueue) -> QueueRead | None:
             return None
         min_offset = await reader.min_offset(mq)
         max_offset = await reader.max_offset(mq)
-        messages: list[tuple[int, bytes]] = []
+        messages: list[tuple[int, bytes | None]] = []
         offset = min_offset
         while offset < max_offset:
             try:
                 result = await reader.pull(mq, offset, FINAL_PULL_BATCH)
             except CrcMismatch:
-                # a damaged record the broker refuses for good (no intact copy): an
-                # unparseable body at its place, and the rest of the queue still read
-                messages.append((offset, b""))
+                # a damaged record the broker refuses for good (no intact copy): noted at
+                # its place, and the rest of the queue still read
+                messages.append((offset, None))
                 offset += 1
                 continue
             if result.status is not PullStatus.FOUND:
