@@ -46,7 +46,12 @@ def rows(tmp_path: Path) -> list[dict[str, Any]]:
     return [
         row("single", "kill", True, verdicts(tmp_path, "pass")),
         row("single", "power-loss", True, verdicts(tmp_path, "loss", lose=2)),
-        row("single", "corrupt", False, verdicts(tmp_path, "expected", lose=3, diverge=True, promised=False)),
+        row(
+            "single",
+            "corrupt",
+            False,
+            verdicts(tmp_path, "expected", lose=3, diverge=True, promised=False),
+        ),
         row("master-slave", "partition", True, verdicts(tmp_path, "fail", diverge=True)),
     ]
 
