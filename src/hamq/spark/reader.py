@@ -183,12 +183,18 @@ class HamqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self.columns = columns
         self.target: Offsets | None = None  # Trigger.AvailableNow's end
+        # Spark asks initialOffset() to plan batch 0 and again to run it: a ``latest``
+        # start must not move between the two (Kafka's source keeps it in its checkpoint).
+        self.initial: dict | None = None
         # The last batch latestOffset planned: its start and end offsets as Spark passes
         # them back to partitions(), and where each queue really starts.
         self.planned: tuple[dict, dict, Offsets] | None = None
 
     def initialOffset(self) -> dict:
-        return stream_offset(starting_offsets(self.options, queue_bounds(self.options), "latest"))
+        if self.initial is None:
+            bounds = queue_bounds(self.options)
+            self.initial = stream_offset(starting_offsets(self.options, bounds, "latest"))
+        return self.initial
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.target = {q: b.max_offset for q, b in queue_bounds(self.options).items()}
@@ -220,7 +226,12 @@ class HamqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.planned is not None and self.planned[:2] == (start, end):
             begin = self.planned[2]
         else:  # a batch planned before a restart: check it again
-            begin, losses = plan_starts(from_stream_offset(start), queue_bounds(self.options), stop)
+            reached = from_stream_offset(start)
+            if start == self.initial:
+                # batch 0 replayed: this reader's initial offset is not the one it was
+                # planned from, and may be past its end without anything going backwards
+                reached = {q: min(v, stop.get(q, v)) for q, v in reached.items()}
+            begin, losses = plan_starts(reached, queue_bounds(self.options), stop)
             report_data_loss(self.options, losses)
         return plan_ranges(
             begin,
