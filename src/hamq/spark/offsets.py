@@ -150,8 +150,9 @@ def plan_starts(
             starts[queue] = now.min_offset
             if now.min_offset > 0:
                 losses.append(f"{queue} is new and starts at offset {now.min_offset}, not 0")
-        elif now.max_offset < at and not now.from_master and end is None:
-            starts[queue] = at  # a slave behind its master: wait for the master
+        elif now.max_offset < at and not now.from_master and (end is None or end >= at):
+            # a slave behind its master (a replayed batch too): wait for the master
+            starts[queue] = at
         elif now.max_offset < at or (end is not None and end < at):
             starts[queue] = now.min_offset
             changed_to = now.max_offset if end is None else min(end, now.max_offset)
