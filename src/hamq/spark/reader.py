@@ -102,8 +102,11 @@ def check_assigned(options: ReadOptions, bounds: Bounds) -> None:
     """An ``assign`` naming a queue the topic does not have is a typo, not an empty read."""
     for topic, keys in options.topics.assigned:
         missing = [k for k in keys if TopicQueue.of(topic, k) not in bounds]
-        if missing:
-            have = sorted(q.key for q in bounds if q.topic == topic)
+        if missing:  # bounds hold the assigned queues only: name the topic's others
+            with Admin(options.namesrv, options.timeout_s) as admin:
+                route = admin.topic_route(topic)
+            queues = sorted(TopicQueue(topic, q.broker_name, q.queue_id) for q in route.read_queues)
+            have = [q.key for q in queues]
             raise ValueError(
                 f"option assign: topic {topic} has no readable queue {', '.join(missing)} "
                 f"(it has {', '.join(have) or 'none'})"
