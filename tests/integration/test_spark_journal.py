@@ -304,3 +304,41 @@ def test_a_batch_write_is_all_or_nothing_past_its_commit_point(cluster_factory):
             result = consumer.pull(mq, 0, 500)
             got += [int(m.body) for m in result.messages]
     assert sorted(got) == list(range(200))
+
+
+def test_a_journal_retention_removed_is_an_error_not_no_batch_yet(cluster_factory, drain_topic):
+    """Item 6: batch 0 is committed and journaled, then retention removes the journal
+    (64 KiB segments kept a second) while the query is stopped; Spark replays batch 0 on
+    restart. The sink must refuse (which batches were committed is unknown) rather than
+    read an empty journal as "no batch yet" and commit the replay's rows a second time."""
+    c = cluster_factory()
+    c.start_namesrv()
+    c.start_broker(
+        "a",
+        broker_name="broker-a",
+        mapped_file_size_commitlog=64 * 1024,
+        file_reserved_hours=1.0 / 3600,
+        clean_resource_interval_ms=200,
+    )
+    ns = c.namesrv
+    with Admin(ns) as admin:
+        wait_for(lambda: admin.master_addrs(), WAIT_S, "broker-a registered")
+        admin.create_topic(DATA, queue_nums=1)
+        admin.create_topic("Filler", queue_nums=1)
+    driver = HamqStreamWriter(options(ns))
+    driver.commit([write(driver, range(10))], 0)
+    journal = journal_topic(sink_key(options(ns), "query-1"))
+    with hamq.Producer(ns, "spark-journal-filler") as producer, Admin(ns) as admin:
+
+        def journal_expired() -> bool:
+            producer.send_batch([hamq.Message("Filler", bytes(1000)) for _ in range(80)])
+            row = admin.topic_offsets(journal)[0]
+            return row["min_offset"] == row["max_offset"] > 0
+
+        wait_for(journal_expired, 60, "retention to remove the journal")
+    before = visible(drain_topic, ns, range(10))  # batch 0's rows may have expired too
+    replay = HamqStreamWriter(options(ns))
+    rows = write(replay, range(10))
+    with pytest.raises(JournalError, match="retention removed"):
+        replay.commit([rows], 0)
+    assert visible(drain_topic, ns, range(10)) == before
