@@ -15,6 +15,8 @@ import hamq
 from hamq.client.consumer import PullStatus
 from hamq.protocol.frame import Frame, FrameDecoder
 
+sys.path.insert(0, os.path.dirname(__file__))  # a test module may reuse another's setup
+
 RAW_TIMEOUT_S = 5.0
 CLI_TIMEOUT_S = 60.0
 

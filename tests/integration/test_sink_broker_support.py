@@ -249,3 +249,39 @@ def test_immune_sink_halves_never_delay_an_ordinary_producers_check(cluster_fact
             wait_for(lambda key=key: key in checked, 60, f"half {key!r} checked")
             waited_s = checked[key] - sent
             assert waited_s <= bound_s, f"{key}: checked {waited_s:.1f} s after it was sent"
+
+
+def test_a_decision_an_acting_master_took_keeps_its_verdict_on_the_returning_master(
+    cluster_factory,
+):
+    """Item 5 across a failover: a half committed by the acting master (its master killed)
+    is taken by the returning master at pre-online with its verdict, so a ROLLBACK of it
+    there is refused. Before, decisions were kept without verdicts and the ROLLBACK was
+    answered SUCCESS: a batch write's abort found its commit point "rolled back" and rolled
+    the rest back, leaving the batch partly visible."""
+    from test_escape import (
+        TX_TOPIC,
+        WAIT_S,
+        end_transaction,
+        master_of,
+        prepare,
+        read_group,
+        start_groups,
+    )
+
+    c, _ = start_groups(cluster_factory, remote_escape=True, pre_online=True)
+    _, _, halves = prepare(c)
+    committed, half = halves["commit"]
+    asyncio.run(end_transaction(c.namesrv, half, TransactionState.COMMIT_MESSAGE))
+    assert read_group(c.namesrv, TX_TOPIC, "broker-b", 1, WAIT_S) == [committed]
+    c.procs["a-master"].start()
+    master = c.broker_addr("a-master")
+    with hamq.Admin(c.namesrv) as admin:
+        wait_for(
+            lambda: master_of(admin, TX_TOPIC, "broker-a") == master,
+            WAIT_S,
+            "broker-a's master back online after pre-online",
+        )
+    with pytest.raises(TransactionCommitted):
+        asyncio.run(end_transaction(c.namesrv, half, TransactionState.ROLLBACK_MESSAGE))
+    asyncio.run(end_transaction(c.namesrv, half, TransactionState.COMMIT_MESSAGE))  # same: ok

@@ -18,6 +18,7 @@ import asyncio
 import logging
 
 from hamq.broker.ha.member_group import MemberGroup
+from hamq.broker.transaction.decisions import Decision
 from hamq.errors import HamqError
 from hamq.net.pool import ConnectionPool
 from hamq.protocol.codes import RequestCode, ResponseCode
@@ -34,10 +35,10 @@ class DecisionShare:
         self.pool = pool
         self.own_id = own_id
 
-    async def share(self, decided: dict[int, int]) -> None:
-        """Hand ``decided`` (half offset -> commit-log offset) to every other member the
+    async def share(self, decided: dict[str, Decision]) -> None:
+        """Hand ``decided`` (``TransactionDecisions.shared``) to every other member the
         name servers hold alive; returns once each answered or was passed over."""
-        body = pack_body({str(half): physical for half, physical in decided.items()})
+        body = pack_body(decided)
         others = [a for i, a in self.members.broker_addrs.items() if i != self.own_id]
         await asyncio.gather(*(self._put(addr, body) for addr in others))
 

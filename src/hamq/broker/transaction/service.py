@@ -26,8 +26,9 @@ succeeds, the opposite one is refused with TRANSACTION_ROLLED_BACK (a COMMIT of 
 rolled back, by a ROLLBACK or by the check giving up) or TRANSACTION_COMMITTED (a ROLLBACK
 of a half committed), which the Spark sink relies on never to report rows it lost as
 committed. A one-way END_TRANSACTION (an ordinary producer's) is answered as before:
-never. A decision whose record carries no verdict (an op record written before verdicts
-were logged, an acting master's decision, or one whose half is no longer retained) is
+never. An acting master's decision keeps its verdict too (``decisions.py``: on restart,
+on the other members, on the returning master). A decision whose record carries no
+verdict (one written before verdicts were kept, or whose half is no longer retained) is
 answered SUCCESS whatever was asked, as before.
 
 A half message with ``TRAN_BATCH = n`` carries a whole encoded batch as its body (hamq's
@@ -46,7 +47,7 @@ from hamq.broker.durable import answer_when_durable
 from hamq.broker.escape import EscapeBridge
 from hamq.broker.role import RoleState
 from hamq.broker.stored_message import StoredMessage, read_message, read_messages
-from hamq.broker.transaction.decisions import TransactionDecisions
+from hamq.broker.transaction.decisions import Decision, TransactionDecisions, well_formed_decisions
 from hamq.errors import (
     BrokerSystemError,
     HamqError,
@@ -94,7 +95,7 @@ class TransactionalMessageService:
         escape: EscapeBridge,
         *,
         on_put: Callable[[str, int], None],
-        share: Callable[[dict[int, int]], Awaitable[None]],
+        share: Callable[[dict[str, Decision]], Awaitable[None]],
     ) -> None:
         self.store = store
         self.escape = escape  # an acting master's commits go to another group's master
@@ -301,22 +302,20 @@ class TransactionalMessageService:
                 topic, _, payload, count = real
                 await self.escape.put(topic, payload, count=count, born_ts=msg.born_timestamp_ms)
         snapshot = self.decisions.record(
-            msg.queue_offset, msg.physical_offset, self.store.clock_ms()
+            msg.queue_offset, msg.physical_offset, self.store.clock_ms(), state.value
         )
         try:
             await asyncio.to_thread(self.decisions.write, snapshot)
         except OSError as err:
             raise BrokerSystemError(f"writing the transaction decision failed: {err}") from err
         # before the answer: killed after it, this member would take the decision with it
-        await self.share({msg.queue_offset: msg.physical_offset})
-        # the verdict is known here until a restart (the decisions file does not keep it)
+        await self.share(self.decisions.shared({msg.queue_offset}))
         self._logged_decision(msg.queue_offset, state.value)
 
     def get_decisions(self, conn: Connection, frame: Frame) -> list:
         """GET_TRANSACTION_DECISIONS: the decisions kept as metadata (half offset ->
         commit-log offset), for a returning master's pre-online."""
-        body = {str(half): physical for half, physical in self.decisions.decided().items()}
-        return response_pieces(frame, body=pack_body(body))
+        return response_pieces(frame, body=pack_body(self.decisions.shared()))
 
     def put_decisions(self, conn: Connection, frame: Frame) -> list | None:
         """PUT_TRANSACTION_DECISIONS: decisions the group's acting master took, kept here
@@ -356,13 +355,14 @@ class TransactionalMessageService:
         """Take the decisions kept as metadata (this member acting, before) whose half
         message is still the one decided; forget the others."""
         keep = {}
+        verdicts = self.decisions.verdicts()
         for half, physical in self.decisions.decided().items():
             if half < self.decided_below or half in self._decided:
                 continue  # the op log has it
             msg = read_message(self.store, HALF_TOPIC, HALF_QUEUE_ID, half)
             if msg is not None and msg.physical_offset == physical:
                 keep[half] = physical
-                self._logged_decision(half, None)
+                self._logged_decision(half, verdicts.get(half))
         self.decisions.forget(keep, self.store.clock_ms())
 
     def _committed_message(self, msg: StoredMessage) -> tuple[str, int, bytes, int] | None:
@@ -512,12 +512,14 @@ def _batch_count(properties: dict[str, str]) -> int:
         ) from None
 
 
-def _decided(body: bytes) -> dict[int, int]:
-    """A PUT/GET_TRANSACTION_DECISIONS body: half offset -> commit-log offset."""
+def _decided(body: bytes) -> dict[str, Decision]:
+    """A PUT/GET_TRANSACTION_DECISIONS body: half offset -> commit-log offset, or
+    [commit-log offset, verdict]."""
     table = unpack_body(body) or {}
-    try:
-        return {int(half): int(physical) for half, physical in table.items()}
-    except (AttributeError, TypeError, ValueError):
+    kept = well_formed_decisions(table)
+    if not isinstance(table, dict) or len(kept) != len(table):
         raise InvalidArgument(
-            "transaction decisions must map half offsets to commit-log offsets"
-        ) from None
+            "transaction decisions must map half offsets to commit-log offsets "
+            "or [commit-log offset, verdict]"
+        )
+    return kept
