@@ -7,7 +7,9 @@ streaming read opens per 200 ms trigger over 16 queues (item 13).
 
 ``reads`` expects topic SparkBench filled by ``bench/spark_bench.py`` (1M x 1 KiB, 4
 queues). The no-I/O source decodes one real pull of queue 0 once per partition and yields
-that batch until it has produced as many rows as hamq's partition of the same queue.
+that batch until it has produced as many rows as hamq's partition of the same queue
+(``replay``: Spark's own cost of taking the batches); with ``decode=each`` it decodes the
+pull again for every batch (``decode``: the same work as hamq's reader but the pulls).
 ``triggers`` runs with the tree on PYTHONPATH it is given (before/after: the old tree's
 ``src``). Prints one JSON line per measurement.
 """
@@ -61,11 +63,15 @@ class _ReplayReader(DataSourceReader):
         from hamq.spark.arrow_codec import records_to_batch
         from hamq.spark.schema import arrow_schema
 
-        batch, _ = records_to_batch(
-            partition.records, 0, 1 << 62, "SparkBench", "broker-a", 0, arrow_schema(self.columns)
-        )
+        schema = arrow_schema(self.columns)
+        each = self.options.get("decode") == "each"
+        batch = None
         left = partition.rows
         while left > 0:
+            if batch is None or each:
+                batch, _ = records_to_batch(
+                    partition.records, 0, 1 << 62, "SparkBench", "broker-a", 0, schema
+                )
             yield batch if left >= batch.num_rows else batch.slice(0, left)
             left -= batch.num_rows
 
@@ -86,6 +92,10 @@ class ReplaySource(DataSource):
         from hamq.spark.schema import read_columns
 
         return _ReplayReader(dict(self.options), read_columns(schema))
+
+
+# (label, format, decode option): hamq's reader and the no-I/O source both ways
+SOURCES = (("hamq", "hamq", ""), ("replay", "hamqreplay", "once"), ("decode", "hamqreplay", "each"))
 
 
 def emit(**fields) -> None:
@@ -115,37 +125,39 @@ def reads(args) -> None:
     for attempt in range(1, args.attempts + 1):
         for label, schema in SCHEMAS.items():
             frames = {}
-            for fmt in ("hamq", "hamqreplay"):
+            for source, fmt, decode in SOURCES:
                 r = spark.read.format(fmt)
                 if schema is not None:
                     r = r.schema(schema)
-                frames[fmt] = r.option("namesrv", args.namesrv).option("topic", args.topic).load()
+                r = r.option("namesrv", args.namesrv).option("topic", args.topic)
+                frames[source] = (r.option("decode", decode) if decode else r).load()
             for query in queries:
                 if query == "sum_length_value" and label == "none":
                     continue
                 elapsed = {}
-                for fmt, df in frames.items():
+                for source, df in frames.items():
                     started = time.perf_counter()
                     if query == "count":
                         rows = df.count()
                     else:
                         rows = df.selectExpr("count(*)", "sum(length(value))").collect()[0][0]
-                    elapsed[fmt] = time.perf_counter() - started
+                    elapsed[source] = time.perf_counter() - started
                     emit(
                         bench=f"read_{query}",
                         columns=label,
-                        source=fmt,
+                        source=source,
                         attempt=attempt,
                         rows=rows,
-                        elapsed_s=round(elapsed[fmt], 3),
-                        rows_per_s=round(rows / elapsed[fmt]),
+                        elapsed_s=round(elapsed[source], 3),
+                        rows_per_s=round(rows / elapsed[source]),
                         load=os.getloadavg()[0],
                     )
                 emit(
                     bench=f"read_{query}_ratio",
                     columns=label,
                     attempt=attempt,
-                    hamq_over_replay=round(elapsed["hamqreplay"] / elapsed["hamq"], 3),
+                    hamq_over_replay=round(elapsed["replay"] / elapsed["hamq"], 3),
+                    hamq_over_decode=round(elapsed["decode"] / elapsed["hamq"], 3),
                 )
     spark.stop()
 

@@ -7,11 +7,13 @@ import zlib
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hamq.client.message import Message, MessageExt
 from hamq.protocol.message import decode_records, encode_batch, encode_record_header
 from hamq.spark.arrow_codec import BatchEncoder, records_to_batch
-from hamq.spark.schema import ARROW_SCHEMA
+from hamq.spark.schema import ARROW_SCHEMA, READ_COLUMNS, arrow_schema
 
 
 def record(messages: list[Message], base_offset: int, born_ms: int = 1_700_000_000_000) -> bytes:
@@ -78,3 +80,76 @@ def record_from_payload(payload: bytes, count: int) -> bytes:
 def test_a_value_column_of_another_type_is_refused():
     with pytest.raises(TypeError, match="'value' column must be binary or string, not int64"):
         BatchEncoder("T").encode(pa.RecordBatch.from_pydict({"value": [1, 2]}))
+
+
+@st.composite
+def records(draw) -> tuple[bytes, int]:
+    """Records as producers batch them: often messages of one size (the codec takes those
+    a record at a time), sometimes with properties, sometimes of mixed sizes."""
+    data, offset = b"", draw(st.integers(0, 50))
+    first = offset
+    for _ in range(draw(st.integers(1, 4))):
+        count = draw(st.integers(1, 20))
+        size = draw(st.integers(0, 40))
+        # one size; sizes that still add up to count x the first (size, size+d, size-d,
+        # ...: only the heads tell them apart); any sizes
+        sizes = draw(st.sampled_from(["one", "balanced", "any"]))
+        props = draw(st.sampled_from([{}, {"p": "1"}, "keys"]))
+        messages = []
+        for i in range(count):
+            if sizes == "any":
+                length = draw(st.integers(0, 40))
+            else:
+                length = size + (0 if sizes == "one" or i == 0 else (1 if i % 2 else -1) * size)
+            body = bytes([i % 256]) * length
+            if props == "keys":
+                messages.append(Message("T", body, keys=f"k{i}", tags="t" if i % 2 else None))
+            else:
+                messages.append(Message("T", body, properties=dict(props)))
+        data += record(messages, offset, born_ms=1_700_000_000_000 + offset)
+        offset += count
+    return data, first
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    records(),
+    st.integers(0, 120),
+    st.integers(0, 120),
+    st.lists(st.sampled_from(READ_COLUMNS), unique=True, max_size=len(READ_COLUMNS)),
+)
+def test_every_column_set_and_range_reads_what_the_message_decoder_reads(
+    stored, start, length, columns
+):
+    data, _ = stored
+    batch, next_offset = records_to_batch(
+        data, start, start + length, "T", "b", 2, arrow_schema(tuple(columns))
+    )
+    expected = [
+        m for m in decode_records(data, start, MessageExt, "b") if m.queue_offset < start + length
+    ]
+    if not expected:
+        assert batch is None
+        return
+    assert next_offset == expected[-1].queue_offset + 1
+    want = {
+        "key": [None if m.keys is None else m.keys.encode() for m in expected],
+        "value": [m.body for m in expected],
+        "topic": ["T"] * len(expected),
+        "broker": ["b"] * len(expected),
+        "queue": [2] * len(expected),
+        "offset": [m.queue_offset for m in expected],
+        "timestamp": [m.born_timestamp_ms for m in expected],
+        "tags": [m.tags for m in expected],
+        "properties": [
+            sorted((k, v) for k, v in m.properties.items() if k not in ("KEYS", "TAGS", "UNIQ_KEY"))
+            for m in expected
+        ],
+    }
+    assert batch.num_rows == len(expected) and batch.schema.names == columns
+    got = batch.to_pydict()
+    if "timestamp" in got:
+        got["timestamp"] = [int(t.timestamp() * 1000) for t in got["timestamp"]]
+    if "properties" in got:
+        got["properties"] = [sorted(p) for p in got["properties"]]
+    assert got == {name: want[name] for name in columns}

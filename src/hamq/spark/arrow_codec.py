@@ -1,6 +1,7 @@
 """Stored records to Arrow columns and Arrow rows to encoded messages: the data source's
 hot paths, written so that no Python object is made per message beyond one memoryview
-slice (read) or one bytes object (write).
+slice (read) or one bytes object (write). A record whose messages share one size (a
+producer's batch of fixed-size messages) is read without a Python step per message.
 
 A partition reads one queue, so topic, broker and queue are constants of a pull and the
 offsets a range; only bodies, timestamps and (when present) properties vary per message.
@@ -10,15 +11,17 @@ from __future__ import annotations
 
 import zlib
 from array import array
-from dataclasses import dataclass
-from itertools import accumulate, repeat
+from dataclasses import dataclass, field
+from itertools import repeat
 
 import msgpack
+import numpy as np
 import pyarrow as pa
 
 from hamq.client.message import PROPERTY_KEYS, PROPERTY_TAGS
 from hamq.protocol.message import (
     MSG_HEAD,
+    MSG_HEAD_BYTES,
     encode_properties,
     message_bounds,
     message_head,
@@ -31,19 +34,23 @@ _EMPTY_STRINGS = pa.array([], pa.string())
 # Columns that need every message walked; the others follow from each record's header.
 _MESSAGE_COLUMNS = frozenset(("key", "value", "tags", "properties"))
 _PROPERTY_COLUMNS = frozenset(("key", "tags", "properties"))
+# Below this many messages a record is walked message by message: numpy's set-up costs
+# more than the walk.
+_UNIFORM_MIN_MESSAGES = 8
 
 
 @dataclass
 class _Rows:
     """The messages of a pull inside the range: ``count`` rows from offset ``first`` on;
-    bodies and properties only when a column needs them."""
+    timestamps, bodies and properties only when a column needs them."""
 
-    first: int
-    count: int
-    next_offset: int  # after the last message seen
-    stamps: array  # born timestamps in µs, one per row
-    bodies: list[memoryview]
-    props: list[tuple[int, bytes]]  # (row, raw properties) of rows that have any
+    first: int = -1
+    count: int = 0
+    next_offset: int = 0  # after the last message seen
+    stamps: array = field(default_factory=lambda: array("q"))  # born timestamps in µs
+    parts: list = field(default_factory=list)  # buffers joined into the value column's data
+    lengths: array = field(default_factory=lambda: array("i"))  # body length per row
+    props: list[tuple[int, bytes]] = field(default_factory=list)  # (row, raw properties)
 
 
 def records_to_batch(
@@ -60,11 +67,15 @@ def records_to_batch(
     seen. Only what the columns need is decoded: without key, value, tags and properties
     no message is looked at (a record's header says how many it holds)."""
     names = schema.names
-    view = memoryview(data)
-    if _MESSAGE_COLUMNS.isdisjoint(names):
-        rows = _count_rows(view, start, end)
-    else:
-        rows = _walk_rows(view, start, end, not _PROPERTY_COLUMNS.isdisjoint(names))
+    with_props = not _PROPERTY_COLUMNS.isdisjoint(names)
+    rows = _scan(
+        memoryview(data),
+        start,
+        end,
+        not _MESSAGE_COLUMNS.isdisjoint(names),
+        with_props,
+        "timestamp" in names,
+    )
     n = rows.count
     if not n:
         return None, max(rows.next_offset, start)
@@ -72,17 +83,15 @@ def records_to_batch(
         rowless = pa.StructArray.from_buffers(pa.struct([]), n, [None])
         return pa.RecordBatch.from_struct_array(rowless), rows.first + n
     key = tags = properties = None
-    if not _PROPERTY_COLUMNS.isdisjoint(names):
+    if with_props:
         key, tags, properties = _property_columns(n, rows.props)
     build = {
         "key": lambda: key,
-        "value": lambda: _binary_array(rows.bodies),
-        "topic": lambda: pa.array(repeat(topic, n), pa.string(), size=n),
-        "broker": lambda: pa.array(repeat(broker, n), pa.string(), size=n),
-        "queue": lambda: pa.array(repeat(queue_id, n), pa.int32(), size=n),
-        "offset": lambda: pa.Array.from_buffers(
-            pa.int64(), n, [None, pa.py_buffer(array("q", range(rows.first, rows.first + n)))]
-        ),
+        "value": lambda: _binary_array(rows),
+        "topic": lambda: pa.repeat(pa.scalar(topic, pa.string()), n),
+        "broker": lambda: pa.repeat(pa.scalar(broker, pa.string()), n),
+        "queue": lambda: pa.repeat(pa.scalar(queue_id, pa.int32()), n),
+        "offset": lambda: pa.array(np.arange(rows.first, rows.first + n, dtype=np.int64)),
         "timestamp": lambda: pa.Array.from_buffers(
             pa.timestamp("us", tz="UTC"), n, [None, pa.py_buffer(rows.stamps)]
         ),
@@ -93,71 +102,85 @@ def records_to_batch(
     return pa.RecordBatch.from_arrays(columns, schema=schema), rows.first + n
 
 
-def _count_rows(view: memoryview, start: int, end: int) -> _Rows:
-    """Rows in range from the records' headers alone."""
-    stamps = array("q")
-    first, count, offset = -1, 0, start
+def _scan(
+    view: memoryview, start: int, end: int, with_bodies: bool, with_props: bool, with_stamps: bool
+) -> _Rows:
+    """The rows in range, record by record; a record's messages are walked only for
+    bodies or properties."""
+    rows = _Rows(next_offset=start)
     pos, size = 0, len(view)
     while pos < size:
         h = parse_record_header(view, pos)
-        offset = h.base_queue_offset + h.count
-        taken = min(end, offset) - max(start, h.base_queue_offset)
-        if taken > 0:
-            if first < 0:
-                first = max(start, h.base_queue_offset)
-            count += taken
-            stamps.extend(repeat(h.born_timestamp_ms * 1000, taken))
-        pos += h.total_size
-    return _Rows(first, count, offset, stamps, [], [])
-
-
-def _walk_rows(view: memoryview, start: int, end: int, with_props: bool) -> _Rows:
-    """Rows in range with their bodies (memoryview slices of ``view``) and, if asked,
-    their raw properties."""
-    bodies: list[memoryview] = []
-    append = bodies.append
-    stamps = array("q")
-    props: list[tuple[int, bytes]] = []
-    first = -1
-    offset = start
-    pos, size = 0, len(view)
-    while pos < size:
-        h = parse_record_header(view, pos)
-        mpos = pos + h.payload_start
-        record_end = pos + h.total_size
-        offset = h.base_queue_offset
-        taken = 0
-        if start <= offset and offset + h.count <= end:  # the whole record: no range checks
-            if first < 0:
-                first = offset
-            for _ in range(h.count):
-                props_start, body_start, mpos = message_bounds(view, mpos, record_end)
-                if with_props and body_start > props_start:
-                    props.append((len(bodies), bytes(view[props_start:body_start])))
-                append(view[body_start:mpos])
-            taken = h.count
-            offset += taken
-        else:
-            for _ in range(h.count):
-                props_start, body_start, mpos = message_bounds(view, mpos, record_end)
-                if start <= offset < end:
-                    if first < 0:
-                        first = offset
-                    if with_props and body_start > props_start:
-                        props.append((len(bodies), bytes(view[props_start:body_start])))
-                    append(view[body_start:mpos])
-                    taken += 1
-                offset += 1
-        stamps.extend(repeat(h.born_timestamp_ms * 1000, taken))
+        base, record_end = h.base_queue_offset, pos + h.total_size
+        rows.next_offset = base + h.count
+        lo, hi = max(start, base), min(end, base + h.count)
+        if hi > lo:
+            if rows.first < 0:
+                rows.first = lo
+            if with_bodies:
+                mpos = pos + h.payload_start
+                skip, stop = lo - base, hi - base
+                _take_messages(view, mpos, record_end, h.count, skip, stop, rows, with_props)
+            if with_stamps:
+                rows.stamps.extend(array("q", [h.born_timestamp_ms * 1000]) * (hi - lo))
+            rows.count += hi - lo
         pos = record_end
-    return _Rows(first, len(bodies), offset, stamps, bodies, props)
+    return rows
 
 
-def _binary_array(parts: list[memoryview]) -> pa.Array:
-    offsets = array("i", [0])
-    offsets.extend(accumulate(map(len, parts)))
+def _take_messages(
+    view: memoryview,
+    mpos: int,
+    record_end: int,
+    count: int,
+    skip: int,
+    stop: int,
+    rows: _Rows,
+    with_props: bool,
+) -> None:
+    """Bodies (and raw properties) of a record's messages ``skip..stop-1``."""
+    uniform = _uniform_bodies(view, mpos, record_end, count, with_props)
+    if uniform is not None:
+        rows.parts.append(uniform[skip:stop].tobytes())
+        rows.lengths.extend(array("i", [uniform.shape[1]]) * (stop - skip))
+        return
+    for i in range(stop):
+        props_start, body_start, mpos = message_bounds(view, mpos, record_end)
+        if i >= skip:
+            if with_props and body_start > props_start:
+                props = bytes(view[props_start:body_start])
+                rows.props.append((rows.count + i - skip, props))
+            rows.parts.append(view[body_start:mpos])
+            rows.lengths.append(mpos - body_start)
+
+
+def _uniform_bodies(
+    view: memoryview, mpos: int, record_end: int, count: int, with_props: bool
+) -> np.ndarray | None:
+    """A record whose messages all have the first one's size and property length (a
+    producer's batch of fixed-size messages) as a ``count x body length`` grid of its
+    bodies, found without a Python step per message; None for any other record, or when
+    properties are asked for and the messages carry some. Equal heads at every stride are
+    what a message-by-message walk would find, so both give the same rows."""
+    if count < _UNIFORM_MIN_MESSAGES:
+        return None
+    props_start, body_start, next_pos = message_bounds(view, mpos, record_end)
+    stride = next_pos - mpos
+    if stride * count != record_end - mpos or (with_props and body_start > props_start):
+        return None
+    grid = np.frombuffer(view, np.uint8, record_end - mpos, mpos).reshape(count, stride)
+    heads = grid[:, :MSG_HEAD_BYTES]
+    if not (heads == heads[0]).all():
+        return None
+    return grid[:, body_start - mpos :]
+
+
+def _binary_array(rows: _Rows) -> pa.Array:
+    offsets = np.zeros(rows.count + 1, np.int32)
+    np.cumsum(np.frombuffer(rows.lengths, np.int32), out=offsets[1:])
+    data = rows.parts[0] if len(rows.parts) == 1 else b"".join(rows.parts)
     return pa.Array.from_buffers(
-        pa.binary(), len(parts), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(parts))]
+        pa.binary(), rows.count, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
     )
 
 
