@@ -189,6 +189,11 @@ def test_truncated_record_is_detected():
         check_record_payload(record[:-1], 0, h)
 
 
+def test_a_truncated_record_in_a_pull_is_refused_never_read_short():
+    with pytest.raises(CrcMismatch, match="truncated"):
+        decode(make_record([b"ab", b"cd"])[:-1])
+
+
 def test_decode_records_skips_below_min_queue_offset():
     """A pull that starts inside a batch: earlier messages of that record are skipped,
     later records are decoded in full."""

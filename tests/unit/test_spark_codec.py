@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hamq.client.message import Message, MessageExt
+from hamq.errors import CrcMismatch
 from hamq.protocol.message import decode_records, encode_batch, encode_record_header
 from hamq.spark.arrow_codec import BatchEncoder, records_to_batch
 from hamq.spark.schema import ARROW_SCHEMA, READ_COLUMNS, arrow_schema
@@ -153,3 +154,18 @@ def test_every_column_set_and_range_reads_what_the_message_decoder_reads(
     if "properties" in got:
         got["properties"] = [sorted(p) for p in got["properties"]]
     assert got == {name: want[name] for name in columns}
+
+
+@pytest.mark.parametrize("columns", [("value",), READ_COLUMNS, ()])
+@pytest.mark.parametrize("count", [2, 8])  # message by message; a record at a time
+def test_a_truncated_record_is_refused_never_read_short(columns, count):
+    data = record([Message("T", b"ab")] * count, 0)[:-1]
+    with pytest.raises(CrcMismatch, match="truncated"):
+        records_to_batch(data, 0, 100, "T", "b", 0, arrow_schema(columns))
+
+
+def test_values_do_not_alias_the_pulled_bytes():
+    pulled = bytearray(record([Message("T", b"hello")], 0))
+    batch, _ = records_to_batch(pulled, 0, 1, "T", "b", 0, arrow_schema(("value",)))
+    pulled[-5:] = b"XXXXX"
+    assert batch.column(0).to_pylist() == [b"hello"]

@@ -288,6 +288,8 @@ def decode_records(
         h = parse_record_header(data, pos)
         mpos = pos + h.payload_start
         end = pos + h.total_size
+        if end > size:  # else its last message would be read short
+            raise CrcMismatch(f"the record at byte {pos} is truncated")
         offset = h.base_queue_offset
         for index in range(h.count):
             props_start, body_start, mpos = message_bounds(data, mpos, end)

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from hamq.client.message import PROPERTY_KEYS, PROPERTY_TAGS
+from hamq.errors import CrcMismatch
 from hamq.protocol.message import (
     MSG_HEAD,
     MSG_HEAD_BYTES,
@@ -37,6 +38,7 @@ _PROPERTY_COLUMNS = frozenset(("key", "tags", "properties"))
 # Below this many messages a record is walked message by message: numpy's set-up costs
 # more than the walk.
 _UNIFORM_MIN_MESSAGES = 8
+_MAX_BINARY_BYTES = 2**31 - 1  # Arrow's binary type has int32 offsets
 
 
 @dataclass
@@ -112,6 +114,8 @@ def _scan(
     while pos < size:
         h = parse_record_header(view, pos)
         base, record_end = h.base_queue_offset, pos + h.total_size
+        if record_end > size:  # else its last message would be read short
+            raise CrcMismatch(f"the record at byte {pos} is truncated")
         rows.next_offset = base + h.count
         lo, hi = max(start, base), min(end, base + h.count)
         if hi > lo:
@@ -176,11 +180,16 @@ def _uniform_bodies(
 
 
 def _binary_array(rows: _Rows) -> pa.Array:
-    offsets = np.zeros(rows.count + 1, np.int32)
+    """The bodies as one binary column; joined into bytes of their own (a memoryview of
+    the pull would keep the whole response alive, and see a caller's later writes)."""
+    offsets = np.zeros(rows.count + 1, np.int64)
     np.cumsum(np.frombuffer(rows.lengths, np.int32), out=offsets[1:])
-    data = rows.parts[0] if len(rows.parts) == 1 else b"".join(rows.parts)
+    if offsets[-1] > _MAX_BINARY_BYTES:  # int32 offsets would wrap around
+        raise OverflowError(f"{offsets[-1]} bytes of values do not fit one Arrow batch")
     return pa.Array.from_buffers(
-        pa.binary(), rows.count, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+        pa.binary(),
+        rows.count,
+        [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(rows.parts))],
     )
 
 
