@@ -11,7 +11,9 @@ that batch until it has produced as many rows as hamq's partition of the same qu
 (``replay``: Spark's own cost of taking the batches); with ``decode=each`` it decodes the
 pull again for every batch (``decode``: the same work as hamq's reader but the pulls).
 ``triggers`` runs with the tree on PYTHONPATH it is given (before/after: the old tree's
-``src``). Prints one JSON line per measurement.
+``src``). ``codec`` times decoding alone over real pulls; ``pull`` reads the topic as two
+Spark tasks would, without Spark, and tells the broker's share. Prints one JSON line per
+measurement.
 """
 
 from __future__ import annotations
@@ -216,17 +218,108 @@ def triggers(args) -> None:
     )
 
 
+COLUMN_SETS = {
+    "all": None,
+    "value": ("value",),
+    "value+offset+timestamp": ("value", "offset", "timestamp"),
+    "none": (),
+}
+
+
+def codec(args) -> None:
+    """Decoding alone: ``records_to_batch`` over ten real pulls of queue 0, best of five, per
+    column set (no Spark, no I/O)."""
+    from hamq.spark.arrow_codec import records_to_batch
+    from hamq.spark.schema import READ_COLUMNS, arrow_schema
+
+    pulls = []
+    with PullConsumer("bench-codec", args.namesrv) as consumer:
+        offset = 0
+        for _ in range(10):
+            pulled = consumer.pull_raw(MessageQueue(args.topic, "broker-a", 0), offset, 8192)
+            pulls.append((offset, bytes(pulled.records)))
+            offset = pulled.next_begin_offset
+    for label, columns in COLUMN_SETS.items():
+        schema = arrow_schema(READ_COLUMNS if columns is None else columns)
+        best, rows = float("inf"), 0
+        for _ in range(5):
+            started, rows = time.perf_counter(), 0
+            for start, data in pulls:
+                batch, _ = records_to_batch(data, start, 1 << 62, args.topic, "broker-a", 0, schema)
+                rows += batch.num_rows
+            best = min(best, time.perf_counter() - started)
+        emit(
+            bench="decode", columns=label, messages=rows, us_per_message=round(best / rows * 1e6, 3)
+        )
+
+
+def _pull_queues(namesrv: str, topic: str, queues: list[int], columns, end: int) -> dict:
+    from hamq.spark.offsets import QueueRange
+    from hamq.spark.options import ReadOptions
+    from hamq.spark.pull import read_range
+    from hamq.spark.schema import READ_COLUMNS
+
+    options = ReadOptions.parse({"namesrv": namesrv, "topic": topic})
+    started, cpu, rows = time.perf_counter(), time.process_time(), 0
+    for q in queues:
+        for batch in read_range(
+            options,
+            QueueRange(topic, "broker-a", q, 0, end),
+            READ_COLUMNS if columns is None else columns,
+        ):
+            rows += batch.num_rows
+    return {
+        "rows": rows,
+        "wall_s": time.perf_counter() - started,
+        "cpu_s": time.process_time() - cpu,
+    }
+
+
+def pull(args) -> None:
+    """hamq's executor read path without Spark: two processes (as ``local[2]``'s two
+    tasks) each reading two of the four queues with ``read_range``; their wall and CPU time,
+    and the broker's CPU time over the run (``--broker-pid``)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    def broker_cpu_s() -> float:
+        if args.broker_pid is None:
+            return float("nan")
+        fields = Path(f"/proc/{args.broker_pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    with Admin(args.namesrv) as admin:
+        end = min(r["max_offset"] for r in admin.topic_offsets(args.topic))
+    with ProcessPoolExecutor(2) as pool:
+        for label, columns in COLUMN_SETS.items():
+            before = broker_cpu_s()
+            runs = [
+                pool.submit(_pull_queues, args.namesrv, args.topic, queues, columns, end)
+                for queues in ([0, 1], [2, 3])
+            ]
+            done = [r.result() for r in runs]
+            emit(
+                bench="pull_two_readers",
+                columns=label,
+                rows=sum(d["rows"] for d in done),
+                wall_s=round(max(d["wall_s"] for d in done), 3),
+                reader_cpu_s=[round(d["cpu_s"], 3) for d in done],
+                broker_cpu_s=round(broker_cpu_s() - before, 2),
+                load=os.getloadavg()[0],
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=("reads", "triggers"))
+    parser.add_argument("stage", choices=("reads", "triggers", "codec", "pull"))
     parser.add_argument("--namesrv", default=os.environ.get("HAMQ_NAMESRV", "127.0.0.1:9876"))
     parser.add_argument("--topic", default="SparkBench")
     parser.add_argument("--broker", help="triggers: the broker's address (host:port)")
+    parser.add_argument("--broker-pid", type=int, help="pull: the broker's pid (its CPU time)")
     parser.add_argument("--attempts", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--warmup-s", type=float, default=15.0)
     args = parser.parse_args()
-    {"reads": reads, "triggers": triggers}[args.stage](args)
+    {"reads": reads, "triggers": triggers, "codec": codec, "pull": pull}[args.stage](args)
 
 
 if __name__ == "__main__":
