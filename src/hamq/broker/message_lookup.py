@@ -81,7 +81,7 @@ class MessageLookup:
 
     def record_at(self, phys: int) -> bytearray:
         log = self.store.commitlog
-        end = min(log.max_offset, self.store.read_cap)
+        end = min(log.max_offset, self.store.reads_end)
         if not log.min_offset <= phys <= end - RECORD_HEADER_BYTES:
             raise QueryNotFound(
                 f"commit-log offset {phys} is outside the readable log [{log.min_offset}, {end})"

@@ -4,10 +4,10 @@ A pull that finds nothing new is held until a send reaches its queue or its susp
 runs out. Arrivals are collected while a read is handled and served after the commit-log
 write, so a woken pull always sees the bytes it is told about.
 
-Controller mode caps reads at the confirm offset (``MessageStore.read_cap``): an arrival
-the cap still holds back keeps its pulls held, and its queue is looked at again each time
-the cap rises; so is the queue of a pull held while the cap holds records back (they may
-have arrived before it).
+Controller mode caps reads at the confirm offset, sync flush at the fsynced end
+(``MessageStore.reads_end``): an arrival the cap still holds back keeps its pulls held, and
+its queue is looked at again each time the cap rises; so is the queue of a pull held while
+the cap holds records back (they may have arrived before it).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class PullProcessor:
             return pieces
         held = HeldPull(conn, frame)
         self._held.setdefault((topic, queue_id), []).append(held)
-        if self.store.read_cap < self.store.commitlog.max_offset:
+        if self.store.reads_end < self.store.commitlog.max_offset:
             # the cap may hold back records that arrived before this pull: look again
             # when it rises, not only at the next arrival
             self._capped.add((topic, queue_id))
@@ -103,7 +103,7 @@ class PullProcessor:
         if not self._arrived:
             return
         arrived, self._arrived = self._arrived, set()
-        capped = self.store.read_cap < self.store.commitlog.max_offset
+        capped = self.store.reads_end < self.store.commitlog.max_offset
         if capped:
             self._capped |= arrived
         for key in arrived:

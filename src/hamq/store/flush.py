@@ -77,6 +77,8 @@ class FlushService:
             ),
         ]
         if self.sync:
+            # readers see what fsyncs made durable, no more (a power loss takes the rest)
+            self.store.set_durable_cap(self.store.commitlog.flushed_offset)
             self._sync_flush = asyncio.create_task(self._sync_flush_loop())
             self._duties.append(
                 PeriodicTask("sync flush timeout sweep", _TIMEOUT_SWEEP_S, self._expire_waiters)
@@ -119,6 +121,7 @@ class FlushService:
             except BrokerSystemError:
                 self.store.check_disk()  # refuses writes: none could become durable
                 return
+            self.store.set_durable_cap(flushed)
             waiters = self._waiters
             while waiters and waiters[0][0] <= flushed:
                 waiters.popleft()[2](True)

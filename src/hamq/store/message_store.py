@@ -122,6 +122,10 @@ class MessageStore:
         # confirm offset, held by the whole SyncStateSet), so a message a consumer saw is
         # never cut by a failover. Set by HA (``set_read_cap``); listeners wake held reads.
         self.read_cap = UNCAPPED
+        # Sync flush: nor past what fsyncs made durable (``set_durable_cap``), so a message
+        # a consumer saw is never taken by a power loss before its send was acknowledged.
+        self.durable_cap = UNCAPPED
+        self.reads_end = UNCAPPED  # the lower of the two: where every reader stops
         self.read_cap_listeners: list[Callable[[], None]] = []
         # Records of closed segments found damaged (bit rot: a payload that fails its CRC),
         # by commit-log offset -> size: never served; ``on_damaged`` listeners (the broker's
@@ -464,7 +468,7 @@ class MessageStore:
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, b"", 0, 0, 0)
         lo, hi = cq.min_offset, cq.max_offset
         n_entries = len(cq)
-        cap = self.read_cap
+        cap = self.reads_end
         if cap != UNCAPPED and cq.max_physical_end > cap:  # one comparison unless capped
             n_entries = self._entries_below_cap(cq)
             capped_hi = cq.base[n_entries] if n_entries < len(cq) else hi
@@ -551,9 +555,9 @@ class MessageStore:
         log.warning("commit log record at %d repaired from a replica's copy", phys)
 
     def _entries_below_cap(self, cq: ConsumeQueue) -> int:
-        """How many of a queue's entries end at or below ``read_cap``."""
-        n = bisect_left(cq.phys, self.read_cap)
-        while n and cq.phys[n - 1] + cq.size[n - 1] > self.read_cap:
+        """How many of a queue's entries end at or below ``reads_end``."""
+        n = bisect_left(cq.phys, self.reads_end)
+        while n and cq.phys[n - 1] + cq.size[n - 1] > self.reads_end:
             n -= 1
         return n
 
@@ -563,16 +567,27 @@ class MessageStore:
         cq = self.queues.get((topic, queue_id))
         if cq is None:
             return 0
-        if cq.max_physical_end <= self.read_cap:
+        if cq.max_physical_end <= self.reads_end:
             return cq.max_offset
         n = self._entries_below_cap(cq)
         return cq.base[n] if n < len(cq) else cq.max_offset
 
     def set_read_cap(self, offset: int) -> None:
-        """Readers may read records ending at or below ``offset`` (UNCAPPED: all). A cap
-        that rose wakes the readers held for records it now lets through."""
-        rose = offset > self.read_cap
+        """Readers may read records ending at or below ``offset`` (UNCAPPED: all) as far
+        as replication goes."""
         self.read_cap = offset
+        self._caps_changed()
+
+    def set_durable_cap(self, offset: int) -> None:
+        """Readers may read records ending at or below ``offset`` as far as fsyncs go."""
+        self.durable_cap = offset
+        self._caps_changed()
+
+    def _caps_changed(self) -> None:
+        """A ``reads_end`` that rose wakes the readers held for records it now lets through."""
+        end = min(self.read_cap, self.durable_cap)
+        rose = end > self.reads_end
+        self.reads_end = end
         if rose:
             for listener in self.read_cap_listeners:
                 listener()
