@@ -321,3 +321,24 @@ def test_admin_deletes_a_topic_on_a_dledger_group(cluster_factory):
         assert "Raft" not in group.admin.topic_list()
     finally:
         group.close()
+
+
+def test_sync_flush_send_is_readable_as_soon_as_it_is_answered(cluster_factory):
+    """Under sync flush a DLedger send is answered once its entry is committed (fsynced on
+    a majority's Raft log) and applied, before the store's own fsync: the Raft log is the
+    record a restart re-applies from, so reads must not wait for that fsync. A read capped
+    at the store's fsynced end answered NO_NEW_MSG for an acknowledged send."""
+    group = Group(cluster_factory, flush_disk_type="sync")
+    try:
+        with (
+            hamq.Producer(group.c.namesrv) as producer,
+            hamq.PullConsumer("read-own-writes", group.c.namesrv) as consumer,
+        ):
+            for i in range(20):
+                result = producer.send(Message("Raft", b"m-%d" % i))
+                assert result.status is SendStatus.SEND_OK
+                got = consumer.pull(result.queue, result.queue_offset, 1)
+                assert got.status is PullStatus.FOUND, (i, got)
+                assert got.messages[0].body == b"m-%d" % i
+    finally:
+        group.close()

@@ -111,3 +111,21 @@ def test_a_cut_ends_the_flush_waits_past_the_new_log_end() -> None:
     flush.wait_flushed(end, cut.append)
     store.reset_log(first, first)
     assert cut == [False] and kept == []
+
+
+def test_a_cut_lowers_the_fsynced_end_readers_stop_at() -> None:
+    """Under sync flush readers stop at the fsynced end. A cut takes that end back with
+    the log: the bytes then written where the cut ones were are not fsynced, and must not
+    be served before they are (a power loss would take them after a consumer saw them)."""
+    store = open_store(SimDisk(), "sync")
+    first = put(store, 1)
+    end = put(store, 4)
+    store.commitlog.flush()
+    flush = FlushService(store)
+    store.set_durable_cap(end)
+    store.reset_log(first, first)
+    assert store.reads_end == first
+    put(store, 3)  # not fsynced
+    got = store.get_messages("T", 0, 0, 32, 1 << 20)
+    assert got.message_count == 1, "served a record written after the cut, before its fsync"
+    assert flush.caps_reads

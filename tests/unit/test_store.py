@@ -425,6 +425,25 @@ def test_async_flush_serves_records_before_their_fsync(open_store):
     assert store.get_messages("T", 0, 0, 32, 1 << 20).status is GetStatus.FOUND
 
 
+def test_sync_flush_behind_a_raft_log_serves_records_before_their_fsync(open_store):
+    """DLedger under sync flush: the fsynced Raft log is the record (a restart re-applies
+    the store's lost tail) and a send is answered before the store's fsync, so holding
+    reads back made an acknowledged send unreadable (NO_NEW_MSG) until the next fsync."""
+    store = open_store(flush_disk_type="sync")
+
+    async def write_then_read() -> GetStatus:
+        service = FlushService(store, reads_wait_for_fsync=False)
+        service.start()
+        try:
+            fill(store, 1)
+            assert store.commitlog.flushed_offset < store.commitlog.written_offset
+            return store.get_messages("T", 0, 0, 32, 1 << 20).status
+        finally:
+            await service.stop()
+
+    assert asyncio.run(write_then_read()) is GetStatus.FOUND
+
+
 def _names_agree(store: MessageStore) -> bool:
     return all(int(seg.path.name) == seg.start for seg in store.commitlog.segments)
 

@@ -116,7 +116,9 @@ class Broker:
         there (a file where a directory belongs, say): ``_disassemble`` undoes it."""
         self.store = MessageStore(config)
         self.store.offsets.version_step = config.consumer_offset_update_version_step
-        self.flush = FlushService(self.store)
+        self.flush = FlushService(
+            self.store, reads_wait_for_fsync=config.replication_mode != "dledger"
+        )
         self._owns_pool = pool is None  # a container's shared pool outlives its members
         self.pool = ConnectionPool() if pool is None else pool
         self.members = MemberGroup(config, self.pool)

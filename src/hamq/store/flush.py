@@ -32,10 +32,15 @@ SYNC_FLUSH_INTERVAL_S = 0.01  # RocketMQ GroupCommitService waits 10 ms between 
 
 
 class FlushService:
-    def __init__(self, store: MessageStore) -> None:
+    def __init__(self, store: MessageStore, reads_wait_for_fsync: bool = True) -> None:
+        """Under sync flush readers stop at the fsynced end, so a power loss takes no
+        record a consumer saw; ``reads_wait_for_fsync=False`` where another fsynced log is
+        the record (DLedger's Raft log: a restart re-applies to the store whatever its
+        unfsynced tail lost, byte for byte, and a send is answered before this fsync)."""
         self.store = store
         cfg = store.config
         self.sync = cfg.flush_disk_type == "sync"
+        self.caps_reads = self.sync and reads_wait_for_fsync
         self.timeout_s = cfg.sync_flush_timeout_ms / 1000
         self._waiters: deque[tuple[int, float, FlushCallback]] = deque()
         self._wake = asyncio.Event()
@@ -58,6 +63,8 @@ class FlushService:
         write was undone: waiters past the new end wait for bytes that are gone, and would
         hold every later waiter behind them until they time out. They end as not durable."""
         end = self.store.commitlog.max_offset
+        if self.caps_reads:  # bytes written where the cut ones were are not yet fsynced
+            self.store.set_durable_cap(min(self.store.durable_cap, self.store.durable_offset))
         waiters = self._waiters
         while waiters and waiters[-1][0] > end:
             waiters.pop()[2](False)
@@ -77,8 +84,8 @@ class FlushService:
             ),
         ]
         if self.sync:
-            # readers see what fsyncs made durable, no more (a power loss takes the rest)
-            self.store.set_durable_cap(self.store.commitlog.flushed_offset)
+            if self.caps_reads:
+                self.store.set_durable_cap(self.store.commitlog.flushed_offset)
             self._sync_flush = asyncio.create_task(self._sync_flush_loop())
             self._duties.append(
                 PeriodicTask("sync flush timeout sweep", _TIMEOUT_SWEEP_S, self._expire_waiters)
@@ -121,7 +128,8 @@ class FlushService:
             except BrokerSystemError:
                 self.store.check_disk()  # refuses writes: none could become durable
                 return
-            self.store.set_durable_cap(flushed)
+            if self.caps_reads:
+                self.store.set_durable_cap(flushed)
             waiters = self._waiters
             while waiters and waiters[0][0] <= flushed:
                 waiters.popleft()[2](True)
