@@ -116,6 +116,7 @@ def test_killed_query_restarts_from_its_checkpoint_without_loss_or_repeat(
     assert all(row["consumer_offset"] > 0 for row in progress)
 
 
+@pytest.mark.timeout(900)  # four cold drivers in sequence: 150 s idle, past 300 s in a loaded CI
 def test_sink_crashes_between_write_and_commit_leave_each_record_once(
     spark, hamq_cluster, tmp_path
 ):
