@@ -109,8 +109,11 @@ class BrokerProcessor:
         return None if frame.is_oneway else response_pieces(frame)
 
     def _get_max_offset(self, conn: Connection, frame: Frame) -> list:
+        """What readers may reach (RocketMQ's getMaxOffsetInQueue(committed)): a consumer
+        starting from the end, or committing it, never stands past a record that a
+        failover or a power loss may still take, where later sends would be skipped."""
         return response_pieces(
-            frame, ext={"offset": self.store.max_offset(*self._queue_args(frame))}
+            frame, ext={"offset": self.store.readable_max_offset(*self._queue_args(frame))}
         )
 
     def _get_min_offset(self, conn: Connection, frame: Frame) -> list:

@@ -43,11 +43,17 @@ def read_messages(
     store: MessageStore, topic: str, queue_id: int, offset: int, max_messages: int
 ) -> list[StoredMessage]:
     """Messages from ``offset`` (or from the queue's minimum, if retention removed those
-    before it); empty past the end."""
-    result = store.get_messages(topic, queue_id, offset, max_messages, READ_MAX_BYTES)
+    before it); empty past the end. The broker's own reads: they may pass the durable cap
+    (``MessageStore.get_messages``), so a timer due before its message's fsync is not
+    taken for one retention removed."""
+    result = store.get_messages(
+        topic, queue_id, offset, max_messages, READ_MAX_BYTES, past_durable=True
+    )
     if result.status is GetStatus.OFFSET_TOO_SMALL:
         offset = result.next_begin_offset
-        result = store.get_messages(topic, queue_id, offset, max_messages, READ_MAX_BYTES)
+        result = store.get_messages(
+            topic, queue_id, offset, max_messages, READ_MAX_BYTES, past_durable=True
+        )
     if result.status is not GetStatus.FOUND:
         return []
     # bytes, so bodies and properties handed on are immutable (the records are a bytearray)

@@ -128,6 +128,8 @@ class FlushService:
             except BrokerSystemError:
                 self.store.check_disk()  # refuses writes: none could become durable
                 return
+            # a cut while the fsync ran lowered the log's durable end below the job's
+            flushed = min(flushed, commitlog.flushed_offset)
             if self.caps_reads:
                 self.store.set_durable_cap(flushed)
             waiters = self._waiters

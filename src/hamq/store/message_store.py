@@ -461,16 +461,27 @@ class MessageStore:
 
     # -- reading ------------------------------------------------------------------------
     def get_messages(
-        self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int,
+        max_bytes: int,
+        *,
+        past_durable: bool = False,
     ) -> GetResult:
+        """``past_durable``: the broker reading its own log (a timer or delay re-put, a
+        revive, a state replay) may pass the durable cap, whose records only a power loss
+        could take: what it writes from them lands later in the log, so it is served and
+        acknowledged only once they are fsynced too. Consumers never pass it."""
         cq = self.queues.get((topic, queue_id))
         if cq is None:
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, b"", 0, 0, 0)
         lo, hi = cq.min_offset, cq.max_offset
         n_entries = len(cq)
-        cap = self.reads_end
+        cap = self.read_cap if past_durable else self.reads_end
         if cap != UNCAPPED and cq.max_physical_end > cap:  # one comparison unless capped
-            n_entries = self._entries_below_cap(cq)
+            n_entries = self._entries_below_cap(cq, cap)
             capped_hi = cq.base[n_entries] if n_entries < len(cq) else hi
             if capped_hi <= offset <= hi:
                 # not confirmed yet: as if it were not written (a consumer may already
@@ -554,10 +565,10 @@ class MessageStore:
         del self.damaged[phys]
         log.warning("commit log record at %d repaired from a replica's copy", phys)
 
-    def _entries_below_cap(self, cq: ConsumeQueue) -> int:
-        """How many of a queue's entries end at or below ``reads_end``."""
-        n = bisect_left(cq.phys, self.reads_end)
-        while n and cq.phys[n - 1] + cq.size[n - 1] > self.reads_end:
+    def _entries_below_cap(self, cq: ConsumeQueue, cap: int) -> int:
+        """How many of a queue's entries end at or below ``cap``."""
+        n = bisect_left(cq.phys, cap)
+        while n and cq.phys[n - 1] + cq.size[n - 1] > cap:
             n -= 1
         return n
 
@@ -569,7 +580,7 @@ class MessageStore:
             return 0
         if cq.max_physical_end <= self.reads_end:
             return cq.max_offset
-        n = self._entries_below_cap(cq)
+        n = self._entries_below_cap(cq, self.reads_end)
         return cq.base[n] if n < len(cq) else cq.max_offset
 
     def set_read_cap(self, offset: int) -> None:
@@ -590,7 +601,10 @@ class MessageStore:
         self.reads_end = end
         if rose:
             for listener in self.read_cap_listeners:
-                listener()
+                try:
+                    listener()
+                except Exception:  # the group commit raises the cap: it must go on
+                    log.exception("a reader woken by the read cap failed")
 
     def _read_entries(self, cq: ConsumeQueue, first: int, last: int) -> bytearray:
         """Read records first..last of a queue into one buffer; records that follow each

@@ -144,8 +144,13 @@ class ReviveLog:
         name = self.broker_name if broker_name is None else broker_name
         offset = max(start, self.store.min_offset(REVIVE_LOG_TOPIC, REVIVE_QUEUE_ID))
         while True:
-            result = self.store.get_messages(
-                REVIVE_LOG_TOPIC, REVIVE_QUEUE_ID, offset, REPLAY_BATCH, MAX_PULL_BYTES
+            result = self.store.get_messages(  # the state holds every record it counts
+                REVIVE_LOG_TOPIC,
+                REVIVE_QUEUE_ID,
+                offset,
+                REPLAY_BATCH,
+                MAX_PULL_BYTES,
+                past_durable=True,
             )
             if result.status is not GetStatus.FOUND:
                 return

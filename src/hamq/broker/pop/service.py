@@ -165,6 +165,10 @@ class PopService:
         self._held_by_conn: Counter[Connection] = Counter()
         self._held_by_queue: Counter[tuple[str, int]] = Counter()
         self._acked_topics: set[str] = set()  # acks may lift the in-flight threshold
+        # Topics of pops held while the read cap held records back: they may have arrived
+        # before the pop (no arrival will come for them), so look again when it rises.
+        self._capped: set[str] = set()
+        store.read_cap_listeners.append(self._read_cap_rose)
         self._duties = [
             PeriodicTask("held pop sweep", HOLD_SWEEP_INTERVAL_S, self._sweep, _DUTY_ERRORS),
             PeriodicTask(
@@ -407,8 +411,10 @@ class PopService:
         if state is None:
             offset = self.store.offsets.query(group, topic, queue_id)
             if offset is None:
-                offset = (
-                    self.store.min_offset if init_mode == INIT_MODE_MIN else self.store.max_offset
+                offset = (  # from the end: what readers may reach (see GET_MAX_OFFSET)
+                    self.store.min_offset
+                    if init_mode == INIT_MODE_MIN
+                    else self.store.readable_max_offset
                 )(topic, queue_id)
                 self.store.offsets.commit(group, topic, queue_id, offset, self.store.clock_ms())
                 if not self.acting:  # an acting member writes nothing of its own
@@ -473,7 +479,21 @@ class PopService:
             )
             self._held_by_conn[conn] += 1
             self._held_by_queue[(topic, queue_id)] += 1
+            if self._reads_capped():
+                self._capped.add(topic)
         return pieces
+
+    def _reads_capped(self) -> bool:
+        return self.store.reads_end < self.store.commitlog.max_offset
+
+    def _read_cap_rose(self) -> None:
+        if not self._capped:
+            return
+        topics = {t for t in self._capped if t in self.held}
+        self._capped = set()
+        self._retry_held(topics, lambda h: True, self.store.clock_ms())
+        if self._reads_capped():  # those still held may wait for what it still holds back
+            self._capped = {t for t in topics if t in self.held}
 
     def _may_hold(self, conn: Connection, topic: str, queue_id: int) -> bool:
         """Room for one more held pop of ``conn`` on the queue (RocketMQ's popPollingSize
